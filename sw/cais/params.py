@@ -1,0 +1,74 @@
+"""Build-time parameters of the switch: one definition shared by the RTL, the models and the software."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from .protocol import MAX_FRAME_BYTES
+
+__all__ = ["SwitchParams", "ParamError"]
+
+
+class ParamError(ValueError):
+    """A parameter set the switch cannot be built with; the message names the parameter."""
+
+
+@dataclass(frozen=True)
+class SwitchParams:
+    ports: int = 4             # Ethernet ports, each an AXI4-Stream ingress and egress (2..16)
+    data_width: int = 64       # bits per AXI4-Stream beat (64, 128, 256 or 512)
+    slots: int = 64            # aggregation slots; each has two shadow sets of max_payload bytes
+    max_payload: int = 256     # largest CAIS payload per frame, bytes (a multiple of the beat width)
+    rules: int = 8             # rule-table entries
+    mac_entries: int = 16      # MAC-table entries for ordinary frames
+    max_frame: int = MAX_FRAME_BYTES  # longest frame accepted on any port, bytes
+    egress_depth: int = 16     # beats buffered per egress port
+
+    def __post_init__(self):
+        def need(ok, name, what):
+            if not ok:
+                raise ParamError(f"{name}={getattr(self, name)!r}: {what}")
+        for f in fields(self):
+            need(isinstance(getattr(self, f.name), int) and not isinstance(getattr(self, f.name), bool),
+                 f.name, "must be an integer")
+        need(2 <= self.ports <= 16, "ports", "must be between 2 and 16")
+        need(self.data_width in (64, 128, 256, 512), "data_width", "must be 64, 128, 256 or 512")
+        need(1 <= self.slots <= 65536, "slots", "must be between 1 and 65536")
+        need(self.max_payload >= 256, "max_payload", "must be at least 256 bytes")
+        need(self.max_payload % self.beat_bytes == 0, "max_payload",
+             f"must be a multiple of the beat width ({self.beat_bytes} bytes)")
+        need(self.max_payload + 30 <= self.max_frame, "max_payload", "plus the 30 header bytes must fit max_frame")
+        need(1 <= self.rules <= 256, "rules", "must be between 1 and 256")
+        need(1 <= self.mac_entries <= 256, "mac_entries", "must be between 1 and 256")
+        need(60 <= self.max_frame <= 9018, "max_frame", "must be between 60 and 9018 bytes")
+        need(self.egress_depth >= 4, "egress_depth", "must be at least 4")
+
+    @property
+    def beat_bytes(self) -> int:
+        return self.data_width // 8
+
+    @property
+    def rows_per_set(self) -> int:
+        """Beats of slot memory per shadow set."""
+        return self.max_payload // self.beat_bytes
+
+    @property
+    def max_frame_beats(self) -> int:
+        return -(-self.max_frame // self.beat_bytes)
+
+    @property
+    def ingress_depth(self) -> int:
+        """Beats buffered per ingress port: room for two longest frames, a power of two."""
+        depth = 1
+        while depth < 2 * self.max_frame_beats:
+            depth *= 2
+        return depth
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def slug(self) -> str:
+        """A short name for build folders: only the fields that differ from the defaults."""
+        default = SwitchParams()
+        parts = [f"{k}{v}" for k, v in asdict(self).items() if getattr(default, k) != v]
+        return "_".join(parts) or "default"

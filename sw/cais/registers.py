@@ -1,0 +1,212 @@
+"""The control/status register map: the one description from which the RTL register bank
+(``cais.hdl.csr``), the software accessors (:class:`RegisterFile`) and docs/registers.md are derived.
+
+All registers are 32 bits wide on a byte-addressed AXI4-Lite bus; offsets are multiples of 4. Counters
+are free-running, count up, wrap modulo 2**32 and are never cleared while the switch runs (software
+takes differences). Register arrays (one per port) repeat at a fixed stride.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from .params import SwitchParams
+from .protocol import SWITCH_MAC_DEFAULT, DropReason
+
+__all__ = ["Access", "Kind", "Field", "Register", "RegisterMap", "register_map", "RegisterFile", "MAGIC",
+           "VERSION", "COUNTER_EVENTS"]
+
+MAGIC = 0x43414953  # "CAIS"
+VERSION = 0x0001_0000  # major 1, minor 0
+
+
+class Access(enum.Enum):
+    RO = "ro"   # read only
+    RW = "rw"   # read and write
+    WO = "wo"   # write only: writing performs an action; reads return 0
+
+
+class Kind(enum.Enum):
+    CONST = "const"       # a build parameter
+    CONFIG = "config"     # state software writes
+    COMMAND = "command"   # a write triggers an action in the switch
+    COUNTER = "counter"   # event counter, wraps modulo 2**32
+    LEVEL = "level"       # a live gauge of switch state
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    lsb: int
+    width: int
+    doc: str = ""
+
+    @property
+    def mask(self) -> int:
+        return ((1 << self.width) - 1) << self.lsb
+
+
+@dataclass(frozen=True)
+class Register:
+    name: str
+    offset: int
+    access: Access
+    kind: Kind
+    doc: str
+    fields: tuple[Field, ...] = ()
+    count: int = 1         # > 1: an array, element i at offset + i * stride
+    stride: int = 4
+    reset: int = 0         # value after reset (CONFIG) or the constant (CONST)
+
+    def address(self, index: int = 0) -> int:
+        if not 0 <= index < self.count:
+            raise IndexError(f"{self.name}[{index}]: index out of range 0..{self.count - 1}")
+        return self.offset + index * self.stride
+
+    def field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(f"register {self.name} has no field {name!r}")
+
+    def pack(self, **values) -> int:
+        word = 0
+        for name, value in values.items():
+            f = self.field(name)
+            if not 0 <= int(value) < (1 << f.width):
+                raise ValueError(f"{self.name}.{name}={value}: does not fit {f.width} bits")
+            word |= int(value) << f.lsb
+        return word
+
+    def unpack(self, word: int) -> dict:
+        return {f.name: (word >> f.lsb) & ((1 << f.width) - 1) for f in self.fields}
+
+
+# The event counters of the switch core, in register order: (name, what increments it).
+COUNTER_EVENTS = tuple(
+    [(f"DROP_{r.name}", f"frames dropped because: {r.name.lower().replace('_', ' ')}") for r in DropReason]
+    + [
+        ("FORWARDED", "frames forwarded unchanged (ordinary frames, all-gather and broadcast), once per input frame"),
+        ("CONTRIBUTIONS", "all-reduce contributions accepted into a slot set (first or later, not repeats)"),
+        ("DUPLICATES", "repeated all-reduce contributions from a port already counted in the set"),
+        ("COMPLETED", "chunks completed: result frames multicast to the rule's result ports"),
+        ("RESULTS_RESENT", "stored results sent again to a single port that repeated its contribution"),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class RegisterMap:
+    params: SwitchParams
+    registers: tuple[Register, ...] = field(default=())
+
+    def __getitem__(self, name: str) -> Register:
+        for r in self.registers:
+            if r.name == name:
+                return r
+        raise KeyError(f"no register named {name!r}")
+
+    def __iter__(self):
+        return iter(self.registers)
+
+    @property
+    def size(self) -> int:
+        """Bytes of address space the map spans (a power of two)."""
+        end = max(r.offset + r.count * r.stride for r in self.registers)
+        size = 4
+        while size < end:
+            size *= 2
+        return size
+
+
+def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
+    P = params
+    regs: list[Register] = []
+
+    def add(name, offset, access, kind, doc, fields=(), **kw):
+        regs.append(Register(name, offset, access, kind, doc, tuple(fields), **kw))
+
+    # 0x000: identification and build parameters
+    add("ID", 0x000, Access.RO, Kind.CONST, 'Magic number 0x43414953 ("CAIS").', reset=MAGIC)
+    add("VERSION", 0x004, Access.RO, Kind.CONST, "Register map version: major in bits 31:16, minor in 15:0.",
+        reset=VERSION)
+    add("NUM_PORTS", 0x008, Access.RO, Kind.CONST, "Number of Ethernet ports.", reset=P.ports)
+    add("DATA_WIDTH", 0x00C, Access.RO, Kind.CONST, "AXI4-Stream data width in bits.", reset=P.data_width)
+    add("NUM_SLOTS", 0x010, Access.RO, Kind.CONST, "Aggregation slots (each has two shadow sets).", reset=P.slots)
+    add("MAX_PAYLOAD", 0x014, Access.RO, Kind.CONST, "Largest CAIS payload per frame, bytes.", reset=P.max_payload)
+    add("NUM_RULES", 0x018, Access.RO, Kind.CONST, "Rule-table entries.", reset=P.rules)
+    add("NUM_MACS", 0x01C, Access.RO, Kind.CONST, "MAC-table entries.", reset=P.mac_entries)
+
+    # 0x020: switch configuration and commands
+    add("SWITCH_MAC_LO", 0x020, Access.RW, Kind.CONFIG,
+        "Source MAC of frames the switch originates, bits 31:0.", [Field("mac", 0, 32)], reset=SWITCH_MAC_DEFAULT & 0xFFFF_FFFF)
+    add("SWITCH_MAC_HI", 0x024, Access.RW, Kind.CONFIG,
+        "Source MAC of frames the switch originates, bits 47:32.", [Field("mac", 0, 16)], reset=SWITCH_MAC_DEFAULT >> 32)
+    add("SLOT_CLEAR", 0x028, Access.WO, Kind.COMMAND,
+        "Writing a slot index empties both shadow sets of that slot (bitmaps, tags and completion state); "
+        "the controller does this for a group's quota when it creates or removes the group.",
+        [Field("slot", 0, 16, "slot index")])
+
+    # 0x040: rule table, written through staging registers and committed by RULE_WRITE
+    add("RULE_GROUP", 0x040, Access.RW, Kind.CONFIG, "Staging: group_id match value and mask (1 = compare bit).",
+        [Field("value", 0, 8), Field("mask", 8, 8)])
+    add("RULE_LAYER", 0x044, Access.RW, Kind.CONFIG, "Staging: layer_id match value and mask.",
+        [Field("value", 0, 16), Field("mask", 16, 16)])
+    add("RULE_CHUNK", 0x048, Access.RW, Kind.CONFIG, "Staging: chunk_id match value and mask.",
+        [Field("value", 0, 16), Field("mask", 16, 16)])
+    add("RULE_PORTS", 0x04C, Access.RW, Kind.CONFIG,
+        "Staging: ports that contribute (bit p = port p) and ports that receive the result.",
+        [Field("contributors", 0, 16), Field("results", 16, 16)])
+    add("RULE_SLOTS", 0x050, Access.RW, Kind.CONFIG,
+        "Staging: the group's slot quota: first slot and log2 of the number of slots.",
+        [Field("base", 0, 16), Field("count_log2", 16, 5)])
+    add("RULE_WRITE", 0x054, Access.WO, Kind.COMMAND,
+        "Copies the staging registers into rule `index` and sets its valid bit to `valid`. "
+        "Entry 0 has the highest priority.",
+        [Field("index", 0, 8), Field("valid", 8, 1)])
+
+    # 0x060: MAC table for ordinary frames
+    add("MAC_ADDR_LO", 0x060, Access.RW, Kind.CONFIG, "Staging: MAC address bits 31:0.", [Field("mac", 0, 32)])
+    add("MAC_ADDR_HI", 0x064, Access.RW, Kind.CONFIG, "Staging: MAC address bits 47:32.", [Field("mac", 0, 16)])
+    add("MAC_WRITE", 0x068, Access.WO, Kind.COMMAND,
+        "Writes entry `index`: the staged address goes out of `port`; `valid` enables the entry.",
+        [Field("index", 0, 8), Field("port", 8, 4), Field("valid", 16, 1)])
+
+    # 0x100: switch-core counters and gauges
+    offset = 0x100
+    for name, doc in COUNTER_EVENTS:
+        add(name, offset, Access.RO, Kind.COUNTER, f"Counts {doc}.")
+        offset += 4
+    add("SLOTS_IN_USE", offset, Access.RO, Kind.LEVEL,
+        "Shadow sets currently holding a chunk that not every contributor has moved past (bitmap not empty).")
+
+    # 0x200: per-port traffic counters, 16 bytes per port
+    for i, (name, doc) in enumerate((("RX_FRAMES", "frames received (every frame, good or bad)"),
+                                     ("RX_BYTES", "bytes received"),
+                                     ("TX_FRAMES", "frames sent"),
+                                     ("TX_BYTES", "bytes sent"))):
+        add(name, 0x200 + 4 * i, Access.RO, Kind.COUNTER, f"Per port: {doc}.", count=P.ports, stride=0x10)
+
+    return RegisterMap(P, tuple(regs))
+
+
+class RegisterFile:
+    """Named access to the switch's registers over any bus with ``read(addr)`` and ``write(addr, value)``.
+
+    The bus methods may be plain functions or coroutines (cocotb, amaranth.sim): this class forwards
+    whatever they return, so the caller awaits it when the bus is asynchronous.
+    """
+
+    def __init__(self, bus, regmap: RegisterMap):
+        self.bus = bus
+        self.map = regmap
+
+    def read(self, name: str, index: int = 0):
+        return self.bus.read(self.map[name].address(index))
+
+    def write(self, name: str, value: int = 0, index: int = 0, **fields):
+        reg = self.map[name]
+        if reg.access is Access.RO:
+            raise PermissionError(f"register {name} is read-only")
+        return self.bus.write(reg.address(index), value | reg.pack(**fields))
