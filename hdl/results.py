@@ -1,0 +1,130 @@
+"""The result generator: reads a completed slot set and sends it as a CAIS result frame."""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from cais import protocol as proto
+from cais.params import SwitchParams
+
+from .header import cais_field
+
+__all__ = ["ResultGenerator", "result_job_layout", "header_split"]
+
+
+def header_split(beat_bytes: int):
+    """(h, o): the 30 header bytes fill ``h`` whole beats and ``o`` bytes of the next one."""
+    return divmod(proto.HEADERS_BYTES, beat_bytes)
+
+
+def result_job_layout(params: SwitchParams, addr_bits: int) -> data.StructLayout:
+    return data.StructLayout({
+        "cais": proto.CAIS_HEADER_BYTES * 8,   # header of the triggering frame, wire order
+        "mask": params.ports,                  # egress ports
+        "row_base": addr_bits,                 # first slot-memory row of the set
+    })
+
+
+class ResultGenerator(wiring.Component):
+    """Turns result jobs into frames: Ethernet header, CAIS header with the RESULT flag, payload.
+
+    The payload rows are read from the slot memory one per beat and shifted behind the 30 header bytes,
+    so a frame leaves at one beat per cycle after one cycle to load the job.
+
+    Members
+    -------
+    job : In(result_job_layout); job_valid : In(1); job_ready : Out(1)
+    switch_mac : In(48)
+        Source MAC of the result frames.
+    rd_addr : Out(addr_bits); rd_en : Out(1); rd_data : In(data_width)
+        A synchronous read port of the slot memory (data the cycle after an enabled address).
+    o_data, o_keep, o_last, o_mask, o_valid : Out; o_ready : In(1)
+        The frame, and the ports it goes to.
+    """
+
+    def __init__(self, params: SwitchParams, addr_bits: int):
+        self.params = params
+        self.layout = result_job_layout(params, addr_bits)
+        W, B = params.data_width, params.beat_bytes
+        super().__init__({
+            "job": In(self.layout), "job_valid": In(1), "job_ready": Out(1),
+            "switch_mac": In(48),
+            "rd_addr": Out(addr_bits), "rd_en": Out(1), "rd_data": In(W),
+            "o_data": Out(W), "o_keep": Out(B), "o_last": Out(1), "o_mask": Out(params.ports),
+            "o_valid": Out(1), "o_ready": In(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        P = self.params
+        B, W = P.beat_bytes, P.data_width
+        h, o = header_split(B)
+        lb = (B - 1).bit_length()
+
+        job = Signal(self.layout)
+        rows = Signal(range(P.rows_per_set + 1))               # payload beats
+        beats = Signal(range(P.max_frame_beats + 1))           # frame beats
+        tail = Signal(range(B + 1))                            # bytes in the last frame beat
+        k = Signal(range(P.max_frame_beats + 1))               # frame beat being presented
+        prev = Signal(W)                                       # payload row k-h-1
+
+        group = cais_field(job.cais, "group_id")
+
+        # The 30 header bytes of the result frame, byte i at bits 8i..8i+7.
+        flags_byte = proto.CAIS_HEADER_BYTES - 1
+        hdr = Cat(
+            *(Const(b, 8) for b in proto.mac_to_bytes(proto.result_mac(0))[:5]), group,
+            *(self.switch_mac[8 * i:8 * i + 8] for i in reversed(range(6))),
+            Const(proto.ETHERTYPE >> 8, 8), Const(proto.ETHERTYPE & 0xFF, 8),
+            job.cais[:8 * flags_byte], Const(int(proto.Flags.RESULT), 8),
+        )
+        assert len(hdr) == 8 * proto.HEADERS_BYTES
+
+        def row_of(beat):
+            """Payload row whose bytes start in frame beat ``beat``, clamped to the rows that exist."""
+            row = beat - h
+            return Mux(beat < h, 0, Mux(row >= rows, rows - 1, row))[:len(job.row_base)]
+
+        cur_valid = (k >= h) & (k - h < rows)
+        cur = Mux(cur_valid, self.rd_data, 0)
+        hdr_part = Signal(W)
+        with m.Switch(k):
+            for beat in range(h + 1):
+                with m.Case(beat):
+                    chunk = hdr[8 * B * beat:min(8 * B * (beat + 1), len(hdr))]
+                    m.d.comb += hdr_part.eq(chunk)
+        payload = (prev >> (8 * (B - o))) | (cur << (8 * o))
+        fire = self.o_valid & self.o_ready
+
+        m.d.comb += [
+            self.o_data.eq(hdr_part | payload[:W]),
+            self.o_last.eq(k == beats - 1),
+            self.o_keep.eq(Mux(self.o_last, (Const(1, B + 1) << tail) - 1, (1 << B) - 1)),
+            self.o_mask.eq(job.mask),
+        ]
+
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.job_ready.eq(1)
+                with m.If(self.job_valid):
+                    job_plen = cais_field(self.job.cais, "payload_len")
+                    job_len = proto.HEADERS_BYTES + job_plen
+                    m.d.sync += [
+                        job.eq(self.job),
+                        rows.eq((job_plen + B - 1) >> lb),
+                        beats.eq((job_len + B - 1) >> lb),
+                        tail.eq(((job_len - 1) & (B - 1)) + 1),
+                    ]
+                    m.next = "LOAD"
+            with m.State("LOAD"):
+                m.d.comb += [self.rd_en.eq(1), self.rd_addr.eq(job.row_base + row_of(Const(0)))]
+                m.d.sync += [k.eq(0), prev.eq(0)]
+                m.next = "RUN"
+            with m.State("RUN"):
+                m.d.comb += self.o_valid.eq(1)
+                with m.If(fire):
+                    m.d.comb += [self.rd_en.eq(1), self.rd_addr.eq(job.row_base + row_of(k + 1))]
+                    m.d.sync += [k.eq(k + 1), prev.eq(cur)]
+                    with m.If(self.o_last):
+                        m.next = "IDLE"
+        return m

@@ -1,0 +1,113 @@
+"""The CAIS switch: ingress ports, switch core, egress ports and control/status registers."""
+
+from amaranth.hdl import Cat, Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out, connect
+
+from cais import protocol as proto
+from cais.params import SwitchParams
+from cais.registers import COUNTER_EVENTS, register_map
+
+from .axis import AxisSignature
+from .core import SwitchCore
+from .csr import AXI4LiteSignature, AXI4LiteToCSR, RegisterBank
+from .ingress import IngressPort
+
+__all__ = ["Switch", "AXIL_ADDR_WIDTH"]
+
+AXIL_ADDR_WIDTH = 12   # one 4 KiB page; addresses outside the register map answer with an error
+
+
+class Switch(wiring.Component):
+    """The whole switch, with structured ports (see :class:`cais.hdl.top.SwitchTop` for flat names).
+
+    Members
+    -------
+    s_axis[p] : In(AxisSignature(data_width))
+        Ingress of port p.
+    m_axis[p] : Out(AxisSignature(data_width))
+        Egress of port p.
+    s_axil : In(AXI4LiteSignature(12))
+        Control and status registers (docs/registers.md).
+    """
+
+    def __init__(self, params: SwitchParams = SwitchParams()):
+        self.params = params
+        self.regmap = register_map(params)
+        super().__init__({
+            "s_axis": In(AxisSignature(params.data_width)).array(params.ports),
+            "m_axis": Out(AxisSignature(params.data_width)).array(params.ports),
+            "s_axil": In(AXI4LiteSignature(AXIL_ADDR_WIDTH)),
+        })
+        self.core = SwitchCore(params, self.regmap)
+
+    def elaborate(self, platform):
+        m = Module()
+        P = self.params
+        B = P.beat_bytes
+
+        m.submodules.axil = axil = AXI4LiteToCSR(AXIL_ADDR_WIDTH)
+        m.submodules.regs = regs = RegisterBank(self.regmap, addr_width=AXIL_ADDR_WIDTH)
+        connect(m, wiring.flipped(self.s_axil), axil.axil)
+        connect(m, axil.csr, regs.csr)
+
+        m.submodules.core = core = self.core
+        m.d.comb += [
+            core.rule_write_stb.eq(regs.rule_write_stb), core.rule_write.eq(regs.rule_write_data),
+            core.rule_group.eq(regs.rule_group), core.rule_layer.eq(regs.rule_layer),
+            core.rule_chunk.eq(regs.rule_chunk), core.rule_ports.eq(regs.rule_ports),
+            core.rule_slots.eq(regs.rule_slots),
+            core.mac_write_stb.eq(regs.mac_write_stb), core.mac_write.eq(regs.mac_write_data),
+            core.mac_addr_lo.eq(regs.mac_addr_lo), core.mac_addr_hi.eq(regs.mac_addr_hi),
+            core.slot_clear_stb.eq(regs.slot_clear_stb), core.slot_clear.eq(regs.slot_clear_data),
+            core.switch_mac.eq(Cat(regs.switch_mac_lo, regs.switch_mac_hi[:16])),
+            regs.slots_in_use_value.eq(core.slots_in_use),
+        ]
+
+        # Core events -> counters. Drops come from every ingress port and from the core, so a reason's
+        # counter may advance by several in one cycle.
+        drops = {r: [] for r in proto.DropReason}
+        for r in proto.DropReason:
+            drops[r].append(core.ev_drop & (core.ev_drop_reason == r))
+        for name in ("FORWARDED", "CONTRIBUTIONS", "DUPLICATES", "COMPLETED", "RESULTS_RESENT"):
+            event = {"FORWARDED": core.ev_forwarded, "CONTRIBUTIONS": core.ev_contribution,
+                     "DUPLICATES": core.ev_duplicate, "COMPLETED": core.ev_completed,
+                     "RESULTS_RESENT": core.ev_resent}[name]
+            m.d.comb += getattr(regs, f"{name.lower()}_inc").eq(event)
+
+        for p in range(P.ports):
+            m.submodules[f"ingress{p}"] = ing = IngressPort(P)
+            connect(m, wiring.flipped(self.s_axis[p]), ing.s_axis)
+            m.d.comb += [
+                core.meta[p].eq(ing.meta), core.meta_valid[p].eq(ing.meta_valid), ing.meta_ready.eq(core.meta_ready[p]),
+                core.beat_data[p].eq(ing.beat_data), core.beat_valid[p].eq(ing.beat_valid),
+                ing.beat_ready.eq(core.beat_ready[p]),
+                regs.rx_frames_inc[p].eq(ing.rx_frame), regs.rx_bytes_inc[p].eq(ing.rx_bytes),
+            ]
+            for r in proto.PARSER_DROPS:
+                drops[r].append(ing.drop & (ing.drop_reason == r))
+
+            # Egress: a FIFO per port fed by the core's frames, each beat to every port of its mask.
+            m.submodules[f"egress{p}"] = fifo = SyncFIFOBuffered(width=P.data_width + B + 1, depth=P.egress_depth)
+            m.d.comb += [
+                fifo.w_data.eq(Cat(core.o_data, core.o_keep, core.o_last)),
+                fifo.w_en.eq(core.o_valid & core.o_ready & core.o_mask[p]),
+            ]
+            out = self.m_axis[p]
+            m.d.comb += [
+                Cat(out.tdata, out.tkeep, out.tlast).eq(fifo.r_data),
+                out.tvalid.eq(fifo.r_rdy), fifo.r_en.eq(out.tready),
+            ]
+            sent = out.tvalid & out.tready
+            m.d.comb += [
+                regs.tx_frames_inc[p].eq(sent & out.tlast),
+                regs.tx_bytes_inc[p].eq(sent * sum(out.tkeep[i] for i in range(B))),
+            ]
+
+        m.d.comb += core.o_ready.eq(Cat(*(~core.o_mask[p] | m.submodules[f"egress{p}"].w_rdy
+                                          for p in range(P.ports))).all())
+        for r, events in drops.items():
+            m.d.comb += getattr(regs, f"drop_{r.name.lower()}_inc").eq(sum(events))
+        assert {f"DROP_{r.name}" for r in proto.DropReason} <= {n for n, _ in COUNTER_EVENTS}
+        return m

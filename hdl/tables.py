@@ -1,0 +1,131 @@
+"""The rule table and the MAC table: small match tables the control plane writes over AXI4-Lite."""
+
+from amaranth.hdl import Cat, Module, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from cais.params import SwitchParams
+from cais.registers import RegisterMap
+
+__all__ = ["RuleTable", "MacTable", "rule_layout"]
+
+
+def _get(word, field):
+    return word[field.lsb:field.lsb + field.width]
+
+
+def rule_layout(params: SwitchParams) -> data.StructLayout:
+    return data.StructLayout({
+        "valid": 1,
+        "group_value": 8, "group_mask": 8,
+        "layer_value": 16, "layer_mask": 16,
+        "chunk_value": 16, "chunk_mask": 16,
+        "contributors": params.ports, "results": params.ports,
+        "base": 16, "count_log2": 5,
+    })
+
+
+class RuleTable(wiring.Component):
+    """Ternary match on (group_id, layer_id, chunk_id); the lowest-index valid match wins.
+
+    Entries are registers, so a lookup is combinational. An entry is written whole from the staging
+    registers when RULE_WRITE is written (``write_stb``), so a lookup never sees a half-written rule.
+
+    Members
+    -------
+    write_stb : In(1); write_cmd, stage_group, stage_layer, stage_chunk, stage_ports, stage_slots : In(32)
+        The RULE_WRITE strobe and data, and the staging registers, as words of the register map.
+    group_id : In(8); layer_id : In(16); chunk_id : In(16)
+        The key to look up.
+    hit : Out(1); rule : Out(rule_layout)
+        Whether a rule matched, and that rule.
+    """
+
+    def __init__(self, params: SwitchParams, regmap: RegisterMap):
+        self.params, self.regmap = params, regmap
+        self.layout = rule_layout(params)
+        super().__init__({
+            "write_stb": In(1), "write_cmd": In(32),
+            "stage_group": In(32), "stage_layer": In(32), "stage_chunk": In(32),
+            "stage_ports": In(32), "stage_slots": In(32),
+            "group_id": In(8), "layer_id": In(16), "chunk_id": In(16),
+            "hit": Out(1), "rule": Out(self.layout),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        R = self.regmap
+        P = self.params.ports
+        entries = [Signal(self.layout, name=f"rule{i}") for i in range(self.params.rules)]
+
+        new = Signal(self.layout)
+        f = lambda reg, name: _get(getattr(self, "stage_" + reg.lower().split("_")[1]), R[reg].field(name))
+        m.d.comb += [
+            new.valid.eq(_get(self.write_cmd, R["RULE_WRITE"].field("valid"))),
+            new.group_value.eq(f("RULE_GROUP", "value")), new.group_mask.eq(f("RULE_GROUP", "mask")),
+            new.layer_value.eq(f("RULE_LAYER", "value")), new.layer_mask.eq(f("RULE_LAYER", "mask")),
+            new.chunk_value.eq(f("RULE_CHUNK", "value")), new.chunk_mask.eq(f("RULE_CHUNK", "mask")),
+            new.contributors.eq(f("RULE_PORTS", "contributors")[:P]),
+            new.results.eq(f("RULE_PORTS", "results")[:P]),
+            new.base.eq(f("RULE_SLOTS", "base")), new.count_log2.eq(f("RULE_SLOTS", "count_log2")),
+        ]
+        index = _get(self.write_cmd, R["RULE_WRITE"].field("index"))
+        for i, e in enumerate(entries):
+            with m.If(self.write_stb & (index == i)):
+                m.d.sync += e.eq(new)
+
+        def matches(e):
+            return (e.valid
+                    & (((self.group_id ^ e.group_value) & e.group_mask) == 0)
+                    & (((self.layer_id ^ e.layer_value) & e.layer_mask) == 0)
+                    & (((self.chunk_id ^ e.chunk_value) & e.chunk_mask) == 0))
+
+        hits = Cat(*(matches(e) for e in entries))
+        m.d.comb += self.hit.eq(hits.any())
+        for i, e in reversed(list(enumerate(entries))):   # lowest index has priority
+            with m.If(hits[i]):
+                m.d.comb += self.rule.eq(e)
+        return m
+
+
+class MacTable(wiring.Component):
+    """Exact match of a destination MAC address to an egress port; the lowest-index valid match wins.
+
+    Members
+    -------
+    write_stb : In(1); write_cmd, stage_lo, stage_hi : In(32)
+        MAC_WRITE strobe and data, and the staged address registers.
+    mac : In(48)
+        The address to look up.
+    hit : Out(1); port : Out(range(ports))
+    """
+
+    def __init__(self, params: SwitchParams, regmap: RegisterMap):
+        self.params, self.regmap = params, regmap
+        super().__init__({
+            "write_stb": In(1), "write_cmd": In(32), "stage_lo": In(32), "stage_hi": In(32),
+            "mac": In(48), "hit": Out(1), "port": Out(range(params.ports)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        R = self.regmap
+        layout = data.StructLayout({"valid": 1, "mac": 48, "port": range(self.params.ports)})
+        entries = [Signal(layout, name=f"mac{i}") for i in range(self.params.mac_entries)]
+        cmd = R["MAC_WRITE"]
+        index = _get(self.write_cmd, cmd.field("index"))
+        port = _get(self.write_cmd, cmd.field("port"))
+        for i, e in enumerate(entries):
+            with m.If(self.write_stb & (index == i)):
+                m.d.sync += [
+                    e.valid.eq(_get(self.write_cmd, cmd.field("valid")) & (port < self.params.ports)),
+                    e.mac.eq(Cat(_get(self.stage_lo, R["MAC_ADDR_LO"].field("mac")),
+                                 _get(self.stage_hi, R["MAC_ADDR_HI"].field("mac")))),
+                    e.port.eq(port),
+                ]
+        hits = Cat(*(e.valid & (e.mac == self.mac) for e in entries))
+        m.d.comb += self.hit.eq(hits.any())
+        for i, e in reversed(list(enumerate(entries))):
+            with m.If(hits[i]):
+                m.d.comb += self.port.eq(e.port)
+        return m
