@@ -8,7 +8,6 @@ the cocotb testbench and the reference model.
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections import deque
 
@@ -17,16 +16,9 @@ from amaranth.sim import Simulator
 from cais.hdl.switch import Switch
 from cais.params import SwitchParams
 
-__all__ = ["SwitchSim", "to_beats"]
+from .traffic import TxFrame, beats_of
 
-
-def to_beats(frame: bytes, beat_bytes: int):
-    """(tdata, tkeep, tlast) beats of a frame, byte 0 in the low bits."""
-    beats = []
-    for i in range(0, len(frame), beat_bytes):
-        chunk = frame[i:i + beat_bytes]
-        beats.append((int.from_bytes(chunk, "little"), (1 << len(chunk)) - 1, i + beat_bytes >= len(frame)))
-    return beats
+__all__ = ["SwitchSim"]
 
 
 class SwitchSim:
@@ -48,9 +40,9 @@ class SwitchSim:
         self.ctx = None
 
     # ---------------------------------------------------------------- frames
-    def send(self, port: int, frame: bytes, *, bad_keep: bool = False):
-        """Queue a frame on a port; `bad_keep` clears a byte enable in its first beat (BAD_FRAMING)."""
-        self.tx[port].append((bytes(frame), bad_keep))
+    def send(self, port: int, frame: TxFrame | bytes):
+        """Queue a frame on a port."""
+        self.tx[port].append(frame if isinstance(frame, TxFrame) else TxFrame(bytes(frame)))
 
     def busy(self) -> bool:
         return any(self.tx) or self._in_flight
@@ -114,13 +106,11 @@ class SwitchSim:
                     await ctx.tick()
                     continue
                 self._in_flight_ports.add(port)
-                frame, bad_keep = self.tx[port].popleft()
-                for i, (tdata, tkeep, tlast) in enumerate(to_beats(frame, B)):
+                frame = self.tx[port].popleft()
+                for tdata, tkeep, tlast in beats_of(frame, B):
                     while self.idle and self.rng.random() < self.idle:
                         ctx.set(bus.tvalid, 0)
                         await ctx.tick()
-                    if bad_keep and i == 0:
-                        tkeep &= ~2
                     ctx.set(bus.tdata, tdata)
                     ctx.set(bus.tkeep, tkeep)
                     ctx.set(bus.tlast, tlast)

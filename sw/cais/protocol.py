@@ -87,16 +87,16 @@ SUPPORTED_OPS = (OpType.ALL_REDUCE, OpType.ALL_GATHER, OpType.BROADCAST)
 
 
 def numpy_dtype(dtype: DType):
-    """The numpy dtype (big-endian, as on the wire) of a payload element."""
+    """The numpy dtype (big-endian, as on the wire) of a payload element; bf16 as its raw 16 bits."""
     import numpy as np
     return np.dtype({DType.INT32: ">i4", DType.INT16: ">i2", DType.INT8: "i1", DType.FP32: ">f4",
-                     DType.FP16: ">f2"}[DType(dtype)])
+                     DType.FP16: ">f2", DType.BF16: ">u2"}[DType(dtype)])
 
 
 class DropReason(enum.IntEnum):
     """Why the switch dropped a frame. Each reason has its own counter.
 
-    Checks run in this order and the first that fails names the reason. The first seven are decided by
+    Checks run in this order and the first that fails names the reason. The first six are decided by
     the ingress parser from the frame alone; the rest by the switch core from its tables and slot state.
     """
     BAD_FRAMING = 0      # tkeep of a beat before tlast is not all ones, or the last beat's tkeep is not contiguous from byte 0

@@ -202,11 +202,12 @@ class RegisterFile:
         self.bus = bus
         self.map = regmap
 
-    def read(self, name: str, index: int = 0):
-        return self.bus.read(self.map[name].address(index))
+    def read(self, name: str, element: int = 0):
+        return self.bus.read(self.map[name].address(element))
 
-    def write(self, name: str, value: int = 0, index: int = 0, **fields):
+    def write(self, name: str, value: int = 0, *, element: int = 0, **fields):
+        """Write `value` with `fields` packed into it (field names may be anything, even ``index``)."""
         reg = self.map[name]
         if reg.access is Access.RO:
             raise PermissionError(f"register {name} is read-only")
-        return self.bus.write(reg.address(index), value | reg.pack(**fields))
+        return self.bus.write(reg.address(element), value | reg.pack(**fields))

@@ -1,0 +1,511 @@
+"""Control/status registers: an AXI4-Lite subordinate, a small internal register bus and the register bank.
+
+The register bank is generated from :func:`cais.registers.register_map`, the one description of the
+register map; nothing here knows an offset or a register name. The path from the outside world is::
+
+    AXI4-Lite manager --(AXI4LiteSignature)--> AXI4LiteToCSR --(CSRBusSignature)--> RegisterBank --> switch
+
+Facts every part relies on:
+
+- Registers are 32 bits wide and addressed by byte; the CSR bus carries the same byte addresses as the
+  register map (bits 1:0 are always zero on it).
+- One access at a time: the bridge handles one AXI4-Lite transaction, read or write, until its response
+  has been accepted.
+- Responses: ``OKAY`` for every access to an address of the map (reads of write-only registers return 0,
+  writes to read-only registers are ignored); ``DECERR`` for an address that is not in the map (reads
+  return 0, writes do nothing); ``SLVERR`` for a write whose ``wstrb`` is not ``0b1111``: registers are
+  only written whole, and such a write is dropped without touching any register.
+- Latency, counting the cycle in which the address (for writes: the later of AW and W) is accepted as
+  cycle 0: the CSR strobe is in cycle 1, a written value or a command strobe appears at the register
+  bank's outputs in cycle 2, ``rvalid``/``bvalid`` rise in cycle 3. A read samples the register in
+  cycle 1.
+"""
+
+from amaranth.hdl import Const, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from cais.registers import Access, Kind, RegisterMap
+
+__all__ = ["CSRBusSignature", "AXI4LiteSignature", "AXI4LiteToCSR", "RegisterBank", "AxiResp", "csr_addr_width"]
+
+
+class AxiResp:
+    """Encodings of AXI ``bresp``/``rresp``."""
+    OKAY = 0b00
+    EXOKAY = 0b01
+    SLVERR = 0b10
+    DECERR = 0b11
+
+
+def csr_addr_width(regmap: RegisterMap) -> int:
+    """Byte-address bits needed to reach every register of ``regmap``."""
+    return (regmap.size - 1).bit_length()
+
+
+class CSRBusSignature(wiring.Signature):
+    """The internal register bus, seen from its initiator (the AXI4-Lite bridge).
+
+    A read: the initiator holds ``addr`` and raises ``r_stb`` for one cycle; in the next cycle the
+    subordinate presents the register in ``r_data`` and ``err``. A write: the initiator holds ``addr``
+    and ``w_data`` and raises ``w_stb`` for one cycle; in the next cycle ``err`` tells whether the
+    address existed. ``r_stb`` and ``w_stb`` are never high together. ``r_data`` and ``err`` are only
+    guaranteed in the cycle after the strobe.
+
+    Parameters
+    ----------
+    addr_width : int
+        Width of the byte address.
+
+    Members
+    -------
+    addr : Out(addr_width)
+        Byte address of the register, a multiple of 4.
+    r_stb : Out(1)
+        Read strobe, one cycle per read. Reads have no side effects.
+    r_data : In(32)
+        Read data, valid in the cycle after ``r_stb``.
+    w_stb : Out(1)
+        Write strobe, one cycle per write.
+    w_data : Out(32)
+        Write data, valid with ``w_stb``.
+    err : In(1)
+        In the cycle after ``r_stb`` or ``w_stb``: 1 if ``addr`` is not the address of any register.
+    """
+
+    def __init__(self, addr_width: int):
+        if not isinstance(addr_width, int) or addr_width < 2:
+            raise TypeError(f"addr_width must be an integer of at least 2, not {addr_width!r}")
+        self._addr_width = addr_width
+        super().__init__({
+            "addr": Out(addr_width),
+            "r_stb": Out(1),
+            "r_data": In(32),
+            "w_stb": Out(1),
+            "w_data": Out(32),
+            "err": In(1),
+        })
+
+    @property
+    def addr_width(self) -> int:
+        return self._addr_width
+
+    def __eq__(self, other):
+        return type(other) is CSRBusSignature and other.addr_width == self.addr_width
+
+    def __hash__(self):
+        return hash((CSRBusSignature, self._addr_width))
+
+    def __repr__(self):
+        return f"CSRBusSignature({self._addr_width})"
+
+
+class AXI4LiteSignature(wiring.Signature):
+    """An AXI4-Lite interface with 32-bit data, seen from the manager.
+
+    The directions are the manager's: ``Out`` members are driven by the manager (addresses, data,
+    valid of AW/W/AR, ready of B/R), ``In`` members by the subordinate. A subordinate therefore has
+    an ``In(AXI4LiteSignature(...))`` member (as :class:`AXI4LiteToCSR` does), and a top-level module
+    that exposes the switch's control port to an outside manager declares it the same way, e.g.
+    ``"s_axil": In(AXI4LiteSignature(aw))``, which exports ``s_axil__awaddr`` as an input and
+    ``s_axil__awready`` as an output.
+
+    Parameters
+    ----------
+    addr_width : int
+        Width of ``awaddr`` and ``araddr`` (byte addresses).
+
+    Members
+    -------
+    awaddr : Out(addr_width)
+    awprot : Out(3)
+        Ignored by :class:`AXI4LiteToCSR`.
+    awvalid : Out(1)
+    awready : In(1)
+    wdata : Out(32)
+    wstrb : Out(4)
+    wvalid : Out(1)
+    wready : In(1)
+    bresp : In(2)
+    bvalid : In(1)
+    bready : Out(1)
+    araddr : Out(addr_width)
+    arprot : Out(3)
+        Ignored by :class:`AXI4LiteToCSR`.
+    arvalid : Out(1)
+    arready : In(1)
+    rdata : In(32)
+    rresp : In(2)
+    rvalid : In(1)
+    rready : Out(1)
+    """
+
+    def __init__(self, addr_width: int):
+        if not isinstance(addr_width, int) or addr_width < 2:
+            raise TypeError(f"addr_width must be an integer of at least 2, not {addr_width!r}")
+        self._addr_width = addr_width
+        super().__init__({
+            "awaddr": Out(addr_width),
+            "awprot": Out(3),
+            "awvalid": Out(1),
+            "awready": In(1),
+            "wdata": Out(32),
+            "wstrb": Out(4),
+            "wvalid": Out(1),
+            "wready": In(1),
+            "bresp": In(2),
+            "bvalid": In(1),
+            "bready": Out(1),
+            "araddr": Out(addr_width),
+            "arprot": Out(3),
+            "arvalid": Out(1),
+            "arready": In(1),
+            "rdata": In(32),
+            "rresp": In(2),
+            "rvalid": In(1),
+            "rready": Out(1),
+        })
+
+    @property
+    def addr_width(self) -> int:
+        return self._addr_width
+
+    def __eq__(self, other):
+        return type(other) is AXI4LiteSignature and other.addr_width == self.addr_width
+
+    def __hash__(self):
+        return hash((AXI4LiteSignature, self._addr_width))
+
+    def __repr__(self):
+        return f"AXI4LiteSignature({self._addr_width})"
+
+
+class AXI4LiteToCSR(wiring.Component):
+    """AXI4-Lite subordinate that performs each transaction as one access on the CSR bus.
+
+    One transaction is in flight at a time. AW and W are accepted independently, in either order or in
+    the same cycle; the write is performed once both have arrived. While no half of a write has been
+    accepted, a pending read and a pending write are served alternately (a read first after reset),
+    so neither can starve the other and both arriving together cannot deadlock. A write of which one
+    half has been accepted is completed before any read is accepted (the manager must deliver the other
+    half regardless of AR).
+
+    ``awready``, ``wready`` and ``arready`` are high only while the bridge is idle, and may depend
+    combinationally on the valid signals (that is how the arbitration picks one). ``rvalid``,
+    ``bvalid`` and the response payloads are decoded from registers only. ``awprot``/``arprot`` are ignored and
+    bits 1:0 of the addresses are ignored (each access is the whole aligned word).
+
+    Responses: ``OKAY``; ``DECERR`` when the CSR bus reports that no register lives at the address
+    (reads return 0); ``SLVERR`` for a write with ``wstrb != 0b1111``, which is dropped: no partial
+    writes, since registers such as the rule and MAC staging registers and the commands only make
+    sense written whole.
+
+    Latency: the CSR strobe is issued one cycle after the address (for a write: the later of AW and
+    W) is accepted, and ``rvalid``/``bvalid`` rise three cycles after it.
+
+    Parameters
+    ----------
+    addr_width : int
+        Byte-address width of both buses.
+
+    Members
+    -------
+    axil : In(AXI4LiteSignature(addr_width))
+        The AXI4-Lite subordinate port.
+    csr : Out(CSRBusSignature(addr_width))
+        The CSR bus, initiator side.
+    """
+
+    def __init__(self, addr_width: int):
+        self._addr_width = addr_width
+        super().__init__({
+            "axil": In(AXI4LiteSignature(addr_width)),
+            "csr": Out(CSRBusSignature(addr_width)),
+        })
+
+    @property
+    def addr_width(self) -> int:
+        return self._addr_width
+
+    def elaborate(self, platform):
+        m = Module()
+        axil, csr = self.axil, self.csr
+
+        addr = Signal(self._addr_width)   # the word being accessed, bits 1:0 zero
+        wdata = Signal(32)
+        wstrb = Signal(4)
+        aw_got = Signal()                 # AW of the pending write accepted
+        w_got = Signal()                  # W of the pending write accepted
+        prefer_write = Signal()           # round-robin: who wins when both are pending
+        rdata = Signal(32)
+        rresp = Signal(2)
+        bresp = Signal(2)
+        is_write = Signal()               # the access in progress is a write
+        whole = Signal()                  # the pending write has wstrb == 0b1111
+        word = ~Const(3, self._addr_width)
+        m.d.comb += whole.eq(wstrb == 0b1111)
+
+        m.d.comb += [
+            csr.addr.eq(addr),
+            csr.w_data.eq(wdata),
+            axil.rdata.eq(rdata),
+            axil.rresp.eq(rresp),
+            axil.bresp.eq(bresp),
+        ]
+
+        # Four states (a full 2-bit encoding); `is_write` tells which access the last three serve.
+        with m.FSM(name="axil_fsm"):
+            with m.State("IDLE"):
+                write_pending = aw_got | w_got | axil.awvalid | axil.wvalid
+                take_read = Signal()
+                m.d.comb += take_read.eq(axil.arvalid & ~aw_got & ~w_got &
+                                         ~(prefer_write & (axil.awvalid | axil.wvalid)))
+                m.d.comb += [
+                    axil.arready.eq(take_read),
+                    axil.awready.eq(~aw_got & ~take_read),
+                    axil.wready.eq(~w_got & ~take_read),
+                ]
+                aw_hs = axil.awvalid & axil.awready
+                w_hs = axil.wvalid & axil.wready
+                with m.If(take_read):
+                    m.d.sync += [
+                        addr.eq(axil.araddr & word),
+                        is_write.eq(0),
+                        prefer_write.eq(write_pending),
+                    ]
+                    m.next = "STROBE"
+                with m.Else():
+                    with m.If(aw_hs):
+                        m.d.sync += [addr.eq(axil.awaddr & word), aw_got.eq(1)]
+                    with m.If(w_hs):
+                        m.d.sync += [wdata.eq(axil.wdata), wstrb.eq(axil.wstrb), w_got.eq(1)]
+                    with m.If((aw_got | aw_hs) & (w_got | w_hs)):
+                        m.d.sync += [aw_got.eq(0), w_got.eq(0), is_write.eq(1), prefer_write.eq(0)]
+                        m.next = "STROBE"
+
+            with m.State("STROBE"):
+                m.d.comb += [
+                    csr.r_stb.eq(~is_write),
+                    csr.w_stb.eq(is_write & whole),
+                ]
+                m.next = "LATCH"
+
+            with m.State("LATCH"):
+                with m.If(is_write):
+                    with m.If(~whole):
+                        m.d.sync += bresp.eq(AxiResp.SLVERR)
+                    with m.Elif(csr.err):
+                        m.d.sync += bresp.eq(AxiResp.DECERR)
+                    with m.Else():
+                        m.d.sync += bresp.eq(AxiResp.OKAY)
+                with m.Else():
+                    m.d.sync += [
+                        rdata.eq(Mux(csr.err, 0, csr.r_data)),
+                        rresp.eq(Mux(csr.err, AxiResp.DECERR, AxiResp.OKAY)),
+                    ]
+                m.next = "RESP"
+
+            with m.State("RESP"):
+                m.d.comb += [
+                    axil.rvalid.eq(~is_write),
+                    axil.bvalid.eq(is_write),
+                ]
+                with m.If(Mux(is_write, axil.bready, axil.rready)):
+                    m.next = "IDLE"
+
+        return m
+
+
+def _field_mask(reg) -> int:
+    """Bits of a register that hold state: the union of its fields, or all 32 bits if it has none."""
+    if not reg.fields:
+        return 0xFFFF_FFFF
+    mask = 0
+    for f in reg.fields:
+        mask |= f.mask
+    return mask & 0xFFFF_FFFF
+
+
+class RegisterBank(wiring.Component):
+    """The switch's registers, generated from a :class:`~cais.registers.RegisterMap`.
+
+    The signature depends on the map. Each register contributes members named after it in lower case;
+    a register array (``count > 1``) contributes arrays of ``count`` members, element ``i`` belonging
+    to the register at ``offset + i * stride``:
+
+    - ``CONFIG``: ``<name>`` is ``Out(32)``, reset to the register's ``reset`` value, updated by writes.
+    - ``COMMAND``: ``<name>_stb`` is ``Out(1)``, high for exactly one cycle per write, and
+      ``<name>_data`` is ``Out(32)``, the written word, valid with the strobe and held until the next
+      write.
+    - ``COUNTER``: ``<name>_inc`` is ``In(counter_inc_width)``; the counter adds it every cycle and
+      wraps modulo 2**32. Counters reset to the register's ``reset`` value (0) and cannot be written.
+    - ``LEVEL``: ``<name>_value`` is ``In(32)``; a read returns its value in the cycle of the read strobe.
+    - ``CONST``: no member; a read returns the register's ``reset`` value.
+
+    Bus behaviour: reads of write-only registers return 0; writes to read-only registers are ignored;
+    both answer without error. An address that holds no register sets ``err`` (the bridge turns it
+    into ``DECERR``). Bits outside a register's fields are reserved: writes to them are ignored and
+    they read 0 (a register without fields uses all 32 bits). Decoding uses bits ``addr_width-1:2``
+    of the address; the read data is registered (valid the cycle after ``r_stb``), and so are the
+    outputs (a value written by the strobe in cycle ``t`` appears in cycle ``t + 1``).
+
+    Parameters
+    ----------
+    regmap : RegisterMap
+        The register map.
+    counter_inc_width : int
+        Width of each counter increment input.
+    addr_width : int or None
+        Byte-address width of the CSR bus; at least (and by default) what the map needs,
+        :func:`csr_addr_width`.
+
+    Members
+    -------
+    csr : In(CSRBusSignature(addr_width))
+        The CSR bus, subordinate side.
+    <name> : Out(32)
+        One per ``CONFIG`` register (e.g. ``switch_mac_lo``, ``rule_group``).
+    <name>_stb : Out(1), <name>_data : Out(32)
+        One pair per ``COMMAND`` register (e.g. ``rule_write_stb``, ``rule_write_data``).
+    <name>_inc : In(counter_inc_width)
+        One per ``COUNTER`` register (e.g. ``drop_runt_inc``); an array for register arrays
+        (``rx_bytes_inc[p]``).
+    <name>_value : In(32)
+        One per ``LEVEL`` register (e.g. ``slots_in_use_value``).
+    """
+
+    def __init__(self, regmap: RegisterMap, counter_inc_width: int = 8, addr_width: int | None = None):
+        if not isinstance(counter_inc_width, int) or not 1 <= counter_inc_width <= 32:
+            raise ValueError(f"counter_inc_width must be between 1 and 32, not {counter_inc_width!r}")
+        need = csr_addr_width(regmap)
+        if addr_width is None:
+            addr_width = need
+        if addr_width < need:
+            raise ValueError(f"addr_width={addr_width} cannot reach the map's {regmap.size} bytes")
+        self._regmap = regmap
+        self._counter_inc_width = counter_inc_width
+        self._addr_width = addr_width
+
+        # word address -> (register, element index); rejects overlapping or misaligned registers
+        self._decode = {}
+        for reg in regmap:
+            if reg.stride % 4 or reg.stride <= 0:
+                raise ValueError(f"register {reg.name}: stride {reg.stride} is not a positive multiple of 4")
+            for i in range(reg.count):
+                address = reg.address(i)
+                if address % 4:
+                    raise ValueError(f"register {reg.name}[{i}] at {address:#x} is not 32-bit aligned")
+                if address >> 2 in self._decode:
+                    other, j = self._decode[address >> 2]
+                    raise ValueError(f"register {reg.name}[{i}] overlaps {other.name}[{j}] at {address:#x}")
+                self._decode[address >> 2] = (reg, i)
+            if reg.reset & ~_field_mask(reg):
+                raise ValueError(f"register {reg.name}: reset {reg.reset:#x} sets bits outside its fields")
+
+        members = {"csr": In(CSRBusSignature(addr_width))}
+
+        def add(name, member, count):
+            if name in members:
+                raise ValueError(f"member name {name!r} is used twice")
+            members[name] = member.array(count) if count > 1 else member
+
+        for reg in regmap:
+            base = reg.name.lower()
+            if reg.kind is Kind.CONFIG:
+                add(base, Out(32, init=reg.reset), reg.count)
+            elif reg.kind is Kind.COMMAND:
+                add(f"{base}_stb", Out(1), reg.count)
+                add(f"{base}_data", Out(32), reg.count)
+            elif reg.kind is Kind.COUNTER:
+                add(f"{base}_inc", In(counter_inc_width), reg.count)
+            elif reg.kind is Kind.LEVEL:
+                add(f"{base}_value", In(32), reg.count)
+            elif reg.kind is Kind.CONST:
+                pass
+            else:  # pragma: no cover
+                raise ValueError(f"register {reg.name}: unknown kind {reg.kind!r}")
+        super().__init__(members)
+
+    @property
+    def regmap(self) -> RegisterMap:
+        return self._regmap
+
+    @property
+    def addr_width(self) -> int:
+        return self._addr_width
+
+    @property
+    def counter_inc_width(self) -> int:
+        return self._counter_inc_width
+
+    def _element(self, name, index, count):
+        member = getattr(self, name)
+        return member[index] if count > 1 else member
+
+    def elaborate(self, platform):
+        m = Module()
+        csr = self.csr
+        word_addr = csr.addr[2:]
+
+        # Storage and the value a read returns, per (register, element).
+        read_value = {}
+        counters = []
+        for reg in self._regmap:
+            base = reg.name.lower()
+            for i in range(reg.count):
+                mask = _field_mask(reg)
+                if reg.kind is Kind.CONST:
+                    value = Const(reg.reset & 0xFFFF_FFFF, 32)
+                elif reg.kind is Kind.CONFIG:
+                    value = self._element(base, i, reg.count)
+                elif reg.kind is Kind.COMMAND:
+                    value = self._element(f"{base}_data", i, reg.count)
+                elif reg.kind is Kind.COUNTER:
+                    value = Signal(32, init=reg.reset & 0xFFFF_FFFF,
+                                   name=f"{base}_count" if reg.count == 1 else f"{base}_count_{i}")
+                    counters.append((value, self._element(f"{base}_inc", i, reg.count)))
+                else:  # LEVEL
+                    value = self._element(f"{base}_value", i, reg.count)
+                if reg.access is not Access.WO:
+                    read_value[(reg.name, i)] = value if mask == 0xFFFF_FFFF else value & mask
+
+        for count, inc in counters:
+            m.d.sync += count.eq(count + inc)   # truncated to 32 bits: wraps modulo 2**32
+
+        # Command strobes are single-cycle pulses.
+        for reg in self._regmap:
+            if reg.kind is Kind.COMMAND:
+                for i in range(reg.count):
+                    m.d.sync += self._element(f"{reg.name.lower()}_stb", i, reg.count).eq(0)
+
+        with m.If(csr.r_stb | csr.w_stb):
+            m.d.sync += csr.err.eq(0)
+
+        with m.If(csr.r_stb):
+            with m.Switch(word_addr):
+                for word, (reg, i) in sorted(self._decode.items()):
+                    with m.Case(word):
+                        m.d.sync += csr.r_data.eq(read_value.get((reg.name, i), 0))
+                with m.Default():
+                    m.d.sync += [csr.r_data.eq(0), csr.err.eq(1)]
+
+        with m.If(csr.w_stb):
+            with m.Switch(word_addr):
+                for word, (reg, i) in sorted(self._decode.items()):
+                    with m.Case(word):
+                        if reg.access is Access.RO:
+                            continue
+                        base = reg.name.lower()
+                        data = csr.w_data & _field_mask(reg)
+                        if reg.kind is Kind.CONFIG:
+                            m.d.sync += self._element(base, i, reg.count).eq(data)
+                        elif reg.kind is Kind.COMMAND:
+                            m.d.sync += [
+                                self._element(f"{base}_stb", i, reg.count).eq(1),
+                                self._element(f"{base}_data", i, reg.count).eq(data),
+                            ]
+                        # other kinds hold no writable state: the write is ignored
+                with m.Default():
+                    m.d.sync += csr.err.eq(1)
+
+        return m

@@ -1,0 +1,327 @@
+"""Frame-level reference model of the CAIS switch (docs/behaviour-spec.txt, docs/protocol.md).
+
+The model is programmed and read like the hardware, through the byte addresses of
+:func:`cais.registers.register_map`, so ``RegisterFile(model, register_map(params))`` works on it. Frames go
+in one at a time with :meth:`SwitchModel.receive`, which returns the frames the switch emits. It has no
+notion of time: one call is one frame processed to completion (the order in which the hardware's ingress
+arbiter serves the ports is the order of the calls).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cais.params import SwitchParams
+from cais.protocol import (CAIS_HEADER_BYTES, ELEMENT_BYTES, ETH_HEADER_BYTES, ETHERTYPE, HEADERS_BYTES,
+                           MIN_FRAME_BYTES, SUPPORTED_DTYPES, SUPPORTED_OPS, CaisHeader, DropReason, Flags,
+                           OpType, ReduceOp, mac_to_bytes, result_mac)
+from cais.registers import Access, Kind, Register, register_map
+
+__all__ = ["SwitchModel", "SlotSetState"]
+
+_MASK32 = 0xFFFF_FFFF
+
+SlotSetState = tuple[int, int, bool]  # (bitmap, tag, done)
+
+
+class _Rule:
+    __slots__ = ("valid", "group", "group_mask", "layer", "layer_mask", "chunk", "chunk_mask",
+                 "contributors", "results", "base", "count_log2")
+
+    def __init__(self):
+        self.valid = False
+        self.group = self.group_mask = self.layer = self.layer_mask = self.chunk = self.chunk_mask = 0
+        self.contributors = self.results = self.base = self.count_log2 = 0
+
+    def matches(self, hdr: CaisHeader) -> bool:
+        return (self.valid
+                and (hdr.group_id & self.group_mask) == (self.group & self.group_mask)
+                and (hdr.layer_id & self.layer_mask) == (self.layer & self.layer_mask)
+                and (hdr.chunk_id & self.chunk_mask) == (self.chunk & self.chunk_mask))
+
+
+def _reduce(op: ReduceOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Elementwise a (op) b on native int32 arrays; SUM wraps modulo 2**32, MAX/MIN are signed."""
+    if op == ReduceOp.SUM:
+        return (a.view(np.uint32) + b.view(np.uint32)).view(np.int32)
+    if op == ReduceOp.MAX:
+        return np.maximum(a, b)
+    if op == ReduceOp.MIN:
+        return np.minimum(a, b)
+    raise ValueError(f"red_op={op!r}: not a reduction the model implements")
+
+
+class SwitchModel:
+    """The switch, frame by frame. See the module docstring."""
+
+    def __init__(self, params: SwitchParams = SwitchParams()):
+        self.params = P = params
+        self.regmap = register_map(P)
+        self._port_mask = (1 << P.ports) - 1
+        self._elems = P.max_payload // 4
+        # address -> (register, array index)
+        self._decode: dict[int, tuple[Register, int]] = {}
+        for reg in self.regmap:
+            for i in range(reg.count):
+                self._decode[reg.address(i)] = (reg, i)
+        self._config = {r.name: r.reset for r in self.regmap if r.kind is Kind.CONFIG}
+        self._counters = {r.name: [0] * r.count for r in self.regmap if r.kind is Kind.COUNTER}
+        self._rules = [_Rule() for _ in range(P.rules)]
+        # MAC table: (valid, mac, port) per entry
+        self._macs = [(False, 0, 0)] * P.mac_entries
+        # Slot state, indexed [slot, set]. Values are allocated on first use (slot memory can be large).
+        self._bitmap = np.zeros((P.slots, 2), dtype=np.uint32)
+        self._tag = np.zeros((P.slots, 2), dtype=np.uint32)
+        self._done = np.zeros((P.slots, 2), dtype=bool)
+        self._values: dict[tuple[int, int], np.ndarray] = {}
+
+    # ------------------------------------------------------------------ register bus
+    def read(self, addr: int) -> int:
+        entry = self._decode.get(int(addr) & ~3)  # bits 1:0 of the address are ignored
+        if entry is None:
+            return 0  # unmapped addresses read as zero
+        reg, i = entry
+        if reg.kind is Kind.CONST:
+            return reg.reset
+        if reg.kind is Kind.CONFIG:
+            return self._config[reg.name]
+        if reg.kind is Kind.COUNTER:
+            return self._counters[reg.name][i]
+        if reg.kind is Kind.LEVEL:
+            return self._level(reg.name)
+        return 0  # COMMAND registers are write-only
+
+    def write(self, addr: int, value: int) -> None:
+        value = int(value)
+        if not 0 <= value <= _MASK32:
+            raise ValueError(f"write({addr:#x}, {value:#x}): value does not fit 32 bits")
+        entry = self._decode.get(int(addr) & ~3)
+        if entry is None or entry[0].access is Access.RO:
+            return  # writes to unmapped or read-only addresses are ignored
+        reg, _ = entry
+        value &= self._field_mask(reg)  # bits outside the fields are reserved: ignored, read 0
+        if reg.kind is Kind.CONFIG:
+            self._config[reg.name] = value
+        elif reg.kind is Kind.COMMAND:
+            self._command(reg, reg.unpack(value))
+
+    @staticmethod
+    def _field_mask(reg: Register) -> int:
+        if not reg.fields:
+            return _MASK32
+        mask = 0
+        for f in reg.fields:
+            mask |= f.mask
+        return mask
+
+    def _staged(self, name: str) -> dict:
+        return self.regmap[name].unpack(self._config[name])
+
+    def _command(self, reg: Register, f: dict) -> None:
+        P = self.params
+        if reg.name == "SLOT_CLEAR":
+            if f["slot"] < P.slots:
+                self._bitmap[f["slot"]] = 0
+                self._tag[f["slot"]] = 0
+                self._done[f["slot"]] = False
+        elif reg.name == "RULE_WRITE":
+            if f["index"] < P.rules:
+                r = _Rule()
+                g, l_, c = self._staged("RULE_GROUP"), self._staged("RULE_LAYER"), self._staged("RULE_CHUNK")
+                ports, slots = self._staged("RULE_PORTS"), self._staged("RULE_SLOTS")
+                r.valid = bool(f["valid"])
+                r.group, r.group_mask = g["value"], g["mask"]
+                r.layer, r.layer_mask = l_["value"], l_["mask"]
+                r.chunk, r.chunk_mask = c["value"], c["mask"]
+                r.contributors = ports["contributors"] & self._port_mask
+                r.results = ports["results"] & self._port_mask
+                r.base, r.count_log2 = slots["base"], slots["count_log2"]
+                self._rules[f["index"]] = r
+        elif reg.name == "MAC_WRITE":
+            if f["index"] < P.mac_entries:
+                lo_w = self.regmap["MAC_ADDR_LO"].field("mac").width
+                mac = self._staged("MAC_ADDR_LO")["mac"] | (self._staged("MAC_ADDR_HI")["mac"] << lo_w)
+                # An entry naming a port the switch does not have is written invalid.
+                self._macs[f["index"]] = (bool(f["valid"]) and f["port"] < P.ports, mac, f["port"])
+        else:  # pragma: no cover - a new command register the model does not know yet
+            raise NotImplementedError(f"command register {reg.name}")
+
+    def _level(self, name: str) -> int:
+        if name == "SLOTS_IN_USE":
+            return int(np.count_nonzero(self._bitmap))
+        raise NotImplementedError(f"level register {name}")  # pragma: no cover
+
+    # ------------------------------------------------------------------ views for tests
+    def counters(self) -> dict[str, int | list[int]]:
+        """Every COUNTER and LEVEL register by name; per-port registers as lists."""
+        out: dict[str, int | list[int]] = {}
+        for reg in self.regmap:
+            if reg.kind is Kind.COUNTER:
+                vals = list(self._counters[reg.name])
+                out[reg.name] = vals if reg.count > 1 else vals[0]
+            elif reg.kind is Kind.LEVEL:
+                out[reg.name] = self._level(reg.name)
+        return out
+
+    def slot_state(self, slot: int) -> tuple[SlotSetState, SlotSetState]:
+        """((bitmap, tag, done), (bitmap, tag, done)) of the two shadow sets of ``slot``."""
+        return tuple((int(self._bitmap[slot, s]), int(self._tag[slot, s]), bool(self._done[slot, s]))
+                     for s in (0, 1))
+
+    def values(self, slot: int, set: int) -> np.ndarray:  # noqa: A002 - the spec's name
+        """A copy of the set's values as native int32 (max_payload / 4 elements)."""
+        if not 0 <= slot < self.params.slots or set not in (0, 1):
+            raise IndexError(f"slot {slot} set {set}: out of range")
+        v = self._values.get((slot, set))
+        return np.zeros(self._elems, dtype=np.int32) if v is None else v.copy()
+
+    def switch_mac(self) -> int:
+        return self._config["SWITCH_MAC_LO"] | (self._config["SWITCH_MAC_HI"] << 32)
+
+    # ------------------------------------------------------------------ datapath
+    def _count(self, name: str, index: int = 0, amount: int = 1) -> None:
+        c = self._counters[name]
+        c[index] = (c[index] + amount) & _MASK32
+
+    def _drop(self, reason: DropReason) -> list:
+        self._count(f"DROP_{reason.name}")
+        return []
+
+    def _emit(self, out: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        out.sort(key=lambda pf: pf[0])
+        for port, frame in out:
+            self._count("TX_FRAMES", port)
+            self._count("TX_BYTES", port, len(frame))
+        return out
+
+    def _ports(self, mask: int) -> list[int]:
+        return [p for p in range(self.params.ports) if mask >> p & 1]
+
+    def receive(self, port: int, frame: bytes, framing_ok: bool = True) -> list[tuple[int, bytes]]:
+        """Process one frame arriving on ``port``; return the frames emitted as (egress_port, bytes).
+
+        ``framing_ok=False`` models a frame whose tkeep broke the framing rule (BAD_FRAMING); its bytes
+        are then the bytes whose tkeep was set. The output is in ascending port order.
+        """
+        P = self.params
+        if not 0 <= port < P.ports:
+            raise ValueError(f"port={port}: out of range 0..{P.ports - 1}")
+        frame = bytes(frame)
+        L = len(frame)
+        self._count("RX_FRAMES", port)
+        self._count("RX_BYTES", port, L)
+
+        # Ingress checks, in order (the first failing one names the reason).
+        if not framing_ok or L == 0:  # an empty frame cannot have a valid last beat
+            return self._drop(DropReason.BAD_FRAMING)
+        if L > P.max_frame:
+            return self._drop(DropReason.OVERSIZE)
+        if L < ETH_HEADER_BYTES:
+            return self._drop(DropReason.RUNT)
+        is_cais = int.from_bytes(frame[12:14], "big") == ETHERTYPE
+        if not is_cais:
+            return self._emit(self._ordinary(port, frame))
+        if L < HEADERS_BYTES:
+            return self._drop(DropReason.RUNT)
+        hdr = CaisHeader.unpack(frame[ETH_HEADER_BYTES:ETH_HEADER_BYTES + CAIS_HEADER_BYTES])
+        if (hdr.op_type not in {int(o) for o in SUPPORTED_OPS}
+                or hdr.dtype not in {int(d) for d in SUPPORTED_DTYPES}
+                or hdr.red_op not in {int(r) for r in ReduceOp}
+                or hdr.flags & ~int(Flags.RETRANSMIT)):
+            return self._drop(DropReason.BAD_CODE)
+        plen = hdr.payload_len
+        if plen == 0 or plen > P.max_payload or plen % ELEMENT_BYTES[hdr.dtype]:
+            return self._drop(DropReason.BAD_PAYLOAD_LEN)
+        want = HEADERS_BYTES + plen
+        if L != want and not (want < MIN_FRAME_BYTES and L == MIN_FRAME_BYTES):
+            return self._drop(DropReason.BAD_LENGTH)
+        return self._emit(self._cais(port, frame, hdr))
+
+    def _ordinary(self, port: int, frame: bytes) -> list[tuple[int, bytes]]:
+        dst = int.from_bytes(frame[0:6], "big")
+        everyone = self._port_mask
+        if frame[0] & 1:  # group bit: broadcast or multicast
+            dest = everyone
+        else:
+            dest = everyone
+            for valid, mac, out_port in self._macs:
+                if valid and mac == dst:
+                    dest = (1 << out_port) & everyone
+                    break
+        dest &= ~(1 << port)
+        if not dest:
+            return self._drop(DropReason.NO_ROUTE)
+        self._count("FORWARDED")
+        return [(p, frame) for p in self._ports(dest)]
+
+    def _cais(self, port: int, frame: bytes, hdr: CaisHeader) -> list[tuple[int, bytes]]:
+        P = self.params
+        rule = next((r for r in self._rules if r.matches(hdr)), None)
+        if rule is None:
+            return self._drop(DropReason.NO_RULE)
+        if not rule.contributors >> port & 1:
+            return self._drop(DropReason.FOREIGN_PORT)
+        if hdr.op_type in (OpType.ALL_GATHER, OpType.BROADCAST):
+            dest = rule.results & ~(1 << port)
+            if not dest:
+                return self._drop(DropReason.NO_ROUTE)
+            self._count("FORWARDED")
+            return [(p, frame) for p in self._ports(dest)]
+
+        # ALL_REDUCE
+        count = 1 << rule.count_log2
+        t = hdr.seq_num
+        slot = rule.base + (t % count)
+        s = (t // count) % 2
+        if slot >= P.slots:
+            return self._drop(DropReason.BAD_SLOT)
+        w = 1 << port
+        bitmap, tag, done = int(self._bitmap[slot, s]), int(self._tag[slot, s]), bool(self._done[slot, s])
+        n = hdr.payload_len // 4
+        out: list[tuple[int, bytes]] = []
+        if tag == t and done:                                   # a. repeat after completion
+            self._count("DUPLICATES")
+            self._count("RESULTS_RESENT")
+            out.append((port, self._result_frame(hdr, slot, s)))
+        elif bitmap == 0:                                       # b. first contribution
+            vals = np.zeros(self._elems, dtype=np.int32)
+            vals[:n] = self._payload(frame, n)
+            self._values[slot, s] = vals
+            self._tag[slot, s] = t
+            self._bitmap[slot, s] = w
+            self._count("CONTRIBUTIONS")
+            self._done[slot, s] = (w == rule.contributors)
+            if self._done[slot, s]:
+                out += self._complete(rule, hdr, slot, s)
+        elif tag != t:                                          # c. set busy with another chunk
+            return self._drop(DropReason.TAG_MISMATCH)
+        elif bitmap & w:                                        # d. repeat before completion
+            self._count("DUPLICATES")
+        else:                                                   # e. a further contribution
+            vals = self._values[slot, s]
+            vals[:n] = _reduce(ReduceOp(hdr.red_op), vals[:n], self._payload(frame, n))
+            bitmap |= w
+            self._bitmap[slot, s] = bitmap
+            self._count("CONTRIBUTIONS")
+            if bitmap == rule.contributors:
+                self._done[slot, s] = True
+                out += self._complete(rule, hdr, slot, s)
+        # Implicit acknowledgement (cases a, b, d, e): the port has moved past the other set's chunk.
+        self._bitmap[slot, 1 - s] &= ~np.uint32(w)
+        return out
+
+    @staticmethod
+    def _payload(frame: bytes, n: int) -> np.ndarray:
+        return np.frombuffer(frame, dtype=">i4", count=n, offset=HEADERS_BYTES).astype(np.int32)
+
+    def _complete(self, rule: _Rule, hdr: CaisHeader, slot: int, s: int) -> list[tuple[int, bytes]]:
+        self._count("COMPLETED")
+        res = self._result_frame(hdr, slot, s)
+        return [(p, res) for p in self._ports(rule.results)]
+
+    def _result_frame(self, hdr: CaisHeader, slot: int, s: int) -> bytes:
+        n = hdr.payload_len // 4
+        payload = self.values(slot, s)[:n].astype(">i4").tobytes()
+        head = hdr.replace(flags=int(Flags.RESULT)).pack()
+        return (mac_to_bytes(result_mac(hdr.group_id)) + mac_to_bytes(self.switch_mac())
+                + ETHERTYPE.to_bytes(2, "big") + head + payload)

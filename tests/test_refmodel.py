@@ -1,0 +1,682 @@
+"""Directed tests of the reference model (cais.sim.refmodel) against hand-derived expectations.
+
+Expected frames are built here with struct from the documented layout, and expected reductions with
+numpy in int64 followed by an explicit wrap, never by asking the model.
+"""
+
+import random
+import struct
+
+import numpy as np
+import pytest
+
+from cais.params import SwitchParams
+from cais.registers import RegisterFile, register_map
+from cais.sim.refmodel import SwitchModel
+from cais.tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
+
+P = SwitchParams()          # 4 ports, 64 slots, 256-byte payloads, 8 rules, 16 MAC entries
+RM = register_map(P)
+ALL = 0b1111
+SWITCH_MAC = bytes.fromhex("02ca15000000")
+ETYPE = b"\x88\xb5"
+AR, AG, BC, RS = 0, 1, 2, 3          # op_type code points
+SUM, MAX, MIN = 0, 1, 2              # red_op code points
+RESULT, RETRANSMIT = 0x01, 0x02      # flags
+
+DROP_NAMES = ["BAD_FRAMING", "OVERSIZE", "RUNT", "BAD_CODE", "BAD_PAYLOAD_LEN", "BAD_LENGTH", "NO_RULE",
+              "FOREIGN_PORT", "BAD_SLOT", "TAG_MISMATCH", "NO_ROUTE"]
+
+
+# ----------------------------------------------------------------------------- helpers
+def apply(model, writes):
+    for addr, value in writes:
+        model.write(addr, value)
+
+
+def model_with(*rules, macs=(), params=P):
+    m = SwitchModel(params)
+    rm = register_map(params)
+    for i, r in enumerate(rules):
+        if r is not None:
+            apply(m, rule_writes(rm, i, r))
+    for i, e in enumerate(macs):
+        apply(m, mac_writes(rm, i, e))
+    return m
+
+
+def header(op=AR, group=1, layer=0, chunk=0, total=1, seq=0, plen=0, dtype=0, red_op=SUM, flags=0):
+    return struct.pack(">BBHHHIHBB", op, group, layer, chunk, total, seq, plen, (dtype << 4) | red_op, flags)
+
+
+def cais_frame(values=(), *, payload=None, src_port=0, dst=b"\xff" * 6, pad_to=None, plen=None, **hdr):
+    if payload is None:
+        payload = np.asarray(values, dtype=">i4").tobytes()
+    plen = len(payload) if plen is None else plen
+    frame = dst + bytes([2, 0, 0, 0, 0, src_port]) + ETYPE + header(plen=plen, **hdr) + payload
+    if pad_to is not None:
+        frame += bytes(pad_to - len(frame))
+    return frame
+
+
+def result_frame(values, **hdr):
+    payload = np.asarray(values, dtype=">i4").tobytes()
+    group = hdr.get("group", 1)
+    hdr = dict(hdr, flags=RESULT)
+    return bytes([0x03, 0xCA, 0x15, 0, 0, group]) + SWITCH_MAC + ETYPE + header(plen=len(payload), **hdr) + payload
+
+
+def ordinary(dst: bytes, src_port=0, length=64, etype=b"\x08\x00"):
+    head = dst + bytes([2, 0, 0, 0, 0, src_port]) + etype
+    return head + bytes((i * 7) & 0xFF for i in range(length - len(head)))
+
+
+def wrap32(x):
+    return ((np.asarray(x, dtype=np.int64) + 2**31) % 2**32) - 2**31
+
+
+def contribute(m, port, seq, values, **kw):
+    return m.receive(port, cais_frame(values, seq=seq, src_port=port, **kw))
+
+
+def drops(m):
+    c = m.counters()
+    return {n: c[f"DROP_{n}"] for n in DROP_NAMES if c[f"DROP_{n}"]}
+
+
+def check_invariant(m):
+    c = m.counters()
+    assert sum(c["RX_FRAMES"]) == (c["FORWARDED"] + c["CONTRIBUTIONS"] + c["DUPLICATES"]
+                                   + sum(c[f"DROP_{n}"] for n in DROP_NAMES))
+
+
+# ----------------------------------------------------------------------------- registers
+def test_constant_registers():
+    m = SwitchModel(P)
+    assert m.read(0x000) == 0x43414953
+    assert m.read(0x004) == 0x00010000
+    assert m.read(0x008) == 4
+    assert m.read(0x00C) == 64
+    assert m.read(0x010) == 64
+    assert m.read(0x014) == 256
+    assert m.read(0x018) == 8
+    assert m.read(0x01C) == 16
+    m.write(0x000, 0x1234)                       # read-only: ignored
+    assert m.read(0x000) == 0x43414953
+    m2 = SwitchModel(SwitchParams(ports=8, data_width=128, slots=128, max_payload=512, rules=16, mac_entries=32))
+    assert [m2.read(a) for a in range(0x8, 0x20, 4)] == [8, 128, 128, 512, 16, 32]
+
+
+def test_config_and_command_registers():
+    m = SwitchModel(P)
+    assert m.read(0x020) == 0x15000000 and m.read(0x024) == 0x02CA   # 02:ca:15:00:00:00 after reset
+    m.write(0x040, 0xABCD)                       # RULE_GROUP staging reads back
+    assert m.read(0x040) == 0xABCD
+    m.write(0x040, 0xFFFF_FFFF)                  # only the defined fields (value, mask) are stored
+    assert m.read(0x040) == 0xFFFF
+    m.write(0x054, 0x100)                        # RULE_WRITE is write-only
+    assert m.read(0x054) == 0
+    assert m.read(0x3FC) == 0                    # unmapped
+    with pytest.raises(ValueError):
+        m.write(0x040, 1 << 32)
+
+
+def test_register_file_works_on_model():
+    m = SwitchModel(P)
+    rf = RegisterFile(m, RM)
+    assert rf.read("ID") == 0x43414953
+    rf.write("RULE_PORTS", contributors=0b0011, results=0b1100)
+    assert rf.read("RULE_PORTS") == 0x000C0003
+    rf.write("RULE_GROUP", value=9, mask=0xFF)
+    rf.write("RULE_WRITE", index=0, valid=1)
+    out = m.receive(0, cais_frame([5], op=AG, group=9))
+    assert [p for p, _ in out] == [2, 3]
+    assert rf.read("FORWARDED") == 1
+    assert rf.read("RX_FRAMES", 0) == 1 and rf.read("TX_FRAMES", 2) == 1 and rf.read("TX_FRAMES", 1) == 0
+
+
+def test_switch_mac_register_sets_result_source():
+    m = model_with(Rule.for_group(1, 0b0001))
+    m.write(0x020, 0x33445566)
+    m.write(0x024, 0x1122)
+    out = contribute(m, 0, 0, [1])
+    assert out[0][1][6:12] == bytes.fromhex("112233445566")
+
+
+# ----------------------------------------------------------------------------- reduction
+def _reduce_4(red_op, inputs, expected):
+    m = model_with(Rule.for_group(1, ALL, ALL, base=0, count_log2=0))
+    for p in range(3):
+        assert contribute(m, p, 0, inputs[p], red_op=red_op) == []
+    out = contribute(m, 3, 0, inputs[3], red_op=red_op)
+    want = result_frame(expected, seq=0, red_op=red_op)
+    assert out == [(0, want), (1, want), (2, want), (3, want)]
+    c = m.counters()
+    assert c["CONTRIBUTIONS"] == 4 and c["COMPLETED"] == 1 and c["TX_FRAMES"] == [1, 1, 1, 1]
+    assert c["TX_BYTES"] == [len(want)] * 4
+    check_invariant(m)
+    return m
+
+
+def test_sum_four_ports():
+    rng = np.random.default_rng(7)
+    inputs = rng.integers(-2**31, 2**31, size=(4, 64), dtype=np.int64)   # 256 bytes: max payload
+    expected = wrap32(inputs.sum(axis=0))
+    m = _reduce_4(SUM, inputs, expected)
+    assert np.array_equal(m.values(0, 0), expected)
+
+
+def test_max_and_min():
+    inputs = [[1, -5, 7, -2**31], [3, -9, 7, 2**31 - 1], [-4, -1, 0, 0], [2, -7, -8, -1]]
+    _reduce_4(MAX, inputs, [3, -1, 7, 2**31 - 1])
+    _reduce_4(MIN, inputs, [-4, -9, -8, -2**31])
+
+
+def test_int32_wraparound():
+    inputs = [[2**31 - 1, -2**31, 2**31 - 1, 1], [1, -1, 2**31 - 1, 2], [0, 0, 2, 3], [0, 0, 0, 4]]
+    # column 0: 0x7fffffff + 1 = 0x80000000 -> -2**31
+    # column 1: -2**31 + -1 = -2**31 - 1 -> +2**31 - 1
+    # column 2: 2 * (2**31 - 1) + 2 = 2**32 -> 0
+    _reduce_4(SUM, inputs, [-2**31, 2**31 - 1, 0, 10])
+
+
+def test_repeated_contribution_ignored():
+    m = model_with(Rule.for_group(1, ALL))
+    contribute(m, 0, 0, [10, 20])
+    assert contribute(m, 0, 0, [1000, 2000], flags=RETRANSMIT) == []        # repeat, different payload
+    assert m.counters()["DUPLICATES"] == 1
+    assert m.slot_state(0) == ((0b0001, 0, False), (0, 0, False))
+    contribute(m, 1, 0, [1, 2])
+    contribute(m, 2, 0, [100, 200])
+    out = contribute(m, 3, 0, [0, 0])
+    assert out[0][1] == result_frame([111, 222], seq=0)
+    c = m.counters()
+    assert c["CONTRIBUTIONS"] == 4 and c["DUPLICATES"] == 1 and c["RESULTS_RESENT"] == 0
+    check_invariant(m)
+
+
+def test_late_repeat_after_completion_answered_to_that_port_only():
+    m = model_with(Rule.for_group(1, ALL, base=3))
+    for p in range(4):
+        out = contribute(m, p, 0, [p + 1, -p], layer=7, chunk=2, total=5)
+    done = result_frame([10, -6], seq=0, layer=7, chunk=2, total=5)
+    assert [f for _, f in out] == [done] * 4
+    # port 2 lost its result and retransmits (with a different payload: it is ignored)
+    out = contribute(m, 2, 0, [99, 99], layer=7, chunk=2, total=5, flags=RETRANSMIT)
+    assert out == [(2, done)]
+    c = m.counters()
+    assert c["DUPLICATES"] == 1 and c["RESULTS_RESENT"] == 1 and c["COMPLETED"] == 1
+    assert c["TX_FRAMES"] == [1, 1, 2, 1]
+    assert m.slot_state(3) == ((ALL, 0, True), (0, 0, False))
+    check_invariant(m)
+
+
+def test_single_contributor_completes_at_once():
+    m = model_with(Rule.for_group(1, 0b0100, 0b0011))
+    out = contribute(m, 2, 0, [-3, 4])
+    assert out == [(0, result_frame([-3, 4], seq=0)), (1, result_frame([-3, 4], seq=0))]
+    assert m.slot_state(0) == ((0b0100, 0, True), (0, 0, False))
+
+
+def test_both_shadow_sets_in_flight():
+    m = model_with(Rule.for_group(1, ALL, base=5, count_log2=0))   # one slot: seq even -> set 0, odd -> set 1
+    for p in range(4):
+        contribute(m, p, 0, [p])
+    r0 = result_frame([6], seq=0)
+    assert m.slot_state(5) == ((ALL, 0, True), (0, 0, False))
+    assert contribute(m, 0, 1, [10]) == []
+    assert m.slot_state(5) == ((0b1110, 0, True), (0b0001, 1, False))
+    assert contribute(m, 1, 1, [20]) == []
+    assert m.slot_state(5) == ((0b1100, 0, True), (0b0011, 1, False))
+    assert m.counters()["SLOTS_IN_USE"] == 2
+    assert contribute(m, 2, 0, [0]) == [(2, r0)]                  # port 2 missed its result of seq 0
+    assert m.slot_state(5) == ((0b1100, 0, True), (0b0011, 1, False))
+    assert contribute(m, 2, 1, [30]) == []
+    assert m.slot_state(5) == ((0b1000, 0, True), (0b0111, 1, False))
+    out = contribute(m, 3, 1, [40])
+    assert out == [(p, result_frame([100], seq=1)) for p in range(4)]
+    assert m.slot_state(5) == ((0, 0, True), (ALL, 1, True))
+    assert m.counters()["SLOTS_IN_USE"] == 1
+    assert m.values(5, 0)[0] == 6 and m.values(5, 1)[0] == 100
+    check_invariant(m)
+
+
+def test_slot_reuse_after_all_contributors_moved_on():
+    m = model_with(Rule.for_group(1, ALL, count_log2=0))
+    for p in range(4):
+        contribute(m, p, 0, [1])
+    for p in range(3):
+        contribute(m, p, 1, [2])
+    # port 3 has not moved to seq 1 yet: set 0 still holds seq 0 for it, seq 2 may not take it
+    assert m.slot_state(0)[0] == (0b1000, 0, True)
+    assert contribute(m, 0, 2, [3]) == []
+    assert drops(m) == {"TAG_MISMATCH": 1}
+    assert m.slot_state(0) == ((0b1000, 0, True), (0b0111, 1, False))
+    contribute(m, 3, 1, [2])                                      # completes seq 1, frees set 0
+    assert m.slot_state(0) == ((0, 0, True), (ALL, 1, True))
+    for p in range(3):
+        assert contribute(m, p, 2, [p * 5]) == []
+    assert m.slot_state(0) == ((0b0111, 2, False), (0b1000, 1, True))
+    out = contribute(m, 3, 2, [1])
+    assert out == [(p, result_frame([16], seq=2)) for p in range(4)]
+    check_invariant(m)
+
+
+def test_window_over_several_slots():
+    m = model_with(Rule.for_group(1, 0b0011, base=8, count_log2=2))   # slots 8..11
+    for seq in range(4):
+        contribute(m, 0, seq, [seq])
+    assert m.counters()["SLOTS_IN_USE"] == 4
+    for seq in range(4):
+        assert contribute(m, 1, seq, [10])[0][1] == result_frame([seq + 10], seq=seq)
+    assert m.counters()["SLOTS_IN_USE"] == 4
+    assert [m.slot_state(s)[0] for s in range(8, 12)] == [(0b0011, q, True) for q in range(4)]
+    contribute(m, 0, 4, [0])                                      # seq 4 -> slot 8, set 1
+    assert m.slot_state(8) == ((0b0010, 0, True), (0b0001, 4, False))
+    assert m.counters()["SLOTS_IN_USE"] == 5
+    contribute(m, 1, 4, [0])
+    assert m.slot_state(8) == ((0, 0, True), (0b0011, 4, True))
+    assert m.counters()["SLOTS_IN_USE"] == 4
+    # seq 9 -> slot 9, set 0 (9 div 4 = 2), which still holds seq 1 for both ports: outside the window
+    assert contribute(m, 0, 9, [0]) == []
+    assert drops(m) == {"TAG_MISMATCH": 1}
+    contribute(m, 0, 5, [0])                                      # seq 5 -> slot 9, set 1: acks seq 1
+    assert m.slot_state(9) == ((0b0010, 1, True), (0b0001, 5, False))
+
+
+# ----------------------------------------------------------------------------- rejections
+def test_foreign_port_rejected():
+    m = model_with(Rule.for_group(1, 0b0111))
+    contribute(m, 0, 0, [1])
+    assert contribute(m, 3, 0, [1]) == []
+    assert drops(m) == {"FOREIGN_PORT": 1}
+    assert m.slot_state(0) == ((0b0001, 0, False), (0, 0, False))
+    check_invariant(m)
+
+
+def test_tag_mismatch_changes_nothing():
+    m = model_with(Rule.for_group(1, ALL, count_log2=0))
+    contribute(m, 0, 0, [1])
+    contribute(m, 1, 1, [1])
+    assert m.slot_state(0) == ((0b0001, 0, False), (0b0010, 1, False))
+    assert contribute(m, 1, 2, [1]) == []                         # set 0 busy with seq 0
+    assert drops(m) == {"TAG_MISMATCH": 1}
+    # no implicit ack either: port 1's bit in set 1 survives
+    assert m.slot_state(0) == ((0b0001, 0, False), (0b0010, 1, False))
+    assert m.values(0, 0)[0] == 1
+    check_invariant(m)
+
+
+def test_no_rule():
+    m = model_with(Rule.for_group(1, ALL))
+    assert contribute(m, 0, 0, [1], group=2) == []
+    assert drops(m) == {"NO_RULE": 1}
+    apply(m, rule_writes(RM, 0, Rule.for_group(1, ALL), valid=False))   # an invalid entry matches nothing
+    assert contribute(m, 0, 0, [1], group=1) == []
+    assert drops(m) == {"NO_RULE": 2}
+    assert m.counters()["SLOTS_IN_USE"] == 0
+
+
+def test_bad_slot():
+    m = model_with(Rule.for_group(1, 0b0001, base=62, count_log2=2))   # quota 62..65, only 62..63 exist
+    assert contribute(m, 0, 0, [1]) == [(0, result_frame([1], seq=0))]     # slot 62
+    assert len(contribute(m, 0, 1, [1])) == 1                              # slot 63
+    assert contribute(m, 0, 2, [1]) == []                                  # slot 64
+    assert contribute(m, 0, 3, [1]) == []                                  # slot 65
+    assert len(contribute(m, 0, 5, [1])) == 1                              # slot 63, set 1
+    assert contribute(m, 0, 6, [1]) == []
+    assert drops(m) == {"BAD_SLOT": 3}
+    assert m.slot_state(63) == ((0, 1, True), (0b0001, 5, True))
+    check_invariant(m)
+
+
+# ----------------------------------------------------------------------------- malformed frames
+GOOD_AG = cais_frame([1, 2], op=AG, group=1)
+
+
+def _raw_cais(total_len, **hdr):
+    """A CAIS frame of exactly total_len bytes whatever its payload_len says."""
+    head = b"\xff" * 6 + bytes([2, 0, 0, 0, 0, 0]) + ETYPE + header(**hdr)
+    return (head + bytes(range(256)) * 40)[:total_len]
+
+
+MALFORMED = [
+    ("BAD_FRAMING", GOOD_AG, False),
+    ("BAD_FRAMING", b"", True),
+    ("BAD_FRAMING", _raw_cais(1600, plen=4), False),            # framing checked before length
+    ("OVERSIZE", ordinary(b"\xff" * 6, length=1515), True),
+    ("OVERSIZE", _raw_cais(1515, plen=4), True),
+    ("RUNT", b"\xff" * 13, True),
+    ("RUNT", _raw_cais(29, plen=4), True),
+    ("RUNT", _raw_cais(29, op=7, plen=0), True),                # runt before code
+    ("BAD_CODE", _raw_cais(34, op=RS, plen=4), True),
+    ("BAD_CODE", _raw_cais(34, op=0xFF, plen=4), True),
+    ("BAD_CODE", _raw_cais(34, dtype=3, plen=4), True),          # FP32: valid code, not supported
+    ("BAD_CODE", _raw_cais(34, dtype=0xF, plen=4), True),
+    ("BAD_CODE", _raw_cais(34, red_op=3, plen=4), True),
+    ("BAD_CODE", _raw_cais(34, red_op=0xF, plen=4), True),
+    ("BAD_CODE", _raw_cais(34, flags=RESULT, plen=4), True),
+    ("BAD_CODE", _raw_cais(34, flags=0x04, plen=4), True),
+    ("BAD_CODE", _raw_cais(34, flags=0x80 | RETRANSMIT, plen=4), True),
+    ("BAD_CODE", _raw_cais(30, op=RS, plen=0), True),            # code before payload_len
+    ("BAD_PAYLOAD_LEN", _raw_cais(30, plen=0), True),
+    ("BAD_PAYLOAD_LEN", _raw_cais(60, plen=0), True),
+    ("BAD_PAYLOAD_LEN", _raw_cais(290, plen=260), True),
+    ("BAD_PAYLOAD_LEN", _raw_cais(36, plen=6), True),
+    ("BAD_PAYLOAD_LEN", _raw_cais(60, plen=2), True),
+    ("BAD_PAYLOAD_LEN", _raw_cais(100, plen=0xFFFF), True),      # payload_len before length
+    ("BAD_LENGTH", _raw_cais(39, plen=8), True),
+    ("BAD_LENGTH", _raw_cais(37, plen=8), True),
+    ("BAD_LENGTH", _raw_cais(59, plen=8), True),
+    ("BAD_LENGTH", _raw_cais(61, plen=8), True),
+    ("BAD_LENGTH", _raw_cais(60, plen=32), True),                # 62 bytes needed: no shortening to 60
+    ("BAD_LENGTH", _raw_cais(63, plen=32), True),
+    ("BAD_LENGTH", _raw_cais(285, plen=256), True),
+    ("BAD_LENGTH", _raw_cais(287, plen=256, op=AG), True),
+]
+
+
+@pytest.mark.parametrize("reason,frame,framing_ok", MALFORMED,
+                         ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(MALFORMED)])
+def test_malformed_frame_then_good_frame(reason, frame, framing_ok):
+    m = model_with(Rule.for_group(1, ALL))
+    assert m.receive(1, frame, framing_ok=framing_ok) == []
+    assert drops(m) == {reason: 1}
+    c = m.counters()
+    assert c["RX_FRAMES"] == [0, 1, 0, 0] and c["RX_BYTES"] == [0, len(frame), 0, 0]
+    assert c["TX_FRAMES"] == [0] * 4 and c["CONTRIBUTIONS"] == 0 and c["SLOTS_IN_USE"] == 0
+    assert m.receive(1, GOOD_AG) == [(0, GOOD_AG), (2, GOOD_AG), (3, GOOD_AG)]
+    out = contribute(m, 1, 0, [4])
+    assert out == [] and m.slot_state(0) == ((0b0010, 0, False), (0, 0, False))
+    check_invariant(m)
+
+
+def test_retransmit_flag_and_other_header_fields_accepted():
+    m = model_with(Rule.for_group(1, 0b0001))
+    out = m.receive(0, cais_frame([5], flags=RETRANSMIT, total=0xFFFF, layer=0xBEEF, chunk=0xCAFE))
+    assert out == [(0, result_frame([5], total=0xFFFF, layer=0xBEEF, chunk=0xCAFE))]
+
+
+def test_shortest_frames_not_runt():
+    m = model_with()
+    f14 = ordinary(b"\xff" * 6, length=14)
+    assert m.receive(0, f14) == [(1, f14), (2, f14), (3, f14)]
+    m = model_with(Rule.for_group(1, ALL))
+    assert m.receive(0, _raw_cais(34, plen=4)) == []
+    assert m.counters()["CONTRIBUTIONS"] == 1 and drops(m) == {}
+
+
+def test_padding_accepted():
+    m = model_with(Rule.for_group(1, 0b0011))
+    f0 = cais_frame([7], seq=0, pad_to=60)                        # 34 bytes padded to 60
+    assert len(f0) == 60
+    assert m.receive(0, f0) == []
+    f1 = cais_frame([-2], seq=0, pad_to=60, src_port=1)
+    f1 = f1[:34] + b"\x55" * 26                                  # pad bytes are ignored whatever they are
+    out = m.receive(1, f1)
+    want = result_frame([5], seq=0)
+    assert len(want) == 34                                       # the result is not padded
+    assert out == [(0, want), (1, want)]
+    # 58 bytes padded to 60 is fine too, and an exact 62-byte frame
+    m = model_with(Rule.for_group(1, 0b0001))
+    assert m.receive(0, cais_frame(list(range(7)), pad_to=60))[0][1] == result_frame(list(range(7)))
+    assert m.receive(0, cais_frame(list(range(8)), seq=1))[0][1] == result_frame(list(range(8)), seq=1)
+    assert drops(m) == {}
+
+
+def test_only_payload_len_bytes_matter_for_result():
+    m = model_with(Rule.for_group(1, 0b0011))
+    m.receive(0, cais_frame([1, 2, 3, 4], seq=0))
+    out = m.receive(1, cais_frame([10, 20, 30, 40], seq=0))
+    assert out[0][1] == result_frame([11, 22, 33, 44], seq=0)
+
+
+# ----------------------------------------------------------------------------- ordinary frames
+MAC_A = 0x020000000002
+MAC_B = 0x02000000000B
+
+
+def test_ordinary_known_unicast():
+    m = model_with(macs=[MacEntry(MAC_A, 2)])
+    f = ordinary(MAC_A.to_bytes(6, "big"))
+    assert m.receive(0, f) == [(2, f)]
+    c = m.counters()
+    assert c["FORWARDED"] == 1 and c["TX_FRAMES"] == [0, 0, 1, 0] and c["TX_BYTES"] == [0, 0, 64, 0]
+    assert c["RX_BYTES"] == [64, 0, 0, 0]
+    check_invariant(m)
+
+
+def test_ordinary_unknown_unicast_and_broadcast_flooded():
+    m = model_with(macs=[MacEntry(MAC_A, 2)])
+    f = ordinary(MAC_B.to_bytes(6, "big"))
+    assert m.receive(1, f) == [(0, f), (2, f), (3, f)]
+    b = ordinary(b"\xff" * 6, length=100)
+    assert m.receive(3, b) == [(0, b), (1, b), (2, b)]
+    assert m.counters()["FORWARDED"] == 2
+
+
+def test_ordinary_multicast_flooded_even_if_in_mac_table():
+    mc = 0x01005E000001
+    m = model_with(macs=[MacEntry(mc, 2)])
+    f = ordinary(mc.to_bytes(6, "big"))
+    assert m.receive(0, f) == [(1, f), (2, f), (3, f)]
+
+
+def test_ordinary_no_route_to_ingress():
+    m = model_with(macs=[MacEntry(MAC_A, 2)])
+    assert m.receive(2, ordinary(MAC_A.to_bytes(6, "big"))) == []
+    assert drops(m) == {"NO_ROUTE": 1}
+    check_invariant(m)
+
+
+def test_mac_table_lowest_index_wins_and_invalidation():
+    m = model_with(macs=[MacEntry(MAC_B, 0), MacEntry(MAC_A, 1), MacEntry(MAC_A, 3)])
+    f = ordinary(MAC_A.to_bytes(6, "big"))
+    assert m.receive(0, f) == [(1, f)]
+    apply(m, mac_writes(RM, 1, None, valid=False))
+    assert m.receive(0, f) == [(3, f)]
+    assert m.read(0x060) == 0 and m.read(0x064) == 0             # staging of the invalidation
+    apply(m, mac_writes(RM, 2, MacEntry(MAC_A, 3)))
+    assert m.read(0x060) == 0x00000002 and m.read(0x064) == 0x0200
+
+
+def test_cais_ethertype_with_other_destination_is_routed_by_rules_not_macs():
+    m = model_with(Rule.for_group(1, ALL, ALL), macs=[MacEntry(MAC_A, 2)])
+    f = cais_frame([1], op=AG, dst=MAC_A.to_bytes(6, "big"))
+    assert [p for p, _ in m.receive(0, f)] == [1, 2, 3]
+
+
+# ----------------------------------------------------------------------------- all-gather / broadcast
+def test_all_gather_forwarded_to_results_minus_ingress():
+    m = model_with(Rule.for_group(4, ALL, ALL))
+    f = cais_frame([1, 2, 3], op=AG, group=4, seq=77)
+    assert m.receive(1, f) == [(0, f), (2, f), (3, f)]
+    c = m.counters()
+    assert c["FORWARDED"] == 1 and c["CONTRIBUTIONS"] == 0 and c["SLOTS_IN_USE"] == 0
+    padded = cais_frame([9], op=AG, group=4, pad_to=60)
+    assert m.receive(0, padded) == [(1, padded), (2, padded), (3, padded)]   # unchanged, pad included
+    check_invariant(m)
+
+
+def test_broadcast_forwarding_foreign_and_no_route():
+    m = model_with(Rule.for_group(5, 0b0001, 0b1110), Rule.for_group(6, 0b0010, 0b0010))
+    f = cais_frame([1], op=BC, group=5)
+    assert m.receive(0, f) == [(1, f), (2, f), (3, f)]
+    assert m.receive(1, f) == []
+    assert drops(m) == {"FOREIGN_PORT": 1}
+    assert m.receive(1, cais_frame([1], op=BC, group=6)) == []
+    assert drops(m) == {"FOREIGN_PORT": 1, "NO_ROUTE": 1}
+    check_invariant(m)
+
+
+# ----------------------------------------------------------------------------- tables
+def test_slot_clear():
+    m = model_with(Rule.for_group(1, 0b0011, base=5))
+    contribute(m, 0, 0, [1])
+    contribute(m, 1, 1, [1])
+    m.receive(2, ordinary(b"\xff" * 6))
+    model6 = model_with(Rule.for_group(1, 0b0011, base=6))
+    contribute(model6, 0, 0, [1])
+    assert m.slot_state(5) == ((0b0001, 0, False), (0b0010, 1, False))
+    assert m.counters()["SLOTS_IN_USE"] == 2
+    apply(m, slot_clear_writes(RM, 5, 1))
+    assert m.slot_state(5) == ((0, 0, False), (0, 0, False))
+    assert m.counters()["SLOTS_IN_USE"] == 0
+    assert contribute(m, 0, 2, [1]) == []                         # would have been TAG_MISMATCH
+    assert drops(m) == {} and m.slot_state(5)[0] == (0b0001, 2, False)
+
+
+def test_slot_clear_forgets_completed_result():
+    m = model_with(Rule.for_group(1, 0b0011, base=2, count_log2=1))
+    contribute(m, 0, 1, [1])
+    contribute(m, 1, 1, [1])
+    contribute(m, 0, 0, [4])                                      # slot 2 busy
+    assert m.slot_state(3) == ((0b0011, 1, True), (0, 0, False))
+    apply(m, slot_clear_writes(RM, 3, 1))                         # only slot 3
+    assert m.slot_state(2) == ((0b0001, 0, False), (0, 0, False))
+    assert contribute(m, 0, 1, [1]) == []                         # no resend: a new first contribution
+    assert m.slot_state(3) == ((0b0001, 1, False), (0, 0, False))
+    assert m.counters()["RESULTS_RESENT"] == 0
+
+
+def test_rule_priority_lowest_index_wins():
+    m = model_with(Rule.for_group(7, 0b0011, 0b0011), Rule(contributors=ALL, results=ALL))
+    f7 = cais_frame([1], op=AG, group=7)
+    assert m.receive(0, f7) == [(1, f7)]
+    f8 = cais_frame([1], op=AG, group=8)
+    assert m.receive(0, f8) == [(1, f8), (2, f8), (3, f8)]
+    assert m.receive(2, f7) == []                                 # rule 0 wins: no fallback to rule 1
+    assert drops(m) == {"FOREIGN_PORT": 1}
+    apply(m, rule_writes(RM, 0, None, valid=False))
+    assert m.receive(2, f7) == [(0, f7), (1, f7), (3, f7)]
+    # a specific rule after a wildcard never matches
+    m = model_with(Rule(contributors=ALL, results=0b0001), Rule.for_group(7, ALL, ALL))
+    assert m.receive(2, f7) == [(0, f7)]
+
+
+def test_wildcard_masks():
+    m = model_with(
+        Rule(chunk=(1, 0x0001), contributors=0b0001, results=0b0010),          # odd chunks
+        Rule(layer=(0x0100, 0xFF00), contributors=0b0001, results=0b0100),     # layers 0x100..0x1ff
+        Rule(group=(0x20, 0xF0), contributors=0b0001, results=0b1000),         # groups 0x20..0x2f
+        Rule(group=(0xFF, 0x0F), contributors=0b0001, results=0b1110),         # low nibble 0xf; value bits outside mask ignored
+    )
+
+    def route(group, layer, chunk):
+        return [p for p, _ in m.receive(0, cais_frame([0], op=AG, group=group, layer=layer, chunk=chunk))]
+
+    assert route(0, 0, 1) == [1]
+    assert route(0, 0x0123, 2) == [2]
+    assert route(0x2A, 0, 0) == [3]
+    assert route(0x2A, 0x0150, 3) == [1]
+    assert route(0x1F, 0, 0) == [1, 2, 3]
+    assert route(0x0F, 0x0200, 4) == [1, 2, 3]
+    assert route(0x30, 0x0200, 0) == []
+    assert drops(m) == {"NO_RULE": 1}
+
+
+def test_slots_in_use_counts_nonempty_sets():
+    m = model_with(Rule.for_group(1, ALL, base=0, count_log2=3), Rule.for_group(2, 0b0001, base=40))
+    assert m.counters()["SLOTS_IN_USE"] == 0
+    for seq in range(8):
+        contribute(m, 0, seq, [0])
+    assert m.counters()["SLOTS_IN_USE"] == 8
+    contribute(m, 0, 0, [0], group=2)                             # completes at once, still in use
+    assert m.counters()["SLOTS_IN_USE"] == 9
+    assert m.read(RM["SLOTS_IN_USE"].address()) == 9
+
+
+# ----------------------------------------------------------------------------- table helpers
+def test_rule_writes_hand_derived():
+    writes = rule_writes(RM, 2, Rule.for_group(7, 0b1111, 0b0101, base=3, count_log2=2))
+    assert writes == [(0x040, 0x0000FF07), (0x044, 0), (0x048, 0), (0x04C, 0x0005000F),
+                      (0x050, 0x00020003), (0x054, 0x00000102)]
+    writes = rule_writes(RM, 7, Rule(layer=(0x1234, 0xFFF0), chunk=(5, 0x000F)), valid=False)
+    assert writes[1] == (0x044, 0xFFF01234) and writes[2] == (0x048, 0x000F0005) and writes[5] == (0x054, 7)
+    assert mac_writes(RM, 3, MacEntry(0x0A0B0C0D0E0F, 2)) == [(0x060, 0x0C0D0E0F), (0x064, 0x0A0B),
+                                                              (0x068, 0x00010203)]
+    assert slot_clear_writes(RM, 4, 3) == [(0x028, 4), (0x028, 5), (0x028, 6)]
+
+
+@pytest.mark.parametrize("make,field", [
+    (lambda: rule_writes(RM, 0, Rule(group=(0x100, 0xFF))), "Rule.group.value"),
+    (lambda: rule_writes(RM, 0, Rule(layer=(0, 0x10000))), "Rule.layer.mask"),
+    (lambda: rule_writes(RM, 0, Rule(contributors=0x10)), "Rule.contributors"),
+    (lambda: rule_writes(RM, 0, Rule(results=0x10000)), "Rule.results"),
+    (lambda: rule_writes(RM, 0, Rule(base=0x10000)), "Rule.base"),
+    (lambda: rule_writes(RM, 0, Rule(count_log2=32)), "Rule.count_log2"),
+    (lambda: rule_writes(RM, 8, Rule()), "index"),
+    (lambda: rule_writes(RM, 0, None), "rule"),
+    (lambda: Rule(group=5), "Rule.group"),
+    (lambda: Rule(contributors=-1), "Rule.contributors"),
+    (lambda: Rule.for_group(256, 1), "Rule.group"),
+    (lambda: MacEntry(1 << 48, 0), "MacEntry.mac"),
+    (lambda: mac_writes(RM, 0, MacEntry(1, 4)), "MacEntry.port"),
+    (lambda: mac_writes(RM, 16, MacEntry(1, 0)), "index"),
+    (lambda: slot_clear_writes(RM, 60, 5), "slot_clear"),
+])
+def test_table_validation(make, field):
+    with pytest.raises(ValueError, match=field.replace(".", r"\.")):
+        make()
+
+
+def test_rule_defaults():
+    r = Rule()
+    assert (r.group, r.layer, r.chunk) == ((0, 0), (0, 0), (0, 0))
+    assert Rule.for_group(3, 0b0110).results == 0b0110
+    assert Rule.for_group(3, 0b0110, count_log2=4).slot_count == 16
+
+
+# ----------------------------------------------------------------------------- random mix
+def test_accounting_invariant_random_mix():
+    rng = random.Random(2024)
+    m = model_with(
+        Rule.for_group(1, ALL, ALL, base=0, count_log2=2),
+        Rule.for_group(2, 0b0111, ALL, base=60, count_log2=3),     # partly outside the slot memory
+        Rule(group=(0x10, 0xF0), contributors=0b0011, results=0b1111),
+        macs=[MacEntry(MAC_A, 2), MacEntry(MAC_B, 0)],
+    )
+    rx_frames = [0] * 4
+    rx_bytes = [0] * 4
+    tx_frames = [0] * 4
+    tx_bytes = [0] * 4
+    for _ in range(3000):
+        port = rng.randrange(4)
+        kind = rng.random()
+        framing_ok = rng.random() > 0.03
+        if kind < 0.2:
+            dst = rng.choice([MAC_A, MAC_B, 0xFFFFFFFFFFFF, 0x020000000099, 0x01005E000001])
+            frame = ordinary(dst.to_bytes(6, "big"), src_port=port, length=rng.choice([13, 14, 60, 64, 1514, 1515]))
+        else:
+            plen = rng.choice([4, 8, 64, 256, 4, 8, 0, 6, 260])
+            op = rng.choice([AR, AR, AR, AG, BC, RS, 9])
+            frame = cais_frame(payload=bytes(rng.randrange(256) for _ in range(plen)), src_port=port,
+                               op=op, group=rng.choice([1, 1, 2, 0x13, 5]), seq=rng.randrange(12),
+                               red_op=rng.choice([SUM, SUM, MAX, MIN, 3]),
+                               flags=rng.choice([0, 0, 0, RETRANSMIT, RESULT]), plen=plen)
+            r = rng.random()
+            if r < 0.05:
+                frame = frame[:-1]
+            elif r < 0.1:
+                frame = frame + b"\0" * max(0, 60 - len(frame)) if len(frame) < 60 else frame + b"\0"
+            elif r < 0.12:
+                frame = frame[:rng.randrange(31)]
+        out = m.receive(port, frame, framing_ok=framing_ok)
+        rx_frames[port] += 1
+        rx_bytes[port] += len(frame)
+        assert [p for p, _ in out] == sorted(p for p, _ in out)
+        for p, f in out:
+            tx_frames[p] += 1
+            tx_bytes[p] += len(f)
+        check_invariant(m)
+        if rng.random() < 0.01:
+            apply(m, slot_clear_writes(RM, rng.randrange(8), 1))
+    c = m.counters()
+    assert c["RX_FRAMES"] == rx_frames and c["RX_BYTES"] == rx_bytes
+    assert c["TX_FRAMES"] == tx_frames and c["TX_BYTES"] == tx_bytes
+    assert c["SLOTS_IN_USE"] == sum((st[0] != 0) for s in range(P.slots) for st in m.slot_state(s))
+    # every reason and every outcome happened at least once in the mix
+    for n in DROP_NAMES:
+        assert c[f"DROP_{n}"] > 0, n
+    for n in ("FORWARDED", "CONTRIBUTIONS", "DUPLICATES", "COMPLETED", "RESULTS_RESENT"):
+        assert c[n] > 0, n
