@@ -266,6 +266,11 @@ class SwitchCore(wiring.Component):
         is_fwd = action == Action.FORWARD
         is_agg = action == Action.AGGREGATE
 
+        # After reset the slot state is swept to empty, one slot per cycle (memories do not reset).
+        sweep = Signal(range(prm.slots + 1))
+        sweeping = sweep != prm.slots
+        with m.If(sweeping):
+            m.d.sync += sweep.eq(sweep + 1)
         # A pending SLOT_CLEAR owns the state memory's write port for one cycle.
         clear_pending = Signal()
         clear_slot = Signal(16)
@@ -279,7 +284,7 @@ class SwitchCore(wiring.Component):
         fwd_ready = Signal()
         m.d.comb += b_take.eq(b_valid & Mux(
             is_fwd, fwd_ready,
-            Mux(b_first, ~clear_pending & (~(d_action == Action.AGGREGATE) | room_for_jobs), 1)))
+            Mux(b_first, ~sweeping & ~clear_pending & (~(d_action == Action.AGGREGATE) | room_for_jobs), 1)))
         decide = b_take & b_first
 
         with m.If(decide):
@@ -295,7 +300,9 @@ class SwitchCore(wiring.Component):
 
         in_use = Signal(32)
         m.d.comb += self.slots_in_use.eq(in_use)
-        with m.If(clear_pending):
+        with m.If(sweeping):
+            m.d.comb += [st_wr.addr.eq(sweep[:self.slot_bits]), st_wr.data.eq(0), st_wr.en.eq(1)]
+        with m.Elif(clear_pending):
             m.d.comb += [clr_rd.addr.eq(clear_slot[:self.slot_bits]),
                          st_wr.addr.eq(clear_slot[:self.slot_bits]), st_wr.data.eq(0),
                          st_wr.en.eq(clear_slot < prm.slots)]
@@ -404,5 +411,5 @@ class SwitchCore(wiring.Component):
             m.d.sync += owner.eq(Mux(self.o_last, 0, Mux(sel_res, 2, 1)))
 
         m.d.comb += self.busy.eq(req.any() | busy | b_valid | end_pending | x_valid | jobs.r_rdy
-                                 | ~res.job_ready | clear_pending)
+                                 | ~res.job_ready | clear_pending | sweeping)
         return m
