@@ -64,10 +64,10 @@ def run_case(params, case, **sim_kw):
 
 
 @pytest.mark.parametrize("pname", PARAM_SETS)
-@pytest.mark.parametrize("index", range(len(directed_cases(SwitchParams()))))
-def test_directed(pname, index):
+@pytest.mark.parametrize("name", [case.name for case in directed_cases(SwitchParams())])
+def test_directed(pname, name):
     params = PARAM_SETS[pname]
-    case = directed_cases(params)[index]
+    case = next(c for c in directed_cases(params) if c.name == name)
     run_case(params, case)
 
 
