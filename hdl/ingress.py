@@ -49,6 +49,8 @@ class IngressPort(wiring.Component):
         Pulses once per dropped frame.
     rx_frame : Out(1); rx_bytes : Out(8)
         Per-cycle increments of the port's receive counters (every frame, good or bad).
+    busy : Out(1)
+        A frame is partly received, or a good frame is queued for the core.
     """
 
     def __init__(self, params: SwitchParams):
@@ -60,6 +62,7 @@ class IngressPort(wiring.Component):
             "beat_data": Out(params.data_width), "beat_valid": Out(1), "beat_ready": In(1),
             "drop": Out(1), "drop_reason": Out(4),
             "rx_frame": Out(1), "rx_bytes": Out(8),
+            "busy": Out(1),
         })
 
     def elaborate(self, platform):
@@ -153,6 +156,7 @@ class IngressPort(wiring.Component):
                 with m.Else():
                     m.d.sync += [beat.eq(beat + 1), length.eq(frame_len)]
 
+        m.d.comb += self.busy.eq((beat != 0) | too_long | meta_fifo.r_rdy | fifo.r_valid)
         m.d.comb += [
             self.meta.eq(meta_fifo.r_data),
             self.meta_valid.eq(meta_fifo.r_rdy),

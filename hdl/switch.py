@@ -64,6 +64,7 @@ class Switch(wiring.Component):
             core.switch_mac.eq(Cat(regs.switch_mac_lo, regs.switch_mac_hi[:16])),
             regs.slots_in_use_value.eq(core.slots_in_use),
         ]
+        busy = [core.busy]
 
         # Core events -> counters. Drops come from every ingress port and from the core, so a reason's
         # counter may advance by several in one cycle.
@@ -85,6 +86,7 @@ class Switch(wiring.Component):
                 ing.beat_ready.eq(core.beat_ready[p]),
                 regs.rx_frames_inc[p].eq(ing.rx_frame), regs.rx_bytes_inc[p].eq(ing.rx_bytes),
             ]
+            busy.append(ing.busy)
             for r in proto.PARSER_DROPS:
                 drops[r].append(ing.drop & (ing.drop_reason == r))
 
@@ -94,6 +96,7 @@ class Switch(wiring.Component):
                 fifo.w_data.eq(Cat(core.o_data, core.o_keep, core.o_last)),
                 fifo.w_en.eq(core.o_valid & core.o_ready & core.o_mask[p]),
             ]
+            busy.append(fifo.r_rdy)
             out = self.m_axis[p]
             m.d.comb += [
                 Cat(out.tdata, out.tkeep, out.tlast).eq(fifo.r_data),
@@ -109,4 +112,5 @@ class Switch(wiring.Component):
                                           for p in range(P.ports))).all())
         for r, events in drops.items():
             m.d.comb += getattr(regs, f"drop_{r.name.lower()}_inc").eq(sum(events))
+        m.d.comb += regs.busy_value.eq(Cat(*busy).any())
         return m

@@ -149,6 +149,8 @@ class SwitchModel:
     def _level(self, name: str) -> int:
         if name == "SLOTS_IN_USE":
             return int(np.count_nonzero(self._bitmap))
+        if name == "BUSY":
+            return 0   # the model handles each frame whole: nothing is ever in flight between calls
         raise NotImplementedError(f"level register {name}")  # pragma: no cover
 
     # ------------------------------------------------------------------ views for tests

@@ -140,7 +140,8 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
 
     # 0x020: switch configuration and commands
     add("SWITCH_MAC_LO", 0x020, Access.RW, Kind.CONFIG,
-        "Source MAC of frames the switch originates, bits 31:0.", [Field("mac", 0, 32)], reset=SWITCH_MAC_DEFAULT & 0xFFFF_FFFF)
+        "Source MAC of frames the switch originates, bits 31:0 (wire bytes 2..5: the first byte on the "
+        "wire is bit 47:40 of the address, so 02:ca:15:00:00:00 is HI=0x02CA, LO=0x15000000).", [Field("mac", 0, 32)], reset=SWITCH_MAC_DEFAULT & 0xFFFF_FFFF)
     add("SWITCH_MAC_HI", 0x024, Access.RW, Kind.CONFIG,
         "Source MAC of frames the switch originates, bits 47:32.", [Field("mac", 0, 16)], reset=SWITCH_MAC_DEFAULT >> 32)
     add("SLOT_CLEAR", 0x028, Access.WO, Kind.COMMAND,
@@ -167,7 +168,9 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         [Field("index", 0, 8), Field("valid", 8, 1)])
 
     # 0x060: MAC table for ordinary frames
-    add("MAC_ADDR_LO", 0x060, Access.RW, Kind.CONFIG, "Staging: MAC address bits 31:0.", [Field("mac", 0, 32)])
+    add("MAC_ADDR_LO", 0x060, Access.RW, Kind.CONFIG,
+        "Staging: MAC address bits 31:0 (bits 47:40 are the first byte on the wire, as for SWITCH_MAC).",
+        [Field("mac", 0, 32)])
     add("MAC_ADDR_HI", 0x064, Access.RW, Kind.CONFIG, "Staging: MAC address bits 47:32.", [Field("mac", 0, 16)])
     add("MAC_WRITE", 0x068, Access.WO, Kind.COMMAND,
         "Writes entry `index`: the staged address goes out of `port`; `valid` enables the entry.",
@@ -180,6 +183,10 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         offset += 4
     add("SLOTS_IN_USE", offset, Access.RO, Kind.LEVEL,
         "Shadow sets currently holding a chunk that not every contributor has moved past (bitmap not empty).")
+    add("BUSY", offset + 4, Access.RO, Kind.LEVEL,
+        "1 while a frame is anywhere inside the switch (being received, queued, processed or sent), 0 when "
+        "idle: the counters are then consistent (docs/protocol.md, accounting invariant).",
+        [Field("busy", 0, 1)])
 
     # 0x200: per-port traffic counters, 16 bytes per port
     for i, (name, doc) in enumerate((("RX_FRAMES", "frames received (every frame, good or bad)"),
