@@ -27,7 +27,8 @@ __all__ = [
     "HEADER_FIELDS", "RESERVED_FIELDS", "CaisHeader", "EthHeader", "Frame",
     "ELEMENT_BYTES", "SUPPORTED_DTYPES", "SUPPORTED_OPS",
     "result_mac", "mac_to_bytes", "mac_to_str", "build_frame", "parse_frame", "expected_frame_len",
-    "numpy_dtype",
+    "numpy_dtype", "HOST_ETHERTYPE", "HostKind", "HOST_HEADER_FIELDS", "HOST_HEADER_BYTES", "HostHeader",
+    "build_host_frame",
 ]
 
 # IEEE 802 "Local Experimental EtherType 1" (IEEE Std 802-2014, 9.2.2): free for experiments, never
@@ -239,3 +240,57 @@ def parse_frame(data: bytes) -> Frame:
         return Frame(eth, None, data[ETH_HEADER_BYTES:])
     hdr = CaisHeader.unpack(data[ETH_HEADER_BYTES:])
     return Frame(eth, hdr, data[HEADERS_BYTES:HEADERS_BYTES + hdr.payload_len])
+
+
+# ---------------------------------------------------------------- host-side fallback frames
+# When a collective stays on the hosts (the controller's decision, or a chunk that ran out of retries),
+# the ranks run a ring all-reduce whose frames are ordinary traffic for the switch: EtherType 0x88B6
+# (IEEE 802 Local Experimental EtherType 2), unicast host to host through the MAC table.
+HOST_ETHERTYPE = 0x88B6
+
+
+class HostKind(enum.IntEnum):
+    DATA = 0   # a fragment of a ring step's block
+    ACK = 1    # acknowledges one DATA fragment (same group_id, op_seq, step, frag)
+
+
+# The host fallback header, in wire order after the Ethernet header: (name, bits). Big-endian, 16 bytes.
+HOST_HEADER_FIELDS = (
+    ("kind", 8),       # HostKind
+    ("group_id", 8),
+    ("op_seq", 32),    # which collective of the group (counts from 0 per group, same on every rank)
+    ("step", 16),      # ring step: 0 .. N-2 reduce-scatter, N-1 .. 2N-3 all-gather
+    ("frag", 16),      # fragment of the step's block
+    ("frags", 16),     # fragments in the step's block
+    ("length", 16),    # payload bytes in this frame
+    ("reserved", 16),  # zero
+)
+HOST_HEADER_BYTES = 16
+assert sum(b for _, b in HOST_HEADER_FIELDS) == HOST_HEADER_BYTES * 8
+_HOST_STRUCT = struct.Struct(">BBIHHHHH")
+
+
+@dataclass(frozen=True)
+class HostHeader:
+    kind: int = HostKind.DATA
+    group_id: int = 0
+    op_seq: int = 0
+    step: int = 0
+    frag: int = 0
+    frags: int = 1
+    length: int = 0
+
+    def pack(self) -> bytes:
+        return _HOST_STRUCT.pack(int(self.kind), self.group_id, self.op_seq, self.step, self.frag, self.frags,
+                                 self.length, 0)
+
+    @classmethod
+    def unpack(cls, data: bytes) -> "HostHeader":
+        kind, grp, op_seq, step, frag, frags, length, _ = _HOST_STRUCT.unpack(bytes(data[:HOST_HEADER_BYTES]))
+        return cls(kind, grp, op_seq, step, frag, frags, length)
+
+
+def build_host_frame(hdr: HostHeader, payload: bytes, dst: int, src: int) -> bytes:
+    """A host fallback frame, padded to the Ethernet minimum."""
+    frame = EthHeader(dst, src, HOST_ETHERTYPE).pack() + hdr.pack() + bytes(payload)
+    return frame + bytes(max(0, MIN_FRAME_BYTES - len(frame)))

@@ -1,0 +1,101 @@
+"""Driver and controller configuration: defaults, TOML files, keyword arguments, validation.
+
+    cfg = Config()                                   # the defaults below
+    cfg = Config.load("cais.toml", timeout_ms=0.05)  # a file's [cais] table, then keyword overrides
+
+A bad value is refused with :class:`ConfigError`, whose message names the key and says what it must be.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+__all__ = ["Config", "ConfigError"]
+
+
+class ConfigError(ValueError):
+    """A configuration value the driver cannot use; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Config:
+    # Bytes of payload per CAIS frame; at most the switch's max_payload, a multiple of 4.
+    chunk_size: int = 256
+    # Offload a collective to the switch when the controller's score exceeds this (docs/driver.md).
+    offload_threshold: float = 0.2
+    # Retransmit a chunk whose result has not arrived after this long (simulated time), doubling
+    # after every retry. It must exceed the round trip under load; 100 us is ~50 round trips of a
+    # loaded 4-port switch at 156.25 MHz.
+    timeout_ms: float = 0.1
+    # Retries of one chunk before the collective falls back to the host ring.
+    retry_limit: int = 8
+    # Chunks in flight per rank; also never more than the group's slot quota.
+    max_pending_chunks: int = 32
+    # Fraction of the switch's slot memory the controller hands out; groups beyond it stay on the hosts.
+    sram_usage_limit: float = 0.75
+    # The controller re-evaluates its statistics and threshold this often (simulated time).
+    reevaluate_interval_ms: float = 100.0
+    # Slots the controller gives each group (a power of two; fewer if memory is short).
+    slots_per_group: int = 32
+    # Where ranks reach the controller (a real deployment's TCP endpoint; the co-simulation runs the
+    # controller in process and only records it).
+    controller_address: str = "127.0.0.1"
+    controller_port: int = 7700
+
+    def __post_init__(self):
+        def need(ok: bool, key: str, what: str):
+            if not ok:
+                raise ConfigError(f"{key}={getattr(self, key)!r}: {what}")
+
+        types = {"chunk_size": int, "retry_limit": int, "max_pending_chunks": int, "slots_per_group": int,
+                 "controller_port": int, "controller_address": str}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            want = types.get(f.name, float)
+            ok = isinstance(value, want) and not isinstance(value, bool)
+            if want is float:
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            need(ok, f.name, f"must be {'an integer' if want is int else 'a number' if want is float else 'a string'}")
+        need(self.chunk_size >= 4 and self.chunk_size % 4 == 0, "chunk_size", "must be a positive multiple of 4")
+        need(0.0 <= self.offload_threshold <= 1.0, "offload_threshold", "must be between 0 and 1")
+        need(self.timeout_ms > 0, "timeout_ms", "must be positive")
+        need(self.retry_limit >= 0, "retry_limit", "must be 0 or more")
+        need(self.max_pending_chunks >= 1, "max_pending_chunks", "must be at least 1")
+        need(0.0 < self.sram_usage_limit <= 1.0, "sram_usage_limit", "must be in (0, 1]")
+        need(self.reevaluate_interval_ms > 0, "reevaluate_interval_ms", "must be positive")
+        need(self.slots_per_group >= 1 and self.slots_per_group & (self.slots_per_group - 1) == 0,
+             "slots_per_group", "must be a power of two")
+        need(bool(self.controller_address), "controller_address", "must not be empty")
+        need(0 < self.controller_port < 65536, "controller_port", "must be a TCP port (1..65535)")
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, **overrides) -> "Config":
+        """Defaults, then the ``[cais]`` table of a TOML file (if given), then keyword overrides."""
+        values = {}
+        if path is not None:
+            try:
+                with open(path, "rb") as f:
+                    doc = tomllib.load(f)
+            except OSError as e:
+                raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError(f"{path}: not valid TOML: {e}") from None
+            values.update(doc.get("cais", doc))
+        values.update(overrides)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown configuration key(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        return cls(**values)
+
+    def replace(self, **changes) -> "Config":
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def timeout_s(self) -> float:
+        return self.timeout_ms / 1000.0

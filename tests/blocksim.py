@@ -1,0 +1,54 @@
+"""Small helpers shared by the amaranth.sim block tests (tests/test_alu.py ... tests/test_results.py).
+
+Nothing here knows about the blocks under test: only how to run a testbench and how the AXI4-Stream
+byte order maps bytes to beats (byte 0 of a beat in bits 7:0, docs/protocol.md section 1).
+"""
+
+from __future__ import annotations
+
+from amaranth.sim import Simulator
+
+__all__ = ["run", "Pins", "to_word", "from_word", "popcount"]
+
+
+def run(dut, *testbenches, clock: bool = True, vcd: str | None = None) -> None:
+    """Simulate ``dut`` until every testbench returns (with a 100 MHz ``sync`` clock unless ``clock=False``)."""
+    sim = Simulator(dut)
+    if clock:
+        sim.add_clock(1e-8)
+    for tb in testbenches:
+        sim.add_testbench(tb)
+    if vcd:
+        with sim.write_vcd(vcd):
+            sim.run()
+    else:
+        sim.run()
+
+
+class Pins:
+    """``ctx.set`` that skips writes of an unchanged value (each write makes the simulator settle)."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self._last = {}
+
+    def set(self, signal, value):
+        value = int(value)
+        key = id(signal)
+        if self._last.get(key) != value:
+            self._last[key] = value
+            self.ctx.set(signal, value)
+
+
+def to_word(data: bytes) -> int:
+    """A beat from its bytes: byte 0 in bits 7:0."""
+    return int.from_bytes(bytes(data), "little")
+
+
+def from_word(word: int, nbytes: int) -> bytes:
+    """The ``nbytes`` bytes of a beat, byte 0 first."""
+    return int(word).to_bytes(nbytes, "little")
+
+
+def popcount(value: int) -> int:
+    return bin(value).count("1")
