@@ -1,0 +1,391 @@
+"""The collective API, and the world that runs every rank against one switch.
+
+Each rank runs the caller's function in its own thread with its own :class:`Communicator`, exactly as
+separate processes would::
+
+    def train(comm):
+        grads = np.arange(1000, dtype=np.int32) * (comm.rank + 1)
+        return comm.all_reduce(grads)                   # blocks; async_op=True returns a Work
+
+    results = run_sync(World(link, ranks=4).run(train))    # on the reference model; see cais.sim.backends
+
+The world advances the switch only when every rank thread is blocked in a collective (or finished), so
+a seeded scenario gives the same frames whatever the threads' timing: the co-simulation is
+deterministic. Per collective the controller decides switch or host ring; the protocol engines
+(:class:`cais.allreduce.SwitchAllReduce`, :class:`cais.ring.RingAllReduce`) make the frames.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from . import protocol as proto
+from .allreduce import SwitchAllReduce, chunk_count
+from .config import Config
+from .controller import Controller, GroupInfo
+from .link import SwitchLink
+from .registers import register_map
+
+__all__ = ["World", "Communicator", "Work", "Group", "host_mac", "CollectiveError"]
+
+ACTIVE_STEP = 32        # cycles per world step while frames are moving
+IDLE_CHECK = 256        # cycles of silence before the world may jump ahead to the next timer
+
+
+def host_mac(rank: int) -> int:
+    """The MAC address of rank `rank`'s NIC (locally administered)."""
+    return 0x02_00_00_00_01_00 | rank
+
+
+class CollectiveError(RuntimeError):
+    """A collective could not complete (a rank failed, or every path was exhausted)."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """A group of ranks, as returned by :meth:`Communicator.new_group`."""
+    group_id: int
+    ranks: tuple[int, ...]
+
+
+class Work:
+    """An outstanding collective. ``wait()`` blocks until it completed and returns its result."""
+
+    def __init__(self, world: "World", rank: int):
+        self._world, self._rank = world, rank
+        self._done = threading.Event()
+        self.result: np.ndarray | None = None
+        self.error: BaseException | None = None
+        self.path: str | None = None      # "switch" or "ring", once decided
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> np.ndarray:
+        self._world._block_until(self._rank, self._done)
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+@dataclass
+class _Collective:
+    work: Work
+    group: GroupInfo
+    op_seq: int
+    seq_base: int
+    data: np.ndarray
+    op: proto.ReduceOp
+    shape: tuple
+    engine: Any = None
+    path: str | None = None
+
+
+@dataclass
+class _RankState:
+    rank: int
+    port: int
+    mac: int
+    queue: list = field(default_factory=list)          # collectives not started, in call order
+    current: _Collective | None = None
+    background: list = field(default_factory=list)     # ring engines still owed to peers, finished ops
+    lingering: list = field(default_factory=list)      # switch ops done here, not yet by every rank
+    op_seq: dict = field(default_factory=dict)         # group id -> next op_seq
+    seq: dict = field(default_factory=dict)            # group id -> next chunk sequence number
+    group_calls: int = 0
+
+
+class Communicator:
+    """One rank's handle on the world: the collective API."""
+
+    def __init__(self, world: "World", rank: int):
+        self._world = world
+        self.rank = rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world.ranks
+
+    def new_group(self, ranks) -> Group:
+        """Create a group (every member calls it with the same ranks, in the same order of calls)."""
+        return self._world._new_group(self.rank, list(ranks))
+
+    def all_reduce(self, array, op=proto.ReduceOp.SUM, group: Group | None = None, async_op: bool = False):
+        """All-reduce `array` (any shape, int32) over the group (default: every rank).
+
+        Returns the reduced array (same shape), or a :class:`Work` when `async_op`.
+        """
+        array = np.asarray(array)
+        if array.dtype != np.int32:
+            raise TypeError(f"all_reduce: int32 arrays only for now, not {array.dtype}")
+        op = proto.ReduceOp[op.upper()] if isinstance(op, str) else proto.ReduceOp(op)
+        work = self._world._submit(self.rank, array, op, group)
+        return work if async_op else work.wait()
+
+
+class World:
+    """All ranks, the controller and the switch link; :meth:`run` is the co-simulation loop."""
+
+    def __init__(self, link: SwitchLink, ranks: int | None = None, config: Config | None = None,
+                 rank_ports: list[int] | None = None):
+        self.link = link
+        self.params = link.params
+        self.config = config or Config()
+        self.ranks = ranks if ranks is not None else self.params.ports
+        if not 1 <= self.ranks <= self.params.ports:
+            raise ValueError(f"ranks={self.ranks}: the switch has {self.params.ports} ports")
+        if self.config.chunk_size > self.params.max_payload:
+            raise ValueError(f"chunk_size={self.config.chunk_size} exceeds the switch's max payload "
+                             f"{self.params.max_payload}")
+        ports = rank_ports or list(range(self.ranks))
+        self._states = [_RankState(r, ports[r], host_mac(r)) for r in range(self.ranks)]
+        self._by_port = {s.port: s for s in self._states}
+        self.controller = Controller(link, self.config, ports, [s.mac for s in self._states])
+        self.regs = register_map(self.params)
+        self._cv = threading.Condition()
+        self._runnable = 0
+        self._group_requests: list[tuple[int, list[int], threading.Event, list]] = []
+        self._groups_by_key: dict = {}
+        self._world_group: GroupInfo | None = None
+        self._errors: list[BaseException] = []
+        self.frames_sent = [0] * self.ranks
+        self.bytes_sent = [0] * self.ranks
+        self.retransmissions = [0] * self.ranks
+        self.collectives: list[dict] = []
+
+    @property
+    def now(self) -> float:
+        return self.link.cycle / self.link.clock_hz
+
+    # ---------------------------------------------------------------- called from rank threads
+    def _block_until(self, rank: int, event: threading.Event) -> None:
+        with self._cv:
+            if event.is_set():
+                return
+            self._runnable -= 1
+            self._cv.notify_all()
+            while not event.is_set():
+                self._cv.wait()
+
+    def _wake(self, event: threading.Event) -> None:
+        """Set an event a blocked rank waits for (world thread, under the lock)."""
+        if not event.is_set():
+            self._runnable += 1
+            event.set()
+            self._cv.notify_all()
+
+    def _new_group(self, rank: int, ranks: list[int]) -> Group:
+        state = self._states[rank]
+        key = (tuple(ranks), state.group_calls)
+        state.group_calls += 1
+        if rank not in ranks:
+            raise ValueError(f"rank {rank} creates a group {ranks} it is not part of")
+        done, box = threading.Event(), []
+        with self._cv:
+            self._group_requests.append((rank, key, done, box))
+        self._block_until(rank, done)
+        info = box[0]
+        return Group(info.group_id, info.ranks)
+
+    def _submit(self, rank: int, array: np.ndarray, op, group: Group | None) -> Work:
+        work = Work(self, rank)
+        with self._cv:
+            info = self.controller.groups[group.group_id] if group else self._world_group
+            if rank not in info.ranks:
+                raise ValueError(f"rank {rank} is not in group {info.group_id} {list(info.ranks)}")
+            state = self._states[rank]
+            op_seq = state.op_seq.get(info.group_id, 0)
+            seq_base = state.seq.get(info.group_id, 0)
+            flat = np.ascontiguousarray(array.reshape(-1))
+            state.op_seq[info.group_id] = op_seq + 1
+            state.seq[info.group_id] = seq_base + chunk_count(flat.size, 4, self.config.chunk_size)
+            state.queue.append(_Collective(work, info, op_seq, seq_base, flat.copy(), op, array.shape))
+        return work
+
+    # ---------------------------------------------------------------- the loop
+    async def run(self, fn: Callable[[Communicator], Any]) -> list[Any]:
+        """Run `fn(comm)` on every rank concurrently; returns each rank's return value."""
+        await self.controller.start()
+        self._world_group = await self.controller.create_group(list(range(self.ranks)))
+        results: list[Any] = [None] * self.ranks
+        finished = [False] * self.ranks
+
+        def body(rank):
+            try:
+                results[rank] = fn(Communicator(self, rank))
+            except BaseException as e:   # reported by the world thread
+                self._errors.append(e)
+            finally:
+                with self._cv:
+                    finished[rank] = True
+                    self._runnable -= 1
+                    self._cv.notify_all()
+
+        threads = [threading.Thread(target=body, args=(r,), name=f"rank{r}", daemon=True) for r in range(self.ranks)]
+        with self._cv:
+            self._runnable = self.ranks
+        for t in threads:
+            t.start()
+        quiet = 0
+        while True:
+            with self._cv:
+                while self._runnable > 0:
+                    self._cv.wait()
+                if self._errors:
+                    raise self._errors[0]
+                all_done = all(finished)
+            if all_done and not any(s.background or s.current or s.queue for s in self._states):
+                break
+            await self._serve_groups()
+            sent = self._step_engines()
+            await self.controller.service(self.now)
+            step = ACTIVE_STEP
+            if (not sent and quiet >= IDLE_CHECK and self._nothing_in_flight()
+                    and await self.link.read(self.regs["BUSY"].address()) == 0):
+                # Nothing moves: jump to the next retransmission timer, or report a hang.
+                deadline = self._next_deadline()
+                if deadline is not None:
+                    step = max(ACTIVE_STEP, int((deadline - self.now) * self.link.clock_hz) + 1)
+                elif self._stuck():
+                    raise CollectiveError(self._stuck_report())
+            await self.link.advance(step)
+            received = self.link.take_received()
+            quiet = 0 if (received or sent) else quiet + step
+            self._deliver(received)
+        for t in threads:
+            t.join()
+        return results
+
+    async def _serve_groups(self) -> None:
+        with self._cv:
+            requests, self._group_requests = self._group_requests, []
+        for rank, key, done, box in sorted(requests, key=lambda r: r[0]):
+            if key not in self._groups_by_key:
+                self._groups_by_key[key] = await self.controller.create_group(list(key[0]))
+            box.append(self._groups_by_key[key])
+            with self._cv:
+                self._wake(done)
+
+    def _nothing_in_flight(self) -> bool:
+        idle = getattr(self.link, "idle", None)
+        return idle() if idle else True
+
+    def _next_deadline(self) -> float | None:
+        deadlines = []
+        for s in self._states:
+            for engine in self._engines(s):
+                d = engine.next_deadline()
+                if d is not None:
+                    deadlines.append(d)
+        return min(deadlines) if deadlines else None
+
+    def _stuck(self) -> bool:
+        return any(s.current or s.queue for s in self._states)
+
+    def _stuck_report(self) -> str:
+        lines = ["the co-simulation is stuck: no frame moves and no timer is pending"]
+        for s in self._states:
+            if s.current:
+                c = s.current
+                lines.append(f"rank {s.rank}: collective {c.op_seq} of group {c.group.group_id} ({c.path or 'undecided'})")
+        return "; ".join(lines)
+
+    @staticmethod
+    def _engines(state: _RankState):
+        if state.current is not None and state.current.engine is not None:
+            yield state.current.engine
+        for c in state.background:
+            yield c.engine
+
+    # ---------------------------------------------------------------- per step
+    def _start_ring(self, state: _RankState, c: _Collective) -> None:
+        from .ring import RingAllReduce
+        ring_macs = [host_mac(r) for r in c.group.ranks]
+        c.engine = RingAllReduce(c.group.ranks.index(state.rank), ring_macs, c.group.group_id, c.op_seq, c.data,
+                                 c.op, state.mac, self.config.timeout_s, now=self.now)
+        c.path = "ring"
+
+    def _step_engines(self) -> int:
+        """Decide, start, poll and finish collectives on every rank; returns frames sent."""
+        now, ctl, sent = self.now, self.controller, 0
+        for s in self._states:
+            # Collectives this rank finished on the switch that a peer moved to the ring: join the ring.
+            for c in list(s.lingering):
+                if ctl.fell_back(c.group.group_id, c.op_seq):
+                    s.lingering.remove(c)
+                    self._start_ring(s, c)
+                    s.background.append(c)
+                elif ctl.all_finished(c.group.group_id, c.op_seq):
+                    s.lingering.remove(c)
+            if s.current is None and s.queue:
+                s.current = s.queue.pop(0)
+            c = s.current
+            if c is not None and c.engine is None:
+                decision = ctl.decide(c.group.group_id, c.op_seq, c.data.nbytes, now)
+                if decision is not None:
+                    if decision.offload:
+                        c.engine = SwitchAllReduce(
+                            data=c.data, op=c.op, group_id=c.group.group_id, seq_base=c.seq_base,
+                            slot_count=c.group.slot_count, window=self.config.max_pending_chunks,
+                            chunk_size=self.config.chunk_size, timeout_s=self.config.timeout_s,
+                            retry_limit=self.config.retry_limit, mac=s.mac, layer_id=c.op_seq, now=now)
+                        c.path = "switch"
+                    else:
+                        self._start_ring(s, c)
+                    c.work.path = c.path
+            if c is not None and c.path == "switch":
+                if c.engine.failed and not ctl.fell_back(c.group.group_id, c.op_seq):
+                    ctl.request_fallback(c.group.group_id, c.op_seq, s.rank, now,
+                                         f"a chunk ran out of {self.config.retry_limit} retries")
+                if ctl.fell_back(c.group.group_id, c.op_seq):
+                    self._account(s, c.engine)
+                    self._start_ring(s, c)
+                    c.work.path = "ring"
+            for engine in list(self._engines(s)):
+                for frame in engine.poll(now):
+                    self.link.send(s.port, frame)
+                    sent += 1
+            if c is not None and c.engine is not None:
+                ready = c.engine.done if c.path == "switch" else c.engine.result_ready
+                if ready:
+                    self._finish(s, c)
+            for b in list(s.background):
+                if b.engine.done:
+                    s.background.remove(b)
+                    self._account(s, b.engine)
+        return sent
+
+    def _account(self, s: _RankState, engine) -> None:
+        self.frames_sent[s.rank] += engine.frames_sent
+        self.bytes_sent[s.rank] += engine.bytes_sent
+        self.retransmissions[s.rank] += engine.retransmissions
+
+    def _finish(self, s: _RankState, c: _Collective) -> None:
+        result = c.engine.result.astype(np.int32).reshape(c.shape)
+        self.controller.finished(s.rank, c.group.group_id, c.op_seq)
+        if c.path == "switch":
+            self.controller.report_rtts(c.engine.rtts)
+            self._account(s, c.engine)
+            s.lingering.append(c)
+        else:
+            s.background.append(c)   # keeps serving its peers until every frame of it is acknowledged
+        s.current = None
+        self.collectives.append({"rank": s.rank, "group": c.group.group_id, "op_seq": c.op_seq, "path": c.path,
+                                 "elements": int(c.data.size), "time_s": self.now})
+        with self._cv:
+            c.work.result = result
+            self._wake(c.work._done)
+
+    def _deliver(self, received) -> None:
+        now = self.now
+        for port, frame in received:
+            s = self._by_port.get(port)
+            if s is None:
+                continue
+            for engine in self._engines(s):
+                if engine.receive(frame, now):
+                    break

@@ -1,0 +1,323 @@
+"""The control plane: programs the switch, watches it, and decides what to offload.
+
+One controller serves every rank. It
+
+- programs the MAC table with every host's address (the fallback ring's frames are unicast) and, per
+  group, one rule and a slot quota (``slots_per_group`` slots, never beyond ``sram_usage_limit`` of the
+  slot memory; a group that gets no quota or no rule stays on the hosts);
+- decides, for every collective, whether it goes through the switch (the score below) and tells every
+  rank the same answer; coordinates the fall back of a collective whose chunk ran out of retries, and
+  empties the group's slots before the group's next collective uses them again;
+- reads the switch's counters every ``reevaluate_interval_ms`` and keeps the statistics operators expect
+  (:meth:`stats`), raising the offload threshold while slot memory stays above 80% in use and warning when
+  more than 10% of offloaded collectives fall back.
+
+The offload score, for a collective of D bytes over N ranks (docs/driver.md)::
+
+    BW        link bandwidth, bytes/s (data_width / 8 x clock)
+    a         one-way latency through the switch, s (min round trip / 2, measured; a default before)
+    Q         average queueing delay in the switch, s (average round trip - minimum round trip)
+    T_hosts   = 2 (N - 1) (a + D / (N BW))          the ring: 2(N-1) steps of D/N bytes
+    T_switch  = 2 a + D / BW + Q                     one round trip carrying D bytes
+    score     = (1 - T_switch / T_hosts) x (1 - 1/N) time saved, weighted by the traffic saved
+    offload when score > threshold (offload_threshold, raised under memory pressure)
+
+All methods that touch the switch are coroutines awaiting only the link's ``read``/``write``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from .config import Config
+from .link import SwitchLink
+from .protocol import DropReason
+from .registers import Kind, RegisterMap, register_map
+from .tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
+
+__all__ = ["Controller", "GroupInfo", "Decision", "offload_score"]
+
+log = logging.getLogger("cais.controller")
+
+MEMORY_PRESSURE = 0.80      # sets in use above this fraction raise the threshold
+FALLBACK_WARNING = 0.10     # warn above this fallback ratio
+THRESHOLD_STEP = 0.05
+THRESHOLD_CAP = 0.95
+
+
+@dataclass
+class GroupInfo:
+    group_id: int
+    ranks: tuple[int, ...]
+    ports: tuple[int, ...]
+    base: int | None = None          # first slot of the quota; None: no quota (host ring only)
+    count_log2: int = 0
+    rule_index: int | None = None
+    why_not: str = ""                # why the group has no quota
+
+    @property
+    def slot_count(self) -> int:
+        return 1 << self.count_log2
+
+    @property
+    def offloadable(self) -> bool:
+        return self.base is not None and self.rule_index is not None
+
+
+@dataclass
+class Decision:
+    offload: bool
+    score: float
+    threshold: float
+    reason: str
+
+
+@dataclass
+class _Op:
+    decision: Decision
+    nbytes: int
+    fell_back: bool = False
+    finished: set = field(default_factory=set)
+
+
+def offload_score(nbytes: int, ranks: int, bandwidth: float, latency: float, queue_delay: float) -> float:
+    """The score of the module docstring (dimensionless; higher favours the switch)."""
+    if ranks < 2:
+        return 0.0
+    t_hosts = 2 * (ranks - 1) * (latency + nbytes / (ranks * bandwidth))
+    t_switch = 2 * latency + nbytes / bandwidth + queue_delay
+    return (1 - t_switch / t_hosts) * (1 - 1 / ranks)
+
+
+class Controller:
+    def __init__(self, link: SwitchLink, config: Config, rank_ports: list[int], rank_macs: list[int]):
+        self.link = link
+        self.config = config
+        self.params = link.params
+        self.regs: RegisterMap = register_map(self.params)
+        self.rank_ports = list(rank_ports)
+        self.rank_macs = list(rank_macs)
+        self.groups: dict[int, GroupInfo] = {}
+        self.threshold = config.offload_threshold
+        self.decisions: list[tuple[float, int, int, Decision]] = []   # (time, group, op_seq, decision)
+        self.events: list[tuple[float, str]] = []                      # warnings and threshold changes
+        self._ops: dict[tuple[int, int], _Op] = {}
+        self._cleanups: list[int] = []           # groups whose slots must be emptied
+        self._blocked: set[int] = set()          # groups waiting for a cleanup
+        self._next_eval = 0.0
+        self._last = None                        # (time, counters) of the last evaluation
+        self._stats = {}
+        self._rtts: list[float] = []
+        self._switch_bytes = 0
+
+    # ---------------------------------------------------------------- set-up
+    async def _apply(self, writes):
+        for addr, value in writes:
+            await self.link.write(addr, value)
+
+    async def start(self) -> None:
+        """Check the switch and program every host's MAC address."""
+        ident = await self.link.read(self.regs["ID"].address())
+        if ident != self.regs["ID"].reset:
+            raise RuntimeError(f"no CAIS switch on the link: ID register reads {ident:#x}")
+        for rank, (port, mac) in enumerate(zip(self.rank_ports, self.rank_macs)):
+            if rank >= self.params.mac_entries:
+                break   # further hosts are flooded (unknown unicast)
+            await self._apply(mac_writes(self.regs, rank, MacEntry(mac, port)))
+        self._next_eval = self.config.reevaluate_interval_ms / 1000.0
+
+    def _allocate(self, count: int) -> int | None:
+        """First aligned free range of `count` slots within the memory limit."""
+        limit = int(self.params.slots * self.config.sram_usage_limit)
+        used = sorted((g.base, g.base + g.slot_count) for g in self.groups.values() if g.base is not None)
+        for base in range(0, limit - count + 1, count):
+            if all(base + count <= lo or base >= hi for lo, hi in used):
+                return base
+        return None
+
+    async def create_group(self, ranks: list[int]) -> GroupInfo:
+        """Give a group an id, a rule and a slot quota (or a reason why it stays on the hosts)."""
+        ranks = tuple(ranks)
+        if len(set(ranks)) != len(ranks) or not ranks:
+            raise ValueError(f"group ranks {list(ranks)}: must be distinct and not empty")
+        for r in ranks:
+            if not 0 <= r < len(self.rank_ports):
+                raise ValueError(f"group ranks {list(ranks)}: rank {r} does not exist")
+        used_ids = set(self.groups)
+        group_id = next((g for g in range(1, 256) if g not in used_ids), None)
+        if group_id is None:
+            raise RuntimeError("no free group id (255 groups exist)")
+        ports = tuple(self.rank_ports[r] for r in ranks)
+        info = GroupInfo(group_id, ranks, ports)
+        used_rules = {g.rule_index for g in self.groups.values()}
+        rule_index = next((i for i in range(self.params.rules) if i not in used_rules), None)
+        count = min(self.config.slots_per_group, self.params.slots)
+        base = None
+        while count >= 1 and base is None:
+            base = self._allocate(count)
+            if base is None:
+                count //= 2
+        if rule_index is None:
+            info.why_not = "rule table full"
+        elif base is None:
+            info.why_not = f"slot memory above sram_usage_limit={self.config.sram_usage_limit}"
+        else:
+            info.base, info.count_log2, info.rule_index = base, count.bit_length() - 1, rule_index
+            mask = sum(1 << p for p in ports)
+            await self._apply(slot_clear_writes(self.regs, base, count))
+            await self._apply(rule_writes(self.regs, rule_index, Rule.for_group(
+                group_id, contributors=mask, results=mask, base=base, count_log2=info.count_log2)))
+        self.groups[group_id] = info
+        log.info("group %d: ranks %s, %s", group_id, list(ranks),
+                 f"slots {base}..{base + count - 1}" if info.offloadable else f"host only ({info.why_not})")
+        return info
+
+    async def remove_group(self, group_id: int) -> None:
+        info = self.groups.pop(group_id)
+        if info.rule_index is not None:
+            await self._apply(rule_writes(self.regs, info.rule_index, None, valid=False))
+        if info.base is not None:
+            await self._apply(slot_clear_writes(self.regs, info.base, info.slot_count))
+
+    # ---------------------------------------------------------------- per collective
+    def _bandwidth(self) -> float:
+        return self.params.data_width / 8 * self.link.clock_hz
+
+    def _latency(self) -> float:
+        if self._rtts:
+            return min(self._rtts) / 2
+        # before any measurement: a frame of max payload in and out, plus the pipeline
+        beats = -(-(self.params.max_payload + 30) // self.params.beat_bytes)
+        return (2 * beats + 10) / self.link.clock_hz
+
+    def _queue_delay(self) -> float:
+        if not self._rtts:
+            return 0.0
+        return sum(self._rtts) / len(self._rtts) - min(self._rtts)
+
+    def decide(self, group_id: int, op_seq: int, nbytes: int, now: float) -> Decision | None:
+        """Where collective `op_seq` of a group runs; the same answer for every rank. None: ask again
+        later (the group's slots are being emptied after a fall back)."""
+        key = (group_id, op_seq)
+        if key in self._ops:
+            return self._ops[key].decision
+        # One collective of a group at a time on the switch: the next waits until every rank finished the
+        # previous one (and its slots are emptied if it fell back).
+        if group_id in self._blocked or (op_seq > 0 and not self.all_finished(group_id, op_seq - 1)):
+            return None
+        info = self.groups[group_id]
+        if not info.offloadable:
+            decision = Decision(False, 0.0, self.threshold, f"host only: {info.why_not}")
+        else:
+            score = offload_score(nbytes, len(info.ranks), self._bandwidth(), self._latency(), self._queue_delay())
+            offload = score > self.threshold
+            decision = Decision(offload, score, self.threshold,
+                                f"score {score:.3f} {'>' if offload else '<='} threshold {self.threshold:.3f}")
+        self._ops[key] = _Op(decision, nbytes)
+        self.decisions.append((now, group_id, op_seq, decision))
+        return decision
+
+    def fell_back(self, group_id: int, op_seq: int) -> bool:
+        op = self._ops.get((group_id, op_seq))
+        return bool(op and op.fell_back)
+
+    def request_fallback(self, group_id: int, op_seq: int, rank: int, now: float, why: str) -> None:
+        """A rank gave up on the switch for this collective: every rank moves it to the host ring."""
+        op = self._ops[(group_id, op_seq)]
+        if not op.fell_back:
+            op.fell_back = True
+            self.events.append((now, f"group {group_id} collective {op_seq}: falls back to the host ring "
+                                     f"(rank {rank}: {why})"))
+            log.warning("group %d collective %d falls back to the host ring: rank %d %s", group_id, op_seq,
+                        rank, why)
+
+    def all_finished(self, group_id: int, op_seq: int) -> bool:
+        op = self._ops.get((group_id, op_seq))
+        return op is not None and len(op.finished) == len(self.groups[group_id].ranks)
+
+    def finished(self, rank: int, group_id: int, op_seq: int) -> None:
+        op = self._ops[(group_id, op_seq)]
+        op.finished.add(rank)
+        info = self.groups[group_id]
+        if len(op.finished) == len(info.ranks):
+            if op.decision.offload and not op.fell_back:
+                self._switch_bytes += op.nbytes
+            if op.fell_back and info.offloadable:
+                # Abandoned chunks may hold sets: empty the quota before the next collective.
+                self._blocked.add(group_id)
+                self._cleanups.append(group_id)
+
+    def report_rtts(self, rtts: list[float]) -> None:
+        self._rtts.extend(rtts)
+        del self._rtts[:-4096]
+
+    # ---------------------------------------------------------------- periodic work
+    async def service(self, now: float) -> None:
+        """Pending register work, and the periodic re-evaluation when it is due."""
+        while self._cleanups:
+            group_id = self._cleanups.pop(0)
+            info = self.groups[group_id]
+            await self._apply(slot_clear_writes(self.regs, info.base, info.slot_count))
+            self._blocked.discard(group_id)
+        if now >= self._next_eval:
+            await self.evaluate(now)
+            self._next_eval = now + self.config.reevaluate_interval_ms / 1000.0
+
+    async def read_counters(self) -> dict:
+        out = {}
+        for reg in self.regs:
+            if reg.kind in (Kind.COUNTER, Kind.LEVEL):
+                values = [await self.link.read(reg.address(i)) for i in range(reg.count)]
+                out[reg.name] = values if reg.count > 1 else values[0]
+        return out
+
+    async def evaluate(self, now: float) -> dict:
+        """Read the counters, update the statistics, adapt the threshold, warn."""
+        counters = await self.read_counters()
+        sets = 2 * self.params.slots
+        in_use = counters["SLOTS_IN_USE"] / sets
+        offloaded = [op for op in self._ops.values() if op.decision.offload]
+        fallback_ratio = sum(op.fell_back for op in offloaded) / len(offloaded) if offloaded else 0.0
+        if self._last is not None:
+            t0, c0 = self._last
+            dt = max(now - t0, 1e-12)
+            completed = (counters["COMPLETED"] - c0["COMPLETED"]) % 2**32
+            throughput = completed * self.config.chunk_size / dt
+        else:
+            throughput = counters["COMPLETED"] * self.config.chunk_size / max(now, 1e-12)
+        allocated = sum(g.slot_count for g in self.groups.values() if g.base is not None)
+        self._stats = {
+            "time_s": now,
+            "sram_usage": in_use,
+            "sram_allocated": allocated / self.params.slots,
+            "reduce_throughput_Bps": throughput,
+            "avg_queue_delay_s": self._queue_delay(),
+            "min_rtt_s": min(self._rtts) if self._rtts else None,
+            "fallback_ratio": fallback_ratio,
+            "collectives": len(self._ops),
+            "offloaded": len(offloaded),
+            "threshold": self.threshold,
+            "drops": {r.name: counters[f"DROP_{r.name}"] for r in DropReason},
+            "ports": [{"rx_frames": counters["RX_FRAMES"][p], "rx_bytes": counters["RX_BYTES"][p],
+                       "tx_frames": counters["TX_FRAMES"][p], "tx_bytes": counters["TX_BYTES"][p]}
+                      for p in range(self.params.ports)],
+            "counters": counters,
+        }
+        if in_use > MEMORY_PRESSURE:
+            new = min(THRESHOLD_CAP, self.threshold + THRESHOLD_STEP)
+        else:
+            new = max(self.config.offload_threshold, self.threshold - THRESHOLD_STEP)
+        if new != self.threshold:
+            self.events.append((now, f"threshold {self.threshold:.2f} -> {new:.2f} (slot sets in use {in_use:.0%})"))
+            self.threshold = new
+        if fallback_ratio > FALLBACK_WARNING:
+            msg = f"fallback ratio {fallback_ratio:.0%} exceeds {FALLBACK_WARNING:.0%}"
+            self.events.append((now, msg))
+            log.warning(msg)
+        self._last = (now, counters)
+        return self._stats
+
+    def stats(self) -> dict:
+        """The statistics of the last evaluation (call :meth:`evaluate` for fresh ones)."""
+        return dict(self._stats)
