@@ -23,6 +23,8 @@ class ConfigError(ValueError):
 class Config:
     # Bytes of payload per CAIS frame; at most the switch's max_payload, a multiple of 4.
     chunk_size: int = 256
+    # "auto": the controller's score decides; "always" / "never" force the switch / the host ring.
+    offload: str = "auto"
     # Offload a collective to the switch when the controller's score exceeds this (docs/driver.md).
     offload_threshold: float = 0.2
     # Retransmit a chunk whose result has not arrived after this long (simulated time), doubling
@@ -50,7 +52,7 @@ class Config:
                 raise ConfigError(f"{key}={getattr(self, key)!r}: {what}")
 
         types = {"chunk_size": int, "retry_limit": int, "max_pending_chunks": int, "slots_per_group": int,
-                 "controller_port": int, "controller_address": str}
+                 "controller_port": int, "controller_address": str, "offload": str}
         for f in fields(self):
             value = getattr(self, f.name)
             want = types.get(f.name, float)
@@ -59,6 +61,7 @@ class Config:
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             need(ok, f.name, f"must be {'an integer' if want is int else 'a number' if want is float else 'a string'}")
         need(self.chunk_size >= 4 and self.chunk_size % 4 == 0, "chunk_size", "must be a positive multiple of 4")
+        need(self.offload in ("auto", "always", "never"), "offload", 'must be "auto", "always" or "never"')
         need(0.0 <= self.offload_threshold <= 1.0, "offload_threshold", "must be between 0 and 1")
         need(self.timeout_ms > 0, "timeout_ms", "must be positive")
         need(self.retry_limit >= 0, "retry_limit", "must be 0 or more")

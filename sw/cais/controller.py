@@ -211,9 +211,13 @@ class Controller:
             decision = Decision(False, 0.0, self.threshold, f"host only: {info.why_not}")
         else:
             score = offload_score(nbytes, len(info.ranks), self._bandwidth(), self._latency(), self._queue_delay())
-            offload = score > self.threshold
-            decision = Decision(offload, score, self.threshold,
-                                f"score {score:.3f} {'>' if offload else '<='} threshold {self.threshold:.3f}")
+            if self.config.offload == "auto":
+                offload = score > self.threshold
+                why = f"score {score:.3f} {'>' if offload else '<='} threshold {self.threshold:.3f}"
+            else:
+                offload = self.config.offload == "always"
+                why = f"offload={self.config.offload} (score {score:.3f})"
+            decision = Decision(offload, score, self.threshold, why)
         self._ops[key] = _Op(decision, nbytes)
         self.decisions.append((now, group_id, op_seq, decision))
         return decision
