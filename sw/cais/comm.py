@@ -152,6 +152,7 @@ class World:
         self._groups_by_key: dict = {}
         self._world_group: GroupInfo | None = None
         self._errors: list[BaseException] = []
+        self._ring_done: dict[tuple[int, int], set[int]] = {}
         self.frames_sent = [0] * self.ranks
         self.bytes_sent = [0] * self.ranks
         self.retransmissions = [0] * self.ranks
@@ -355,6 +356,13 @@ class World:
                     self._finish(s, c)
             for b in list(s.background):
                 if b.engine.done:
+                    key = (b.group.group_id, b.op_seq)
+                    self._ring_done.setdefault(key, set()).add(s.rank)
+        # A finished ring engine keeps answering its predecessor (whose last acknowledgement may have been
+        # lost) until every rank's engine of that collective is done.
+        for s in self._states:
+            for b in list(s.background):
+                if self._ring_done.get((b.group.group_id, b.op_seq), set()) >= set(b.group.ranks):
                     s.background.remove(b)
                     self._account(s, b.engine)
         return sent
