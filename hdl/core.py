@@ -410,6 +410,6 @@ class SwitchCore(wiring.Component):
         with m.If(self.o_valid & self.o_ready):
             m.d.sync += owner.eq(Mux(self.o_last, 0, Mux(sel_res, 2, 1)))
 
-        m.d.comb += self.busy.eq(req.any() | busy | b_valid | end_pending | x_valid | jobs.r_rdy
+        m.d.comb += self.busy.eq(req.any() | busy | b_valid | end_pending | x_valid | (jobs.level != 0)
                                  | ~res.job_ready | clear_pending | sweeping)
         return m

@@ -80,12 +80,14 @@ class ResultGenerator(wiring.Component):
         )
         assert len(hdr) == 8 * proto.HEADERS_BYTES
 
+        # (Comparisons with h are left out when h is 0: an always-true unsigned compare is a lint error.)
         def row_of(beat):
             """Payload row whose bytes start in frame beat ``beat``, clamped to the rows that exist."""
             row = beat - h
-            return Mux(beat < h, 0, Mux(row >= rows, rows - 1, row))[:len(job.row_base)]
+            clamped = Mux(row >= rows, rows - 1, row)
+            return (Mux(beat < h, 0, clamped) if h else clamped)[:len(job.row_base)]
 
-        cur_valid = (k >= h) & (k - h < rows)
+        cur_valid = ((k >= h) & (k - h < rows)) if h else (k < rows)
         cur = Mux(cur_valid, self.rd_data, 0)
         hdr_part = Signal(W)
         with m.Switch(k):
