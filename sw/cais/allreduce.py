@@ -85,6 +85,10 @@ class SwitchAllReduce:
         return self._remaining == 0
 
     @property
+    def chunks_done(self) -> int:
+        return self.nchunks - self._remaining
+
+    @property
     def seq_end(self) -> int:
         """The first sequence number after this collective's chunks."""
         return self.seq_base + self.nchunks

@@ -153,10 +153,21 @@ class World:
         self._world_group: GroupInfo | None = None
         self._errors: list[BaseException] = []
         self._ring_done: dict[tuple[int, int], set[int]] = {}
+        self.progress_hook: Callable[["World"], None] | None = None   # called now and then by run()
         self.frames_sent = [0] * self.ranks
         self.bytes_sent = [0] * self.ranks
         self.retransmissions = [0] * self.ranks
         self.collectives: list[dict] = []
+
+    def progress(self) -> tuple[int, int]:
+        """(chunks done, chunks) of the collectives the ranks are running now."""
+        done = total = 0
+        for s in self._states:
+            c = s.current
+            if c is not None and c.path == "switch":
+                total += c.engine.nchunks
+                done += c.engine.chunks_done
+        return done, total
 
     @property
     def now(self) -> float:
@@ -231,8 +242,11 @@ class World:
             self._runnable = self.ranks
         for t in threads:
             t.start()
-        quiet = 0
+        quiet = steps = 0
         while True:
+            steps += 1
+            if self.progress_hook is not None and steps % 256 == 0:
+                self.progress_hook(self)
             with self._cv:
                 while self._runnable > 0:
                     self._cv.wait()

@@ -1,0 +1,161 @@
+"""`make sim`: ranks all-reduce a tensor through the switch with the driver and controller in charge.
+
+    python -m cais.sim.cosim [--ranks 4] [--elements 262144] [--op sum] [--backend verilator]
+                             [--loss 0.0] [--seed 1] [--collectives 1] [--config cais.toml] [--waves]
+
+The default runs on the Verilated switch (cocotb + Verilator): 4 ranks, 256K int32 elements each.
+`--backend model` uses the numpy reference model, `--backend amaranth` the Amaranth design under
+amaranth.sim. `--loss` drops that fraction of frames on every port, in and out (seeded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from cais import protocol as proto
+from cais.config import Config, ConfigError
+from cais.params import SwitchParams
+
+BACKENDS = {"verilator": "cocotb", "amaranth": "amaranth", "model": "model"}
+ENTRY = "cais.sim.workload:all_reduce_job"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text} must be in [0, 1)")
+    return value
+
+
+def parse_args(argv):
+    ap = _Parser(prog="python -m cais.sim.cosim", description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=_count, default=4, help="ranks, one per switch port (2..16)")
+    ap.add_argument("--elements", type=_count, default=256 * 1024, help="int32 elements per rank")
+    ap.add_argument("--op", choices=[o.name.lower() for o in proto.ReduceOp], default="sum")
+    ap.add_argument("--backend", choices=list(BACKENDS), default="verilator")
+    ap.add_argument("--loss", type=_rate, default=0.0, help="frame loss rate per port, each direction")
+    ap.add_argument("--duplicate", type=_rate, default=0.0, help="frame duplication rate per port")
+    ap.add_argument("--reorder", type=_rate, default=0.0, help="frame reordering rate per port")
+    ap.add_argument("--collectives", type=_count, default=1, help="all-reduces in a row")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--config", type=Path, help="TOML file with a [cais] table of driver settings")
+    ap.add_argument("--offload", choices=["auto", "always", "never"], help="override the offload decision")
+    ap.add_argument("--waves", action="store_true", help="write a VCD (verilator and amaranth backends)")
+    args = ap.parse_args(argv)
+    if not 2 <= args.ranks <= 16:
+        ap.error(f"--ranks {args.ranks}: must be between 2 and 16 (one rank per switch port)")
+    params = SwitchParams(ports=args.ranks)
+    overrides = {"offload": args.offload} if args.offload else {}
+    try:
+        config = Config.load(args.config, **overrides)
+    except ConfigError as e:
+        ap.error(str(e))
+    if config.chunk_size > params.max_payload:
+        ap.error(f"chunk_size={config.chunk_size} exceeds the switch's max payload {params.max_payload}")
+    return args, params, config
+
+
+def main(argv=None) -> int:
+    args, params, config = parse_args(argv)
+    from cais.sim.backends import run_backend
+
+    kind = BACKENDS[args.backend]
+    print(f"CAIS co-simulation: {args.ranks} ranks x {args.elements} int32 elements, {args.op}, "
+          f"{args.collectives} collective(s), backend {args.backend}, loss {args.loss:.1%}, seed {args.seed}",
+          flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        progress = Path(tmp) / "progress"
+        job = {"ranks": args.ranks, "elements": args.elements, "op": args.op, "collectives": args.collectives,
+               "seed": args.seed, "loss": args.loss, "duplicate": args.duplicate, "reorder": args.reorder,
+               "config": config.as_dict(), "progress": str(progress)}
+        box, stop = {}, threading.Event()
+
+        def work():
+            try:
+                box["summary"] = run_backend(kind, params, ENTRY, job, waves=args.waves)
+            except BaseException as e:   # reported below
+                box["error"] = e
+            finally:
+                stop.set()
+
+        t0 = time.perf_counter()
+        threading.Thread(target=work, daemon=True).start()
+        while not stop.wait(2.0):
+            state = progress.read_text().split() if progress.exists() else None
+            elapsed = time.perf_counter() - t0
+            if state:
+                print(f"  ... {elapsed:5.0f} s: {state[0]}/{state[1]} collectives done; current one "
+                      f"{state[2]}/{state[3]} chunk results in; cycle {state[4]}", file=sys.stderr, flush=True)
+            else:
+                print(f"  ... {elapsed:5.0f} s: building and running", file=sys.stderr, flush=True)
+    if "error" in box:
+        print(f"FAILED: {box['error']}", file=sys.stderr)
+        return 1
+    report(params, args, box["summary"])
+    return 0 if box["summary"]["correct"] else 1
+
+
+def report(params: SwitchParams, args, s: dict) -> None:
+    P = s["ranks"]
+    c = s["counters"]
+    st = s["stats"]
+    print()
+    print(f"result: {'CORRECT' if s['correct'] else 'WRONG'}: every rank's result equals numpy's {s['op']} "
+          f"(sha256 {s['result_sha256'][:16]}); path: {', '.join(s['paths'])}")
+    print()
+    print(f"{'rank':>4} {'frames sent':>11} {'bytes sent':>11} {'retransmits':>11}   "
+          f"{'ring would send':>15} {'ratio':>6}")
+    for r in range(P):
+        ring = s["ring_bytes_per_rank"]
+        print(f"{r:>4} {s['frames_sent'][r]:>11} {s['bytes_sent'][r]:>11} {s['retransmissions'][r]:>11}   "
+              f"{ring:>15} {s['bytes_sent'][r] / ring if ring else 0:>6.3f}")
+    print(f"(limit of the ratio for large tensors: N/(2(N-1)) = {P / (2 * (P - 1)):.3f})")
+    in_beats = sum(-(-b // params.beat_bytes) for b in c["RX_BYTES"])
+    print()
+    print(f"cycles to completion: {s['cycles']} ({s['cycles'] / s['clock_hz'] * 1e6:.1f} us at "
+          f"{s['clock_hz'] / 1e6:.2f} MHz); ingress beats per cycle: {in_beats / max(1, s['cycles']):.3f} (limit 1.0)")
+    print(f"simulated cycles per wall second: {s['cycles'] / max(s['wall_s'], 1e-9):.0f}")
+    injected = {k: v for k, v in s['faults'].items() if v and not k.endswith('_frames')}
+    print(f"faults injected: {injected or 'none'}")
+    print()
+    print("controller:")
+    print(f"  SRAM in use {st['sram_usage']:.1%} of sets, allocated {st['sram_allocated']:.1%} of slots; "
+          f"reduce throughput {st['reduce_throughput_Bps'] / 1e9:.2f} GB/s; "
+          f"average queue delay {st['avg_queue_delay_s'] * 1e6:.2f} us; fallback ratio {st['fallback_ratio']:.1%}")
+    drops = {k: v for k, v in st["drops"].items() if v}
+    print(f"  drops by reason: {drops or 'none'}")
+    print(f"  completed chunks {c['COMPLETED']}, contributions {c['CONTRIBUTIONS']}, duplicates {c['DUPLICATES']}, "
+          f"results re-sent {c['RESULTS_RESENT']}")
+    for d in s["decisions"]:
+        print(f"  decision: group {d['group']} collective {d['op_seq']}: "
+              f"{'switch' if d['offload'] else 'host ring'} ({d['reason']})")
+    for e in s["events"]:
+        print(f"  event at {e['time_s'] * 1e6:.1f} us: {e['event']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
