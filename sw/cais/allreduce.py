@@ -77,7 +77,8 @@ class SwitchAllReduce:
         self.bytes_sent = 0
         self.retransmissions = 0
         self.duplicate_results = 0
-        self.rtts: list[float] = []
+        self.rtts: list[float] = []        # round trips of chunks sent once
+        self.first_rtt: float | None = None  # of chunk 0: what the collective met when it started
 
     # ---------------------------------------------------------------- state
     @property
@@ -170,5 +171,8 @@ class SwitchAllReduce:
         chunk.done = True
         self._in_flight.pop(index, None)
         self._remaining -= 1
-        self.rtts.append(now - chunk.first_sent)
+        if chunk.retries == 0:   # Karn: a retransmitted chunk's round trip is ambiguous
+            self.rtts.append(now - chunk.first_sent)
+            if index == 0:
+                self.first_rtt = now - chunk.first_sent
         return True

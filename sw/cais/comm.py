@@ -292,6 +292,9 @@ class World:
     def _next_deadline(self) -> float | None:
         deadlines = []
         for s in self._states:
+            c = s.current
+            if c is not None and c.path == "switch" and c.engine.failed:
+                return self.now          # moves to the ring at the next step
             for engine in self._engines(s):
                 d = engine.next_deadline()
                 if d is not None:
@@ -390,7 +393,8 @@ class World:
         result = c.engine.result.astype(np.int32).reshape(c.shape)
         self.controller.finished(s.rank, c.group.group_id, c.op_seq)
         if c.path == "switch":
-            self.controller.report_rtts(c.engine.rtts)
+            if c.engine.first_rtt is not None:
+                self.controller.report_rtts([c.engine.first_rtt])
             self._account(s, c.engine)
             s.lingering.append(c)
         else:

@@ -16,7 +16,8 @@ The offload score, for a collective of D bytes over N ranks (docs/driver.md)::
 
     BW        link bandwidth, bytes/s (data_width / 8 x clock)
     a         one-way latency through the switch, s (min round trip / 2, measured; a default before)
-    Q         average queueing delay in the switch, s (average round trip - minimum round trip)
+    Q         queueing delay in the switch, s: the average round trip of the first chunk of the recent
+              collectives minus the smallest (what a collective meets when it starts)
     T_hosts   = 2 (N - 1) (a + D / (N BW))          the ring: 2(N-1) steps of D/N bytes
     T_switch  = 2 a + D / BW + Q                     one round trip carrying D bytes
     score     = (1 - T_switch / T_hosts) x (1 - 1/N) time saved, weighted by the traffic saved
