@@ -1,0 +1,137 @@
+"""The controller: the offload score, quotas under the memory limit, threshold and warnings."""
+
+import logging
+
+import pytest
+
+from cais.config import Config
+from cais.controller import Controller, offload_score
+from cais.link import run_sync
+from cais.params import SwitchParams
+from cais.registers import register_map
+from cais.sim.backends import ModelLink
+
+
+def test_score_hand_derived():
+    # N = 4, D = 4000 B, BW = 1000 B/s, a = 1 s, Q = 0:
+    # T_hosts = 2*3*(1 + 4000/4000) = 12; T_switch = 2 + 4 + 0 = 6; score = (1 - 6/12) * 3/4 = 0.375
+    assert offload_score(4000, 4, 1000.0, 1.0, 0.0) == pytest.approx(0.375)
+    # queueing in the switch lowers it: T_switch = 9 -> (1 - 9/12) * 3/4 = 0.1875
+    assert offload_score(4000, 4, 1000.0, 1.0, 3.0) == pytest.approx(0.1875)
+    # two ranks save nothing without queueing, lose with it
+    assert offload_score(4000, 2, 1000.0, 1.0, 0.0) == pytest.approx(0.0)
+    assert offload_score(4000, 2, 1000.0, 1.0, 1.0) < 0
+    # latency-bound collectives gain most: D -> 0 gives (1 - 2a / (2(N-1)a)) (1 - 1/N) = (2/3)(3/4)
+    assert offload_score(0, 4, 1000.0, 1.0, 0.0) == pytest.approx(0.5)
+
+
+def make(params=SwitchParams(), **cfg):
+    link = ModelLink(params)
+    ctl = Controller(link, Config(**cfg), list(range(params.ports)), [0x020000000100 | p for p in range(params.ports)])
+    run_sync(ctl.start())
+    return link, ctl
+
+
+def test_groups_get_rules_and_disjoint_quotas_until_the_memory_limit():
+    params = SwitchParams(slots=64)
+    link, ctl = make(params, slots_per_group=16, sram_usage_limit=0.75)   # 48 slots may be handed out
+    groups = [run_sync(ctl.create_group([0, 1, 2, 3])) for _ in range(4)]
+    quotas = [(g.base, g.slot_count) for g in groups[:3]]
+    assert quotas == [(0, 16), (16, 16), (32, 16)]
+    assert not groups[3].offloadable and "sram_usage_limit" in groups[3].why_not
+    # the rules landed in the switch: a contribution of group 2 is taken into a slot, one of an unknown
+    # group is dropped
+    from cais import protocol as proto
+    for group_id in (groups[1].group_id, 99):
+        hdr = proto.CaisHeader(group_id=group_id, seq_num=0, payload_len=4)
+        link.model.receive(0, proto.build_frame(hdr, bytes(4), pad=True))
+    counters = link.model.counters()
+    assert counters["CONTRIBUTIONS"] == 1 and counters["DROP_NO_RULE"] == 1
+    d = ctl.decide(groups[3].group_id, 0, 10_000, 0.0)
+    assert not d.offload and "host only" in d.reason
+
+
+def test_quota_halves_to_fit():
+    link, ctl = make(SwitchParams(slots=16), slots_per_group=8, sram_usage_limit=1.0)
+    a = run_sync(ctl.create_group([0, 1]))
+    b = run_sync(ctl.create_group([2, 3]))
+    assert (a.base, a.slot_count, b.base, b.slot_count) == (0, 8, 8, 8)
+    c = run_sync(ctl.create_group([0, 3]))
+    assert not c.offloadable
+
+
+def test_same_decision_for_every_rank_and_one_collective_at_a_time():
+    link, ctl = make(offload="always")
+    g = run_sync(ctl.create_group([0, 1]))
+    d0 = ctl.decide(g.group_id, 0, 1000, 0.0)
+    assert ctl.decide(g.group_id, 0, 1000, 5.0) is d0
+    assert ctl.decide(g.group_id, 1, 1000, 0.0) is None      # collective 0 is not finished everywhere
+    ctl.finished(0, g.group_id, 0)
+    assert ctl.decide(g.group_id, 1, 1000, 0.0) is None
+    ctl.finished(1, g.group_id, 0)
+    assert ctl.decide(g.group_id, 1, 1000, 0.0).offload
+
+
+def test_fallback_empties_the_quota_before_the_next_collective(caplog):
+    link, ctl = make(offload="always")
+    g = run_sync(ctl.create_group([0, 1]))
+    ctl.decide(g.group_id, 0, 1000, 0.0)
+    with caplog.at_level(logging.WARNING, logger="cais.controller"):
+        ctl.request_fallback(g.group_id, 0, 1, 0.0, "test")
+    assert ctl.fell_back(g.group_id, 0) and "falls back" in caplog.text
+    ctl.finished(0, g.group_id, 0)
+    ctl.finished(1, g.group_id, 0)
+    assert ctl.decide(g.group_id, 1, 1000, 0.0) is None       # the quota must be emptied first
+    writes = []
+    real_write = link.write
+
+    async def spy(addr, value):
+        writes.append(addr)
+        await real_write(addr, value)
+    link.write = spy
+    run_sync(ctl.service(0.0))
+    assert writes.count(register_map(link.params)["SLOT_CLEAR"].address()) == g.slot_count
+    assert ctl.decide(g.group_id, 1, 1000, 0.0) is not None
+
+
+def test_threshold_rises_under_memory_pressure_and_fallbacks_warn(caplog):
+    link, ctl = make(offload_threshold=0.2)
+    g = run_sync(ctl.create_group([0, 1, 2, 3]))
+    counters = run_sync(ctl.read_counters())
+
+    async def pressured():
+        return dict(counters, SLOTS_IN_USE=int(0.9 * 2 * link.params.slots))
+    ctl.read_counters = pressured
+    run_sync(ctl.evaluate(0.1))
+    run_sync(ctl.evaluate(0.2))
+    assert ctl.threshold == pytest.approx(0.3)
+    assert ctl.stats()["sram_usage"] == pytest.approx(0.9, abs=0.01)
+
+    async def relaxed():
+        return counters
+    ctl.read_counters = relaxed
+    run_sync(ctl.evaluate(0.3))
+    assert ctl.threshold == pytest.approx(0.25)
+    # two offloaded collectives, one fell back: 50% > 10% -> a warning
+    for op in (0, 1):
+        ctl._ops.pop((g.group_id, op), None)
+    ctl.config = Config(offload="always")
+    ctl.decide(g.group_id, 0, 1000, 0.0)
+    for r in range(4):
+        ctl.finished(r, g.group_id, 0)
+    ctl.decide(g.group_id, 1, 1000, 0.0)
+    ctl.request_fallback(g.group_id, 1, 0, 0.0, "test")
+    with caplog.at_level(logging.WARNING, logger="cais.controller"):
+        stats = run_sync(ctl.evaluate(0.4))
+    assert stats["fallback_ratio"] == pytest.approx(0.5)
+    assert "fallback ratio 50%" in caplog.text
+
+
+def test_start_refuses_a_link_without_a_switch():
+    class Nothing(ModelLink):
+        async def read(self, addr):
+            return 0
+    link = Nothing(SwitchParams())
+    ctl = Controller(link, Config(), [0, 1, 2, 3], [1, 2, 3, 4])
+    with pytest.raises(RuntimeError, match="no CAIS switch"):
+        run_sync(ctl.start())
