@@ -33,10 +33,27 @@ async def cosim_main(dut):
     main = load_entry(spec["entry"])
     width = len(dut.s_axis_p0_tdata)
     assert width == params.data_width, f"s_axis_p0_tdata is {width} bits, params say {params.data_width}"
+    bare = None
+    if spec["job"].get("bare_clock_cycles"):
+        # The simulator's floor for comparison: the same model with only a clock running, no Python
+        # touching any signal, in this process.
+        import time
+
+        from cocotb.clock import Clock
+        from cocotb.triggers import ClockCycles
+        clock = Clock(dut.clk, 10, unit="ns")
+        clock.start()
+        dut.rst.value = 1
+        t0 = time.perf_counter()
+        await ClockCycles(dut.clk, spec["job"]["bare_clock_cycles"])
+        bare = spec["job"]["bare_clock_cycles"] / (time.perf_counter() - t0)
+        clock.stop()
     link = await CocotbLink.start(dut, params, seed=spec.get("seed", 0), idle=spec.get("idle", 0.0),
                                   backpressure=spec.get("backpressure", 0.0),
                                   **({"clock_hz": spec["clock_hz"]} if "clock_hz" in spec else {}))
     result = await main(link, spec["job"])
+    if bare is not None:
+        result["bare_clock_cycles_per_s"] = bare
     out = Path(spec["out"])
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(json.dumps(result))

@@ -7,8 +7,10 @@ The engine turns an array into CAIS contributions and result frames back into th
 - a chunk is sent only when the result of the chunk that used its slot before it has arrived (the
   slot's other set is then free again: SwitchML's self-clocking), and never more than ``window``
   chunks are in flight, so switch memory cannot overflow and a set is never reused too early;
-- a chunk whose result is late is sent again after ``timeout_s``, doubling each retry; after
-  ``retry_limit`` retries the engine gives up (``failed``) and the caller falls back to the host ring;
+- a chunk whose result is late is sent again after the retransmission timeout (``timeout_s`` at
+  first, then what measured round trips say: :mod:`cais.rto`), doubling each retry until a new result
+  arrives; after ``retry_limit`` timeouts in a row with no result arriving, the engine gives up
+  (``failed``) and the caller falls back to the host ring;
 - duplicate results are ignored.
 
 It never sleeps or reads a clock: the caller passes ``now`` (seconds of simulated time) to ``poll`` and
@@ -22,10 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import protocol as proto
+from .rto import RetransmitTimer
 
 __all__ = ["SwitchAllReduce", "chunk_count"]
-
-BACKOFF_CAP = 64   # the retransmission timeout grows at most to 64 x timeout_s
 
 
 def chunk_count(elements: int, itemsize: int, chunk_size: int) -> int:
@@ -40,6 +41,7 @@ class _Chunk:
     sent_at: float = -1.0       # last transmission; -1 before the first
     first_sent: float = -1.0
     retries: int = 0
+    backoff: int = 0            # timeouts since this rank last received any new result
     deadline: float = 0.0
     done: bool = False
 
@@ -64,7 +66,8 @@ class SwitchAllReduce:
         self.slot_count = slot_count
         self.window = max(1, min(window, slot_count))
         self.per_chunk = chunk_size // 4
-        self.timeout_s, self.retry_limit, self.mac = timeout_s, retry_limit, mac
+        self.timer = RetransmitTimer(timeout_s)
+        self.retry_limit, self.mac = retry_limit, mac
         self.nchunks = chunk_count(len(self.data), 4, chunk_size)
         self.result = np.zeros(len(self.data), dtype=np.int32)
         self._chunks = [_Chunk(i) for i in range(self.nchunks)]
@@ -116,11 +119,12 @@ class SwitchAllReduce:
         retransmit = chunk.sent_at >= 0
         if retransmit:
             chunk.retries += 1
+            chunk.backoff += 1
             self.retransmissions += 1
         else:
             chunk.first_sent = now
         chunk.sent_at = now
-        chunk.deadline = now + self.timeout_s * min(BACKOFF_CAP, 2 ** chunk.retries)
+        chunk.deadline = now + self.timer.timeout(chunk.backoff)
         frame = self._frame(chunk, retransmit)
         self.frames_sent += 1
         self.bytes_sent += len(frame)
@@ -138,7 +142,7 @@ class SwitchAllReduce:
         out = []
         for chunk in sorted(self._in_flight.values(), key=lambda c: c.index):
             if now >= chunk.deadline:
-                if chunk.retries >= self.retry_limit:
+                if chunk.backoff >= self.retry_limit:
                     self.failed = True
                     return out
                 out.append(self._send(chunk, now))
@@ -171,7 +175,16 @@ class SwitchAllReduce:
         chunk.done = True
         self._in_flight.pop(index, None)
         self._remaining -= 1
+        # Progress: the path works. Like TCP after a new acknowledgement, chunks still waiting start their
+        # backoff again, so a chunk that waited long for a slow peer is not left on a huge timer (and the
+        # retry limit counts timeouts without any progress, not the waits behind a peer's loss).
+        rto = self.timer.rto
+        for other in self._in_flight.values():
+            if other.backoff:
+                other.backoff = 0
+                other.deadline = min(other.deadline, now + rto)
         if chunk.retries == 0:   # Karn: a retransmitted chunk's round trip is ambiguous
+            self.timer.sample(now - chunk.first_sent)
             self.rtts.append(now - chunk.first_sent)
             if index == 0:
                 self.first_rtt = now - chunk.first_sent

@@ -27,11 +27,10 @@ class Config:
     offload: str = "auto"
     # Offload a collective to the switch when the controller's score exceeds this (docs/driver.md).
     offload_threshold: float = 0.2
-    # Retransmit a chunk whose result has not arrived after this long (simulated time), doubling
-    # after every retry. It must exceed the round trip under load; 100 us is ~50 round trips of a
-    # loaded 4-port switch at 156.25 MHz.
+    # Initial retransmission timeout (simulated time); measured round trips replace it (cais.rto).
+    # 100 us is about four round trips of a fully loaded 4-port switch at 156.25 MHz.
     timeout_ms: float = 0.1
-    # Retries of one chunk before the collective falls back to the host ring.
+    # Timeouts of one chunk in a row, with no result arriving, before the collective falls back.
     retry_limit: int = 8
     # Chunks in flight per rank; also never more than the group's slot quota.
     max_pending_chunks: int = 32

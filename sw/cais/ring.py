@@ -31,6 +31,7 @@ import numpy as np
 
 from .protocol import (ETH_HEADER_BYTES, HOST_ETHERTYPE, HOST_HEADER_BYTES, EthHeader, HostHeader, HostKind,
                        ReduceOp, build_host_frame)
+from .rto import RetransmitTimer
 
 __all__ = ["RingAllReduce", "block_bounds", "MAX_BACKOFF", "DEFAULT_MAX_PAYLOAD"]
 
@@ -102,6 +103,7 @@ class RingAllReduce:
         self.op_seq = op_seq
         self.my_mac = my_mac
         self.timeout_s = float(timeout_s)
+        self.timer = RetransmitTimer(self.timeout_s, MAX_BACKOFF)
         self.pred_mac = ring_macs[(rank_index - 1) % n]
         self.succ_mac = ring_macs[(rank_index + 1) % n]
         self.steps = 2 * (n - 1)
@@ -112,7 +114,7 @@ class RingAllReduce:
 
         # Sending side.
         self._send_step = 0        # next own step to send
-        self._pending: dict[tuple[int, int], list] = {}  # (step, frag) -> [frame, deadline, retries]
+        self._pending: dict[tuple[int, int], list] = {}  # (step, frag) -> [frame, deadline, retries, sent]
         self._timers: list[tuple[float, int, int]] = []  # heap of (deadline, step, frag); stale entries skipped
         self._acks: list[bytes] = []  # ACK frames owed, sent by the next poll()
         # Receiving side.
@@ -164,7 +166,7 @@ class RingAllReduce:
         for _, step, frag in expired:
             p = self._pending[(step, frag)]
             p[2] += 1
-            p[1] = now + self.timeout_s * min(1 << p[2], MAX_BACKOFF)
+            p[1] = now + self.timer.timeout(p[2])
             heapq.heappush(self._timers, (p[1], step, frag))
             out.append(p[0])
             self.retransmissions += 1
@@ -191,7 +193,9 @@ class RingAllReduce:
         if hdr.kind == HostKind.ACK:
             if eth.src != self.succ_mac or hdr.length != 0:
                 return False
-            self._pending.pop((hdr.step, hdr.frag), None)  # unknown or repeated ACKs are harmless
+            p = self._pending.pop((hdr.step, hdr.frag), None)  # unknown or repeated ACKs are harmless
+            if p is not None and p[2] == 0:   # Karn: only fragments sent once give a round trip
+                self.timer.sample(now - p[3])
             return True
         return False
 
@@ -227,13 +231,13 @@ class RingAllReduce:
     def _send_data_step(self, step: int, now: float, out: list[bytes]) -> None:
         block = self._send_block(step)
         frags = self._frags[block]
-        deadline = now + self.timeout_s
+        deadline = now + self.timer.timeout(0)
         for frag in range(frags):
             lo, hi = self._frag_range(block, frag)
             payload = self._buf[lo:hi].astype(self._wire).tobytes()  # a snapshot: later stores can't change it
             hdr = HostHeader(HostKind.DATA, self.group_id, self.op_seq, step, frag, frags, len(payload))
             frame = build_host_frame(hdr, payload, dst=self.succ_mac, src=self.my_mac)
-            self._pending[(step, frag)] = [frame, deadline, 0]
+            self._pending[(step, frag)] = [frame, deadline, 0, now]
             heapq.heappush(self._timers, (deadline, step, frag))
             out.append(frame)
 

@@ -1,0 +1,45 @@
+"""Retransmission timeouts that follow the measured round trip (RFC 6298), shared by the engines.
+
+The configured ``timeout_ms`` is the initial timeout, used until round trips have been measured. A
+fixed timer is wrong both ways: under load the round trip through the switch grows (every rank's frames
+queue behind each other in the one pipeline) and a short timer repeats frames that were never lost,
+adding to the queue; when the switch is fast a long timer leaves a lost frame's window stalled for
+nothing. So, as TCP does (RFC 6298): SRTT and RTTVAR are smoothed from round trips of frames sent once
+(Karn's rule: a repeated frame's answer cannot be matched to one transmission), RTO = SRTT + 4 RTTVAR,
+never below ``initial / MIN_FRACTION``, and a frame's timeout doubles with each retry, up to ``cap``
+times the RTO.
+"""
+
+from __future__ import annotations
+
+__all__ = ["RetransmitTimer"]
+
+ALPHA, BETA, K = 1 / 8, 1 / 4, 4   # RFC 6298's gains
+MIN_FRACTION = 10                  # the measured RTO never goes below a tenth of the initial one
+
+
+class RetransmitTimer:
+    def __init__(self, initial_s: float, cap: int = 64):
+        if not initial_s > 0:
+            raise ValueError(f"initial timeout {initial_s}: must be positive")
+        self.initial_s, self.cap = initial_s, cap
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+
+    def sample(self, rtt: float) -> None:
+        """A round trip of a frame that was sent once."""
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = (1 - BETA) * self.rttvar + BETA * abs(self.srtt - rtt)
+            self.srtt = (1 - ALPHA) * self.srtt + ALPHA * rtt
+
+    @property
+    def rto(self) -> float:
+        if self.srtt is None:
+            return self.initial_s
+        return max(self.initial_s / MIN_FRACTION, self.srtt + K * self.rttvar)
+
+    def timeout(self, retries: int) -> float:
+        """How long to wait for the answer to a frame sent `retries` times before."""
+        return self.rto * min(self.cap, 2 ** retries)
