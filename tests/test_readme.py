@@ -9,6 +9,6 @@ import numpy as np
 def test_readme_driver_example_runs():
     text = (Path(__file__).parent.parent / "README.md").read_text()
     code = re.search(r"## Using the driver.*?```python\n(.*?)```", text, re.S).group(1)
-    scope = {}
-    exec(compile(code.replace("print(", "str("), "README.md", "exec"), scope)
+    scope = {"print": lambda *args, **kw: None}
+    exec(compile(code, "README.md", "exec"), scope)
     assert all(np.array_equal(r, np.full(100_000, 10)) for r in scope["results"])
