@@ -142,7 +142,8 @@ def random_mix(params: SwitchParams, seed: int, frames_per_port: int = 12) -> Sc
             bad = good.replace(payload_len=rng.choice([0, params.max_payload + 4, plen + 1]))
             return TxFrame(_cais(rng, bad, body, p))                                      # BAD_PAYLOAD_LEN
         if kind == 7:
-            return TxFrame(_cais(rng, good, body + b"\0" * 4, p))                         # BAD_LENGTH
+            # unpadded: 34 + payload_len is never 60 for whole elements, so the frame cannot pass
+            return TxFrame(_cais(rng, good, body + b"\0" * 4, p, pad=False))              # BAD_LENGTH
         if kind == 8:
             return TxFrame(_cais(rng, good.replace(group_id=9), body, p))                 # NO_RULE
         return TxFrame(_cais(rng, good.replace(group_id=3), body, p))                     # BAD_SLOT
