@@ -25,6 +25,7 @@ from cais.hdl.switch import Switch
 from cais.hdl.tables import rule_layout
 from cais.params import ParamError, SwitchParams
 from cais.registers import register_map
+from cais.sim.amaranth_harness import axil_write
 from cais.sim.traffic import TxFrame, beats_of, host_mac
 from cais.tables import Rule, rule_writes
 
@@ -32,6 +33,13 @@ from cais.tables import Rule, rule_writes
 def contribution(port: int, seq: int, values: np.ndarray) -> bytes:
     hdr = proto.CaisHeader(group_id=1, chunk_id=seq, seq_num=seq, payload_len=values.nbytes)
     return proto.build_frame(hdr, values.astype(">i4").tobytes(), src=host_mac(port))
+
+
+async def program(ctx, dut, writes):
+    async def tick(*signals):
+        return (await ctx.tick().sample(*signals))[2:]
+    for addr, value in writes:
+        await axil_write(tick, ctx, dut.s_axil, addr, value)
 
 
 def run_load(params: SwitchParams, chunks: int, payload: int, count_log2: int, seed: int = 1) -> dict:
@@ -93,18 +101,7 @@ def run_load(params: SwitchParams, chunks: int, payload: int, count_log2: int, s
         return run
 
     async def main(ctx):
-        bus = dut.s_axil
-        for addr, value in writes:
-            ctx.set(bus.awaddr, addr)
-            ctx.set(bus.wdata, value)
-            ctx.set(bus.wstrb, 0xF)
-            ctx.set(bus.awvalid, 1)
-            ctx.set(bus.wvalid, 1)
-            ctx.set(bus.bready, 1)
-            await ctx.tick().until(bus.awready & bus.wready)
-            ctx.set(bus.awvalid, 0)
-            ctx.set(bus.wvalid, 0)
-            await ctx.tick().until(bus.bvalid)
+        await program(ctx, dut, writes)
         await ctx.tick().repeat(params.slots + 4)      # slot-state sweep after reset
         state["go"] = True
         state["start"] = state["cycle"]
@@ -161,18 +158,7 @@ def run_load_latency(params: SwitchParams) -> int:
     marks = {}
 
     async def main(ctx):
-        bus = dut.s_axil
-        for addr, value in writes:
-            ctx.set(bus.awaddr, addr)
-            ctx.set(bus.wdata, value)
-            ctx.set(bus.wstrb, 0xF)
-            ctx.set(bus.awvalid, 1)
-            ctx.set(bus.wvalid, 1)
-            ctx.set(bus.bready, 1)
-            await ctx.tick().until(bus.awready & bus.wready)
-            ctx.set(bus.awvalid, 0)
-            ctx.set(bus.wvalid, 0)
-            await ctx.tick().until(bus.bvalid)
+        await program(ctx, dut, writes)
         await ctx.tick().repeat(params.slots + 4)
         for p in range(P):
             ctx.set(dut.m_axis[p].tready, 1)

@@ -18,7 +18,49 @@ from cais.params import SwitchParams
 
 from .traffic import TxFrame, beats_of
 
-__all__ = ["SwitchSim"]
+__all__ = ["SwitchSim", "axil_write", "axil_read"]
+
+
+async def axil_write(tick, ctx, bus, addr: int, value: int) -> int:
+    """One AXI4-Lite write on `bus` in amaranth.sim; returns BRESP. `tick(*signals)` advances one clock
+    and returns the signals' values sampled before the edge (callers count cycles in it)."""
+    ctx.set(bus.awaddr, addr)
+    ctx.set(bus.awvalid, 1)
+    ctx.set(bus.wdata, value)
+    ctx.set(bus.wstrb, 0xF)
+    ctx.set(bus.wvalid, 1)
+    ctx.set(bus.bready, 1)
+    aw = w = False
+    while not (aw and w):
+        awready, wready = await tick(bus.awready, bus.wready)
+        if awready and not aw:
+            aw = True
+            ctx.set(bus.awvalid, 0)
+        if wready and not w:
+            w = True
+            ctx.set(bus.wvalid, 0)
+    while True:
+        bvalid, bresp = await tick(bus.bvalid, bus.bresp)
+        if bvalid:
+            break
+    ctx.set(bus.bready, 0)
+    return int(bresp)
+
+
+async def axil_read(tick, ctx, bus, addr: int) -> int:
+    """One AXI4-Lite read on `bus` in amaranth.sim (see :func:`axil_write`)."""
+    ctx.set(bus.araddr, addr)
+    ctx.set(bus.arvalid, 1)
+    ctx.set(bus.rready, 1)
+    while not (await tick(bus.arready))[0]:
+        pass
+    ctx.set(bus.arvalid, 0)
+    while True:
+        rvalid, rdata = await tick(bus.rvalid, bus.rdata)
+        if rvalid:
+            break
+    ctx.set(bus.rready, 0)
+    return int(rdata)
 
 
 class SwitchSim:
@@ -49,36 +91,13 @@ class SwitchSim:
 
     # ---------------------------------------------------------------- AXI4-Lite
     async def write(self, addr: int, value: int):
-        ctx, bus = self.ctx, self.dut.s_axil
-        ctx.set(bus.awaddr, addr)
-        ctx.set(bus.awvalid, 1)
-        ctx.set(bus.wdata, value)
-        ctx.set(bus.wstrb, 0xF)
-        ctx.set(bus.wvalid, 1)
-        ctx.set(bus.bready, 1)
-        aw = w = False
-        while not (aw and w):
-            _, _, awready, wready = await ctx.tick().sample(bus.awready, bus.wready)
-            if awready and not aw:
-                aw = True
-                ctx.set(bus.awvalid, 0)
-            if wready and not w:
-                w = True
-                ctx.set(bus.wvalid, 0)
-        resp, = await ctx.tick().sample(bus.bresp).until(bus.bvalid)
-        ctx.set(bus.bready, 0)
-        return int(resp)
+        return await axil_write(self._tick, self.ctx, self.dut.s_axil, addr, value)
 
     async def read(self, addr: int) -> int:
-        ctx, bus = self.ctx, self.dut.s_axil
-        ctx.set(bus.araddr, addr)
-        ctx.set(bus.arvalid, 1)
-        ctx.set(bus.rready, 1)
-        await ctx.tick().until(bus.arready)
-        ctx.set(bus.arvalid, 0)
-        data, = await ctx.tick().sample(bus.rdata).until(bus.rvalid)
-        ctx.set(bus.rready, 0)
-        return int(data)
+        return await axil_read(self._tick, self.ctx, self.dut.s_axil, addr)
+
+    async def _tick(self, *signals):
+        return (await self.ctx.tick().sample(*signals))[2:]
 
     async def apply(self, writes):
         for addr, value in writes:

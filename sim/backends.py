@@ -47,6 +47,7 @@ from cais.link import DEFAULT_CLOCK_HZ, run_sync
 from cais.params import SwitchParams
 from cais.registers import Kind, register_map
 
+from .amaranth_harness import axil_read, axil_write
 from .refmodel import SwitchModel
 
 __all__ = [
@@ -250,40 +251,11 @@ class AmaranthLink:
             self._cycle += int(cycles)
 
     async def write(self, addr: int, value: int) -> None:
-        ctx, bus = self.ctx, self.dut.s_axil
-        ctx.set(bus.awaddr, addr)
-        ctx.set(bus.awvalid, 1)
-        ctx.set(bus.wdata, value)
-        ctx.set(bus.wstrb, 0xF)
-        ctx.set(bus.wvalid, 1)
-        ctx.set(bus.bready, 1)
-        aw = w = False
-        while not (aw and w):
-            awready, wready = await self._tick(bus.awready, bus.wready)
-            if awready and not aw:
-                aw = True
-                ctx.set(bus.awvalid, 0)
-            if wready and not w:
-                w = True
-                ctx.set(bus.wvalid, 0)
-        while not (await self._tick(bus.bvalid))[0]:
-            pass
-        ctx.set(bus.bready, 0)
+        await axil_write(self._tick, self.ctx, self.dut.s_axil, addr, value)
 
     async def read(self, addr: int) -> int:
-        ctx, bus = self.ctx, self.dut.s_axil
         pending = self.pending
-        ctx.set(bus.araddr, addr)
-        ctx.set(bus.arvalid, 1)
-        ctx.set(bus.rready, 1)
-        while not (await self._tick(bus.arready))[0]:
-            pass
-        ctx.set(bus.arvalid, 0)
-        while True:
-            rvalid, rdata = await self._tick(bus.rvalid, bus.rdata)
-            if rvalid:
-                break
-        ctx.set(bus.rready, 0)
+        rdata = await axil_read(self._tick, self.ctx, self.dut.s_axil, addr)
         value = int(rdata)
         if int(addr) & ~3 == self._busy_addr and (pending or self.pending):
             value |= 1
