@@ -26,7 +26,9 @@ import numpy as np
 from . import protocol as proto
 from .rto import RetransmitTimer
 
-__all__ = ["SwitchAllReduce", "chunk_count"]
+__all__ = ["SwitchAllReduce", "chunk_count", "SWITCH_RTO_FLOOR"]
+
+SWITCH_RTO_FLOOR = 0.1   # measured timeouts go down to a tenth of timeout_ms
 
 
 def chunk_count(elements: int, itemsize: int, chunk_size: int) -> int:
@@ -66,7 +68,9 @@ class SwitchAllReduce:
         self.slot_count = slot_count
         self.window = max(1, min(window, slot_count))
         self.per_chunk = chunk_size // 4
-        self.timer = RetransmitTimer(timeout_s)
+        # The switch's round trip is steady, so the timer may fall well below the configured one: a lost
+        # chunk stalls its slot (and every peer's window) until it is resent.
+        self.timer = RetransmitTimer(timeout_s, floor=SWITCH_RTO_FLOOR)
         self.retry_limit, self.mac = retry_limit, mac
         self.nchunks = chunk_count(len(self.data), 4, chunk_size)
         self.result = np.zeros(len(self.data), dtype=np.int32)
