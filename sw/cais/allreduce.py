@@ -70,7 +70,7 @@ class SwitchAllReduce:
         self.per_chunk = chunk_size // 4
         # The switch's round trip is steady, so the timer may fall well below the configured one: a lost
         # chunk stalls its slot (and every peer's window) until it is resent.
-        self.timer = RetransmitTimer(timeout_s, floor=SWITCH_RTO_FLOOR)
+        self.timer = RetransmitTimer(timeout_s, floor=SWITCH_RTO_FLOOR, warmup=self.window)
         self.retry_limit, self.mac = retry_limit, mac
         self.nchunks = chunk_count(len(self.data), 4, chunk_size)
         self.result = np.zeros(len(self.data), dtype=np.int32)
