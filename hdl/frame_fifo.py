@@ -1,6 +1,6 @@
 """A store-and-forward FIFO whose writer can take back a frame it has not committed."""
 
-from amaranth.hdl import Elaboratable, Module, Signal
+from amaranth.hdl import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out

@@ -2,7 +2,7 @@
 
 import enum
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Module, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 

@@ -15,6 +15,7 @@ from amaranth.sim import Simulator
 
 from cais.hdl.switch import Switch
 from cais.params import SwitchParams
+from cais.registers import read_counters, register_map
 
 from .traffic import TxFrame, beats_of
 
@@ -98,6 +99,10 @@ class SwitchSim:
 
     async def _tick(self, *signals):
         return (await self.ctx.tick().sample(*signals))[2:]
+
+    async def counters(self) -> dict:
+        """Every COUNTER and LEVEL register, shaped like ``SwitchModel.counters()``."""
+        return await read_counters(self.read, register_map(self.params))
 
     async def apply(self, writes):
         for addr, value in writes:

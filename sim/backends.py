@@ -46,6 +46,7 @@ from typing import Any, Awaitable, Callable
 from cais.link import DEFAULT_CLOCK_HZ, run_sync
 from cais.params import SwitchParams
 from cais.registers import Kind, register_map
+from cais.registers import read_counters as cais_read_counters
 
 from .amaranth_harness import axil_read, axil_write
 from .refmodel import SwitchModel
@@ -596,12 +597,7 @@ def run_backend(kind: str, params: SwitchParams, entry: str, job: dict, **kw):
 
 async def read_counters(link) -> dict[str, int | list[int]]:
     """Every COUNTER register, read over the link; per-port registers as lists."""
-    out: dict[str, int | list[int]] = {}
-    for reg in register_map(link.params):
-        if reg.kind is Kind.COUNTER:
-            values = [await link.read(reg.address(i)) for i in range(reg.count)]
-            out[reg.name] = values if reg.count > 1 else values[0]
-    return out
+    return await cais_read_counters(link.read, register_map(link.params), kinds=(Kind.COUNTER,))
 
 
 async def wait_idle(link, *, step: int = 16, limit: int = 100_000) -> bool:

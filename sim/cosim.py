@@ -11,7 +11,6 @@ amaranth.sim. `--loss` drops that fraction of frames on every port, in and out (
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import threading

@@ -35,7 +35,7 @@ from cocotbext.axi import (AxiLiteBus, AxiLiteMaster, AxiResp, AxiStreamBus, Axi
                            AxiStreamSource)
 
 from cais.params import SwitchParams
-from cais.registers import MAGIC, Kind, register_map
+from cais.registers import MAGIC, read_counters, register_map
 from cais.sim.traffic import TxFrame, beats_of
 
 __all__ = ["TB", "load_params", "cycle_pattern", "random_pattern", "PARAMS_ENV"]
@@ -182,12 +182,7 @@ class TB:
 
     async def counters(self) -> dict[str, int | list[int]]:
         """Every COUNTER and LEVEL register, shaped like ``SwitchModel.counters()``."""
-        out: dict[str, int | list[int]] = {}
-        for reg in self.regmap:
-            if reg.kind in (Kind.COUNTER, Kind.LEVEL):
-                values = [await self.read(reg.address(i)) for i in range(reg.count)]
-                out[reg.name] = values if reg.count > 1 else values[0]
-        return out
+        return await read_counters(self.read, self.regmap)
 
     async def _decided(self) -> tuple[int, int]:
         """(sum of RX_FRAMES, frames decided = FORWARDED + CONTRIBUTIONS + DUPLICATES + sum DROP_*)."""
@@ -264,6 +259,15 @@ class TB:
                     f"{where}: last beat tkeep {last} is not a run of ones from lane 0"
                 self.rx[p].append(data[:len(data) - B + ones])
                 self.rx_time[p].append(convert(f.sim_time_start, "step", to="ns"))
+
+    def context(self, expected: list[list[bytes]], got: list[list[bytes]]) -> list[str]:
+        """For each port's first unexpected frame, when it came out and what went in just before."""
+        out = []
+        for port, (exp, rx) in enumerate(zip(expected, got)):
+            extra = [f for f in rx if f not in exp]
+            if extra:
+                out.append(self.history(port, extra[0]))
+        return out
 
     def history(self, port: int, data: bytes, count: int = 6) -> str:
         """Where an egress frame came from: when it arrived and the last ingress frames before it."""

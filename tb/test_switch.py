@@ -23,7 +23,7 @@ import numpy as np
 from cais import protocol as proto
 from cais.params import SwitchParams
 from cais.registers import register_map
-from cais.sim.directed import Case, directed_cases
+from cais.sim.directed import Case, accounting_problems, counter_problems, directed_cases, score_case
 from cais.sim.refmodel import SwitchModel
 from cais.sim.traffic import TxFrame, compare, host_mac, random_mix, replay
 from cais.tables import Rule, rule_writes, slot_clear_writes
@@ -31,59 +31,10 @@ from cais.tables import Rule, rule_writes, slot_clear_writes
 from .switch_tb import TB, cycle_pattern, random_pattern
 
 
-def accounting_problems(counters: dict) -> list[str]:
-    """The accounting invariant of docs/protocol.md section 8 (no frame in flight)."""
-    rx = sum(counters["RX_FRAMES"]) & 0xFFFF_FFFF
-    dropped = sum(v for k, v in counters.items() if k.startswith("DROP_"))
-    decided = (counters["FORWARDED"] + counters["CONTRIBUTIONS"] + counters["DUPLICATES"] + dropped) & 0xFFFF_FFFF
-    if rx != decided:
-        return [f"accounting: sum RX_FRAMES {rx} != FORWARDED + CONTRIBUTIONS + DUPLICATES + DROP_* {decided}"]
-    return []
-
-
-def unexpected_context(tb: TB, expected: list[list[bytes]], got: list[list[bytes]]) -> list[str]:
-    """For each port's first unexpected frame, when it came out and what went in just before."""
-    out = []
-    for port, (exp, rx) in enumerate(zip(expected, got)):
-        extra = [f for f in rx if f not in exp]
-        if extra:
-            out.append(tb.history(port, extra[0]))
-    return out
-
-
-def counter_problems(got: dict, want: dict) -> list[str]:
-    return [f"counter {name}: switch {got.get(name)}, model {value}"
-            for name, value in want.items() if got.get(name) != value]
-
-
 async def run_case(tb: TB, case: Case) -> list[str]:
     """One directed case from reset; returns the problems found (empty: the case passed)."""
-    params = tb.params
-    model = SwitchModel(params)
-    problems: list[str] = []
     await tb.reset()
-    await tb.apply(case.writes)
-    for addr, value in case.writes:
-        model.write(addr, value)
-    for i, batch in enumerate(case.batches):
-        for addr, value in case.writes_before.get(i, []):
-            await tb.write(addr, value)
-            model.write(addr, value)
-        expected: list[list[bytes]] = [[] for _ in range(params.ports)]
-        for port, frame in batch:
-            await tb.send(port, frame)
-            for out_port, data in model.receive(port, frame.data, framing_ok=not frame.bad_keep):
-                expected[out_port].append(data)
-        before = [len(rx) for rx in tb.rx]
-        await tb.drain()
-        got = [rx[n:] for rx, n in zip(tb.rx, before)]
-        batch_problems = compare(expected, got)
-        if batch_problems:
-            problems += [f"batch {i}: {p}" for p in batch_problems + unexpected_context(tb, expected, got)]
-    counters = await tb.counters()
-    problems += counter_problems(counters, model.counters())
-    problems += accounting_problems(counters)
-    return problems
+    return await score_case(tb, tb.params, case)
 
 
 async def run_directed(dut, idle=None, backpressure=None) -> None:
@@ -218,7 +169,7 @@ async def test_all_ports_random_payloads(dut):
         got = [rx[n:] for rx, n in zip(tb.rx, before)]
         round_problems = compare(expected, got)
         if round_problems:
-            problems += [f"round {rnd}: {p}" for p in round_problems + unexpected_context(tb, expected, got)]
+            problems += [f"round {rnd}: {p}" for p in round_problems + tb.context(expected, got)]
 
     counters = await tb.counters()
     problems += counter_problems(counters, model.counters())
@@ -264,7 +215,7 @@ async def test_random_mix(dut):
     model, expected = replay(scen)
     problems = compare(expected, tb.rx)
     if problems:
-        problems += unexpected_context(tb, expected, tb.rx)
+        problems += tb.context(expected, tb.rx)
     counters = await tb.counters()
     problems += counter_problems(counters, model.counters())
     problems += accounting_problems(counters)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from .config import Config
 from .link import SwitchLink
 from .protocol import DropReason
-from .registers import Kind, RegisterMap, register_map
+from .registers import RegisterMap, read_counters, register_map
 from .tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
 
 __all__ = ["Controller", "GroupInfo", "Decision", "offload_score"]
@@ -270,12 +270,7 @@ class Controller:
             self._next_eval = now + self.config.reevaluate_interval_ms / 1000.0
 
     async def read_counters(self) -> dict:
-        out = {}
-        for reg in self.regs:
-            if reg.kind in (Kind.COUNTER, Kind.LEVEL):
-                values = [await self.link.read(reg.address(i)) for i in range(reg.count)]
-                out[reg.name] = values if reg.count > 1 else values[0]
-        return out
+        return await read_counters(self.link.read, self.regs)
 
     async def evaluate(self, now: float) -> dict:
         """Read the counters, update the statistics, adapt the threshold, warn."""

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from .params import SwitchParams
 from .protocol import SWITCH_MAC_DEFAULT, DropReason
 
-__all__ = ["Access", "Kind", "Field", "Register", "RegisterMap", "register_map", "RegisterFile", "MAGIC",
+__all__ = ["Access", "Kind", "Field", "Register", "RegisterMap", "register_map", "RegisterFile", "read_counters",
+           "MAGIC",
            "VERSION", "COUNTER_EVENTS"]
 
 MAGIC = 0x43414953  # "CAIS"
@@ -196,6 +197,17 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         add(name, 0x200 + 4 * i, Access.RO, Kind.COUNTER, f"Per port: {doc}.", count=P.ports, stride=0x10)
 
     return RegisterMap(P, tuple(regs))
+
+
+async def read_counters(read, regmap: RegisterMap, kinds=(Kind.COUNTER, Kind.LEVEL)) -> dict:
+    """Every counter and gauge through an asynchronous ``read(addr)``: name -> value, register arrays
+    (per port) as lists; the shape of ``cais.sim.refmodel.SwitchModel.counters()``."""
+    out: dict[str, int | list[int]] = {}
+    for reg in regmap:
+        if reg.kind in kinds:
+            values = [await read(reg.address(i)) for i in range(reg.count)]
+            out[reg.name] = values if reg.count > 1 else values[0]
+    return out
 
 
 class RegisterFile:
