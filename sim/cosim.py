@@ -115,6 +115,10 @@ def main(argv=None) -> int:
         print(f"FAILED: {box['error']}", file=sys.stderr)
         return 1
     report(params, args, box["summary"])
+    if args.waves:
+        from cais.sim.build import build_root
+        dumps = sorted(build_root().glob("sim/**/*.vcd"), key=lambda path: path.stat().st_mtime)
+        print(f"waveform: {dumps[-1] if dumps else 'not written'}")
     return 0 if box["summary"]["correct"] else 1
 
 
