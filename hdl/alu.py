@@ -1,12 +1,15 @@
-"""The reduce ALU: combines a beat of incoming elements with the beat stored in a slot set."""
+"""The integer reduce ALU: combines a beat of incoming elements with the beat stored in a slot set."""
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from cais import protocol as proto
 
-__all__ = ["ReduceALU", "byteswap"]
+__all__ = ["ReduceALU", "byteswap", "INTEGER_TYPES"]
+
+# Integer element types and their widths in bytes, from the protocol's one definition.
+INTEGER_TYPES = {dt: proto.ELEMENT_BYTES[dt] for dt in (proto.DType.INT32, proto.DType.INT16, proto.DType.INT8)}
 
 
 def byteswap(value, nbytes: int):
@@ -15,10 +18,16 @@ def byteswap(value, nbytes: int):
 
 
 class ReduceALU(wiring.Component):
-    """Element-wise reduction of two beats of big-endian int32 elements, combinational.
+    """Element-wise reduction of two beats of big-endian signed integers, combinational.
 
-    int32 SUM wraps modulo 2**32 (two's complement); MAX and MIN compare as signed. Lane ``i`` holds
-    payload bytes ``4i .. 4i+3`` of the beat.
+    The beat holds int32, int16 or int8 elements (``dtype``); element ``i`` is payload bytes
+    ``i*n .. i*n+n-1`` for n-byte elements. SUM wraps modulo 2**(8n) (two's complement), or, with
+    ``saturate``, clamps to the type's range; MAX and MIN compare as signed.
+
+    Wrap-around is exact whenever the final sum fits the type, whatever the intermediate sums did (the
+    arithmetic is modulo 2**(8n), which is associative); saturation bounds the error when the final sum
+    does not fit, but can be wrong when only an intermediate sum overflowed. docs/numerics.md shows both
+    on the sequence 7 - 5 + 5 + 5 - 3 - 7.
 
     Members
     -------
@@ -26,29 +35,45 @@ class ReduceALU(wiring.Component):
         Two beats in wire byte order (``a`` the stored values, ``b`` the incoming ones).
     op : In(4)
         A :class:`cais.protocol.ReduceOp`.
+    dtype : In(4)
+        A :class:`cais.protocol.DType` of :data:`INTEGER_TYPES` (0, INT32, when left unconnected).
+    saturate : In(1)
+        SUM saturates instead of wrapping.
     result : Out(data_width)
         ``a op b``, in wire byte order.
     """
 
-    LANE_BITS = 32
-
     def __init__(self, data_width: int):
         self.data_width = data_width
-        super().__init__({"a": In(data_width), "b": In(data_width), "op": In(4), "result": Out(data_width)})
+        super().__init__({"a": In(data_width), "b": In(data_width), "op": In(4), "dtype": In(4),
+                          "saturate": In(1), "result": Out(data_width)})
 
     def elaborate(self, platform):
         m = Module()
-        W = self.LANE_BITS
-        for lane in range(self.data_width // W):
-            a = byteswap(self.a[lane * W:(lane + 1) * W], W // 8).as_signed()
-            b = byteswap(self.b[lane * W:(lane + 1) * W], W // 8).as_signed()
-            r = Signal(W, name=f"lane{lane}")
-            with m.Switch(self.op):
-                with m.Case(proto.ReduceOp.MAX):
-                    m.d.comb += r.eq(Mux(a > b, a, b))
-                with m.Case(proto.ReduceOp.MIN):
-                    m.d.comb += r.eq(Mux(a < b, a, b))
-                with m.Default():
-                    m.d.comb += r.eq(a + b)
-            m.d.comb += self.result[lane * W:(lane + 1) * W].eq(byteswap(r, W // 8))
+        per_type = {}
+        for dtype, nbytes in INTEGER_TYPES.items():
+            bits = 8 * nbytes
+            lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+            out = Signal(self.data_width, name=f"{dtype.name.lower()}_result")
+            for lane in range(self.data_width // bits):
+                sl = slice(lane * bits, (lane + 1) * bits)
+                a = byteswap(self.a[sl], nbytes).as_signed()
+                b = byteswap(self.b[sl], nbytes).as_signed()
+                total = Signal(range(2 * lo, 2 * hi + 1), name=f"{dtype.name.lower()}_sum{lane}")
+                m.d.comb += total.eq(a + b)
+                clamped = Mux(total > hi, Const(hi, bits), Mux(total < lo, Const(lo, bits), total[:bits]))
+                r = Signal(bits, name=f"{dtype.name.lower()}_lane{lane}")
+                with m.Switch(self.op):
+                    with m.Case(proto.ReduceOp.MAX):
+                        m.d.comb += r.eq(Mux(a > b, a, b))
+                    with m.Case(proto.ReduceOp.MIN):
+                        m.d.comb += r.eq(Mux(a < b, a, b))
+                    with m.Default():
+                        m.d.comb += r.eq(Mux(self.saturate, clamped, total[:bits]))
+                m.d.comb += out[sl].eq(byteswap(r, nbytes))
+            per_type[dtype] = out
+        with m.Switch(self.dtype):
+            for dtype, out in per_type.items():
+                with m.Case(dtype):
+                    m.d.comb += self.result.eq(out)
         return m
