@@ -95,7 +95,7 @@ def test_bad_calls_are_refused():
     link = ModelLink(SwitchParams())
 
     def fn(comm):
-        comm.all_reduce(np.zeros(3, dtype=np.float64))
+        comm.all_reduce(np.zeros(3, dtype=np.int64))
 
     with pytest.raises(TypeError, match="int32"):
         run_sync(World(link).run(fn))

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from . import protocol as proto
+from . import quantize
 from .allreduce import SwitchAllReduce, chunk_count
 from .config import Config
 from .controller import Controller, GroupInfo
@@ -115,16 +116,49 @@ class Communicator:
         return self._world._new_group(self.rank, list(ranks))
 
     def all_reduce(self, array, op=proto.ReduceOp.SUM, group: Group | None = None, async_op: bool = False):
-        """All-reduce `array` (any shape, int32) over the group (default: every rank).
+        """All-reduce `array` (any shape; int32, float16, float32 or float64) over the group (default:
+        every rank).
 
-        Returns the reduced array (same shape), or a :class:`Work` when `async_op`.
+        Returns the reduced array (same shape and dtype), or a :class:`Work` when `async_op`. int32 is
+        exact; floats go through int32 collectives by host-side quantization (:mod:`cais.quantize`:
+        SUM within a documented bound, MAX/MIN exact; NaN, and inf for SUM, raise ValueError). A float
+        collective runs its steps at once, so with `async_op` its Work is already complete.
         """
         array = np.asarray(array)
-        if array.dtype != np.int32:
-            raise TypeError(f"all_reduce: int32 arrays only for now, not {array.dtype}")
         op = proto.ReduceOp[op.upper()] if isinstance(op, str) else proto.ReduceOp(op)
-        work = self._world._submit(self.rank, array, op, group)
-        return work if async_op else work.wait()
+        if array.dtype == np.int32:
+            work = self._world._submit(self.rank, array, op, group)
+            return work if async_op else work.wait()
+        if array.dtype not in quantize.FLOAT_DTYPES:
+            raise TypeError(f"all_reduce: cannot reduce {array.dtype} arrays (int32, float16, float32 or float64)")
+        work = Work(self._world, self.rank)
+        work.result = self._float_all_reduce(array, op, group, work)
+        work._done.set()
+        return work if async_op else work.result
+
+    def _float_all_reduce(self, array: np.ndarray, op: proto.ReduceOp, group: Group | None, work: Work):
+        """The int32 collectives of a float all-reduce, one after the other (docs/driver.md)."""
+        def int32_all_reduce(ints, int_op):
+            step = self._world._submit(self.rank, ints, int_op, group)
+            out = step.wait()
+            work.path = step.path
+            return out
+
+        flat = array.reshape(-1)
+        if op == proto.ReduceOp.SUM:
+            n = len(group.ranks) if group is not None else self._world.ranks
+            per_chunk = self._world.config.chunk_size // 4      # the driver's chunks: a scale per chunk
+            e_max = int32_all_reduce(quantize.chunk_exponents(flat, per_chunk), proto.ReduceOp.MAX)
+            total = int32_all_reduce(quantize.quantize(flat, e_max, n, per_chunk), proto.ReduceOp.SUM)
+            out = quantize.dequantize(total, e_max, n, per_chunk, array.dtype)
+        elif array.dtype == np.float64:
+            hi, lo = quantize.order_keys64(flat)
+            hi_red = int32_all_reduce(hi, op)
+            lo_red = int32_all_reduce(quantize.tied_low_keys(hi, lo, hi_red, op == proto.ReduceOp.MAX), op)
+            out = quantize.from_order_keys64(hi_red, lo_red)
+        else:
+            out = quantize.from_order_keys(int32_all_reduce(quantize.order_keys(flat), op), array.dtype)
+        return out.reshape(array.shape)
 
 
 class World:
