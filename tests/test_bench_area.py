@@ -1,0 +1,129 @@
+"""bench/bench_area.py: bad arguments are refused (exit 2, no traceback), and one real yosys + nextpnr run of
+the smallest design gives sane numbers."""
+
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "bench_area.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_area", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_area", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load()
+
+BAD = [
+    (["--only", "nosuch"], "unknown design"),
+    (["--only", "alu_int32", "--only", "switch2"], "'switch2'"),
+    (["--device", "12k"], "--device"),
+    (["--device", ""], "--device"),
+    (["--seed", "-1"], "--seed must be at least 0"),
+    (["--seed", "one"], "is not an integer"),
+    (["--jobs", "0"], "--jobs must be at least 1"),
+    (["--jobs", "2.5"], "is not an integer"),
+    (["--freq", "0"], "between 0 and 10000"),
+    (["--freq", "fast"], "is not a number"),
+    (["--freq", "nan"], "between 0 and 10000"),
+    (["--package", "CABGA 381"], "--package"),
+    (["--bogus"], "unrecognized arguments"),
+]
+
+
+@pytest.mark.parametrize("argv,needle", BAD)
+def test_bad_arguments_refused(argv, needle, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert err.count("\n") == 1, err          # one line, no usage dump
+
+
+def test_bad_arguments_refused_from_the_command_line():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--jobs", "-3"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert "--jobs" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_good_arguments_accepted(tmp_path):
+    args = bench.parse_args(["--only", "alu_int32", "--only", "switch", "--only", "alu_int32",
+                             "--device", "45k", "--seed", "7", "--freq", "125.5", "--jobs", "1",
+                             "--out", str(tmp_path)])
+    assert args.only == ["alu_int32", "switch"]
+    assert (args.device, args.seed, args.freq, args.jobs) == ("45k", 7, 125.5, 1)
+
+
+def test_report_parsing():
+    report = {
+        "fmax": {"clk": {"achieved": 87.5, "constraint": 100}},
+        "utilization": {"TRELLIS_COMB": {"used": 12, "available": 24288},
+                        "TRELLIS_FF": {"used": 5, "available": 24288},
+                        "DP16KD": {"used": 2, "available": 56}},
+        "critical_paths": [],
+    }
+    parsed = bench.parse_report(report)
+    assert (parsed["lut4"], parsed["ff"], parsed["bram"], parsed["dsp"]) == (12, 5, 2, 0)
+    assert parsed["fmax_mhz"] == 87.5
+    log = ("mapping memory top.fifo.mem via $__PDPW16KD_\n"
+           "mapping memory top.q.storage via $__TRELLIS_DPR16X4_\n"
+           "using FF mapping for memory top.$rom$1\n")
+    assert bench.parse_memories(log) == {"top.fifo.mem": "PDPW16KD", "top.q.storage": "TRELLIS_DPR16X4",
+                                         "top.$rom$1": "FF"}
+
+
+def test_real_run_of_the_alu_lane(tmp_path):
+    """yosys + nextpnr on the registered int32 ALU lane (a few seconds once YoWASP has compiled its tools;
+    the very first use of each tool on a machine compiles the WebAssembly, about a minute more)."""
+    ok, why = bench.tools_available()
+    if not ok:
+        print(f"skipping the real synthesis run: {why}", file=sys.stderr)
+        pytest.skip(why)
+    opts = bench.FlowOptions()
+    job = bench.prepare(bench.DESIGNS["alu_int32"], tmp_path)
+    start = time.monotonic()
+    result = bench.run_design(job, opts)
+    elapsed = time.monotonic() - start
+    assert not result["cached"]
+    assert result["lut4"] > 0
+    # Every input and output bit is registered by the wrapper, and the ALU itself holds no state.
+    assert result["ff"] == result["wrapper_ffs"] > 64
+    assert result["bram"] == 0 and result["dsp"] == 0
+    assert 1 < result["fmax_mhz"] < 1000
+    assert result["lut4"] <= result["available"]["lut4"]
+    assert (tmp_path / "alu_int32" / "report.json").is_file()
+    print(f"alu_int32: {result['lut4']} LUT4, {result['ff']} FF, {result['fmax_mhz']} MHz in {elapsed:.1f} s")
+
+    # The same Verilog and options come back from the cache without running the tools.
+    again = bench.run_design(bench.prepare(bench.DESIGNS["alu_int32"], tmp_path), opts)
+    assert again["cached"] and again["key"] == result["key"] and again["lut4"] == result["lut4"]
+
+
+def test_float_rows_skipped_when_fpu_does_not_import(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "cais.hdl.fpu", None)       # makes `import cais.hdl.fpu` fail
+    with pytest.raises(bench.Skip, match="cais.hdl.fpu does not import"):
+        bench.DESIGNS["fadd_fp32"].build()
+    monkeypatch.setattr(bench, "tools_available", lambda: (True, "stub"))
+    status = bench.main(["--only", "fadd_bf16", "--only", "fmaxmin_fp32", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert "fadd_bf16: skipped: cais.hdl.fpu does not import" in out
+    assert "fmaxmin_fp32: skipped:" in out
+    assert not (tmp_path / "fadd_bf16").exists()
+
+
+def test_tool_failure_reported_with_its_error_line(tmp_path):
+    failing = [sys.executable, "-c", "print('Info: placing'); print('ERROR: Unable to place cell x'); exit(1)"]
+    with pytest.raises(RuntimeError, match="ERROR: Unable to place cell x"):
+        bench._run(failing, tmp_path, tmp_path / "tool.log")
