@@ -1,4 +1,4 @@
-"""Frame-level reference model of the CAIS switch (docs/behaviour-spec.txt, docs/protocol.md).
+"""Frame-level reference model of the CAIS switch (docs/protocol.md).
 
 The model is programmed and read like the hardware, through the byte addresses of
 :func:`cais.registers.register_map`, so ``RegisterFile(model, register_map(params))`` works on it. Frames go
