@@ -69,6 +69,8 @@ def parse_args(argv):
     ap.add_argument("--offload", choices=["auto", "always", "never"], help="override the offload decision")
     ap.add_argument("--waves", action="store_true", help="write a VCD (verilator and amaranth backends)")
     args = ap.parse_args(argv)
+    if args.loss + args.duplicate + args.reorder > 1.0:
+        ap.error("--loss + --duplicate + --reorder must not exceed 1 (each frame suffers at most one fault)")
     if not 2 <= args.ranks <= 16:
         ap.error(f"--ranks {args.ranks}: must be between 2 and 16 (one rank per switch port)")
     params = SwitchParams(ports=args.ranks)

@@ -12,6 +12,7 @@ CASES = [
     (["-m", "cais.sim.cosim", "--op", "avg"], "--op"),
     (["-m", "cais.sim.cosim", "--backend", "fpga"], "--backend"),
     (["-m", "cais.sim.cosim", "--loss", "1.5"], "--loss"),
+    (["-m", "cais.sim.cosim", "--loss", "0.6", "--duplicate", "0.6"], "must not exceed 1"),
     (["-m", "cais.sim.cosim", "--config", "/nonexistent.toml"], "cannot read"),
     (["-m", "cais.hdl.export", "--ports", "17"], "ports=17"),
     (["-m", "cais.hdl.export", "--data-width", "abc"], "data-width"),
