@@ -91,6 +91,22 @@ def test_api_groups_async_and_shapes():
             assert small is None
 
 
+def test_wait_all_returns_every_outstanding_result_in_order():
+    link = ModelLink(SwitchParams(ports=3))
+    data = [np.arange(300, dtype=np.int32) + 1000 * r for r in range(3)]
+
+    def fn(comm):
+        works = [comm.all_reduce(data[comm.rank][k::3], op=op, async_op=True)
+                 for k, op in enumerate(("sum", "max", "min"))]
+        results = comm.wait_all()
+        assert all(w.is_completed() for w in works) and comm.wait_all() == []
+        return results
+
+    for total, biggest, smallest in run_sync(World(link, config=Config(offload="always")).run(fn)):
+        assert np.array_equal(total, sum(d[0::3].astype(np.int64) for d in data).astype(np.int32))
+        assert np.array_equal(biggest, data[2][1::3]) and np.array_equal(smallest, data[0][2::3])
+
+
 def test_bad_calls_are_refused():
     link = ModelLink(SwitchParams())
 

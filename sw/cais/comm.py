@@ -106,10 +106,17 @@ class Communicator:
     def __init__(self, world: "World", rank: int):
         self._world = world
         self.rank = rank
+        self._outstanding: list[Work] = []
 
     @property
     def world_size(self) -> int:
         return self._world.ranks
+
+    def wait_all(self) -> list[np.ndarray]:
+        """Wait for every collective this rank started with `async_op` and not waited for yet; returns
+        their results in the order they were started."""
+        works, self._outstanding = self._outstanding, []
+        return [w.wait() for w in works]
 
     def new_group(self, ranks) -> Group:
         """Create a group (every member calls it with the same ranks, in the same order of calls)."""
@@ -128,13 +135,19 @@ class Communicator:
         op = proto.ReduceOp[op.upper()] if isinstance(op, str) else proto.ReduceOp(op)
         if array.dtype == np.int32:
             work = self._world._submit(self.rank, array, op, group)
-            return work if async_op else work.wait()
+            if async_op:
+                self._outstanding.append(work)
+                return work
+            return work.wait()
         if array.dtype not in quantize.FLOAT_DTYPES:
             raise TypeError(f"all_reduce: cannot reduce {array.dtype} arrays (int32, float16, float32 or float64)")
         work = Work(self._world, self.rank)
         work.result = self._float_all_reduce(array, op, group, work)
         work._done.set()
-        return work if async_op else work.result
+        if async_op:
+            self._outstanding.append(work)
+            return work
+        return work.result
 
     def _float_all_reduce(self, array: np.ndarray, op: proto.ReduceOp, group: Group | None, work: Work):
         """The int32 collectives of a float all-reduce, one after the other (docs/driver.md)."""
