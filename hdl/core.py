@@ -20,7 +20,7 @@ result job, after all its rows are written. R sends the result frames.
 
 from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal
 from amaranth.lib import data, wiring
-from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -104,6 +104,15 @@ class SwitchCore(wiring.Component):
         last_grant = Signal(range(P))
         remaining = Signal(range(prm.max_frame_beats + 1))
 
+        b_valid = Signal()
+        b_data = Signal(W)
+        b_first = Signal()
+        b_last = Signal()
+        b_idx = Signal(range(prm.max_frame_beats))
+        b_meta = Signal(self.meta_layout)     # the frame in B
+        b_port = Signal(range(P))
+        b_take = Signal()
+
         req = Cat(*self.meta_valid)
         grant = Signal(range(P))
         above = Signal(P)
@@ -116,35 +125,24 @@ class SwitchCore(wiring.Component):
                 with m.If(above[p]):
                     m.d.comb += grant.eq(p)
 
-        # A hands beats to B through a two-beat queue whose room is a register: A's pops from the
-        # ingress FIFOs then never wait on B's decision in the same cycle (the long path of the switch),
-        # and the queue still moves one beat per cycle when B takes one every cycle.
-        beat_layout = data.StructLayout({
-            "data": W, "first": 1, "last": 1, "idx": range(prm.max_frame_beats), "port": range(P),
-            "meta": self.meta_layout,
-        })
-        m.submodules.handoff = handoff = SyncFIFO(width=Shape.cast(beat_layout).width, depth=2)
-        a_beat = data.View(beat_layout, handoff.w_data)
-        cur_meta = Signal(self.meta_layout)   # the frame A is reading
-        a_idx = Signal(range(prm.max_frame_beats))
+        a_ready = ~b_valid | b_take
         meta_in = [data.View(self.meta_layout, v) for v in self.meta]
-        with m.If(handoff.w_rdy):
+        with m.If(a_ready):
+            m.d.sync += b_valid.eq(0)
             with m.If(~busy):
                 with m.If(req.any()):
-                    beats = Signal.like(meta_in[0].beats)
                     with m.Switch(grant):
                         for p in range(P):
                             with m.Case(p):
-                                m.d.comb += [self.meta_ready[p].eq(1), self.beat_ready[p].eq(1),
-                                             a_beat.data.eq(self.beat_data[p]), a_beat.meta.eq(meta_in[p]),
-                                             beats.eq(meta_in[p].beats)]
-                                m.d.sync += cur_meta.eq(meta_in[p])
-                    m.d.comb += [
-                        handoff.w_en.eq(1), a_beat.first.eq(1), a_beat.last.eq(beats == 1), a_beat.idx.eq(0),
-                        a_beat.port.eq(grant),
-                    ]
+                                m.d.comb += [self.meta_ready[p].eq(1), self.beat_ready[p].eq(1)]
+                                m.d.sync += [b_data.eq(self.beat_data[p]), b_meta.eq(meta_in[p])]
+                    beats = Signal.like(meta_in[0].beats)
+                    for p in range(P):
+                        with m.If(grant == p):
+                            m.d.comb += beats.eq(meta_in[p].beats)
                     m.d.sync += [
-                        cur.eq(grant), last_grant.eq(grant), a_idx.eq(1),
+                        b_valid.eq(1), b_first.eq(1), b_last.eq(beats == 1), b_idx.eq(0),
+                        b_port.eq(grant), cur.eq(grant), last_grant.eq(grant),
                         busy.eq(beats != 1), remaining.eq(beats - 1),
                     ]
             with m.Else():
@@ -152,21 +150,13 @@ class SwitchCore(wiring.Component):
                 with m.Switch(cur):
                     for p in range(P):
                         with m.Case(p):
-                            m.d.comb += [valid.eq(self.beat_valid[p]), self.beat_ready[p].eq(1),
-                                         a_beat.data.eq(self.beat_data[p])]
-                m.d.comb += [
-                    handoff.w_en.eq(valid), a_beat.first.eq(0), a_beat.last.eq(remaining == 1),
-                    a_beat.idx.eq(a_idx), a_beat.port.eq(cur), a_beat.meta.eq(cur_meta),
-                ]
+                            m.d.comb += [valid.eq(self.beat_valid[p]), self.beat_ready[p].eq(1)]
+                            m.d.sync += b_data.eq(self.beat_data[p])
                 with m.If(valid):
-                    m.d.sync += [a_idx.eq(a_idx + 1), busy.eq(remaining != 1), remaining.eq(remaining - 1)]
-
-        b_beat = data.View(beat_layout, handoff.r_data)
-        b_valid = handoff.r_rdy
-        b_data, b_first, b_last, b_idx = b_beat.data, b_beat.first, b_beat.last, b_beat.idx
-        b_meta, b_port = b_beat.meta, b_beat.port   # the frame in B
-        b_take = Signal()
-        m.d.comb += handoff.r_en.eq(b_take)
+                    m.d.sync += [
+                        b_valid.eq(1), b_first.eq(0), b_last.eq(remaining == 1), b_idx.eq(b_idx + 1),
+                        busy.eq(remaining != 1), remaining.eq(remaining - 1),
+                    ]
 
         # ---------------------------------------------------------------- B: classify and decide
         hdr = FrameHeader(b_meta.hdr)
