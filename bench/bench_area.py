@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from cais.cli import Parser, integer, number
+
 __all__ = ["DESIGNS", "Design", "FlowOptions", "build_parser", "parse_args", "find_tool", "tools_available",
            "run_design", "main"]
 
@@ -174,37 +176,8 @@ def port_bits(component) -> int:
 # --- command line ---------------------------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage dump) and exit status 2."""
-
-    def error(self, message):  # noqa: D102 (argparse API)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _int_at_least(low: int, what: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text, 0)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"{what} must be at least {low}, not {value}")
-        return value
-    return parse
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (value > 0 and value < 10_000):
-        raise argparse.ArgumentTypeError(f"the target must be between 0 and 10000 MHz, not {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="bench/bench_area.py",
+    parser = Parser(prog="bench/bench_area.py",
                      description="FPGA area and Fmax (yosys + nextpnr-ecp5, YoWASP builds) of the CAIS blocks "
                                  "and of the whole switch.")
     parser.add_argument("--only", action="append", metavar="NAME", default=None,
@@ -215,12 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--package", default=DEFAULT_PACKAGE,
                         help=f"device package (default {DEFAULT_PACKAGE}; unused by out-of-context placement "
                              "but selects the die's pinout)")
-    parser.add_argument("--seed", type=_int_at_least(0, "--seed"), default=DEFAULT_SEED,
+    parser.add_argument("--seed", type=integer(0), default=DEFAULT_SEED,
                         help=f"nextpnr placement seed (default {DEFAULT_SEED})")
-    parser.add_argument("--freq", type=_positive_float, default=DEFAULT_FREQ, metavar="MHZ",
+    parser.add_argument("--freq", type=number(0, 10_000, include_low=False), default=DEFAULT_FREQ, metavar="MHZ",
                         help=f"nextpnr target clock frequency in MHz (default {DEFAULT_FREQ:g}); the table "
                              "reports what was achieved")
-    parser.add_argument("--jobs", type=_int_at_least(1, "--jobs"), default=DEFAULT_JOBS, metavar="N",
+    parser.add_argument("--jobs", type=integer(1), default=DEFAULT_JOBS, metavar="N",
                         help=f"designs run in parallel, at most N tool processes (default {DEFAULT_JOBS})")
     parser.add_argument("--out", type=Path, default=REPO / "build" / "area",
                         help="cache folder, one subfolder per design (default build/area)")

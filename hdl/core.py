@@ -131,15 +131,13 @@ class SwitchCore(wiring.Component):
             m.d.sync += b_valid.eq(0)
             with m.If(~busy):
                 with m.If(req.any()):
+                    beats = Signal.like(meta_in[0].beats)
                     with m.Switch(grant):
                         for p in range(P):
                             with m.Case(p):
-                                m.d.comb += [self.meta_ready[p].eq(1), self.beat_ready[p].eq(1)]
+                                m.d.comb += [self.meta_ready[p].eq(1), self.beat_ready[p].eq(1),
+                                             beats.eq(meta_in[p].beats)]
                                 m.d.sync += [b_data.eq(self.beat_data[p]), b_meta.eq(meta_in[p])]
-                    beats = Signal.like(meta_in[0].beats)
-                    for p in range(P):
-                        with m.If(grant == p):
-                            m.d.comb += beats.eq(meta_in[p].beats)
                     m.d.sync += [
                         b_valid.eq(1), b_first.eq(1), b_last.eq(beats == 1), b_idx.eq(0),
                         b_port.eq(grant), cur.eq(grant), last_grant.eq(grant),

@@ -21,8 +21,9 @@ import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
-from typing import Callable
 
+
+from ..cli import Parser, integer
 from ..params import ParamError, SwitchParams
 
 __all__ = ["DEFAULT_NAME", "LINT_WAIVERS", "write_verilog", "generate_verilog", "lint_verilog", "main"]
@@ -84,20 +85,13 @@ def lint_verilog(path: str | os.PathLike, top: str = DEFAULT_NAME, *,
 # --- command line ---------------------------------------------------------------------------------------------
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage dump) and exit status 2."""
-
-    def error(self, message):  # noqa: D102 (argparse API)
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m cais.hdl.export",
+    parser = Parser(prog="python -m cais.hdl.export",
                      description="Export the CAIS switch to Verilog (and optionally lint it with Verilator).")
     defaults = SwitchParams()
     group = parser.add_argument_group("switch parameters (see cais.params.SwitchParams)")
     for f in fields(SwitchParams):
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_integer(f.name),
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=integer(),
                            default=getattr(defaults, f.name), metavar="N",
                            help=f"default {getattr(defaults, f.name)}")
     parser.add_argument("--out", type=Path, default=Path("build/verilog"),
@@ -107,16 +101,6 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lint", action="store_true",
                         help="also run `verilator --lint-only -Wall` (documented waivers) and exit with its status")
     return parser
-
-
-def _integer(option: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            return int(text, 0)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    parse.__name__ = option
-    return parse
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,6 @@ against the exact reduction within the documented bound.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import threading
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 
 from cais import protocol as proto
+from cais.cli import Parser, integer, number
 from cais.config import Config, ConfigError
 from cais.params import SwitchParams
 
@@ -27,43 +27,18 @@ BACKENDS = {"verilator": "cocotb", "amaranth": "amaranth", "model": "model"}
 ENTRY = "cais.sim.workload:all_reduce_job"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text, 0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
-    return value
-
-
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"{text} must be in [0, 1)")
-    return value
-
-
 def parse_args(argv):
-    ap = _Parser(prog="python -m cais.sim.cosim", description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=_count, default=4, help="ranks, one per switch port (2..16)")
-    ap.add_argument("--elements", type=_count, default=256 * 1024, help="elements per rank")
+    ap = Parser(prog="python -m cais.sim.cosim", description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=integer(1), default=4, help="ranks, one per switch port (2..16)")
+    ap.add_argument("--elements", type=integer(1), default=256 * 1024, help="elements per rank")
     ap.add_argument("--op", choices=[o.name.lower() for o in proto.ReduceOp], default="sum")
     ap.add_argument("--dtype", choices=["int32", "float16", "float32", "float64"], default="int32",
                     help="element type (floats: host-side quantization to int32)")
     ap.add_argument("--backend", choices=list(BACKENDS), default="verilator")
-    ap.add_argument("--loss", type=_rate, default=0.0, help="frame loss rate per port, each direction")
-    ap.add_argument("--duplicate", type=_rate, default=0.0, help="frame duplication rate per port")
-    ap.add_argument("--reorder", type=_rate, default=0.0, help="frame reordering rate per port")
-    ap.add_argument("--collectives", type=_count, default=1, help="all-reduces in a row")
+    ap.add_argument("--loss", type=number(0.0, 1.0), default=0.0, help="frame loss rate per port, each direction")
+    ap.add_argument("--duplicate", type=number(0.0, 1.0), default=0.0, help="frame duplication rate per port")
+    ap.add_argument("--reorder", type=number(0.0, 1.0), default=0.0, help="frame reordering rate per port")
+    ap.add_argument("--collectives", type=integer(1), default=1, help="all-reduces in a row")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--config", type=Path, help="TOML file with a [cais] table of driver settings")
     ap.add_argument("--offload", choices=["auto", "always", "never"], help="override the offload decision")

@@ -1,0 +1,43 @@
+"""Shared pieces of the command-line entry points: refusal of bad arguments with one line and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+__all__ = ["Parser", "integer", "number"]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that refuses a bad argument with one line (no usage dump, no traceback) and exit status 2."""
+
+    def error(self, message):  # noqa: D102 (argparse API)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def integer(low: int | None = None) -> Callable[[str], int]:
+    """An argument type: an integer (decimal, 0x.., 0b..), at least `low` when given."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 0)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if low is not None and value < low:
+            raise argparse.ArgumentTypeError(f"{text} must be at least {low}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+def number(low: float, high: float, *, include_low: bool = True) -> Callable[[str], float]:
+    """An argument type: a number in [low, high) ((low, high) without `include_low`)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not ((low <= value if include_low else low < value) and value < high):
+            raise argparse.ArgumentTypeError(f"{text} must be in {'[' if include_low else '('}{low}, {high})")
+        return value
+    parse.__name__ = "number"
+    return parse
