@@ -12,10 +12,13 @@ A picks the next port round-robin at each frame boundary. B decides on a frame's
 frame's header, the rule and MAC tables and the slot state (an asynchronous-read memory, so the decision
 and the state update take that one cycle and the next frame sees the new state), and then streams the
 frame: forwarded, dropped, or cut into payload rows (the 30 header bytes removed). C reads the slot row,
-reduces and writes it back; a read-during-write-transparent memory port makes back-to-back frames to
-the same set safe. A frame's end token reaches C the cycle after its last beat (a cycle in which no row
-can arrive, because the first beat of a frame never carries a complete payload row) and queues its
-result job, after all its rows are written. R sends the result frames.
+reduces it in the pipelined ALU (integers, and fp32 / fp16 / bf16 in the wire format or accumulated in
+fp32) and writes it back L cycles later; a row whose word is being written in the cycle it needs it is
+forwarded, so back-to-back frames to one set run at one beat per cycle whenever a frame has at least L
+beats (shorter frames to one set wait for the earlier result). A frame's end token reaches C the cycle
+after its last beat (a cycle in which no row can arrive, because the first beat of a frame never carries
+a complete payload row) and queues its result job once all its rows are written. R sends the result
+frames, rounding fp32 accumulators to the wire format on the way out.
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal
@@ -29,16 +32,16 @@ from cais import protocol as proto
 from cais.params import SwitchParams
 from cais.registers import RegisterMap
 
-from .alu import ReduceALU
 from .header import FrameHeader
 from .ingress import frame_meta_layout
-from .results import ResultGenerator, header_split, result_job_layout
+from .results import ResultGenerator, ResultRow, header_split, result_job_layout
+from .slot_alu import SlotALU
 from .slots import SlotOutcome, SlotUpdate, entry_layout
 from .tables import MacTable, RuleTable
 
 __all__ = ["SwitchCore", "Action"]
 
-JOB_DEPTH = 8
+JOB_DEPTH = 16
 
 
 class Action:
@@ -77,7 +80,7 @@ class SwitchCore(wiring.Component):
             "o_data": Out(W), "o_keep": Out(B), "o_last": Out(1), "o_mask": Out(P),
             "o_valid": Out(1), "o_ready": In(1),
             "rule_write_stb": In(1), "rule_write": In(32), "rule_group": In(32), "rule_layer": In(32),
-            "rule_chunk": In(32), "rule_ports": In(32), "rule_slots": In(32),
+            "rule_chunk": In(32), "rule_ports": In(32), "rule_slots": In(32), "rule_type": In(32),
             "mac_write_stb": In(1), "mac_write": In(32), "mac_addr_lo": In(32), "mac_addr_hi": In(32),
             "slot_clear_stb": In(1), "slot_clear": In(32),
             "switch_mac": In(48),
@@ -87,7 +90,8 @@ class SwitchCore(wiring.Component):
             "busy": Out(1),
         })
         # Created here so tests can inspect them.
-        self.slot_mem = Memory(shape=W, depth=params.slots * 2 * params.rows_per_set, init=[])
+        # Words of two rows (granules): an fp16/bf16 set accumulating in fp32 needs both per row.
+        self.slot_mem = Memory(shape=2 * W, depth=params.slots * params.rows_per_set, init=[])
         self.state_mem = Memory(shape=entry_layout(P), depth=params.slots, init=[])
 
     def elaborate(self, platform):
@@ -112,6 +116,7 @@ class SwitchCore(wiring.Component):
         b_meta = Signal(self.meta_layout)     # the frame in B
         b_port = Signal(range(P))
         b_take = Signal()
+        hazard = Signal()                     # C cannot take B's row yet (see C)
 
         req = Cat(*self.meta_valid)
         grant = Signal(range(P))
@@ -164,13 +169,22 @@ class SwitchCore(wiring.Component):
             rules.write_stb.eq(self.rule_write_stb), rules.write_cmd.eq(self.rule_write),
             rules.stage_group.eq(self.rule_group), rules.stage_layer.eq(self.rule_layer),
             rules.stage_chunk.eq(self.rule_chunk), rules.stage_ports.eq(self.rule_ports),
-            rules.stage_slots.eq(self.rule_slots),
+            rules.stage_slots.eq(self.rule_slots), rules.stage_type.eq(self.rule_type),
             rules.group_id.eq(hdr.group_id), rules.layer_id.eq(hdr.layer_id), rules.chunk_id.eq(hdr.chunk_id),
             macs.write_stb.eq(self.mac_write_stb), macs.write_cmd.eq(self.mac_write),
             macs.stage_lo.eq(self.mac_addr_lo), macs.stage_hi.eq(self.mac_addr_hi),
             macs.mac.eq(hdr.dst_mac),
         ]
         rule = rules.rule
+        # fp16/bf16 accumulated in fp32: a row of payload takes a whole slot-memory word.
+        acc_fp32 = Signal()
+        m.d.comb += acc_fp32.eq(rule.acc_fp32 & ((rule.dtype == proto.DType.FP16) | (rule.dtype == proto.DType.BF16)))
+        capacity = Signal(16)       # the longest payload the rule's set layout holds
+        with m.Switch(Cat(acc_fp32, rule.reproducible)):
+            for acc in (0, 1):
+                for repro in (0, 1):
+                    with m.Case(acc | repro << 1):
+                        m.d.comb += capacity.eq(prm.set_capacity(bool(acc), bool(repro)))
         me = Signal(P)
         m.d.comb += me.eq(1 << b_port)
 
@@ -202,6 +216,7 @@ class SwitchCore(wiring.Component):
         d_write = Signal()        # aggregate: write the payload rows
         d_store = Signal()        # ... overwriting (first contribution) rather than reducing
         d_job = Signal()          # aggregate: send a result when the frame's rows are written
+        d_fold = Signal()         # ... after folding the contributions of a reproducible set
         d_state_write = Signal()
         ev = {k: Signal(name=f"d_ev_{k}") for k in ("forwarded", "contribution", "duplicate", "completed", "resent")}
 
@@ -227,6 +242,10 @@ class SwitchCore(wiring.Component):
                 m.d.comb += drop(proto.DropReason.NO_ROUTE)
             with m.Else():
                 m.d.comb += forward(dest)
+        with m.Elif((hdr.dtype != rule.dtype) | (hdr.red_op != rule.red_op)):
+            m.d.comb += drop(proto.DropReason.TYPE_MISMATCH)
+        with m.Elif(hdr.payload_len > capacity):
+            m.d.comb += drop(proto.DropReason.PAYLOAD_TOO_LONG)
         with m.Elif(bad_slot):
             m.d.comb += drop(proto.DropReason.BAD_SLOT)
         with m.Elif(upd.outcome == SlotOutcome.MISMATCH):
@@ -236,7 +255,9 @@ class SwitchCore(wiring.Component):
             with m.Switch(upd.outcome):
                 with m.Case(SlotOutcome.FIRST, SlotOutcome.ADD):
                     m.d.comb += [
-                        d_write.eq(1), d_store.eq(upd.outcome == SlotOutcome.FIRST), ev["contribution"].eq(1),
+                        # A reproducible set keeps each contribution as it came, in its port's area.
+                        d_write.eq(1), d_store.eq((upd.outcome == SlotOutcome.FIRST) | rule.reproducible),
+                        ev["contribution"].eq(1), d_fold.eq(upd.complete & rule.reproducible),
                         d_job.eq(upd.complete), d_mask.eq(rule.results), ev["completed"].eq(upd.complete),
                     ]
                 with m.Case(SlotOutcome.REPEAT):
@@ -254,6 +275,13 @@ class SwitchCore(wiring.Component):
         c_rows = Signal(range(prm.rows_per_set + 1))
         c_flush = Signal()        # the last payload row ends in the frame's last beat
         c_op = Signal(4)
+        c_dtype = Signal(4)
+        c_acc_fp32 = Signal()
+        c_saturate = Signal()
+        c_repro = Signal()
+        c_fold = Signal()
+        c_port = Signal(range(P))
+        c_contributors = Signal(P)
         c_cais = Signal(proto.CAIS_HEADER_BYTES * 8)
 
         plen = hdr.payload_len
@@ -277,10 +305,12 @@ class SwitchCore(wiring.Component):
 
         job_layout = result_job_layout(prm, self.addr_bits)
         m.submodules.jobs = jobs = SyncFIFOBuffered(width=Shape.cast(job_layout).width, depth=JOB_DEPTH)
-        room_for_jobs = jobs.level < JOB_DEPTH - 2   # frames decided but not yet queued: at most 2
+        # Frames decided but not yet queued: two in B and C, and one per ALU pipeline stage.
+        alu = SlotALU(W, float_units=prm.float_units)
+        room_for_jobs = jobs.level < JOB_DEPTH - 3 - alu.latency
 
         fwd_ready = Signal()
-        m.d.comb += b_take.eq(b_valid & Mux(
+        m.d.comb += b_take.eq(b_valid & ~hazard & Mux(
             is_fwd, fwd_ready,
             Mux(b_first, ~sweeping & ~clear_pending & (~(d_action == Action.AGGREGATE) | room_for_jobs), 1)))
         decide = b_take & b_first
@@ -290,6 +320,9 @@ class SwitchCore(wiring.Component):
                 c_action.eq(d_action), c_mask.eq(d_mask), c_write.eq(d_write), c_store.eq(d_store),
                 c_job.eq(d_job), c_row_base.eq(row_base), c_rows.eq(rows),
                 c_flush.eq(b_meta.beats == rows + h), c_op.eq(hdr.red_op), c_cais.eq(hdr.cais_bytes()),
+                c_dtype.eq(rule.dtype), c_acc_fp32.eq(acc_fp32), c_saturate.eq(rule.saturate),
+                c_repro.eq(rule.reproducible), c_fold.eq(d_fold), c_port.eq(b_port),
+                c_contributors.eq(rule.contributors),
             ]
             m.d.comb += [
                 self.ev_drop.eq(d_action == Action.DROP), self.ev_drop_reason.eq(d_reason),
@@ -325,71 +358,172 @@ class SwitchCore(wiring.Component):
         end_pending = Signal()                # the frame in C's queue has ended: send its end token
         with m.If(b_take & is_agg & b_last):
             m.d.sync += end_pending.eq(1)
-        with m.Elif(end_pending):
+        with m.Elif(end_pending & ~hazard):       # (hazard includes a fold in progress)
             m.d.sync += end_pending.eq(0)
 
         row_idx = (b_idx - (h + 1))[:len(c_rows)]
-        inline_row = b_take & is_agg & ~b_first & (b_idx >= h + 1) & (row_idx < c_rows)
+        row_cand = b_valid & is_agg & ~b_first & (b_idx >= h + 1) & (row_idx < c_rows)  # B's beat ends a row
 
         # ---------------------------------------------------------------- C: slot memory and ALU
+        # The slot memory holds words of two granules (one row each): a wire-format set keeps row j in
+        # granule base + j, an fp32-accumulating fp16/bf16 set keeps row j as the whole word (base + 2j).
+        # Each row is a read-modify-write through the ALU, whose result is written `L` cycles after the
+        # read data arrives. A row whose word is still in flight is forwarded when its result is being
+        # written in the cycle the row needs it (gap exactly L) and otherwise waits (gap < L, only
+        # possible with frames shorter than L beats).
         m.submodules.slot_mem = self.slot_mem
-        mem_wr = self.slot_mem.write_port()
+        mem_wr = self.slot_mem.write_port(granularity=W)
         mem_alu = self.slot_mem.read_port(transparent_for=(mem_wr,))
         mem_res = self.slot_mem.read_port()
+        mem_fold = self.slot_mem.read_port(transparent_for=(mem_wr,))   # contributions of a reproducible set
+        m.submodules.alu = alu
+        L = alu.latency
+        word_bits = self.addr_bits - 1
 
-        e_valid = Signal()
-        e_addr = Signal(self.addr_bits)
-        e_data = Signal(W)
-        e_write = Signal()
-        e_end = Signal()
-        with m.If(end_pending):
-            # The end token; it carries the last row when that row ended in the frame's last beat.
-            m.d.comb += [
-                e_valid.eq(1), e_end.eq(1), e_write.eq(c_write & c_flush),
-                e_addr.eq(c_row_base + c_rows - 1), e_data.eq(prev >> (8 * o)),
-            ]
-        with m.Elif(inline_row):
-            m.d.comb += [
-                e_valid.eq(1), e_write.eq(c_write),
-                e_addr.eq(c_row_base + row_idx),
-                e_data.eq(((prev >> (8 * o)) | (b_data << (8 * (B - o))))[:W]),
-            ]
-        m.d.comb += mem_alu.addr.eq(e_addr)
+        # Reproducible sets: an accumulator area (rows 0 .., two granules per row with fp32
+        # accumulation) followed by one area of `area` rows per port (SwitchParams.area_rows).
+        def area_offset(acc, port):
+            a = prm.area_rows(acc, True)
+            return (2 * a if acc else a) + port * a
 
-        x_valid = Signal()
-        x_addr = Signal(self.addr_bits)
+        # n: the row B offers this cycle (its frame's end token, or a row completed by B's beat).
+        n_row = Mux(end_pending, c_rows - 1, row_idx)
+        n_ga = Signal(self.addr_bits)
+        with m.If(c_repro):
+            m.d.comb += n_ga.eq(c_row_base + Mux(c_acc_fp32, area_offset(1, c_port), area_offset(0, c_port))
+                                + n_row)
+        with m.Else():
+            m.d.comb += n_ga.eq(c_row_base + Mux(c_acc_fp32, n_row << 1, n_row))
+        n_wide = c_acc_fp32 & ~c_repro
+        n_we = Mux(n_wide, 0b11, Mux(n_ga[0], 0b10, 0b01))
+        n_write = Mux(end_pending, c_write & c_flush, c_write)
+        n_data = Mux(end_pending, prev >> (8 * o), ((prev >> (8 * o)) | (b_data << (8 * (B - o))))[:W])
+
+        stage_layout = data.StructLayout({
+            "valid": 1, "write": 1, "word": word_bits, "granule": 1, "we": 2, "end": 1,
+            "store": 1, "job": 1, "mask": P, "cais": len(c_cais), "row_base": self.addr_bits,
+            "dtype": 4, "op": 4, "acc_fp32": 1, "saturate": 1, "res_fp32": 1,
+            "from_area": 1, "src_granule": 1,
+        })
+        x = [Signal(stage_layout, name=f"x{k}") for k in range(L + 1)]
         x_data = Signal(W)
-        x_write = Signal()
-        x_store = Signal()
-        x_op = Signal(4)
-        x_end = Signal()
-        x_job = Signal()
-        x_mask = Signal(P)
-        x_cais = Signal.like(c_cais)
-        x_row_base = Signal.like(c_row_base)
-        m.d.sync += [
-            x_valid.eq(e_valid), x_addr.eq(e_addr), x_data.eq(e_data), x_write.eq(e_valid & e_write),
-            x_store.eq(c_store), x_op.eq(c_op), x_end.eq(e_valid & e_end), x_job.eq(c_job), x_mask.eq(c_mask),
-            x_cais.eq(c_cais), x_row_base.eq(c_row_base),
-        ]
-        m.submodules.alu = alu = ReduceALU(W)
+        for k in range(1, L + 1):
+            m.d.sync += x[k].eq(x[k - 1])
+
+        def in_flight(word, we, stages):
+            """A write to ``word``'s granules ``we`` is in one of the first ``stages`` ALU stages."""
+            return Cat(*(x[k].valid & x[k].write & (x[k].word == word) & (x[k].we & we).any()
+                         for k in range(stages))).any()
+
+        # f: the fold of a completed reproducible set, one row per cycle, B waiting meanwhile: the first
+        # contributor's area is stored into the accumulator, then each further contributor's area, in
+        # ascending port order, is reduced into it; the last row of the last pass queues the result.
+        f_active = Signal()
+        f_base = Signal(self.addr_bits)
+        f_rows = Signal.like(c_rows)
+        f_j = Signal.like(c_rows)
+        f_pending = Signal(P)          # contributors whose area is still to be folded in
+        f_first = Signal()
+        f_acc = Signal()
+        f_ctx = Signal(stage_layout)   # the completed frame's fields the fold's ops carry
+        f_port = Signal(range(P))
+        for p in reversed(range(P)):
+            with m.If(f_pending[p]):
+                m.d.comb += f_port.eq(p)
+        f_src = Signal(self.addr_bits)
+        f_ga = Signal(self.addr_bits)
         m.d.comb += [
-            alu.a.eq(mem_alu.data), alu.b.eq(x_data), alu.op.eq(x_op),
-            mem_wr.addr.eq(x_addr), mem_wr.data.eq(Mux(x_store, x_data, alu.result)),
-            mem_wr.en.eq(x_valid & x_write),
+            f_src.eq(f_base + Mux(f_acc, area_offset(1, f_port), area_offset(0, f_port)) + f_j),
+            f_ga.eq(f_base + Mux(f_acc, f_j << 1, f_j)),
         ]
+        f_we = Mux(f_acc, 0b11, Mux(f_ga[0], 0b10, 0b01))
+        f_last_row = f_j == f_rows - 1
+        f_last_pass = (f_pending & ~(Const(1, P) << f_port)) == 0
+        # The area row must be written before it is read (a write in xL is seen: transparent port).
+        f_hazard = in_flight(f_ga[1:], f_we, L - 1) | in_flight(f_src[1:], 0b11, L)
+
+        # A row may enter only if no write to its granules is still in stages x0 .. x(L-2).
+        m.d.comb += hazard.eq(f_active | ((end_pending | row_cand) & n_write & in_flight(n_ga[1:], n_we, L - 1)))
+        n_valid = Mux(end_pending, ~hazard, row_cand & b_take)
+        f_valid = f_active & ~f_hazard
+        fold_start = n_valid & end_pending & c_fold
+
+        with m.If(fold_start):
+            m.d.sync += [
+                f_active.eq(1), f_base.eq(c_row_base), f_rows.eq(c_rows), f_j.eq(0),
+                f_pending.eq(c_contributors), f_first.eq(1), f_acc.eq(c_acc_fp32),
+                f_ctx.mask.eq(c_mask), f_ctx.cais.eq(c_cais), f_ctx.dtype.eq(c_dtype), f_ctx.op.eq(c_op),
+                f_ctx.saturate.eq(c_saturate),
+            ]
+        with m.If(f_valid):
+            m.d.sync += f_j.eq(f_j + 1)
+            with m.If(f_last_row):
+                m.d.sync += [f_j.eq(0), f_first.eq(0), f_pending.eq(f_pending & ~(Const(1, P) << f_port))]
+                with m.If(f_last_pass):
+                    m.d.sync += f_active.eq(0)
+
+        with m.If(f_active):
+            m.d.sync += [
+                x[0].valid.eq(f_valid), x[0].write.eq(f_valid), x[0].word.eq(f_ga[1:]),
+                x[0].granule.eq(f_ga[0]), x[0].we.eq(f_we), x[0].end.eq(f_valid & f_last_row & f_last_pass),
+                x[0].store.eq(f_first), x[0].job.eq(1), x[0].mask.eq(f_ctx.mask), x[0].cais.eq(f_ctx.cais),
+                x[0].row_base.eq(f_base), x[0].dtype.eq(f_ctx.dtype), x[0].op.eq(f_ctx.op),
+                x[0].acc_fp32.eq(f_acc), x[0].saturate.eq(f_ctx.saturate), x[0].res_fp32.eq(f_acc),
+                x[0].from_area.eq(1), x[0].src_granule.eq(f_src[0]),
+            ]
+        with m.Else():
+            m.d.sync += [
+                x[0].valid.eq(n_valid), x[0].write.eq(n_valid & n_write), x[0].word.eq(n_ga[1:]),
+                x[0].granule.eq(n_ga[0]), x[0].we.eq(n_we), x[0].end.eq(n_valid & end_pending),
+                x[0].store.eq(c_store), x[0].job.eq(c_job & ~c_fold), x[0].mask.eq(c_mask),
+                x[0].cais.eq(c_cais), x[0].row_base.eq(c_row_base), x[0].dtype.eq(c_dtype), x[0].op.eq(c_op),
+                x[0].acc_fp32.eq(n_wide), x[0].saturate.eq(c_saturate), x[0].res_fp32.eq(c_acc_fp32),
+                x[0].from_area.eq(0), x_data.eq(n_data),
+            ]
+        m.d.comb += [mem_alu.addr.eq(Mux(f_active, f_ga[1:], n_ga[1:])), mem_fold.addr.eq(f_src[1:])]
+
+        # Forwarding: the word being written this cycle (by the row in xL) replaces stale read data.
+        acc = Signal(2 * W)
+        last = x[L]
+        wr_en = Signal(2)
+        m.d.comb += wr_en.eq(Mux(last.valid & last.write, alu.we, 0))
+        if L:
+            fwd = wr_en & Mux(last.word == x[0].word, 0b11, 0b00)
+            m.d.comb += acc.eq(Cat(Mux(fwd[0], alu.result[:W], mem_alu.data[:W]),
+                                   Mux(fwd[1], alu.result[W:], mem_alu.data[W:])))
+        else:
+            m.d.comb += acc.eq(mem_alu.data)
+        m.d.comb += [
+            alu.i_valid.eq(x[0].valid & x[0].write), alu.acc.eq(acc),
+            alu.row.eq(Mux(x[0].from_area, Mux(x[0].src_granule, mem_fold.data[W:], mem_fold.data[:W]), x_data)),
+            alu.granule.eq(x[0].granule), alu.dtype.eq(x[0].dtype), alu.op.eq(x[0].op),
+            alu.acc_fp32.eq(x[0].acc_fp32), alu.saturate.eq(x[0].saturate), alu.store.eq(x[0].store),
+            mem_wr.addr.eq(last.word), mem_wr.data.eq(alu.result), mem_wr.en.eq(wr_en),
+        ]
+        # A frame's result job is queued once its last row is written (the end token leaves xL).
         job_in = data.View(job_layout, jobs.w_data)
         m.d.comb += [
-            jobs.w_en.eq(x_valid & x_end & x_job),
-            job_in.cais.eq(x_cais), job_in.mask.eq(x_mask), job_in.row_base.eq(x_row_base),
+            jobs.w_en.eq(last.valid & last.end & last.job),
+            job_in.cais.eq(last.cais), job_in.mask.eq(last.mask), job_in.row_base.eq(last.row_base),
+            job_in.acc_fp32.eq(last.res_fp32), job_in.dtype.eq(last.dtype),
         ]
 
         # ---------------------------------------------------------------- R: result frames
         m.submodules.results = res = ResultGenerator(prm, self.addr_bits)
+        m.submodules.result_row = rrow = ResultRow(W, prm.float_units)
+        cur_job = Signal(job_layout)          # the job the generator took last (it runs one at a time)
+        with m.If(jobs.r_en & jobs.r_rdy):
+            m.d.sync += cur_job.eq(jobs.r_data)
+        rd_gran = Signal()
+        with m.If(res.rd_en):
+            m.d.sync += rd_gran.eq(res.rd_addr[0])
         m.d.comb += [
             res.job.eq(jobs.r_data), res.job_valid.eq(jobs.r_rdy), jobs.r_en.eq(res.job_ready),
             res.switch_mac.eq(self.switch_mac),
-            mem_res.addr.eq(res.rd_addr), mem_res.en.eq(res.rd_en), res.rd_data.eq(mem_res.data),
+            mem_res.addr.eq(Mux(cur_job.acc_fp32, res.rd_addr - (cur_job.row_base >> 1), res.rd_addr >> 1)),
+            mem_res.en.eq(res.rd_en),
+            rrow.word.eq(mem_res.data), rrow.granule.eq(rd_gran), rrow.acc_fp32.eq(cur_job.acc_fp32),
+            rrow.dtype.eq(cur_job.dtype), res.rd_data.eq(rrow.row),
         ]
 
         # ---------------------------------------------------------------- egress mux (whole frames)
@@ -408,6 +542,7 @@ class SwitchCore(wiring.Component):
         with m.If(self.o_valid & self.o_ready):
             m.d.sync += owner.eq(Mux(self.o_last, 0, Mux(sel_res, 2, 1)))
 
-        m.d.comb += self.busy.eq(req.any() | busy | b_valid | end_pending | x_valid | (jobs.level != 0)
+        m.d.comb += self.busy.eq(req.any() | busy | b_valid | end_pending | Cat(*(s.valid for s in x)).any() | f_active
+                                 | (jobs.level != 0)
                                  | ~res.job_ready | clear_pending | sweeping)
         return m

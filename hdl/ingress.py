@@ -101,7 +101,7 @@ class IngressPort(wiring.Component):
         # Checks of docs/protocol.md, in their order.
         hdr = FrameHeader(hdr_now)
         esize_ok = Const(0)
-        for dtype in proto.SUPPORTED_DTYPES:
+        for dtype in P.dtypes:
             esize = proto.ELEMENT_BYTES[dtype]
             esize_ok = esize_ok | ((hdr.dtype == dtype) & (hdr.payload_len % esize == 0))
         plen = hdr.payload_len
@@ -112,7 +112,7 @@ class IngressPort(wiring.Component):
             (proto.DropReason.RUNT, (frame_len < proto.ETH_HEADER_BYTES)
              | (hdr.is_cais & (frame_len < proto.HEADERS_BYTES))),
             (proto.DropReason.BAD_CODE, hdr.is_cais & ~(
-                _one_of(hdr.op_type, proto.SUPPORTED_OPS) & _one_of(hdr.dtype, proto.SUPPORTED_DTYPES)
+                _one_of(hdr.op_type, proto.SUPPORTED_OPS) & _one_of(hdr.dtype, P.dtypes)
                 & _one_of(hdr.red_op, list(proto.ReduceOp))
                 & ((hdr.flags & (0xFF ^ int(proto.Flags.RETRANSMIT))) == 0))),
             (proto.DropReason.BAD_PAYLOAD_LEN, hdr.is_cais & ((plen == 0) | (plen > P.max_payload) | ~esize_ok)),

@@ -7,9 +7,11 @@ from amaranth.lib.wiring import In, Out
 from cais import protocol as proto
 from cais.params import SwitchParams
 
+from .alu import byteswap
+from .fpu import BF16, FP16, FP32, FloatNarrow
 from .header import cais_field
 
-__all__ = ["ResultGenerator", "result_job_layout", "header_split"]
+__all__ = ["ResultGenerator", "ResultRow", "result_job_layout", "header_split"]
 
 
 def header_split(beat_bytes: int):
@@ -21,8 +23,54 @@ def result_job_layout(params: SwitchParams, addr_bits: int) -> data.StructLayout
     return data.StructLayout({
         "cais": proto.CAIS_HEADER_BYTES * 8,   # header of the triggering frame, wire order
         "mask": params.ports,                  # egress ports
-        "row_base": addr_bits,                 # first slot-memory row of the set
+        "row_base": addr_bits,                 # first slot-memory granule of the set
+        "acc_fp32": 1,                         # the set holds fp32 accumulators of fp16/bf16 elements
+        "dtype": 4,                            # the element type (which format to round to)
     })
+
+
+class ResultRow(wiring.Component):
+    """One payload row of a result, from a slot-memory word of two granules, combinational.
+
+    A set accumulated in the wire format keeps row ``j`` in one granule; a set of fp16/bf16 accumulated
+    in fp32 keeps row ``j`` as a whole word of W/16 float32 accumulators, which are rounded to the wire
+    format here, once, as the result leaves (docs/numerics.md).
+
+    Members
+    -------
+    word : In(2 * data_width); granule : In(1)
+        The word read and, for wire-format sets, the granule holding the row.
+    acc_fp32 : In(1); dtype : In(4)
+        How the set accumulates.
+    row : Out(data_width)
+    """
+
+    def __init__(self, data_width: int, float_units: bool = True):
+        self.data_width, self.float_units = data_width, float_units
+        super().__init__({"word": In(2 * data_width), "granule": In(1), "acc_fp32": In(1), "dtype": In(4),
+                          "row": Out(data_width)})
+
+    def elaborate(self, platform):
+        m = Module()
+        W = self.data_width
+        granule = Mux(self.granule, self.word[W:], self.word[:W])
+        if not self.float_units:
+            m.d.comb += self.row.eq(granule)
+            return m
+        narrowed = {}
+        for dtype, fmt in ((proto.DType.FP16, FP16), (proto.DType.BF16, BF16)):
+            out = Signal(W, name=f"narrow_{dtype.name.lower()}")
+            for i in range(W // 16):
+                unit = m.submodules[f"narrow_{dtype.name.lower()}{i}"] = FloatNarrow(FP32, fmt)
+                m.d.comb += [unit.a.eq(byteswap(self.word[32 * i:32 * i + 32], 4)),
+                             out[16 * i:16 * i + 16].eq(byteswap(unit.result, 2))]
+            narrowed[dtype] = out
+        with m.If(self.acc_fp32):
+            m.d.comb += self.row.eq(Mux(self.dtype == proto.DType.BF16, narrowed[proto.DType.BF16],
+                                        narrowed[proto.DType.FP16]))
+        with m.Else():
+            m.d.comb += self.row.eq(granule)
+        return m
 
 
 class ResultGenerator(wiring.Component):

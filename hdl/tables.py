@@ -22,6 +22,7 @@ def rule_layout(params: SwitchParams) -> data.StructLayout:
         "chunk_value": 16, "chunk_mask": 16,
         "contributors": params.ports, "results": params.ports,
         "base": 16, "count_log2": 5,
+        "dtype": 4, "red_op": 4, "acc_fp32": 1, "saturate": 1, "reproducible": 1,
     })
 
 
@@ -33,7 +34,8 @@ class RuleTable(wiring.Component):
 
     Members
     -------
-    write_stb : In(1); write_cmd, stage_group, stage_layer, stage_chunk, stage_ports, stage_slots : In(32)
+    write_stb : In(1); write_cmd, stage_group, stage_layer, stage_chunk, stage_ports, stage_slots,
+    stage_type : In(32)
         The RULE_WRITE strobe and data, and the staging registers, as words of the register map.
     group_id : In(8); layer_id : In(16); chunk_id : In(16)
         The key to look up.
@@ -47,7 +49,7 @@ class RuleTable(wiring.Component):
         super().__init__({
             "write_stb": In(1), "write_cmd": In(32),
             "stage_group": In(32), "stage_layer": In(32), "stage_chunk": In(32),
-            "stage_ports": In(32), "stage_slots": In(32),
+            "stage_ports": In(32), "stage_slots": In(32), "stage_type": In(32),
             "group_id": In(8), "layer_id": In(16), "chunk_id": In(16),
             "hit": Out(1), "rule": Out(self.layout),
         })
@@ -68,6 +70,9 @@ class RuleTable(wiring.Component):
             new.contributors.eq(f("RULE_PORTS", "contributors")[:P]),
             new.results.eq(f("RULE_PORTS", "results")[:P]),
             new.base.eq(f("RULE_SLOTS", "base")), new.count_log2.eq(f("RULE_SLOTS", "count_log2")),
+            new.dtype.eq(f("RULE_TYPE", "dtype")), new.red_op.eq(f("RULE_TYPE", "red_op")),
+            new.acc_fp32.eq(f("RULE_TYPE", "acc_fp32")), new.saturate.eq(f("RULE_TYPE", "saturate")),
+            new.reproducible.eq(f("RULE_TYPE", "reproducible")),
         ]
         index = _get(self.write_cmd, R["RULE_WRITE"].field("index"))
         for i, e in enumerate(entries):

@@ -644,7 +644,7 @@ async def selftest_main(link, job: dict) -> dict:
     op = proto.ReduceOp[str(job.get("red_op", "SUM")).upper()]
     everyone = (1 << P.ports) - 1
     writes = slot_clear_writes(regmap, 0, 1)
-    writes += rule_writes(regmap, 0, Rule.for_group(group, everyone, everyone, base=0, count_log2=0))
+    writes += rule_writes(regmap, 0, Rule.for_group(group, everyone, everyone, base=0, count_log2=0, red_op=op))
     for addr, value in writes:
         await link.write(addr, value)
 

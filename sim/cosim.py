@@ -2,12 +2,17 @@
 
     python -m cais.sim.cosim [--ranks 4] [--elements 262144] [--op sum] [--dtype int32] [--backend verilator]
                              [--loss 0.0] [--seed 1] [--collectives 1] [--config cais.toml] [--waves]
+                             [--float-mode native|quantize] [--accumulate fp32|wire] [--reproducible]
 
 The default runs on the Verilated switch (cocotb + Verilator): 4 ranks, 256K int32 elements each.
 `--backend model` uses the numpy reference model, `--backend amaranth` the Amaranth design under
-amaranth.sim. `--loss` drops that fraction of frames on every port, in and out (seeded). `--dtype float32`
-(float16, float64) all-reduces floats by host-side quantization (docs/driver.md); their results are checked
-against the exact reduction within the documented bound.
+amaranth.sim. `--loss` drops that fraction of frames on every port, in and out (seeded). `--dtype` is int32,
+int16, int8 (exact, checked against numpy), float32, float16, bfloat16 (bf16) (reduced by the switch's
+float units with `--float-mode native`, the default, when it has them; else quantized on the hosts) or
+float64 (always quantized) (docs/driver.md). `--accumulate fp32` (default) sums fp16/bf16 in fp32 and
+rounds once; `wire` rounds after every addition. `--reproducible` makes float results independent of the
+arrival order; they are then checked bit for bit against a numpy fold in rank order, otherwise against
+the exact reduction within a bound.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from cais import protocol as proto
 from cais.cli import Parser, integer, number
 from cais.config import Config, ConfigError
 from cais.params import SwitchParams
+from cais.sim.workload import DTYPE_ALIASES, DTYPES
 
 BACKENDS = {"verilator": "cocotb", "amaranth": "amaranth", "model": "model"}
 ENTRY = "cais.sim.workload:all_reduce_job"
@@ -32,8 +38,14 @@ def parse_args(argv):
     ap.add_argument("--ranks", type=integer(1), default=4, help="ranks, one per switch port (2..16)")
     ap.add_argument("--elements", type=integer(1), default=256 * 1024, help="elements per rank")
     ap.add_argument("--op", choices=[o.name.lower() for o in proto.ReduceOp], default="sum")
-    ap.add_argument("--dtype", choices=["int32", "float16", "float32", "float64"], default="int32",
-                    help="element type (floats: host-side quantization to int32)")
+    ap.add_argument("--dtype", choices=list(DTYPES) + list(DTYPE_ALIASES), default="int32",
+                    help="element type (float64 always, other floats without float units: host-side quantization)")
+    ap.add_argument("--float-mode", choices=["native", "quantize"],
+                    help="floats: the switch's float units (native, the default) or host-side quantization")
+    ap.add_argument("--accumulate", choices=["fp32", "wire"],
+                    help="fp16/bf16 SUM: accumulate in fp32 and round once (default), or round every addition")
+    ap.add_argument("--reproducible", action="store_true",
+                    help="results independent of the arrival order (fold in port order)")
     ap.add_argument("--backend", choices=list(BACKENDS), default="verilator")
     ap.add_argument("--loss", type=number(0.0, 1.0), default=0.0, help="frame loss rate per port, each direction")
     ap.add_argument("--duplicate", type=number(0.0, 1.0), default=0.0, help="frame duplication rate per port")
@@ -48,8 +60,15 @@ def parse_args(argv):
         ap.error("--loss + --duplicate + --reorder must not exceed 1 (each frame suffers at most one fault)")
     if not 2 <= args.ranks <= 16:
         ap.error(f"--ranks {args.ranks}: must be between 2 and 16 (one rank per switch port)")
+    args.dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
     params = SwitchParams(ports=args.ranks)
     overrides = {"offload": args.offload} if args.offload else {}
+    if args.float_mode:
+        overrides["float_mode"] = args.float_mode
+    if args.accumulate:
+        overrides["accumulate"] = args.accumulate
+    if args.reproducible:
+        overrides["reproducible"] = True
     try:
         config = Config.load(args.config, **overrides)
     except ConfigError as e:
@@ -109,13 +128,26 @@ def report(params: SwitchParams, args, s: dict) -> None:
     c = s["counters"]
     st = s["stats"]
     print()
-    exact = s.get("dtype", "int32") == "int32" or s["op"] != "sum"
-    print(f"result: {'CORRECT' if s['correct'] else 'WRONG'}: every rank's result "
-          f"{'equals the exact' if exact else 'is within the documented bound of the exact'} {s['op']} "
-          f"(sha256 {s['result_sha256'][:16]}); path: {', '.join(s['paths'])}")
-    if not exact:
-        print(f"  {s['dtype']}: largest error {s['max_error']:.3g}, largest bound {s['max_bound']:.3g}, "
-              f"largest error/bound {s['max_error_over_bound']:.3f}")
+    dtype = s.get("dtype", "int32")
+    routes = s.get("routes", s["paths"])
+    native = not any("quantized" in r for r in routes)
+    if dtype.startswith("int"):
+        claim = f"equals numpy's {s['op']}"
+    elif native and s.get("reproducible"):
+        claim = f"equals the {s['op']} folded in rank order, bit for bit"
+    elif s["op"] != "sum":
+        claim = f"equals the exact {s['op']}"
+    else:
+        claim = f"is within the {'rounding' if native else 'documented'} bound of the exact sum"
+    print(f"result: {'CORRECT' if s['correct'] else 'WRONG'}: every rank's result {claim} "
+          f"(sha256 {s['result_sha256'][:16]}); path: {', '.join(routes)}")
+    if not dtype.startswith("int"):
+        settings = (f"float_mode {s.get('float_mode')}, accumulate {s.get('accumulate')}, reproducible "
+                    f"{s.get('reproducible')}, switch float units {'yes' if s.get('float_units') else 'no'}")
+        print(f"  {dtype}: {settings}")
+        if s["op"] == "sum" and not (native and s.get("reproducible")):
+            print(f"  {dtype}: largest error {s['max_error']:.3g} (vs the exact sum), largest bound "
+                  f"{s['max_bound']:.3g}, largest error/bound {s['max_error_over_bound']:.3f}")
     print()
     print(f"{'rank':>4} {'frames sent':>11} {'bytes sent':>11} {'retransmits':>11}   "
           f"{'ring would send':>15} {'ratio':>6}")

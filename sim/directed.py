@@ -4,6 +4,12 @@ A case programs the switch and then sends batches of frames; every frame of a ba
 (on its port), and the batch drains before the next starts. Within a batch the outcome must not depend
 on how the switch interleaves ports, so the reference model can replay it in order and the frames out
 of each port are compared as multisets, batch by batch, and the counters at the end.
+
+Reductions whose result depends on the order of the contributions (float sums, saturating integer sums,
+float MAX/MIN of -0 and +0) send one contribution per batch, so the order is fixed; such a case usually
+sends a second chunk with the same contributions in the opposite port order. Every case exists for every
+parameter set (the tests pick cases by name): on a switch without float units its float frames are
+simply dropped as BAD_CODE, which the model predicts as well.
 """
 
 from __future__ import annotations
@@ -12,15 +18,58 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cais import numerics
 from cais import protocol as proto
 from cais.params import SwitchParams
 from cais.registers import register_map
 from cais.tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
 
 from .refmodel import SwitchModel
-from .traffic import TxFrame, compare, host_mac
+from .traffic import Kind, TxFrame, chunk_values, compare, host_mac
 
-__all__ = ["Case", "directed_cases", "score_case", "accounting_problems", "counter_problems"]
+__all__ = ["Case", "directed_cases", "score_case", "accounting_problems", "counter_problems", "float_bits"]
+
+DT, OP = proto.DType, proto.ReduceOp
+
+# Per float format: significand bits (with the hidden one), the largest exponent, the smallest subnormal,
+# the smallest normal, the largest finite value, and two non-canonical NaNs (a negative signalling NaN
+# and a positive one with a payload) that the switch must turn into its canonical quiet NaN.
+FLOAT_FORMATS = {
+    DT.FP32: dict(m=24, emax=127, tiny=2.0**-149, min_normal=2.0**-126, max=(2 - 2.0**-23) * 2.0**127,
+                  nans=(0xFF80_0001, 0x7FA1_2345)),
+    DT.FP16: dict(m=11, emax=15, tiny=2.0**-24, min_normal=2.0**-14, max=65504.0, nans=(0xFC01, 0x7E55)),
+    DT.BF16: dict(m=8, emax=127, tiny=2.0**-133, min_normal=2.0**-126, max=(2 - 2.0**-7) * 2.0**127,
+                  nans=(0xFF81, 0x7FC5)),
+}
+_BITS = {DT.FP32: np.uint32, DT.FP16: np.uint16, DT.BF16: np.uint16}
+
+
+def float_bits(dtype: proto.DType, values) -> np.ndarray:
+    """Python floats, each exactly representable in ``dtype``, as the format's bit patterns."""
+    v = np.asarray(values, dtype=np.float64)
+    if dtype == DT.FP32:
+        out = v.astype(np.float32)
+        bits = out.view(np.uint32)
+    elif dtype == DT.FP16:
+        out = v.astype(np.float16)
+        bits = out.view(np.uint16)
+    else:
+        out = v.astype(np.float32)
+        wide = out.view(np.uint32)
+        assert not (wide & 0xFFFF).any(), "not a bfloat16 value"
+        bits = (wide >> 16).astype(np.uint16)
+    back = out.astype(np.float64)
+    assert np.array_equal(back[~np.isnan(v)], v[~np.isnan(v)]), "value not exact in the format"
+    return bits
+
+
+def _wire(dtype: proto.DType, bits: np.ndarray) -> bytes:
+    return np.asarray(bits, dtype=_BITS[dtype]).astype(">u4" if dtype == DT.FP32 else ">u2").tobytes()
+
+
+def _columns(cols, ports: int) -> list[list]:
+    """Per-element contribution lists ``(values, pad)`` -> one list of values per port (padded/cut)."""
+    return [[vals[p] if p < len(vals) else pad for vals, pad in cols] for p in range(ports)]
 
 
 @dataclass
@@ -39,8 +88,10 @@ def directed_cases(params: SwitchParams, seed: int = 0) -> list[Case]:
     COUNT_LOG2 = 1           # two slots per group: seq 0,1 -> set 0; seq 2,3 -> set 1
     g2 = 0b11 if P > 2 else 0b01
 
-    def setup():
-        w = rule_writes(regs, 0, Rule.for_group(1, contributors=allp, results=allp, base=0, count_log2=COUNT_LOG2))
+    def setup(**kind):
+        """Group 1 (every port; ``kind``: its dtype, red_op, acc_fp32, saturate) and group 2 (int32 SUM)."""
+        w = rule_writes(regs, 0, Rule.for_group(1, contributors=allp, results=allp, base=0, count_log2=COUNT_LOG2,
+                                                **kind))
         # group 2: ports 0 and 1 contribute (port 0 alone on a 2-port switch), everyone gets the result;
         # the last port is never a contributor
         w += rule_writes(regs, 1, Rule.for_group(2, contributors=g2, results=allp, base=2, count_log2=0))
@@ -48,11 +99,14 @@ def directed_cases(params: SwitchParams, seed: int = 0) -> list[Case]:
             w += mac_writes(regs, p, MacEntry(host_mac(p), p))
         return w + slot_clear_writes(regs, 0, 3)
 
-    def contribution(port, seq, values, group=1, op=proto.ReduceOp.SUM, flags=0):
-        values = np.asarray(values, dtype=">i4")
-        hdr = proto.CaisHeader(group_id=group, chunk_id=seq, seq_num=seq, total_chunks=4,
-                               payload_len=values.nbytes, red_op=op, flags=flags)
-        return TxFrame(proto.build_frame(hdr, values.tobytes(), src=host_mac(port), pad=True))
+    def contribution(port, seq, values=None, group=1, op=OP.SUM, flags=0, dtype=DT.INT32, payload=None,
+                     op_type=proto.OpType.ALL_REDUCE):
+        """A frame from ``port``: ``values`` (native values of ``dtype``) or raw ``payload`` bytes."""
+        if payload is None:
+            payload = numerics.encode(dtype, np.asarray(values))
+        hdr = proto.CaisHeader(op_type=op_type, group_id=group, chunk_id=seq, seq_num=seq, total_chunks=4,
+                               payload_len=len(payload), dtype=dtype, red_op=op, flags=flags)
+        return TxFrame(proto.build_frame(hdr, payload, src=host_mac(port), pad=True))
 
     def rand(n):
         return rng.integers(-2**31, 2**31, n, dtype=np.int64).astype(np.int32)
@@ -65,7 +119,8 @@ def directed_cases(params: SwitchParams, seed: int = 0) -> list[Case]:
 
     # basic reduction, one operator each, full-size payloads from every port at once
     for op in proto.ReduceOp:
-        case(f"basic_{op.name.lower()}", [(p, contribution(p, 0, rand(n_full), op=op)) for p in range(P)])
+        cases.append(Case(f"basic_{op.name.lower()}", setup(red_op=op),
+                          [[(p, contribution(p, 0, rand(n_full), op=op)) for p in range(P)]]))
     # wrap-around of the int32 sum, hand-built: INT32_MAX + 1 + ... wraps to INT32_MIN + ...
     case("sum_wraps", [(p, contribution(p, 1, [2**31 - 1 if p == 0 else 1, -2**31, 7])) for p in range(P)])
     # back-to-back single-beat payloads from every port to the same set (read-modify-write hazard)
@@ -158,7 +213,198 @@ def directed_cases(params: SwitchParams, seed: int = 0) -> list[Case]:
         [(0, contribution(0, 0, vals[0]))],
         [(p, contribution(p, 0, vals[p])) for p in range(P)],
     ], writes_before={1: slot_clear_writes(regs, 0, 1)}))
+    cases += _typed_cases(params, regs, rng, setup, contribution)
     return cases
+
+
+def _typed_cases(params: SwitchParams, regs, rng, setup, contribution) -> list[Case]:
+    """The cases of the element types: rule types (TYPE_MISMATCH, PAYLOAD_TOO_LONG), float sums with
+    special values, narrow integer sums (wrap and saturate), float MAX/MIN of signed zeros."""
+    P = params.ports
+    allp = (1 << P) - 1
+    g2 = 0b11 if P > 2 else 0b01
+    cases: list[Case] = []
+
+    def ordered(seq, groups_values, order=None):
+        """One batch per port (``order``: the ports in sending order): port p's frames for each group."""
+        order = range(P) if order is None else order
+        return [[(p, contribution(p, seq, group=g, **kw_of(p))) for g, kw_of in groups_values] for p in order]
+
+    def int_rand(dtype, n):
+        info = np.iinfo(numerics.decode(dtype, bytes(ELEM[dtype])).dtype)
+        return rng.integers(info.min, info.max + 1, n, dtype=np.int64)
+
+    def float_rand(dtype, n):
+        """Random finite values of the format: random signs, exponents over the whole range."""
+        bits = rng.integers(0, 1 << (8 * ELEM[dtype]), n, dtype=np.int64)
+        exp_mask = {DT.FP32: 0x7F80_0000, DT.FP16: 0x7C00, DT.BF16: 0x7F80}[dtype]
+        bits = np.where(bits & exp_mask == exp_mask, bits ^ (exp_mask >> 1 & exp_mask), bits)
+        return bits.astype(_BITS[dtype])
+
+    # ---------------------------------------------------------------- TYPE_MISMATCH
+    # The dtype of an all-reduce frame differs from its rule's (int32 SUM). It changes nothing: port 1's
+    # mismatched frame for seq 0 does not acknowledge seq 2 (set 1 keeps port 1's bit: SLOTS_IN_USE is 2 at
+    # the end); it is checked after FOREIGN_PORT and before TAG_MISMATCH and BAD_SLOT; all-gather frames are
+    # not type-checked.
+    i16 = dict(dtype=DT.INT16, values=np.arange(8, dtype=np.int16))
+    bad_slot_rule = rule_writes(regs, 2, Rule.for_group(3, contributors=allp, results=allp, base=params.slots))
+    cases.append(Case("type_mismatch_dtype", setup() + bad_slot_rule, [
+        [(p, contribution(p, 2, rand32(rng, 4))) for p in range(P)],
+        [(1, contribution(1, 0, **i16))],
+        [(p, contribution(p, 0, rand32(rng, 4))) for p in range(P) if p != 1],
+        [(0, contribution(0, 4, dtype=DT.INT8, values=np.arange(16, dtype=np.int8))),   # else TAG_MISMATCH
+         (0, contribution(0, 0, group=3, **i16)),                                      # else BAD_SLOT
+         (1, contribution(1, 0, rand32(rng, 4), group=3)),                             # BAD_SLOT
+         (P - 1, contribution(P - 1, 0, group=2, **i16)),                              # FOREIGN_PORT first
+         (0, contribution(0, 9, op_type=proto.OpType.ALL_GATHER, **i16)),               # forwarded
+         (1, contribution(1, 0, dtype=DT.FP32, values=np.ones(4, np.float32)))],        # BAD_CODE w/o floats
+    ]))
+    # The red_op differs from the rule's (int32 MAX): before the duplicate check and the re-sent result.
+    vals = [rand32(rng, 8) for _ in range(P)]
+    cases.append(Case("type_mismatch_red_op", setup(red_op=OP.MAX), [
+        [(0, contribution(0, 0, vals[0], op=OP.MAX))],
+        [(1, contribution(1, 0, vals[1], op=OP.SUM)), (0, contribution(0, 0, vals[0], op=OP.MIN))],
+        [(p, contribution(p, 0, vals[p], op=OP.MAX)) for p in range(1, P)],
+        [(1, contribution(1, 0, vals[1], op=OP.MIN, flags=int(proto.Flags.RETRANSMIT))),
+         (0, contribution(0, 0, vals[0], op=OP.MAX, flags=int(proto.Flags.RETRANSMIT)))],   # resent
+    ]))
+
+    # ---------------------------------------------------------------- PAYLOAD_TOO_LONG
+    # fp16/bf16 accumulated in fp32 use 4 bytes of a set per element: a frame may carry max_payload / 2 bytes.
+    half, full = params.max_payload // 2, params.max_payload
+    def fp16(nbytes):
+        return dict(dtype=DT.FP16, payload=_wire(DT.FP16, float_rand(DT.FP16, nbytes // 2)))
+    def bf16(nbytes):
+        return dict(dtype=DT.BF16, payload=_wire(DT.BF16, float_rand(DT.BF16, nbytes // 2)))
+    rules = [Rule.for_group(1, allp, allp, base=0, count_log2=1, dtype=DT.FP16, acc_fp32=True),
+             Rule.for_group(2, g2, allp, base=2, dtype=DT.BF16, acc_fp32=True),
+             Rule.for_group(3, allp, allp, base=3, dtype=DT.FP16),                    # wire: no limit
+             Rule.for_group(4, allp, allp, base=4, dtype=DT.FP32, acc_fp32=True),     # acc_fp32: no effect
+             Rule.for_group(5, allp, allp, base=params.slots, dtype=DT.FP16, acc_fp32=True)]
+    w = [wr for i, r in enumerate(rules[:params.rules]) for wr in rule_writes(regs, i, r)]  # (NO_RULE beyond)
+    w += slot_clear_writes(regs, 0, 5)
+    # the accepted chunks come from every port at once: values whose sums do not depend on the order
+    def exact(dtype, nbytes, acc=False):
+        vals = chunk_values(np.random.default_rng(int(rng.integers(1 << 32))), Kind(dtype, OP.SUM, acc), P,
+                            nbytes // ELEM[dtype])
+        return [dict(dtype=dtype, payload=numerics.encode(dtype, v)) for v in vals]
+    fp32_full = [d["payload"] for d in exact(DT.FP32, full)]
+    fp16_full = exact(DT.FP16, full)
+    fp16_half = exact(DT.FP16, half, True)
+    cases.append(Case("payload_too_long", w, [
+        [(0, contribution(0, 0, **fp16(half + 2))),
+         (0, contribution(0, 0, group=2, **bf16(full))),
+         (1, contribution(1, 0, dtype=DT.INT16, payload=bytes(full))),            # TYPE_MISMATCH first
+         (P - 1, contribution(P - 1, 0, group=2, **bf16(half + 2))),              # FOREIGN_PORT first
+         (1, contribution(1, 0, group=5, **fp16(half + 2))),                      # before BAD_SLOT
+         (1, contribution(1, 1, group=5, **fp16(half)))],                         # BAD_SLOT
+        [(p, contribution(p, 0, **fp16_half[p])) for p in range(P)]
+        + [(p, contribution(p, 0, group=3, **fp16_full[p])) for p in range(P)]
+        + [(p, contribution(p, 0, group=4, dtype=DT.FP32, payload=fp32_full[p])) for p in range(P)]
+        + [(0, contribution(0, 0, group=2, **bf16(half)))],
+        [(0, contribution(0, 4, **fp16(half + 2)))],                              # before TAG_MISMATCH
+        [(0, contribution(0, 4, **fp16(half)))],                                  # TAG_MISMATCH
+    ]))
+
+    # ---------------------------------------------------------------- float sums
+    for dtype, acc in ((DT.FP32, False), (DT.FP16, False), (DT.FP16, True), (DT.BF16, False), (DT.BF16, True)):
+        f = FLOAT_FORMATS[dtype]
+        m, tiny, mn, mx = f["m"], f["tiny"], f["min_normal"], f["max"]
+        inf, nan = float("inf"), float("nan")
+        big = 2.0 ** m                      # 2**m + 1 is a tie (ulp 2 there)
+        cols = [                             # (contributions in port order, value of the further ports)
+            ([inf, 1.0], 1.0), ([inf, -inf], 1.0), ([-inf, -mx], -1.0),
+            ([nan, 1.0], 1.0), ([1.0, nan], 0.0), ([nan, nan], nan),
+            ([-0.0, -0.0], -0.0), ([-0.0, 0.0], -0.0), ([0.0, -0.0], -0.0), ([1.5, -1.5], 0.0),
+            ([tiny, tiny], tiny), ([-tiny, tiny], -0.0), ([mn - tiny, tiny], 0.0), ([mn, -tiny], 0.0),
+            ([mx, mx], 0.0), ([-mx, -mx], 0.0), ([mx, 2.0 ** (f["emax"] - m)], 0.0),     # overflow, tie to inf
+            ([big, 1.0], 1.0), ([big + 2, 1.0], 0.0), ([1.0, big], 1.0),                 # ties to even
+            ([big, 1.0, -big, 1.0], 0.0), ([1.0 + 2.0 ** (1 - m), -1.0], 0.0), ([1.0, tiny], tiny),
+            ([2.0 ** f["emax"], tiny, -2.0 ** f["emax"], tiny], 0.0),     # order-dependent in fp32 too
+        ]
+        per_port = _columns(cols, P)
+        nan_slots = [(i, p) for i, (vals, pad) in enumerate(cols) for p in range(P)
+                     if np.isnan(vals[p] if p < len(vals) else pad)]
+        n = (half if acc else full) // ELEM[dtype]
+        payloads = []
+        for p in range(P):
+            bits = float_bits(dtype, per_port[p])
+            for k, (i, q) in enumerate(nan_slots):
+                if q == p:
+                    bits[i] = f["nans"][k % 2]          # non-canonical NaNs in
+            bits = np.concatenate([bits, float_rand(dtype, n - len(bits))])
+            payloads.append(_wire(dtype, bits))
+        name = f"float_sum_{dtype.name.lower()}" + ("_acc32" if acc else "")
+        kw = lambda p: dict(dtype=dtype, payload=payloads[p])
+        cases.append(Case(name, setup(dtype=dtype, acc_fp32=acc),
+                          ordered(0, [(1, kw)]) + ordered(1, [(1, kw)], order=range(P - 1, -1, -1))))
+
+    # ---------------------------------------------------------------- narrow integer sums
+    # docs/numerics.md: the 4-bit sequence 7 - 5 + 5 + 5 - 3 - 7 scaled to the type overflows after its
+    # fourth term; wrap gets the true sum back, saturate does not. Group 1 wraps, group 3 saturates; the
+    # same contributions in port order (seq 0) and in the opposite order (seq 1).
+    seq4 = [([7, -5, 5, 5, -3, -7], 0), ([7, 5, -5, -7], 0), ([-8, -1, 1], 0), ([7, 1, -1], 0),
+            ([-8, -8, 7, 7], 0), ([7, 7], 7), ([-8, -8], -8), ([-1, 1], 0)]
+    for dtype in (DT.INT16, DT.INT8):
+        bits = 8 * ELEM[dtype]
+        scale = 1 << (bits - 4)
+        n = full // ELEM[dtype]
+        per_port = [np.concatenate([np.array(v, dtype=np.int64) * scale, int_rand(dtype, n - len(v))])
+                    for v in _columns(seq4, P)]
+        w = rule_writes(regs, 0, Rule.for_group(1, allp, allp, base=0, count_log2=1, dtype=dtype))
+        w += rule_writes(regs, 1, Rule.for_group(3, allp, allp, base=2, count_log2=1, dtype=dtype, saturate=True))
+        w += slot_clear_writes(regs, 0, 4)
+        kw = lambda p, dtype=dtype, per_port=per_port: dict(dtype=dtype, values=per_port[p])
+        cases.append(Case(f"{dtype.name.lower()}_sum_wrap_saturate", w,
+                          ordered(0, [(1, kw), (3, kw)])
+                          + ordered(1, [(1, kw), (3, kw)], order=range(P - 1, -1, -1))))
+    # int16 and int8 MAX and MIN (signed), full payloads with the extremes, every port at once
+    w, batch = [], []
+    for i, (dtype, op) in enumerate((d, o) for d in (DT.INT16, DT.INT8) for o in (OP.MAX, OP.MIN)):
+        if i < params.rules:                    # (a switch with fewer rules: NO_RULE for the others)
+            w += rule_writes(regs, i, Rule.for_group(10 + i, allp, allp, base=i, dtype=dtype, red_op=op))
+        info = np.iinfo(np.int16 if dtype == DT.INT16 else np.int8)
+        for p in range(P):
+            v = int_rand(dtype, full // ELEM[dtype])
+            v[:4] = [info.min, info.max, -1, 0][p % 4:] + [info.min, info.max, -1, 0][:p % 4]
+            batch.append((p, contribution(p, 0, v, group=10 + i, op=op, dtype=dtype)))
+    cases.append(Case("narrow_int_max_min", w + slot_clear_writes(regs, 0, 4), [batch]))
+
+    # ---------------------------------------------------------------- float MAX / MIN and signed zeros
+    # numpy's tie rule for -0 / +0 (docs/numerics.md section 4): float32 (and bf16, and fp16 in fp32)
+    # return the incoming value, float16 the stored one; so the order of arrival decides the sign.
+    variants = [(DT.FP32, False), (DT.FP16, False), (DT.FP16, True), (DT.BF16, False), (DT.BF16, True)]
+    variants = variants[:params.rules]
+    for op in (OP.MAX, OP.MIN):
+        w, groups = [], []
+        for i, (dtype, acc) in enumerate(variants):
+            w += rule_writes(regs, i, Rule.for_group(20 + i, allp, allp, base=i, dtype=dtype, red_op=op,
+                                                     acc_fp32=acc))
+            f = FLOAT_FORMATS[dtype]
+            inf, nan = float("inf"), float("nan")
+            cols = [([-0.0, 0.0], 0.0), ([0.0, -0.0], -0.0), ([-0.0, -0.0], -0.0), ([0.0, 0.0], 0.0),
+                    ([-0.0, 0.0, -0.0, 0.0], -0.0), ([nan, 1.0], 1.0), ([1.0, nan], 1.0), ([-inf, inf], 0.0),
+                    ([f["tiny"], -f["tiny"]], 0.0), ([f["max"], inf], 0.0), ([-f["max"], -inf], 0.0),
+                    ([1.0, 2.0], -1.0)]
+            n = len(cols) + 20
+            payloads = []
+            for p, vals in enumerate(_columns(cols, P)):
+                bits = float_bits(dtype, vals)
+                bits[np.isnan(vals)] = f["nans"][p % 2]
+                payloads.append(_wire(dtype, np.concatenate([bits, float_rand(dtype, n - len(bits))])))
+            groups.append((20 + i, lambda p, dtype=dtype, payloads=payloads, op=op:
+                           dict(dtype=dtype, payload=payloads[p], op=op)))
+        w += slot_clear_writes(regs, 0, len(variants))
+        cases.append(Case(f"float_{op.name.lower()}_zero_ties", w,
+                          ordered(0, groups) + ordered(1, groups, order=range(P - 1, -1, -1))))
+    return cases
+
+
+ELEM = proto.ELEMENT_BYTES
+
+
+def rand32(rng, n):
+    return rng.integers(-2**31, 2**31, n, dtype=np.int64).astype(np.int32)
 
 
 def accounting_problems(counters: dict) -> list[str]:

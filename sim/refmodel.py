@@ -5,16 +5,28 @@ The model is programmed and read like the hardware, through the byte addresses o
 in one at a time with :meth:`SwitchModel.receive`, which returns the frames the switch emits. It has no
 notion of time: one call is one frame processed to completion (the order in which the hardware's ingress
 arbiter serves the ports is the order of the calls).
+
+The element arithmetic is :mod:`cais.numerics`. Each rule carries the element type and operator its
+all-reduce frames must have (``RULE_TYPE``: dtype, red_op) and how its slots accumulate (acc_fp32,
+saturate, reproducible). A shadow set's values are an accumulator of ``max_payload`` bytes: the wire
+type's values, or float32 for fp16/bf16 with acc_fp32. A frame longer than the rule's set capacity
+(:meth:`SwitchParams.set_capacity`: ``max_payload / 2`` with fp32 accumulation) is PAYLOAD_TOO_LONG.
+A set starts as zeros of the accumulator type at its first contribution, which is stored as it came
+(widened with acc_fp32); a frame of ``n`` elements combines into the first ``n`` accumulator elements
+only, and a result carries the first ``n`` of the frame that triggers it (rounded once to the wire type
+with acc_fp32). A reproducible rule keeps the contributions aside and, when the set completes, folds
+them in ascending port order: the accumulator is then what arrival in port order would have given.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from cais import numerics
 from cais.params import SwitchParams
 from cais.protocol import (CAIS_HEADER_BYTES, ELEMENT_BYTES, ETH_HEADER_BYTES, ETHERTYPE, HEADERS_BYTES,
-                           MIN_FRAME_BYTES, SUPPORTED_DTYPES, SUPPORTED_OPS, CaisHeader, DropReason, Flags,
-                           OpType, ReduceOp, mac_to_bytes, result_mac)
+                           MIN_FRAME_BYTES, SUPPORTED_OPS, CaisHeader, DropReason, DType, Flags, OpType,
+                           ReduceOp, mac_to_bytes, result_mac)
 from cais.registers import Access, Kind, Register, register_map
 
 __all__ = ["SwitchModel", "SlotSetState"]
@@ -23,32 +35,40 @@ _MASK32 = 0xFFFF_FFFF
 
 SlotSetState = tuple[int, int, bool]  # (bitmap, tag, done)
 
+# Accumulator element type of each wire type (without acc_fp32): what numerics.decode returns.
+_ACC_TYPE = {DType.INT32: np.dtype(np.int32), DType.INT16: np.dtype(np.int16), DType.INT8: np.dtype(np.int8),
+             DType.FP32: np.dtype(np.float32), DType.FP16: np.dtype(np.float16), DType.BF16: np.dtype(np.uint16)}
+
 
 class _Rule:
     __slots__ = ("valid", "group", "group_mask", "layer", "layer_mask", "chunk", "chunk_mask",
-                 "contributors", "results", "base", "count_log2")
+                 "contributors", "results", "base", "count_log2", "dtype", "red_op", "acc_fp32", "saturate",
+                 "reproducible")
 
     def __init__(self):
         self.valid = False
         self.group = self.group_mask = self.layer = self.layer_mask = self.chunk = self.chunk_mask = 0
         self.contributors = self.results = self.base = self.count_log2 = 0
+        self.dtype = self.red_op = 0        # raw 4-bit codes, as staged (need not be supported ones)
+        self.acc_fp32 = self.saturate = self.reproducible = False
+
+    @property
+    def wide(self) -> bool:
+        """fp16/bf16 accumulated in float32 (acc_fp32 means nothing for the other types)."""
+        return self.acc_fp32 and self.dtype in (DType.FP16, DType.BF16)
+
+    @property
+    def acc_type(self) -> np.dtype:
+        """The numpy type of the rule's accumulator (bf16 as uint16 bits)."""
+        if self.wide:
+            return np.dtype(np.float32)
+        return _ACC_TYPE[DType(self.dtype)]
 
     def matches(self, hdr: CaisHeader) -> bool:
         return (self.valid
                 and (hdr.group_id & self.group_mask) == (self.group & self.group_mask)
                 and (hdr.layer_id & self.layer_mask) == (self.layer & self.layer_mask)
                 and (hdr.chunk_id & self.chunk_mask) == (self.chunk & self.chunk_mask))
-
-
-def _reduce(op: ReduceOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Elementwise a (op) b on native int32 arrays; SUM wraps modulo 2**32, MAX/MIN are signed."""
-    if op == ReduceOp.SUM:
-        return (a.view(np.uint32) + b.view(np.uint32)).view(np.int32)
-    if op == ReduceOp.MAX:
-        return np.maximum(a, b)
-    if op == ReduceOp.MIN:
-        return np.minimum(a, b)
-    raise ValueError(f"red_op={op!r}: not a reduction the model implements")
 
 
 class SwitchModel:
@@ -58,7 +78,7 @@ class SwitchModel:
         self.params = P = params
         self.regmap = register_map(P)
         self._port_mask = (1 << P.ports) - 1
-        self._elems = P.max_payload // 4
+        self._elems = P.max_payload // 4    # int32 elements of an unused set (values())
         # address -> (register, array index)
         self._decode: dict[int, tuple[Register, int]] = {}
         for reg in self.regmap:
@@ -69,11 +89,14 @@ class SwitchModel:
         self._rules = [_Rule() for _ in range(P.rules)]
         # MAC table: (valid, mac, port) per entry
         self._macs = [(False, 0, 0)] * P.mac_entries
-        # Slot state, indexed [slot, set]. Values are allocated on first use (slot memory can be large).
+        # Slot state, indexed [slot, set]. Values are allocated on first use (slot memory can be large):
+        # each is the set's accumulator, max_payload bytes of the accumulator type of the rule that used it.
         self._bitmap = np.zeros((P.slots, 2), dtype=np.uint32)
         self._tag = np.zeros((P.slots, 2), dtype=np.uint32)
         self._done = np.zeros((P.slots, 2), dtype=bool)
         self._values: dict[tuple[int, int], np.ndarray] = {}
+        # Reproducible rules: the contributions of an incomplete set, by port.
+        self._parts: dict[tuple[int, int], dict[int, np.ndarray]] = {}
 
     # ------------------------------------------------------------------ register bus
     def read(self, addr: int) -> int:
@@ -129,6 +152,7 @@ class SwitchModel:
                 r = _Rule()
                 g, l_, c = self._staged("RULE_GROUP"), self._staged("RULE_LAYER"), self._staged("RULE_CHUNK")
                 ports, slots = self._staged("RULE_PORTS"), self._staged("RULE_SLOTS")
+                kind = self._staged("RULE_TYPE")
                 r.valid = bool(f["valid"])
                 r.group, r.group_mask = g["value"], g["mask"]
                 r.layer, r.layer_mask = l_["value"], l_["mask"]
@@ -136,6 +160,9 @@ class SwitchModel:
                 r.contributors = ports["contributors"] & self._port_mask
                 r.results = ports["results"] & self._port_mask
                 r.base, r.count_log2 = slots["base"], slots["count_log2"]
+                r.dtype, r.red_op = kind["dtype"], kind["red_op"]
+                r.acc_fp32, r.saturate = bool(kind["acc_fp32"]), bool(kind["saturate"])
+                r.reproducible = bool(kind.get("reproducible", 0))
                 self._rules[f["index"]] = r
         elif reg.name == "MAC_WRITE":
             if f["index"] < P.mac_entries:
@@ -171,7 +198,12 @@ class SwitchModel:
                      for s in (0, 1))
 
     def values(self, slot: int, set: int) -> np.ndarray:  # noqa: A002 - the spec's name
-        """A copy of the set's values as native int32 (max_payload / 4 elements)."""
+        """A copy of the set's accumulator (native values, max_payload bytes).
+
+        Its type is the accumulator type of the rule that used the set: int32 for an int32 rule (as it
+        always was), int16, int8, float32, float16, bf16 as uint16 bits, or float32 for fp16/bf16 with
+        acc_fp32. A set never used reads as max_payload / 4 int32 zeros.
+        """
         if not 0 <= slot < self.params.slots or set not in (0, 1):
             raise IndexError(f"slot {slot} set {set}: out of range")
         v = self._values.get((slot, set))
@@ -227,7 +259,7 @@ class SwitchModel:
             return self._drop(DropReason.RUNT)
         hdr = CaisHeader.unpack(frame[ETH_HEADER_BYTES:ETH_HEADER_BYTES + CAIS_HEADER_BYTES])
         if (hdr.op_type not in {int(o) for o in SUPPORTED_OPS}
-                or hdr.dtype not in {int(d) for d in SUPPORTED_DTYPES}
+                or hdr.dtype not in {int(d) for d in P.dtypes}
                 or hdr.red_op not in {int(r) for r in ReduceOp}
                 or hdr.flags & ~int(Flags.RETRANSMIT)):
             return self._drop(DropReason.BAD_CODE)
@@ -271,6 +303,10 @@ class SwitchModel:
             return [(p, frame) for p in self._ports(dest)]
 
         # ALL_REDUCE
+        if hdr.dtype != rule.dtype or hdr.red_op != rule.red_op:
+            return self._drop(DropReason.TYPE_MISMATCH)
+        if hdr.payload_len > P.set_capacity(rule.wide, rule.reproducible):
+            return self._drop(DropReason.PAYLOAD_TOO_LONG)
         count = 1 << rule.count_log2
         t = hdr.seq_num
         slot = rule.base + (t % count)
@@ -279,16 +315,17 @@ class SwitchModel:
             return self._drop(DropReason.BAD_SLOT)
         w = 1 << port
         bitmap, tag, done = int(self._bitmap[slot, s]), int(self._tag[slot, s]), bool(self._done[slot, s])
-        n = hdr.payload_len // 4
+        dtype, op = DType(hdr.dtype), ReduceOp(hdr.red_op)
+        n = hdr.payload_len // ELEMENT_BYTES[dtype]
         out: list[tuple[int, bytes]] = []
         if tag == t and done:                                   # a. repeat after completion
             self._count("DUPLICATES")
             self._count("RESULTS_RESENT")
-            out.append((port, self._result_frame(hdr, slot, s)))
+            out.append((port, self._result_frame(rule, hdr, slot, s)))
         elif bitmap == 0:                                       # b. first contribution
-            vals = np.zeros(self._elems, dtype=np.int32)
-            vals[:n] = self._payload(frame, n)
-            self._values[slot, s] = vals
+            self._values[slot, s] = np.zeros(P.max_payload // rule.acc_type.itemsize, dtype=rule.acc_type)
+            self._parts[slot, s] = {}
+            self._add(rule, slot, s, port, dtype, op, self._payload(frame, dtype, n), first=True)
             self._tag[slot, s] = t
             self._bitmap[slot, s] = w
             self._count("CONTRIBUTIONS")
@@ -300,8 +337,7 @@ class SwitchModel:
         elif bitmap & w:                                        # d. repeat before completion
             self._count("DUPLICATES")
         else:                                                   # e. a further contribution
-            vals = self._values[slot, s]
-            vals[:n] = _reduce(ReduceOp(hdr.red_op), vals[:n], self._payload(frame, n))
+            self._add(rule, slot, s, port, dtype, op, self._payload(frame, dtype, n), first=False)
             bitmap |= w
             self._bitmap[slot, s] = bitmap
             self._count("CONTRIBUTIONS")
@@ -312,18 +348,60 @@ class SwitchModel:
         self._bitmap[slot, 1 - s] &= ~np.uint32(w)
         return out
 
+    def _add(self, rule: _Rule, slot: int, s: int, port: int, dtype: DType, op: ReduceOp, values: np.ndarray,
+             first: bool) -> None:
+        """One accepted contribution: into the accumulator, or, for a reproducible rule, kept aside until
+        the set completes (then :meth:`_fold` combines the contributions in ascending port order)."""
+        if rule.reproducible:
+            self._parts.setdefault((slot, s), {})[port] = values
+            return
+        acc = self._accumulator(rule, slot, s)
+        n = len(values)
+        acc[:n] = numerics.accumulate(dtype, op, None if first else acc[:n], values, acc_fp32=rule.acc_fp32,
+                                      saturate=rule.saturate)
+
+    def _fold(self, rule: _Rule, hdr: CaisHeader, slot: int, s: int) -> None:
+        """A reproducible set completes: its accumulator becomes what arrival in ascending port order
+        would have given (the lowest port's contribution as it came, then each further one combined)."""
+        parts = self._parts.pop((slot, s), {})
+        acc = self._accumulator(rule, slot, s)
+        dtype, op = DType(hdr.dtype), ReduceOp(hdr.red_op)
+        for i, port in enumerate(sorted(parts)):
+            values = parts[port]
+            n = len(values)
+            acc[:n] = numerics.accumulate(dtype, op, None if i == 0 else acc[:n], values,
+                                          acc_fp32=rule.acc_fp32, saturate=rule.saturate)
+
     @staticmethod
-    def _payload(frame: bytes, n: int) -> np.ndarray:
-        return np.frombuffer(frame, dtype=">i4", count=n, offset=HEADERS_BYTES).astype(np.int32)
+    def _payload(frame: bytes, dtype: DType, n: int) -> np.ndarray:
+        return numerics.decode(dtype, frame[HEADERS_BYTES:HEADERS_BYTES + n * ELEMENT_BYTES[dtype]])
+
+    def _accumulator(self, rule: _Rule, slot: int, s: int) -> np.ndarray:
+        """The set's accumulator as ``rule``'s accumulator type (the array itself, for updating).
+
+        A set only changes type when its rule was retyped while the set was in use (the driver clears the
+        slots of a retyped rule first); the model then reads the same bytes as the new type.
+        """
+        acc = self._values.get((slot, s))
+        if acc is None:   # pragma: no cover - a set with contributors always has values
+            acc = self._values[slot, s] = np.zeros(self.params.max_payload // rule.acc_type.itemsize,
+                                                   dtype=rule.acc_type)
+        elif acc.dtype != rule.acc_type:
+            acc = self._values[slot, s] = acc.view(rule.acc_type)
+        return acc
 
     def _complete(self, rule: _Rule, hdr: CaisHeader, slot: int, s: int) -> list[tuple[int, bytes]]:
         self._count("COMPLETED")
-        res = self._result_frame(hdr, slot, s)
+        if rule.reproducible:
+            self._fold(rule, hdr, slot, s)
+        res = self._result_frame(rule, hdr, slot, s)
         return [(p, res) for p in self._ports(rule.results)]
 
-    def _result_frame(self, hdr: CaisHeader, slot: int, s: int) -> bytes:
-        n = hdr.payload_len // 4
-        payload = self.values(slot, s)[:n].astype(">i4").tobytes()
+    def _result_frame(self, rule: _Rule, hdr: CaisHeader, slot: int, s: int) -> bytes:
+        dtype = DType(hdr.dtype)
+        n = hdr.payload_len // ELEMENT_BYTES[dtype]
+        acc = self._accumulator(rule, slot, s)
+        payload = numerics.encode(dtype, numerics.result_values(dtype, acc[:n], acc_fp32=rule.acc_fp32))
         head = hdr.replace(flags=int(Flags.RESULT)).pack()
         return (mac_to_bytes(result_mac(hdr.group_id)) + mac_to_bytes(self.switch_mac())
                 + ETHERTYPE.to_bytes(2, "big") + head + payload)

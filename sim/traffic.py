@@ -14,12 +14,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from cais import numerics
 from cais import protocol as proto
 from cais.params import SwitchParams
 from cais.registers import register_map
 from cais.tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
 
-__all__ = ["Scenario", "TxFrame", "random_mix", "host_mac", "beats_of", "replay", "compare"]
+__all__ = ["Scenario", "TxFrame", "random_mix", "host_mac", "beats_of", "replay", "compare", "Kind",
+           "rule_kinds", "chunk_values"]
+
+DT, OP = proto.DType, proto.ReduceOp
 
 
 def host_mac(port: int) -> int:
@@ -66,6 +70,107 @@ class Scenario:
         return sum(len(f) for f in self.frames)
 
 
+@dataclass(frozen=True)
+class Kind:
+    """What a rule reduces: the fields of ``RULE_TYPE`` (keyword arguments of :class:`Rule`)."""
+    dtype: proto.DType = DT.INT32
+    red_op: proto.ReduceOp = OP.SUM
+    acc_fp32: bool = False
+    saturate: bool = False
+
+    @property
+    def capacity(self) -> int:
+        """Payload bytes of a frame, as a fraction of max_payload: 2 when fp32 accumulation halves it."""
+        return 2 if self.acc_fp32 and self.dtype in (DT.FP16, DT.BF16) else 1
+
+    def rule(self) -> dict:
+        return dict(dtype=self.dtype, red_op=self.red_op, acc_fp32=self.acc_fp32, saturate=self.saturate)
+
+
+def rule_kinds(params: SwitchParams) -> list[Kind]:
+    """Every combination a switch built with ``params`` reduces (saturate only where it matters)."""
+    kinds = []
+    for dtype in params.dtypes:
+        for op in OP:
+            if dtype in (DT.INT16, DT.INT8):
+                kinds += [Kind(dtype, op, saturate=sat) for sat in ((False, True) if op == OP.SUM else (False,))]
+            elif dtype in (DT.FP16, DT.BF16):
+                kinds += [Kind(dtype, op, acc_fp32=acc) for acc in (False, True)]
+            else:
+                kinds.append(Kind(dtype, op))
+    return kinds
+
+
+_FLOAT = {  # significand bits, smallest subnormal exponent, largest exponent, exponent-field mask
+    DT.FP32: (24, -149, 127, 0x7F80_0000), DT.FP16: (11, -24, 15, 0x7C00), DT.BF16: (8, -133, 127, 0x7F80)}
+_BITS = {DT.FP32: np.uint32, DT.FP16: np.uint16, DT.BF16: np.uint16}
+
+
+def _float_native(dtype: proto.DType, values: np.ndarray) -> np.ndarray:
+    """float64 values exact in ``dtype`` -> its native values (bf16 as bits)."""
+    if dtype == DT.BF16:
+        return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return values.astype(np.float32 if dtype == DT.FP32 else np.float16)
+
+
+def chunk_values(nrng: np.random.Generator, kind: Kind, contributors: int, n: int) -> list[np.ndarray]:
+    """Native values (one array of ``n`` per contributor) whose reduction does not depend on the order in
+    which the contributions arrive, so any interleaving of the ports gives the same result.
+
+    * integers, wrap: anything (the sum is modulo 2**bits); MAX/MIN: anything.
+    * integers, saturate: each element's contributions share one sign, so the partial sums move one
+      way and clamping once is clamping at the end.
+    * floats, SUM: small integers times a power of two per element (from the smallest subnormal to near
+      the largest value), so every partial sum is exact; sprinkled with +-inf, NaN, columns of -0.
+    * floats, MAX/MIN: random finite values of the whole range, +-inf and NaN, but never -0 and +0 in
+      the same element (their tie is resolved by the order, docs/numerics.md).
+    """
+    dtype, op = DT(kind.dtype), OP(kind.red_op)
+    if dtype in (DT.INT32, DT.INT16, DT.INT8):
+        t = {DT.INT32: np.int32, DT.INT16: np.int16, DT.INT8: np.int8}[dtype]
+        info = np.iinfo(t)
+        v = nrng.integers(info.min, info.max + 1, (contributors, n), dtype=np.int64)
+        extremes = nrng.random((contributors, n)) < 0.1
+        v = np.where(extremes, nrng.choice([info.min, info.max, -1, 0, 1], (contributors, n)), v)
+        if kind.saturate and op == OP.SUM:
+            sign = nrng.choice([-1, 1], n)
+            v = np.where(sign > 0, np.abs(v).clip(0, info.max), -np.abs(v).clip(0, -info.min))
+        return [row.astype(t) for row in v]
+    m, e_tiny, emax, exp_mask = _FLOAT[dtype]
+    if op == OP.SUM:
+        bound = max(1, (1 << (m - 1)) // contributors)
+        ints = nrng.integers(-bound, bound + 1, (contributors, n)).astype(np.float64)
+        exps = nrng.integers(e_tiny, emax - m + 1, n)
+        exps = np.where(nrng.random(n) < 0.5, nrng.integers(-3, 4, n), exps)   # half of them near 1
+        vals = ints * np.exp2(exps.astype(np.float64))
+        special = nrng.random(n)
+        col = nrng.integers(0, contributors, n)
+        rows = np.arange(contributors)[:, None]
+        vals = np.where((special < 0.03) & (rows == col), np.inf, vals)
+        vals = np.where((special >= 0.03) & (special < 0.05) & (rows == col), -np.inf, vals)
+        vals = np.where((special >= 0.05) & (special < 0.07) & (rows == col), np.nan, vals)
+        vals = np.where((special >= 0.07) & (special < 0.09), -0.0, vals)
+        bits = [_float_native(dtype, row).view(_BITS[dtype]) for row in vals]
+    else:
+        nbits = 8 * np.dtype(_BITS[dtype]).itemsize
+        raw = nrng.integers(0, 1 << nbits, (contributors, n), dtype=np.int64)
+        raw = np.where(raw & exp_mask == exp_mask, raw ^ (exp_mask >> 1 & exp_mask), raw)
+        special = nrng.random((contributors, n))
+        sign = 1 << (nbits - 1)
+        raw = np.where(special < 0.03, exp_mask, raw)                                   # +inf
+        raw = np.where((special >= 0.03) & (special < 0.05), exp_mask | sign, raw)      # -inf
+        raw = np.where((special >= 0.05) & (special < 0.07), exp_mask | 1, raw)         # a NaN
+        raw = np.where(raw & ~sign == 0, 0, raw)                                       # zeros: +0 ...
+        neg_zero = nrng.random(n) < 0.05
+        raw = np.where(neg_zero, sign, raw)                                            # ... or a column of -0
+        bits = [row.astype(_BITS[dtype]) for row in raw]
+    sign = 1 << (8 * np.dtype(_BITS[dtype]).itemsize - 1)
+    nan = (exp_mask | sign | 1)                        # a negative signalling NaN: not the canonical one
+    bits = [np.where((b & (sign - 1)) > exp_mask, nan, b).astype(_BITS[dtype]) for b in bits]
+    return [b.view(np.float32) if dtype == DT.FP32 else b.view(np.float16) if dtype == DT.FP16 else b
+            for b in bits]
+
+
 def _cais(rng, hdr: proto.CaisHeader, payload: bytes, port: int, pad: bool = True) -> bytes:
     return proto.build_frame(hdr, payload, dst=proto.BROADCAST_MAC, src=host_mac(port), pad=pad)
 
@@ -80,34 +185,51 @@ def random_mix(params: SwitchParams, seed: int, frames_per_port: int = 12) -> Sc
     allp = (1 << P) - 1
 
     # Two groups with disjoint quotas: group 1 of all ports, group 2 of the even ports (results to all).
+    # Each group has k rules, one per kind (RULE_TYPE), told apart by the low two bits of layer_id; with
+    # float units one of group 1's kinds accumulates fp16/bf16 in fp32 (for PAYLOAD_TOO_LONG).
     count_log2 = max(0, min(3, (params.slots // 4).bit_length() - 1))
     g2_ports = sum(1 << p for p in range(0, P, 2))
-    rules = [
-        Rule.for_group(1, contributors=allp, results=allp, base=0, count_log2=count_log2),
-        Rule.for_group(2, contributors=g2_ports, results=allp, base=1 << count_log2, count_log2=count_log2),
-        # group 3: quota outside the slot memory (BAD_SLOT)
-        Rule.for_group(3, contributors=allp, results=allp, base=params.slots, count_log2=0),
-    ]
+    k = max(1, min(3, (params.rules - 1) // 2))
+    pool = rule_kinds(params)
+    wide = [kd for kd in pool if kd.capacity == 2]
+    kinds = {g: [rng.choice(pool) for _ in range(k)] for g in (1, 2)}
+    if wide:
+        kinds[1][-1] = rng.choice(wide)
+    layer_match = (0, 0x3) if k > 1 else (0, 0)
+    rules = []
+    for group, contributors, base in ((1, allp, 0), (2, g2_ports, 1 << count_log2)):
+        for j, kd in enumerate(kinds[group]):
+            rules.append(Rule(group=(group, 0xFF), layer=(j, layer_match[1]), contributors=contributors,
+                              results=allp, base=base, count_log2=count_log2, **kd.rule()))
+    # group 3: quota outside the slot memory (BAD_SLOT); int32 SUM
+    rules.append(Rule.for_group(3, contributors=allp, results=allp, base=params.slots, count_log2=0))
     for i, rule in enumerate(rules):
         scen.writes += rule_writes(regs, i, rule)
     for p in range(P):
         scen.writes += mac_writes(regs, p, MacEntry(host_mac(p), p))
     scen.writes += slot_clear_writes(regs, 0, 2 << count_log2)
 
-    def payload_len():
-        return 4 * rng.randint(1, params.max_payload // 4)
+    def payload_len(kd: Kind = Kind()):
+        elem = proto.ELEMENT_BYTES[kd.dtype]
+        return elem * rng.randint(1, params.max_payload // kd.capacity // elem)
 
-    # All-reduce chunks: each uses its own set (seq < slot count), every contributor sends once.
+    def layer(j):
+        return (rng.randrange(1 << 16) & ~0x3) | j if k > 1 else rng.randrange(1 << 16)
+
+    # All-reduce chunks: each uses its own set (seq < slot count), every contributor sends once; the
+    # values make the result independent of the order of arrival (chunk_values).
     for group, contributors in ((1, allp), (2, g2_ports)):
         for seq in rng.sample(range(1 << count_log2), k=min(1 << count_log2, 4)):
-            plen = payload_len()
-            op = rng.choice(list(proto.ReduceOp))
-            hdr = proto.CaisHeader(group_id=group, layer_id=rng.randrange(1 << 16), chunk_id=seq,
-                                   total_chunks=1 << count_log2, seq_num=seq, payload_len=plen, red_op=op)
-            for p in range(P):
-                if contributors >> p & 1:
-                    values = nrng.integers(-2**31, 2**31, plen // 4, dtype=np.int64).astype(">i4")
-                    scen.frames[p].append(TxFrame(_cais(rng, hdr, values.tobytes(), p)))
+            j = rng.randrange(k)
+            kd = kinds[group][j]
+            plen = payload_len(kd)
+            hdr = proto.CaisHeader(group_id=group, layer_id=layer(j), chunk_id=seq,
+                                   total_chunks=1 << count_log2, seq_num=seq, payload_len=plen,
+                                   dtype=kd.dtype, red_op=kd.red_op)
+            ports = [p for p in range(P) if contributors >> p & 1]
+            values = chunk_values(nrng, kd, len(ports), plen // proto.ELEMENT_BYTES[kd.dtype])
+            for p, v in zip(ports, values):
+                scen.frames[p].append(TxFrame(_cais(rng, hdr, numerics.encode(kd.dtype, v), p)))
 
     def ordinary(p):
         dst = rng.choice([host_mac(rng.randrange(P)), proto.BROADCAST_MAC, 0x02_00_00_00_09_99,
@@ -120,7 +242,7 @@ def random_mix(params: SwitchParams, seed: int, frames_per_port: int = 12) -> Sc
         plen = payload_len()
         good = proto.CaisHeader(group_id=1, seq_num=rng.randrange(1 << count_log2), payload_len=plen)
         body = bytes(plen)
-        kind = rng.randrange(10)
+        kind = rng.randrange(12)
         if kind == 0:
             frame = _cais(rng, good, body, p, pad=False)
             if len(frame) % params.beat_bytes == 0:
@@ -146,6 +268,19 @@ def random_mix(params: SwitchParams, seed: int, frames_per_port: int = 12) -> Sc
             return TxFrame(_cais(rng, good, body + b"\0" * 4, p, pad=False))              # BAD_LENGTH
         if kind == 8:
             return TxFrame(_cais(rng, good.replace(group_id=9), body, p))                 # NO_RULE
+        if kind == 11 and wide:                                                           # PAYLOAD_TOO_LONG
+            kd = kinds[1][-1]
+            elem = proto.ELEMENT_BYTES[kd.dtype]
+            plen = elem * rng.randint(params.max_payload // 2 // elem + 1, params.max_payload // elem)
+            bad = good.replace(layer_id=layer(k - 1), payload_len=plen, dtype=kd.dtype, red_op=kd.red_op)
+            return TxFrame(_cais(rng, bad, bytes(plen), p))
+        if kind >= 10:                                                                    # TYPE_MISMATCH
+            j = rng.randrange(k)
+            kd = kinds[1][j]
+            other = rng.choice([o for o in pool if (o.dtype, o.red_op) != (kd.dtype, kd.red_op)])
+            plen = payload_len(other)
+            bad = good.replace(layer_id=layer(j), payload_len=plen, dtype=other.dtype, red_op=other.red_op)
+            return TxFrame(_cais(rng, bad, bytes(plen), p))
         return TxFrame(_cais(rng, good.replace(group_id=3), body, p))                     # BAD_SLOT
 
     for p in range(P):
@@ -160,7 +295,8 @@ def random_mix(params: SwitchParams, seed: int, frames_per_port: int = 12) -> Sc
                 scen.frames[p].append(TxFrame(_cais(rng, hdr, bytes(8), p)))               # FOREIGN_PORT
             else:
                 op = rng.choice([proto.OpType.ALL_GATHER, proto.OpType.BROADCAST])
-                hdr = proto.CaisHeader(op_type=op, group_id=2, seq_num=rng.randrange(1 << 16), payload_len=16)
+                hdr = proto.CaisHeader(op_type=op, group_id=2, seq_num=rng.randrange(1 << 16), payload_len=16,
+                                       dtype=rng.choice(params.dtypes))   # no type check when forwarding
                 scen.frames[p].append(TxFrame(_cais(rng, hdr, bytes(range(16)), p)))      # forwarded
         rng.shuffle(scen.frames[p])
     return scen

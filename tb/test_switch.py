@@ -90,7 +90,8 @@ def _reduce(op: proto.ReduceOp, values: np.ndarray) -> np.ndarray:
 async def test_all_ports_random_payloads(dut):
     """All-reduce chunks from every port at once: random ops, full and partial payloads, numpy results.
 
-    One rule covers every port; its quota is `count` slots (up to 64). Round r sends the chunks
+    Three rules cover every port, one per operator (a chunk's layer_id names its operator's rule); they
+    share a quota of `count` slots (up to 64). Round r sends the chunks
     seq r*count .. r*count+count-1, one per slot, all in set r % 2; even rounds at full speed, odd rounds
     under random idle and back-pressure; at least 128 chunks over at least two rounds. Within a round each
     port sends its contributions in its own random order, and the round drains before the next starts
@@ -112,8 +113,11 @@ async def test_all_ports_random_payloads(dut):
     rounds = max(2, min(8, -(-128 // count)))
     switch_mac = 0x02_5A_00_00_00_00 | int(rng.integers(0, 1 << 32))
 
-    writes = rule_writes(regs, 0, Rule.for_group(group, contributors=allp, results=allp, base=0,
-                                                 count_log2=count_log2))
+    # One rule per operator: a chunk's op is in the low two bits of its layer_id (the rules share the quota).
+    writes = []
+    for op in proto.ReduceOp:
+        writes += rule_writes(regs, int(op), Rule(group=(group, 0xFF), layer=(int(op), 0x3), contributors=allp,
+                                                  results=allp, base=0, count_log2=count_log2, red_op=op))
     writes += slot_clear_writes(regs, 0, count)
     writes += [(regs["SWITCH_MAC_LO"].address(), switch_mac & 0xFFFF_FFFF),
                (regs["SWITCH_MAC_HI"].address(), switch_mac >> 32)]
@@ -141,7 +145,8 @@ async def test_all_ports_random_payloads(dut):
                 values = rng.choice(np.array([-2**31, 2**31 - 1, -1, 0, 1], dtype=np.int64), (P, n))
             else:
                 values = rng.integers(-2**31, 2**31, (P, n), dtype=np.int64)
-            hdr = proto.CaisHeader(group_id=group, layer_id=int(rng.integers(0, 1 << 16)), chunk_id=i,
+            layer = int(rng.integers(0, 1 << 16)) & ~0x3 | int(op)     # selects the rule of op
+            hdr = proto.CaisHeader(group_id=group, layer_id=layer, chunk_id=i,
                                    total_chunks=count, seq_num=seq, payload_len=4 * n, red_op=op)
             for p in range(P):
                 payload = values[p].astype(">i4").tobytes()

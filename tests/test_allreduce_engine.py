@@ -28,18 +28,21 @@ def reference(arrays, op):
 
 
 def run(ranks, elements, op, *, drop=0.0, dup=0.0, count_log2=2, window=4, seed=0, retry_limit=30,
-        seq_base=0, model=None):
+        seq_base=0, model=None, arrays=None, kind=None, capacity=None):
     params = SwitchParams(ports=max(ranks, 2))
     model = model or SwitchModel(params)
     regs = register_map(params)
+    kind = kind or {}
     for a, v in rule_writes(regs, 0, Rule.for_group(1, contributors=(1 << ranks) - 1, results=(1 << ranks) - 1,
-                                                    base=0, count_log2=count_log2)):
+                                                    base=0, count_log2=count_log2, red_op=op, **kind)):
         model.write(a, v)
     rng = np.random.default_rng(seed)
-    arrays = [rng.integers(-2**31, 2**31, elements, dtype=np.int64).astype(np.int32) for _ in range(ranks)]
+    if arrays is None:
+        arrays = [rng.integers(-2**31, 2**31, elements, dtype=np.int64).astype(np.int32) for _ in range(ranks)]
     engines = [SwitchAllReduce(data=arrays[r], op=op, group_id=1, seq_base=seq_base, slot_count=1 << count_log2,
                                window=window, chunk_size=256, timeout_s=TIMEOUT, retry_limit=retry_limit,
-                               mac=0x020000000100 + r) for r in range(ranks)]
+                               mac=0x020000000100 + r, dtype=kind.get("dtype"), capacity=capacity)
+               for r in range(ranks)]
     faults = random.Random(seed)
     now, peak = 0.0, 0
     for _ in range(200_000):
@@ -129,3 +132,79 @@ def test_duplicate_results_ignored_and_counted():
     assert e.receive(bogus, 1.0)
     assert e.duplicate_results == 1
     assert np.array_equal(e.result, reference(arrays, proto.ReduceOp.SUM))
+
+
+# ---------------------------------------------------------------- the switch's element types
+from cais import numerics  # noqa: E402
+from cais.allreduce import chunk_payload  # noqa: E402
+from folds import fold, same_bits  # noqa: E402
+
+T = proto.DType
+
+
+def typed_inputs(dtype, ranks, elements, seed):
+    rng = np.random.default_rng(seed)
+    if dtype in (T.INT32, T.INT16, T.INT8):
+        t = {T.INT32: np.int32, T.INT16: np.int16, T.INT8: np.int8}[dtype]
+        info = np.iinfo(t)
+        return [rng.integers(info.min, info.max, elements, dtype=np.int64, endpoint=True).astype(t)
+                for _ in range(ranks)]
+    out = []
+    for _ in range(ranks):
+        x = (rng.standard_normal(elements) * np.ldexp(1.0, rng.integers(-10, 10, elements))).astype(np.float32)
+        out.append(numerics.f32_to_bf16(x) if dtype == T.BF16 else x.astype({T.FP32: np.float32, T.FP16: np.float16}[dtype]))
+    return out
+
+
+@pytest.mark.parametrize("dtype", list(T))
+@pytest.mark.parametrize("op", list(proto.ReduceOp))
+def test_every_type_under_loss(dtype, op):
+    """Reproducible rules for floats (the result is the fold in port order, whatever arrived first), plain
+    ones for integers (exact in any order); chunks are cut to the rule's capacity and the element size."""
+    ranks, elements = 4, 1000
+    is_float = dtype in proto.FLOAT_DTYPES
+    kind = {"dtype": dtype, "reproducible": is_float, "acc_fp32": dtype in (T.FP16, T.BF16)}
+    params = SwitchParams(ports=ranks)
+    capacity = params.set_capacity(kind["acc_fp32"], kind["reproducible"])
+    arrays = typed_inputs(dtype, ranks, elements, int(dtype) * 3 + int(op))
+    engines, _, model, _ = run(ranks, elements, op, drop=0.05, dup=0.05, seed=int(dtype), arrays=arrays, kind=kind,
+                               capacity=capacity)
+    want = fold(arrays, op, dtype, acc_fp32=kind["acc_fp32"])
+    for e in engines:
+        assert e.done and not e.failed
+        assert same_bits(e.result, want)
+    chunk = chunk_payload(256, capacity, proto.ELEMENT_BYTES[dtype])
+    c = model.counters()
+    assert c["DROP_TYPE_MISMATCH"] == 0 and c["DROP_PAYLOAD_TOO_LONG"] == 0
+    assert c["CONTRIBUTIONS"] == ranks * chunk_count(elements, proto.ELEMENT_BYTES[dtype], chunk)
+
+
+def test_chunks_fit_the_capacity_and_carry_the_type():
+    bits = numerics.f32_to_bf16(np.arange(100, dtype=np.float32))
+    e = SwitchAllReduce(data=bits, op=proto.ReduceOp.SUM, group_id=2, seq_base=0, slot_count=8, window=8,
+                        chunk_size=256, timeout_s=1.0, retry_limit=3, mac=1, dtype=T.BF16, capacity=40)
+    frames = [proto.parse_frame(f) for f in e.poll(0.0)]
+    assert e.chunk_bytes == 40 and e.nchunks == 5 and len(frames) == 5
+    assert all(f.cais.dtype == T.BF16 and f.cais.payload_len == 40 for f in frames)
+    assert np.array_equal(numerics.decode(T.BF16, frames[1].payload), bits[20:40])
+    # int8: 1-byte elements, a capacity that is not a multiple of anything
+    e = SwitchAllReduce(data=np.arange(-50, 50, dtype=np.int8), op=proto.ReduceOp.MAX, group_id=2, seq_base=0,
+                        slot_count=8, window=8, chunk_size=64, timeout_s=1.0, retry_limit=3, mac=1, capacity=47)
+    assert e.chunk_bytes == 47 and e.nchunks == 3 and e.dtype == T.INT8
+    assert chunk_payload(256, 42, 4) == 40 and chunk_payload(256, 3, 4) == 0
+    # a result of another type or length is not this chunk's
+    hdr = proto.CaisHeader(group_id=2, seq_num=0, payload_len=47, dtype=T.INT16, red_op=proto.ReduceOp.MAX,
+                           flags=int(proto.Flags.RESULT))
+    assert not e.receive(proto.build_frame(hdr, bytes(47)), 0.0)
+
+
+def test_bad_types_refused():
+    with pytest.raises(TypeError, match="float64"):
+        SwitchAllReduce(data=np.zeros(4), op=0, group_id=1, seq_base=0, slot_count=1, window=1, chunk_size=256,
+                        timeout_s=1.0, retry_limit=1, mac=1)
+    with pytest.raises(TypeError, match="uint16"):
+        SwitchAllReduce(data=np.zeros(4, np.float32), op=0, group_id=1, seq_base=0, slot_count=1, window=1,
+                        chunk_size=256, timeout_s=1.0, retry_limit=1, mac=1, dtype=T.BF16)
+    with pytest.raises(ValueError, match="not even one"):
+        SwitchAllReduce(data=np.zeros(4, np.float32), op=0, group_id=1, seq_base=0, slot_count=1, window=1,
+                        chunk_size=256, timeout_s=1.0, retry_limit=1, mac=1, capacity=2)

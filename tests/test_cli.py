@@ -14,6 +14,11 @@ CASES = [
     (["-m", "cais.sim.cosim", "--loss", "1.5"], "--loss"),
     (["-m", "cais.sim.cosim", "--loss", "0.6", "--duplicate", "0.6"], "must not exceed 1"),
     (["-m", "cais.sim.cosim", "--config", "/nonexistent.toml"], "cannot read"),
+    (["-m", "cais.sim.cosim", "--dtype", "int64"], "--dtype"),
+    (["-m", "cais.sim.cosim", "--dtype", "float8"], "--dtype"),
+    (["-m", "cais.sim.cosim", "--accumulate", "fp64"], "--accumulate"),
+    (["-m", "cais.sim.cosim", "--float-mode", "fast"], "--float-mode"),
+    (["-m", "cais.sim.cosim", "--reproducible", "yes"], "unrecognized arguments: yes"),
     (["-m", "cais.hdl.export", "--ports", "17"], "ports=17"),
     (["-m", "cais.hdl.export", "--data-width", "abc"], "data-width"),
     (["bench/bench_datapath.py", "--ports", "0"], "ports=0"),
@@ -26,3 +31,21 @@ def test_bad_arguments_refused(argv, needle):
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_native_types_end_to_end(tmp_path):
+    """`make sim` on the model: bf16 with fp32 accumulation and reproducible order, checked bit for bit."""
+    proc = subprocess.run([sys.executable, "-m", "cais.sim.cosim", "--backend", "model", "--elements", "500",
+                           "--dtype", "bf16", "--reproducible", "--loss", "0.02", "--offload", "always"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "CORRECT" in proc.stdout and "bit for bit" in proc.stdout and "path: switch native" in proc.stdout
+    assert "accumulate fp32, reproducible True" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "cais.sim.cosim", "--backend", "model", "--elements", "500",
+                           "--dtype", "float16", "--float-mode", "quantize", "--accumulate", "wire",
+                           "--offload", "always"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "path: switch quantized" in proc.stdout, proc.stdout + proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "cais.sim.cosim", "--backend", "model", "--elements", "300",
+                           "--dtype", "int8", "--op", "min", "--offload", "never"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "equals numpy's min" in proc.stdout and "path: ring" in proc.stdout, proc.stdout

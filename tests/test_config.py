@@ -29,6 +29,12 @@ def test_toml_then_keywords(tmp_path):
     ({"controller_port": 70000}, "controller_port=70000"),
     ({"offload": "sometimes"}, "offload='sometimes'"),
     ({"max_pending_chunks": True}, "max_pending_chunks=True"),
+    ({"float_mode": "fast"}, "float_mode='fast': must be \"native\" or \"quantize\""),
+    ({"float_mode": 1}, "float_mode=1: must be a string"),
+    ({"accumulate": "fp64"}, "accumulate='fp64': must be \"fp32\" or \"wire\""),
+    ({"reproducible": 1}, "reproducible=1: must be true or false"),
+    ({"reproducible": "yes"}, "reproducible='yes'"),
+    ({"saturate": 0}, "saturate=0: must be true or false"),
 ])
 def test_bad_values_named(kw, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(".", r"\.")):
@@ -44,3 +50,12 @@ def test_unknown_key_and_bad_file(tmp_path):
         Config.load(bad)
     with pytest.raises(ConfigError, match="cannot read"):
         Config.load(tmp_path / "missing.toml")
+
+
+def test_numeric_keys(tmp_path):
+    c = Config()
+    assert (c.float_mode, c.accumulate, c.reproducible, c.saturate) == ("native", "fp32", False, False)
+    path = tmp_path / "cais.toml"
+    path.write_text('[cais]\nfloat_mode = "quantize"\naccumulate = "wire"\nreproducible = true\n')
+    c = Config.load(path, saturate=True)
+    assert (c.float_mode, c.accumulate, c.reproducible, c.saturate) == ("quantize", "wire", True, True)

@@ -135,3 +135,115 @@ def test_start_refuses_a_link_without_a_switch():
     ctl = Controller(link, Config(), [0, 1, 2, 3], [1, 2, 3, 4])
     with pytest.raises(RuntimeError, match="no CAIS switch"):
         run_sync(ctl.start())
+
+
+# ---------------------------------------------------------------- typed rules
+from cais import protocol as proto  # noqa: E402
+from cais.allreduce import CollectiveKind  # noqa: E402
+
+
+def _frame(group_id, kind, seq=0, plen=4):
+    hdr = proto.CaisHeader(group_id=group_id, seq_num=seq, payload_len=plen, dtype=kind.dtype, red_op=kind.op)
+    return proto.build_frame(hdr, bytes(plen), pad=True)
+
+
+def test_features_read_at_start():
+    for units in (True, False):
+        _, ctl = make(SwitchParams(float_units=units))
+        assert ctl.float_units is units
+        assert (proto.DType.FP32 in ctl.dtypes) is units and proto.DType.INT8 in ctl.dtypes
+
+
+def test_rule_retyped_before_a_collective_of_another_kind():
+    link, ctl = make(offload="always")
+    g = run_sync(ctl.create_group([0, 1, 2, 3]))
+    int_sum = CollectiveKind()
+    assert ctl.decide(g.group_id, 0, 4000, 0.0, int_sum).offload     # the rule's kind already: no wait
+    for r in range(4):
+        ctl.finished(r, g.group_id, 0)
+    fp16 = CollectiveKind.make(proto.DType.FP16, proto.ReduceOp.SUM, acc_fp32=True, reproducible=True)
+    assert ctl.decide(g.group_id, 1, 4000, 0.0, fp16) is None            # held: the rule is retyped first
+    assert ctl.pending
+    writes = []
+    real_write = link.write
+
+    async def spy(addr, value):
+        writes.append(addr)
+        await real_write(addr, value)
+    link.write = spy
+    run_sync(ctl.service(0.0))
+    regs = register_map(link.params)
+    assert regs["RULE_TYPE"].address() in writes and regs["RULE_WRITE"].address() in writes
+    assert writes.count(regs["SLOT_CLEAR"].address()) == g.slot_count     # new accumulator layout
+    d = ctl.decide(g.group_id, 1, 4000, 0.0, fp16)
+    assert d.offload and not ctl.pending and d.kind == fp16 and ctl.retypes == 1
+    # chunks: the capacity of a reproducible fp32-accumulating set, in whole elements; seq after op 0's
+    cap = link.params.set_capacity(True, True)
+    assert d.chunk_bytes == min(256, cap) // 2 * 2
+    assert d.seq_base == -(-4000 // 256)
+    # the switch takes the new kind and refuses the old one
+    link.model.receive(0, _frame(g.group_id, fp16, seq=d.seq_base))
+    link.model.receive(1, _frame(g.group_id, int_sum, seq=d.seq_base))
+    c = link.model.counters()
+    assert c["DROP_TYPE_MISMATCH"] == 1
+    # an operator change alone keeps the slots
+    for r in range(4):
+        ctl.finished(r, g.group_id, 1)
+    fp16_max = CollectiveKind.make(proto.DType.FP16, proto.ReduceOp.MAX, reproducible=True)
+    assert ctl.decide(g.group_id, 2, 100, 0.0, fp16_max) is None
+    writes.clear()
+    run_sync(ctl.service(0.0))
+    assert regs["SLOT_CLEAR"].address() in writes      # acc_fp32 went away: another layout
+    for r in range(4):
+        ctl.finished(r, g.group_id, 2)
+    fp16_min = CollectiveKind.make(proto.DType.FP16, proto.ReduceOp.MIN, reproducible=True)
+    assert ctl.decide(g.group_id, 3, 100, 0.0, fp16_min) is None
+    writes.clear()
+    run_sync(ctl.service(0.0))
+    assert regs["SLOT_CLEAR"].address() not in writes and regs["RULE_WRITE"].address() in writes
+
+
+def test_retype_waits_for_an_idle_switch():
+    link, ctl = make(offload="always")
+    g = run_sync(ctl.create_group([0, 1]))
+    link.send(0, _frame(g.group_id, CollectiveKind()))                     # a frame still on its way
+    assert ctl.decide(g.group_id, 0, 100, 0.0, CollectiveKind.make(proto.DType.INT8, proto.ReduceOp.MAX)) is None
+    run_sync(ctl.service(0.0))
+    assert ctl.pending                                                       # not yet: the switch is busy
+    run_sync(link.advance(1000))
+    run_sync(ctl.service(0.0))
+    assert not ctl.pending and ctl.decide(g.group_id, 0, 100, 0.0) is not None
+    assert link.model.counters()["DROP_TYPE_MISMATCH"] == 0                 # the old frame met the old rule
+
+
+def test_kinds_the_switch_cannot_reduce_stay_on_the_hosts():
+    # no float units
+    _, ctl = make(SwitchParams(float_units=False), offload="always")
+    g = run_sync(ctl.create_group([0, 1]))
+    d = ctl.decide(g.group_id, 0, 100, 0.0, CollectiveKind.make(proto.DType.FP32, proto.ReduceOp.SUM))
+    assert not d.offload and "float units" in d.reason and not ctl.pending
+    # a reproducible set that holds less than an element (4 ports + accumulator area in 4 rows of 64 bytes)
+    params = SwitchParams(data_width=512)
+    assert params.set_capacity(False, True) == 0
+    _, ctl = make(params, offload="always")
+    g = run_sync(ctl.create_group([0, 1, 2, 3]))
+    d = ctl.decide(g.group_id, 0, 100, 0.0, CollectiveKind.make(proto.DType.FP32, proto.ReduceOp.SUM,
+                                                                reproducible=True))
+    assert not d.offload and "0 bytes" in d.reason
+    for r in range(4):
+        ctl.finished(r, g.group_id, 0)
+    fp32 = CollectiveKind.make(proto.DType.FP32, proto.ReduceOp.SUM)
+    assert ctl.decide(g.group_id, 1, 100, 0.0, fp32) is None      # retyped first
+    run_sync(ctl.service(0.0))
+    d = ctl.decide(g.group_id, 1, 100, 0.0, fp32)
+    assert d.offload and d.seq_base == 0      # sequence numbers count offloaded chunks only
+
+
+def test_kind_normalisation():
+    k = CollectiveKind.make(proto.DType.INT32, proto.ReduceOp.SUM, acc_fp32=True, saturate=True, reproducible=True)
+    assert k == CollectiveKind()                         # none of the flags changes an int32 wrap sum
+    k = CollectiveKind.make(proto.DType.INT8, proto.ReduceOp.SUM, saturate=True, reproducible=True)
+    assert k.saturate and k.reproducible
+    k = CollectiveKind.make(proto.DType.BF16, proto.ReduceOp.MAX, acc_fp32=True, reproducible=True)
+    assert not k.acc_fp32 and k.reproducible
+    assert str(CollectiveKind.make(proto.DType.FP16, proto.ReduceOp.SUM, acc_fp32=True)) == "fp16 sum acc_fp32"

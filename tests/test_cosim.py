@@ -148,3 +148,261 @@ def test_verilator_lossless_matches_model_frames():
     for key in ("RX_FRAMES", "RX_BYTES", "TX_FRAMES", "TX_BYTES", "CONTRIBUTIONS", "COMPLETED"):
         assert model["counters"][key] == rtl["counters"][key], key
     assert model["frames_sent"] == rtl["frames_sent"]
+
+
+# ---------------------------------------------------------------- native element types through the driver
+import math  # noqa: E402
+
+from cais import numerics  # noqa: E402
+from cais.sim.faults import FaultSpec, FaultyLink  # noqa: E402
+from folds import fold, ring_fold, same_bits  # noqa: E402
+
+T = proto.DType
+OPS = ("sum", "max", "min")
+NUMPY = {T.INT32: np.int32, T.INT16: np.int16, T.INT8: np.int8, T.FP32: np.float32, T.FP16: np.float16}
+
+
+def typed_data(dtype, ranks, n, seed):
+    """Per rank: int arrays over the whole range; floats of many magnitudes with zeros of both signs;
+    bf16 as uint16 bits."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(ranks):
+        if dtype in (T.INT32, T.INT16, T.INT8):
+            info = np.iinfo(NUMPY[dtype])
+            out.append(rng.integers(info.min, info.max, n, dtype=np.int64, endpoint=True).astype(NUMPY[dtype]))
+            continue
+        x = rng.standard_normal(n) * np.ldexp(1.0, rng.integers(-8, 9, n))
+        x[rng.random(n) < 0.03] = -0.0
+        x[rng.random(n) < 0.03] = 0.0
+        x = x.astype(np.float32)
+        out.append(numerics.f32_to_bf16(x) if dtype == T.BF16 else x.astype(NUMPY[dtype]))
+    return out
+
+
+def run_world(fn, ranks=4, params=None, faults=None, rank_ports=None, **config):
+    params = params or SwitchParams(ports=4)
+    inner = ModelLink(params)
+    link = FaultyLink(inner, FaultSpec(**faults)) if faults else inner
+    world = World(link, ranks=ranks, config=Config(**config), rank_ports=rank_ports)
+    results = run_sync(world.run(fn))
+    return results, inner.model.counters(), world
+
+
+def three_ops(data, dtype, shape=(5, -1)):
+    """fn for World.run: sum, max and min of the rank's array (a 2-D view), in a row."""
+    name = "bf16" if dtype == T.BF16 else None
+
+    def fn(comm):
+        out = []
+        for op in OPS:
+            work = comm.all_reduce(data[comm.rank].reshape(shape), op=op, async_op=True, dtype=name)
+            out.append((work.wait(), work.path, work.numerics))
+        return out
+    return fn
+
+
+@pytest.mark.parametrize("dtype,accumulate", [(t, "fp32") for t in T] + [(T.FP16, "wire"), (T.BF16, "wire")],
+                         ids=lambda v: getattr(v, "name", v))
+def test_every_type_and_op_exact_under_faults(dtype, accumulate):
+    """Integers exact, floats (reproducible) bit for bit the fold in rank order: loss, duplicates and
+    reordering change nothing; the controller retypes the rule per collective, so no frame meets a rule of
+    another kind. (fp16/bf16 sums of 4 values accumulated in fp32 are mostly exact in any order: the
+    "wire" cases are the ones where arrival order would show.)"""
+    data = typed_data(dtype, 4, 1500, int(dtype))
+    is_float = dtype in proto.FLOAT_DTYPES
+    results, c, world = run_world(three_ops(data, dtype), faults=dict(drop=0.05, duplicate=0.03, reorder=0.03,
+                                                                       seed=int(dtype)),
+                                  offload="always", reproducible=is_float, accumulate=accumulate)
+    for k, op in enumerate(OPS):
+        want = fold(data, op, dtype, acc_fp32=accumulate == "fp32" and dtype in (T.FP16, T.BF16) and op == "sum")
+        for r in range(4):
+            got, path, mode = results[r][k]
+            assert (path, mode) == ("switch", "native")
+            assert got.shape == (5, 300) and same_bits(got.reshape(-1), want), (op, r)
+    assert c["DROP_TYPE_MISMATCH"] == 0 and c["DROP_PAYLOAD_TOO_LONG"] == 0 and c["DROP_BAD_CODE"] == 0
+    assert world.controller.retypes >= 2
+    assert sum(world.retransmissions) > 0
+
+
+@pytest.mark.parametrize("dtype", [T.FP32, T.FP16, T.BF16], ids=lambda t: t.name)
+def test_floats_without_reproducible_within_bounds_and_consistent(dtype):
+    """Arrival order decides the rounding, but every rank gets the same bits; sums are within the
+    rounding bound of any order; max/min exact (a zero tie may keep either sign present)."""
+    data = typed_data(dtype, 4, 1200, 10 + int(dtype))
+    results, c, _ = run_world(three_ops(data, dtype), faults=dict(drop=0.05, reorder=0.05, seed=3),
+                              offload="always")
+    vals = np.stack([numerics.bf16_to_f32(d) if dtype == T.BF16 else d for d in data]).astype(np.float64)
+    u = {T.FP32: 2.0**-24, T.FP16: 2.0**-11, T.BF16: 2.0**-8}[dtype]
+    for k, op in enumerate(OPS):
+        got = [results[r][k][0].reshape(-1) for r in range(4)]
+        assert all(same_bits(g, got[0]) for g in got)
+        g = (numerics.bf16_to_f32(got[0]) if dtype == T.BF16 else got[0]).astype(np.float64)
+        if op == "sum":
+            # 3 additions in fp32 (fp16/bf16 accumulate in fp32 by default), each within u32 of its result:
+            # gamma_3 sum|x|; then fp16/bf16 round once more (half an ulp, or half the smallest subnormal)
+            exact = np.array([math.fsum(col) for col in vals.T])
+            g3 = 3 * 2.0**-24 / (1 - 3 * 2.0**-24) * np.abs(vals).sum(0)
+            bound = g3 if dtype == T.FP32 else g3 + u * (np.abs(exact) + g3) + {T.FP16: 2.0**-25, T.BF16: 2.0**-134}[dtype]
+            assert np.all(np.abs(g - exact) <= bound)
+        else:
+            assert np.array_equal(g, vals.max(0) if op == "max" else vals.min(0))
+    assert c["DROP_TYPE_MISMATCH"] == 0
+
+
+def test_fp32_accumulation_beats_wire_rounding():
+    """fp16, 8 ranks, the same small increments on every rank (so every order adds the same numbers):
+    rounding after each addition loses them, fp32 accumulation rounds once."""
+    params = SwitchParams(ports=8)
+    x = (1.0 + np.arange(1, 400) * 2.0**-10).astype(np.float16)     # 1 + k ulp(1)
+    out = {}
+    for acc in ("fp32", "wire"):
+        results, c, _ = run_world(lambda comm: comm.all_reduce(x), ranks=8, params=params, offload="always",
+                                  accumulate=acc)
+        assert all(same_bits(r, results[0]) for r in results)
+        out[acc] = results[0]
+        assert c["DROP_TYPE_MISMATCH"] == 0
+    wire = x.copy()
+    for _ in range(7):
+        wire = wire + x                                                # float16 additions
+    wide = (x.astype(np.float32) * 8).astype(np.float16)               # exact in fp32, rounded once
+    assert same_bits(out["wire"], wire) and same_bits(out["fp32"], wide)
+    exact = x.astype(np.float64) * 8
+    err_wire, err_wide = np.abs(out["wire"] - exact), np.abs(out["fp32"] - exact)
+    assert np.count_nonzero(out["wire"] != out["fp32"]) > 100
+    assert np.all(err_wide <= err_wire) and err_wide.sum() < 0.5 * err_wire.sum()
+
+
+@pytest.mark.parametrize("dtype", [T.FP32, T.FP16, T.BF16, T.INT8], ids=lambda t: t.name)
+def test_host_ring_gives_ring_order_and_reproducible_rank_order(dtype):
+    """offload=never: the ring folds each block in ring order from its first rank, in the wire type; with
+    reproducible it gives the switch's bits: the fold in rank (= port) order."""
+    data = typed_data(dtype, 3, 1000, 20 + int(dtype))
+    fn = three_ops(data, dtype, shape=(-1,))
+    results, c, _ = run_world(fn, ranks=3, faults=dict(drop=0.05, seed=4), offload="never")
+    for k, op in enumerate(OPS):
+        want = ring_fold(data, op, dtype)
+        assert all(results[r][k][1] == "ring" and same_bits(results[r][k][0], want) for r in range(3)), op
+    assert c["CONTRIBUTIONS"] == 0
+    if dtype in proto.FLOAT_DTYPES:
+        results, _, _ = run_world(fn, ranks=3, offload="never", reproducible=True)
+        for k, op in enumerate(OPS):
+            want = fold(data, op, dtype, acc_fp32=dtype != T.FP32 and op == "sum")
+            assert all(same_bits(results[r][k][0], want) for r in range(3)), op
+
+
+def test_reproducible_switch_and_ring_agree_when_ports_do_not_ascend():
+    """Ranks on ports 3, 2, 1, 0: the switch folds in port order, and so does the host ring."""
+    data = typed_data(T.FP32, 4, 900, 7)
+    fn = three_ops(data, T.FP32, shape=(-1,))
+    got = {}
+    for offload in ("always", "never"):
+        results, _, _ = run_world(fn, rank_ports=[3, 2, 1, 0], offload=offload, reproducible=True)
+        got[offload] = results
+    want = fold(data[::-1], "sum", T.FP32)
+    assert same_bits(got["always"][0][0][0], want) and same_bits(got["never"][0][0][0], want)
+    for k in range(3):
+        for r in range(4):
+            assert same_bits(got["always"][r][k][0], got["never"][r][k][0])
+
+
+def test_float_mode_and_switches_without_float_units():
+    data = typed_data(T.FP32, 4, 500, 8)
+
+    def fn(comm):
+        work = comm.all_reduce(data[comm.rank], async_op=True)
+        return work.wait(), work.path, work.numerics
+
+    quantized, c, world = run_world(fn, params=SwitchParams(ports=4, float_units=False), offload="always")
+    assert not world.controller.float_units and c["DROP_BAD_CODE"] == 0
+    assert all(r[1:] == ("switch", "quantized") for r in quantized)
+    forced, _, world = run_world(fn, offload="always", float_mode="quantize")
+    assert world.controller.float_units
+    assert all(same_bits(a[0], b[0]) and b[2] == "quantized" for a, b in zip(quantized, forced))
+    native, _, _ = run_world(fn, offload="always")
+    assert all(r[2] == "native" for r in native)
+
+
+def test_reproducible_stays_on_the_hosts_where_a_set_holds_no_element():
+    params = SwitchParams(ports=4, data_width=512)          # 4 rows of 64 bytes: 5 areas do not fit
+    data = typed_data(T.FP16, 4, 700, 9)
+    results, c, world = run_world(three_ops(data, T.FP16, shape=(-1,)), params=params, offload="always",
+                                  reproducible=True)
+    for k, op in enumerate(OPS):
+        want = fold(data, op, T.FP16, acc_fp32=op == "sum")
+        assert all(results[r][k][1] == "ring" and same_bits(results[r][k][0], want) for r in range(4))
+    assert all("0 bytes" in d.reason for _, _, _, d in world.controller.decisions)
+    assert c["CONTRIBUTIONS"] == 0
+
+
+def test_bf16_and_dtype_argument():
+    x = [np.linspace(-3, 3, 101, dtype=np.float32) * (r + 1.001) for r in range(2)]
+    bits = [numerics.f32_to_bf16(a) for a in x]
+
+    def fn(comm):
+        f = comm.all_reduce(x[comm.rank], dtype="bf16")
+        work = comm.all_reduce(bits[comm.rank], dtype=proto.DType.BF16, op="max", async_op=True)
+        return f, work.wait()
+
+    results, _, _ = run_world(fn, ranks=2, offload="always", reproducible=True)
+    for f, b in results:
+        assert f.dtype == np.float32 and same_bits(f, numerics.bf16_to_f32(fold(bits, "sum", T.BF16, acc_fp32=True)))
+        assert b.dtype == np.uint16 and same_bits(b, fold(bits, "max", T.BF16))
+
+    def bad(comm, array, dtype, exc, needle):
+        with pytest.raises(exc, match=needle):
+            comm.all_reduce(array, dtype=dtype)
+
+    def fn_bad(comm):
+        bad(comm, np.zeros(3, np.float16), "bf16", TypeError, "float32 .* or uint16")
+        bad(comm, np.zeros(3, np.int32), "int16", TypeError, "only bf16")
+        bad(comm, np.zeros(3, np.float32), "fp64", TypeError, "dtype='fp64'")
+        bad(comm, np.zeros(3, np.uint16), None, TypeError, "uint16")
+        return comm.all_reduce(np.array([np.nan, np.inf], np.float32))     # native floats carry NaN and inf
+
+    results, _, _ = run_world(fn_bad, ranks=2, offload="always")
+    assert np.isnan(results[0][0]) and results[0][1] == np.inf
+
+
+def test_saturating_int_sums():
+    big = [np.full(300, 100, np.int8), np.full(300, 60, np.int8), np.full(300, 30, np.int8)]
+    results, _, _ = run_world(lambda comm: comm.all_reduce(big[comm.rank]), ranks=3, offload="always", saturate=True)
+    assert all(np.all(r == 127) for r in results)            # clamped, not wrapped (190 -> -66)
+    mixed = typed_data(T.INT16, 3, 400, 11)
+    results, _, _ = run_world(lambda comm: comm.all_reduce(mixed[comm.rank]), ranks=3, offload="always",
+                              saturate=True, reproducible=True, faults=dict(drop=0.05, reorder=0.05, seed=5))
+    want = fold(mixed, "sum", T.INT16, saturate=True)
+    assert all(same_bits(r, want) for r in results)
+    assert not same_bits(want, fold(mixed, "sum", T.INT16))  # the clamping showed
+
+
+@pytest.mark.parametrize("dtype", ["int16", "int8", "float32", "float16", "bf16"])
+@pytest.mark.parametrize("reproducible", [False, True])
+def test_workload_native_types(dtype, reproducible):
+    s = run("model", dtype=dtype, op="sum", elements=1200, loss=0.03, collectives=2,
+            config={"offload": "always", "reproducible": reproducible})
+    assert s["routes"] == ["switch native"] and s["counters"]["DROP_TYPE_MISMATCH"] == 0
+    if dtype[0] in "fb" and not reproducible:
+        assert 0 < s["max_error_over_bound"] <= 1.0
+
+
+@pytest.mark.parametrize("reproducible", [False, True])
+def test_native_float_fallback_gives_every_rank_the_same_bits(reproducible):
+    """Rank 3 loses results and runs out of retries after ranks 0..2 got every result: the collective
+    moves to the ring. The ranks that finished on the switch must not keep the switch's bits when rank 3
+    gets the ring's (they differ without reproducible): their results are withheld until no peer can fall
+    back, and then are the ring's."""
+    data = typed_data(T.FP16, 4, 3000, 12)
+
+    def fn(comm):
+        work = comm.all_reduce(data[comm.rank], async_op=True)
+        return work.wait(), work.path
+
+    results, _, world = run_world(fn, faults=dict(drop=0.3, ports=(3,), ingress=False, seed=2), offload="always",
+                                  retry_limit=0, accumulate="wire", reproducible=reproducible)
+    assert any("falls back" in e for _, e in world.controller.events)
+    assert all(same_bits(r[0], results[0][0]) for r in results)
+    if reproducible:
+        assert same_bits(results[0][0], fold(data, "sum", T.FP16))
+    else:
+        assert all(r[1] == "ring" for r in results) and same_bits(results[0][0], ring_fold(data, "sum", T.FP16))

@@ -224,7 +224,8 @@ def test_max_min_refuse_nan_allow_inf():
 
 # ------------------------------------------------------------------------------------------ the driver
 def _world(ranks, **config):
-    return World(ModelLink(SwitchParams(ports=4)), ranks=ranks, config=Config(**{"offload": "always", **config}))
+    return World(ModelLink(SwitchParams(ports=4)), ranks=ranks,
+                 config=Config(**{"offload": "always", "float_mode": "quantize", **config}))
 
 
 @pytest.mark.parametrize("ranks", [2, 4])
@@ -289,7 +290,7 @@ def test_driver_refuses_other_dtypes_and_nan():
                                       ("float32", "max"), ("float32", "min"), ("float64", "max")])
 def test_workload_with_loss(ranks, dtype, op):
     job = {"ranks": ranks, "elements": 2000, "op": op, "dtype": dtype, "seed": 4, "loss": 0.05,
-           "collectives": 2, "config": {"offload": "always"}}
+           "collectives": 2, "config": {"offload": "always", "float_mode": "quantize"}}
     s = run_backend("model", SwitchParams(ports=4), ENTRY, job)
     assert s["correct"], s
     assert s["dtype"] == dtype and s["paths"] == ["switch"] and sum(s["retransmissions"]) > 0
@@ -299,7 +300,8 @@ def test_workload_with_loss(ranks, dtype, op):
 
 
 def test_amaranth_float_sum():
-    job = {"ranks": 4, "elements": 300, "op": "sum", "dtype": "float32", "seed": 2, "config": {"offload": "always"}}
+    job = {"ranks": 4, "elements": 300, "op": "sum", "dtype": "float32", "seed": 2,
+           "config": {"offload": "always", "float_mode": "quantize"}}
     rtl = run_backend("amaranth", SwitchParams(ports=4), ENTRY, job)
     model = run_backend("model", SwitchParams(ports=4), ENTRY, job)
     assert rtl["correct"] and rtl["paths"] == ["switch"], rtl

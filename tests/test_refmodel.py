@@ -6,6 +6,7 @@ numpy in int64 followed by an explicit wrap, never by asking the model.
 
 import random
 import struct
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -24,8 +25,9 @@ AR, AG, BC, RS = 0, 1, 2, 3          # op_type code points
 SUM, MAX, MIN = 0, 1, 2              # red_op code points
 RESULT, RETRANSMIT = 0x01, 0x02      # flags
 
+INT32, INT16, INT8, FP32, FP16, BF16 = range(6)   # dtype code points
 DROP_NAMES = ["BAD_FRAMING", "OVERSIZE", "RUNT", "BAD_CODE", "BAD_PAYLOAD_LEN", "BAD_LENGTH", "NO_RULE",
-              "FOREIGN_PORT", "BAD_SLOT", "TAG_MISMATCH", "NO_ROUTE"]
+              "FOREIGN_PORT", "TYPE_MISMATCH", "PAYLOAD_TOO_LONG", "BAD_SLOT", "TAG_MISMATCH", "NO_ROUTE"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -59,8 +61,9 @@ def cais_frame(values=(), *, payload=None, src_port=0, dst=b"\xff" * 6, pad_to=N
     return frame
 
 
-def result_frame(values, **hdr):
-    payload = np.asarray(values, dtype=">i4").tobytes()
+def result_frame(values=(), *, payload=None, **hdr):
+    if payload is None:
+        payload = np.asarray(values, dtype=">i4").tobytes()
     group = hdr.get("group", 1)
     hdr = dict(hdr, flags=RESULT)
     return bytes([0x03, 0xCA, 0x15, 0, 0, group]) + SWITCH_MAC + ETYPE + header(plen=len(payload), **hdr) + payload
@@ -94,7 +97,7 @@ def check_invariant(m):
 def test_constant_registers():
     m = SwitchModel(P)
     assert m.read(0x000) == 0x43414953
-    assert m.read(0x004) == 0x00010000
+    assert m.read(0x004) == 0x00010001           # map version 1.1 (RULE_TYPE)
     assert m.read(0x008) == 4
     assert m.read(0x00C) == 64
     assert m.read(0x010) == 64
@@ -145,7 +148,7 @@ def test_switch_mac_register_sets_result_source():
 
 # ----------------------------------------------------------------------------- reduction
 def _reduce_4(red_op, inputs, expected):
-    m = model_with(Rule.for_group(1, ALL, ALL, base=0, count_log2=0))
+    m = model_with(Rule.for_group(1, ALL, ALL, base=0, count_log2=0, red_op=red_op))
     for p in range(3):
         assert contribute(m, p, 0, inputs[p], red_op=red_op) == []
     out = contribute(m, 3, 0, inputs[3], red_op=red_op)
@@ -351,7 +354,7 @@ MALFORMED = [
     ("RUNT", _raw_cais(29, op=7, plen=0), True),                # runt before code
     ("BAD_CODE", _raw_cais(34, op=RS, plen=4), True),
     ("BAD_CODE", _raw_cais(34, op=0xFF, plen=4), True),
-    ("BAD_CODE", _raw_cais(34, dtype=3, plen=4), True),          # FP32: valid code, not supported
+    ("BAD_CODE", _raw_cais(34, dtype=6, plen=4), True),          # first unassigned dtype
     ("BAD_CODE", _raw_cais(34, dtype=0xF, plen=4), True),
     ("BAD_CODE", _raw_cais(34, red_op=3, plen=4), True),
     ("BAD_CODE", _raw_cais(34, red_op=0xF, plen=4), True),
@@ -590,9 +593,12 @@ def test_slots_in_use_counts_nonempty_sets():
 def test_rule_writes_hand_derived():
     writes = rule_writes(RM, 2, Rule.for_group(7, 0b1111, 0b0101, base=3, count_log2=2))
     assert writes == [(0x040, 0x0000FF07), (0x044, 0), (0x048, 0), (0x04C, 0x0005000F),
-                      (0x050, 0x00020003), (0x054, 0x00000102)]
+                      (0x050, 0x00020003), (0x058, 0), (0x054, 0x00000102)]
     writes = rule_writes(RM, 7, Rule(layer=(0x1234, 0xFFF0), chunk=(5, 0x000F)), valid=False)
-    assert writes[1] == (0x044, 0xFFF01234) and writes[2] == (0x048, 0x000F0005) and writes[5] == (0x054, 7)
+    assert writes[1] == (0x044, 0xFFF01234) and writes[2] == (0x048, 0x000F0005) and writes[6] == (0x054, 7)
+    # RULE_TYPE: dtype in 3:0, red_op in 7:4, acc_fp32 bit 8, saturate bit 9
+    assert rule_writes(RM, 0, Rule.for_group(1, 1, dtype=FP16, red_op=MAX, acc_fp32=True))[5] == (0x058, 0x114)
+    assert rule_writes(RM, 0, Rule.for_group(1, 1, dtype=INT8, red_op=MIN, saturate=True))[5] == (0x058, 0x222)
     assert mac_writes(RM, 3, MacEntry(0x0A0B0C0D0E0F, 2)) == [(0x060, 0x0C0D0E0F), (0x064, 0x0A0B),
                                                               (0x068, 0x00010203)]
     assert slot_clear_writes(RM, 4, 3) == [(0x028, 4), (0x028, 5), (0x028, 6)]
@@ -634,6 +640,7 @@ def test_accounting_invariant_random_mix():
         Rule.for_group(1, ALL, ALL, base=0, count_log2=2),
         Rule.for_group(2, 0b0111, ALL, base=60, count_log2=3),     # partly outside the slot memory
         Rule(group=(0x10, 0xF0), contributors=0b0011, results=0b1111),
+        Rule.for_group(6, ALL, ALL, base=20, count_log2=2, dtype=FP16, acc_fp32=True),
         macs=[MacEntry(MAC_A, 2), MacEntry(MAC_B, 0)],
     )
     rx_frames = [0] * 4
@@ -650,9 +657,11 @@ def test_accounting_invariant_random_mix():
         else:
             plen = rng.choice([4, 8, 64, 256, 4, 8, 0, 6, 260])
             op = rng.choice([AR, AR, AR, AG, BC, RS, 9])
+            group = rng.choice([1, 1, 2, 0x13, 5, 6, 6])
+            dtype = (FP16 if group == 6 else INT32) if rng.random() < 0.9 else rng.choice([INT16, FP32, 7])
             frame = cais_frame(payload=bytes(rng.randrange(256) for _ in range(plen)), src_port=port,
-                               op=op, group=rng.choice([1, 1, 2, 0x13, 5]), seq=rng.randrange(12),
-                               red_op=rng.choice([SUM, SUM, MAX, MIN, 3]),
+                               op=op, group=group, seq=rng.randrange(12),
+                               red_op=rng.choice([SUM, SUM, SUM, SUM, MAX, MIN, 3]), dtype=dtype,
                                flags=rng.choice([0, 0, 0, RETRANSMIT, RESULT]), plen=plen)
             r = rng.random()
             if r < 0.05:
@@ -680,3 +689,349 @@ def test_accounting_invariant_random_mix():
         assert c[f"DROP_{n}"] > 0, n
     for n in ("FORWARDED", "CONTRIBUTIONS", "DUPLICATES", "COMPLETED", "RESULTS_RESENT"):
         assert c[n] > 0, n
+
+
+# ----------------------------------------------------------------------------- element types (RULE_TYPE)
+# Expected float results are computed here with numpy's own float32 / float16 arithmetic in arrival order,
+# and bfloat16 with exact fractions and a hand-written round-to-nearest-even; never with cais.numerics.
+FP32_QNAN, FP16_QNAN, BF16_QNAN = 0x7FC00000, 0x7E00, 0x7FC0
+
+
+def typed_frame(payload, dtype, red_op=SUM, **kw):
+    return cais_frame(payload=payload, dtype=dtype, red_op=red_op, **kw)
+
+
+def run_in_order(rule, dtype, payloads, red_op=SUM, seq=0, m=None, ports=None, params=P):
+    """Contributions in the given order (port i sends payloads[i]); returns (model, result payload)."""
+    m = m or model_with(rule, params=params)
+    ports = list(range(len(payloads))) if ports is None else ports
+    out = []
+    for port, payload in zip(ports, payloads):
+        out = m.receive(port, typed_frame(payload, dtype, red_op, seq=seq, src_port=port))
+    assert out, drops(m)
+    return m, out[0][1][30:]
+
+
+def f32_bits(x):
+    return np.asarray(x, dtype=np.float32).view(np.uint32)
+
+
+def test_rule_type_staging_register():
+    m = SwitchModel(P)
+    m.write(0x058, 0xFFFF_FFFF)
+    assert m.read(0x058) == 0x7FF       # dtype 3:0, red_op 7:4, acc_fp32 8, saturate 9, reproducible 10
+    rf = RegisterFile(m, RM)
+    rf.write("RULE_GROUP", value=4, mask=0xFF)
+    rf.write("RULE_PORTS", contributors=0b0011, results=0b0011)
+    rf.write("RULE_TYPE", dtype=INT16, red_op=MIN, acc_fp32=0, saturate=0)
+    rf.write("RULE_WRITE", index=0, valid=1)
+    rf.write("RULE_GROUP", value=5, mask=0xFF)              # RULE_TYPE keeps its value for the next rule
+    rf.write("RULE_SLOTS", base=1, count_log2=0)
+    rf.write("RULE_WRITE", index=1, valid=1)
+    vals = lambda *v: np.asarray(v, dtype=">i2").tobytes()
+    for group in (4, 5):
+        assert m.receive(0, typed_frame(vals(5, -7), INT16, MIN, group=group)) == []
+        out = m.receive(1, typed_frame(vals(-3, 2), INT16, MIN, group=group, src_port=1))
+        assert out[0][1][30:] == vals(-3, -7)
+    assert m.receive(0, typed_frame(vals(1, 1), INT16, SUM, group=4, seq=1)) == []
+    assert m.receive(0, typed_frame(vals(1, 1), INT32, MIN, group=4, seq=1)) == []
+    assert drops(m) == {"TYPE_MISMATCH": 2}
+    check_invariant(m)
+
+
+def test_type_mismatch_dtype_and_red_op_change_nothing():
+    m = model_with(Rule.for_group(1, ALL, count_log2=0))    # int32 SUM; one slot: seq 0 set 0, seq 1 set 1
+    for p in range(4):
+        contribute(m, p, 0, [p])
+    contribute(m, 0, 1, [1])
+    state = m.slot_state(0)
+    assert state == ((0b1110, 0, True), (0b0001, 1, False))
+    i16 = np.asarray([1, 2], dtype=">i2").tobytes()
+    assert m.receive(1, typed_frame(i16, INT16, seq=1, src_port=1)) == []              # dtype
+    assert m.receive(1, cais_frame([1], seq=1, red_op=MAX, src_port=1)) == []          # red_op
+    assert m.receive(2, cais_frame([1], seq=0, red_op=MIN, src_port=2)) == []          # no re-sent result
+    assert m.receive(0, cais_frame([1], seq=1, red_op=MAX)) == []                      # not a duplicate
+    assert drops(m) == {"TYPE_MISMATCH": 4}
+    assert m.slot_state(0) == state                                                    # and no implicit ack
+    c = m.counters()
+    assert c["DUPLICATES"] == 0 and c["RESULTS_RESENT"] == 0 and c["CONTRIBUTIONS"] == 5
+    check_invariant(m)
+
+
+def test_rule_checks_order():
+    fp16 = lambda n: np.zeros(n, dtype=">f2").tobytes()
+    m = model_with(Rule.for_group(1, 0b0111, count_log2=0, dtype=FP16, acc_fp32=True),
+                   Rule.for_group(2, ALL, base=P.slots, dtype=FP16, acc_fp32=True))   # quota outside memory
+    assert m.receive(3, typed_frame(fp16(100), INT16, group=1, src_port=3)) == []
+    assert drops(m) == {"FOREIGN_PORT": 1}                  # before TYPE_MISMATCH
+    assert m.receive(0, typed_frame(fp16(100), BF16, group=1)) == []
+    assert drops(m) == {"FOREIGN_PORT": 1, "TYPE_MISMATCH": 1}   # before PAYLOAD_TOO_LONG
+    assert m.receive(0, typed_frame(fp16(65), FP16, group=2)) == []
+    assert drops(m)["PAYLOAD_TOO_LONG"] == 1                # before BAD_SLOT
+    assert m.receive(0, typed_frame(fp16(64), FP16, group=2)) == []
+    assert drops(m)["BAD_SLOT"] == 1
+    assert m.receive(0, typed_frame(fp16(4), FP16, group=1, seq=0)) == []
+    assert m.receive(0, typed_frame(fp16(65), FP16, group=1, seq=2)) == []
+    assert drops(m)["PAYLOAD_TOO_LONG"] == 2                # before TAG_MISMATCH
+    assert m.receive(0, typed_frame(fp16(4), FP16, group=1, seq=2)) == []
+    assert drops(m) == {"FOREIGN_PORT": 1, "TYPE_MISMATCH": 1, "PAYLOAD_TOO_LONG": 2, "BAD_SLOT": 1,
+                        "TAG_MISMATCH": 1}
+    # all-gather and broadcast are forwarded whatever their dtype, red_op and length
+    for op in (AG, BC):
+        f = typed_frame(fp16(128), INT8, MAX, op=op, group=1)
+        assert [p for p, _ in m.receive(0, f)] == [1, 2]
+    check_invariant(m)
+
+
+@pytest.mark.parametrize("dtype,acc,plen,reason", [
+    (FP16, True, 130, "PAYLOAD_TOO_LONG"), (BF16, True, 256, "PAYLOAD_TOO_LONG"),
+    (FP16, True, 128, None), (BF16, True, 128, None), (FP16, False, 256, None), (BF16, False, 256, None),
+    (FP32, True, 256, None), (INT16, True, 256, None), (INT8, True, 256, None),   # acc_fp32 means nothing
+])
+def test_payload_too_long(dtype, acc, plen, reason):
+    m = model_with(Rule.for_group(1, 0b0001, dtype=dtype, acc_fp32=acc))
+    out = m.receive(0, typed_frame(bytes(plen), dtype))
+    assert drops(m) == ({reason: 1} if reason else {})
+    assert out == ([] if reason else [(0, result_frame(payload=bytes(plen), dtype=dtype))])
+
+
+def test_float_units_false_drops_float_codes():
+    params = SwitchParams(float_units=False)
+    assert params.dtypes == (INT32, INT16, INT8) and SwitchParams().dtypes == tuple(range(6))
+    m = model_with(Rule.for_group(1, ALL, dtype=FP32), Rule.for_group(2, 0b0001, dtype=INT8), params=params)
+    for dtype in (FP32, FP16, BF16):
+        assert m.receive(0, typed_frame(bytes(8), dtype)) == []
+        assert m.receive(0, typed_frame(bytes(8), dtype, op=AG)) == []     # every CAIS frame is checked
+    assert drops(m) == {"BAD_CODE": 6}
+    assert m.receive(0, typed_frame(bytes(8), INT16)) == []                # an integer type: the rule decides
+    assert drops(m) == {"BAD_CODE": 6, "TYPE_MISMATCH": 1}
+    out = m.receive(0, typed_frame(bytes([1, 2, 0xFF]), INT8, group=2))
+    assert out == [(0, result_frame(payload=bytes([1, 2, 0xFF]), dtype=INT8, group=2))]
+    m = model_with(Rule.for_group(1, 0b0001, dtype=FP32))                   # with float units: reduced
+    assert len(m.receive(0, typed_frame(bytes(8), FP32))) == 1
+
+
+def test_fp32_sum_in_arrival_order():
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((4, 64)) * np.exp2(rng.integers(-40, 40, (4, 64)))).astype(np.float32)
+    x[:, 0] = [2.0**24, 1, -2.0**24, 1]           # order matters: ((2**24 + 1) - 2**24) + 1 = 1, not 2
+    rule = Rule.for_group(1, ALL, dtype=FP32)
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [1, 3, 0, 2]):
+        want = x[order[0]].copy()
+        for p in order[1:]:
+            want = want + x[p]                     # float32 + float32: IEEE binary32 addition
+        _, got = run_in_order(rule, FP32, [x[p].astype(">f4").tobytes() for p in order], ports=order)
+        assert got == want.astype(">f4").tobytes(), order
+        if order == [0, 1, 2, 3]:
+            assert np.frombuffer(got, ">f4")[0] == 1.0
+        if order == [3, 2, 1, 0]:
+            assert np.frombuffer(got, ">f4")[0] == 2.0
+
+
+def test_fp32_special_values_hand_derived():
+    tiny, big = 2.0**-149, float(np.finfo(np.float32).max)
+    cols = [  # contributions of ports 0, 1 in order -> result bits
+        ((np.inf, 1.0), 0x7F800000), ((np.inf, -np.inf), FP32_QNAN), ((-np.inf, -big), 0xFF800000),
+        ((-0.0, -0.0), 0x80000000), ((-0.0, 0.0), 0x00000000), ((0.0, -0.0), 0x00000000),
+        ((1.5, -1.5), 0x00000000), ((tiny, tiny), 0x00000002), ((-tiny, tiny), 0x00000000),
+        ((2.0**-126 - tiny, tiny), 0x00800000),                  # largest subnormal + smallest: smallest normal
+        ((big, big), 0x7F800000), ((-big, -big), 0xFF800000),
+        ((big, 2.0**103), 0x7F800000),                           # largest + half an ulp: tie, rounds to inf
+        ((2.0**24, 1.0), 0x4B800000), ((2.0**24 + 2, 1.0), 0x4B800002),   # ties to even: down, then up
+    ]
+    a = np.array([c[0][0] for c in cols], dtype=np.float32)
+    b = np.array([c[0][1] for c in cols], dtype=np.float32)
+    want = np.array([c[1] for c in cols], dtype=np.uint32)
+    want[-1] = f32_bits(2.0**24 + 4)                          # 2**24 + 3 -> 2**24 + 4
+    nan_in = [0xFF800001, 0x7FA12345, 0x7FC00001]          # signalling, payloads, negative: all NaN
+    a = np.concatenate([f32_bits(a), nan_in, f32_bits([1.0])]).astype(">u4")
+    b = np.concatenate([f32_bits(b), f32_bits([1.0, 2.0, 3.0]), nan_in[:1]]).astype(">u4")
+    want = np.concatenate([want, [FP32_QNAN] * 4]).astype(np.uint32)
+    _, got = run_in_order(Rule.for_group(1, 0b0011, dtype=FP32), FP32, [a.tobytes(), b.tobytes()])
+    assert [hex(v) for v in np.frombuffer(got, ">u4")] == [hex(v) for v in want]
+
+
+def test_fp16_wire_versus_fp32_accumulation():
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((4, 64)) * np.exp2(rng.integers(-12, 10, (4, 64)))).astype(np.float16)
+    x[:, 0] = [2048, 1, 1, 1]
+    wire = x[0].copy()
+    for p in range(1, 4):
+        wire = wire + x[p]                              # float16 + float16: rounded to float16 each time
+    wide = x[0].astype(np.float32)
+    for p in range(1, 4):
+        wide = wide + x[p].astype(np.float32)
+    once = wide.astype(np.float16)                      # rounded once, at the end
+    payloads = [x[p].astype(">f2").tobytes() for p in range(4)]
+    _, got_wire = run_in_order(Rule.for_group(1, ALL, dtype=FP16), FP16, payloads)
+    m, got_acc = run_in_order(Rule.for_group(1, ALL, dtype=FP16, acc_fp32=True), FP16, payloads)
+    assert got_wire == wire.astype(">f2").tobytes()
+    assert got_acc == once.astype(">f2").tobytes()
+    # 2048 + 1 + 1 + 1: each +1 is a tie that rounds back to 2048; in fp32 the sum is 2051, a tie -> 2052
+    assert np.frombuffer(got_wire, ">u2")[0] == 0x6800 and np.frombuffer(got_acc, ">u2")[0] == 0x6802
+    assert got_wire != got_acc
+    acc = m.values(0, 0)                                # the set holds float32: max_payload / 4 elements
+    assert acc.dtype == np.float32 and len(acc) == 64 and np.array_equal(acc, wide)
+
+
+def test_fp16_special_values_hand_derived():
+    cols = [((np.inf, -np.inf), FP16_QNAN), ((65504, 16), 0x7C00), ((65504, 8), 0x7BFF),
+            ((-0.0, -0.0), 0x8000), ((2.0**-24, 2.0**-24), 0x0002), ((2.0**-14, -2.0**-24), 0x03FF)]
+    a = np.array([c[0][0] for c in cols], dtype=np.float16)
+    b = np.array([c[0][1] for c in cols], dtype=np.float16)
+    payloads = [np.append(a, np.uint16(0xFC01).view(np.float16)).astype(">f2").tobytes(),
+                np.append(b, np.float16(1)).astype(">f2").tobytes()]
+    want = [c[1] for c in cols] + [FP16_QNAN]
+    for acc in (False, True):
+        _, got = run_in_order(Rule.for_group(1, 0b0011, dtype=FP16, acc_fp32=acc), FP16, payloads)
+        assert list(np.frombuffer(got, ">u2")) == want, acc
+
+
+def _bf16_value(bits):
+    return Fraction(float((np.uint32(bits) << np.uint32(16)).view(np.float32)))
+
+
+def _bf16_round(x: Fraction, neg_zero=False) -> int:
+    """Exact rational -> bfloat16 bits, round to nearest even (8 significant bits, emin -126)."""
+    if x == 0:
+        return 0x8000 if neg_zero else 0
+    sign, x = (0x8000, -x) if x < 0 else (0, x)
+    e = x.numerator.bit_length() - x.denominator.bit_length()
+    if Fraction(2) ** e > x:
+        e -= 1
+    e = max(e, -126)
+    quantum = Fraction(2) ** (e - 7)
+    q, r = divmod(x, quantum)
+    if r * 2 > quantum or (r * 2 == quantum and q % 2):
+        q += 1
+    value = q * quantum
+    if value >= Fraction(2) ** 128:
+        return sign | 0x7F80
+    return sign | int(np.float32(float(value)).view(np.uint32) >> 16)
+
+
+def test_bf16_wire_and_fp32_accumulation_exact_reference():
+    rng = np.random.default_rng(9)
+    f = (rng.standard_normal((4, 64)) * np.exp2(rng.integers(-130, 120, (4, 64)))).astype(np.float32)
+    x = (f.view(np.uint32) >> 16).astype(np.uint16)          # truncated to bf16: any bf16 values will do
+    x[:, 0] = [0x4380, 0x3F80, 0x3F80, 0x3F80]               # 256 + 1 + 1 + 1
+    x[:, 1] = [0x0001, 0x0001, 0x8001, 0x0001]               # subnormals: 2**-133 steps
+    payloads = [x[p].astype(">u2").tobytes() for p in range(4)]
+    wire = list(x[0])
+    for p in range(1, 4):
+        wire = [_bf16_round(_bf16_value(a) + _bf16_value(b), a == b == 0x8000) for a, b in zip(wire, x[p])]
+    wide = (x[0].astype(np.uint32) << 16).view(np.float32)
+    for p in range(1, 4):
+        wide = wide + (x[p].astype(np.uint32) << 16).view(np.float32)
+    once = [_bf16_round(Fraction(float(v)), bool(np.signbit(v))) for v in wide]
+    _, got_wire = run_in_order(Rule.for_group(1, ALL, dtype=BF16), BF16, payloads)
+    _, got_acc = run_in_order(Rule.for_group(1, ALL, dtype=BF16, acc_fp32=True), BF16, payloads)
+    assert list(np.frombuffer(got_wire, ">u2")) == wire
+    assert list(np.frombuffer(got_acc, ">u2")) == once
+    # 256 + 1 + 1 + 1: ties back to 256 (0x4380) each time in bf16; 259 in fp32, a tie -> 260 (0x4382)
+    assert wire[0] == 0x4380 and once[0] == 0x4382 and wire[1] == once[1] == 0x0002
+
+
+@pytest.mark.parametrize("dtype,scale,wrap,sat,sat_reversed", [
+    (INT8, 16, 32, -33, 64), (INT16, 4096, 8192, -8193, 16384)])
+def test_narrow_int_sum_wrap_and_saturate(dtype, scale, wrap, sat, sat_reversed):
+    """docs/numerics.md section 7: 7 - 5 + 5 + 5 - 3 - 7 scaled, in arrival order (and reversed)."""
+    params = SwitchParams(ports=6)
+    seq4 = [7, -5, 5, 5, -3, -7]
+    fmt = ">i1" if dtype == INT8 else ">i2"
+    payloads = [np.asarray([v * scale, 1], dtype=fmt).tobytes() for v in seq4]
+    for saturate, want in ((False, wrap), (True, sat)):
+        rule = Rule.for_group(1, 0b111111, dtype=dtype, saturate=saturate)
+        _, got = run_in_order(rule, dtype, payloads, params=params)
+        assert list(np.frombuffer(got, fmt)) == [want, 6]
+        _, got = run_in_order(rule, dtype, payloads[::-1], ports=list(range(6))[::-1], params=params)
+        assert list(np.frombuffer(got, fmt)) == [wrap if not saturate else sat_reversed, 6]
+    # -112 - 48 = -160 clamps to -128 (int8), then + 80 + 80 - 80 + 112 = 64
+
+
+def test_narrow_int_max_min_signed():
+    for dtype, fmt in ((INT16, ">i2"), (INT8, ">i1")):
+        lo, hi = (-2**15, 2**15 - 1) if dtype == INT16 else (-128, 127)
+        a = np.asarray([lo, hi, -1, 0, 5], dtype=fmt).tobytes()
+        b = np.asarray([hi, lo, 1, -1, 5], dtype=fmt).tobytes()
+        for op, want in ((MAX, [hi, hi, 1, 0, 5]), (MIN, [lo, lo, -1, -1, 5])):
+            _, got = run_in_order(Rule.for_group(1, 0b0011, dtype=dtype, red_op=op), dtype, [a, b], red_op=op)
+            assert list(np.frombuffer(got, fmt)) == want
+
+
+def test_float_max_min_zero_ties():
+    """docs/numerics.md section 4: on -0 / +0 float32 (and bf16, and fp16 accumulated in fp32) return the
+    incoming value, float16 the stored one; NaN wins and comes out canonical."""
+    cases = [(FP32, False, ">f4", 0x80000000, FP32_QNAN), (FP16, False, ">f2", 0x8000, FP16_QNAN),
+             (FP16, True, ">f2", 0x8000, FP16_QNAN), (BF16, False, ">u2", 0x8000, BF16_QNAN),
+             (BF16, True, ">u2", 0x8000, BF16_QNAN)]
+    for dtype, acc, fmt, neg0, qnan in cases:
+        ufmt = ">u4" if fmt == ">f4" else ">u2"
+        one = {FP32: 0x3F800000, FP16: 0x3C00, BF16: 0x3F80}[dtype]
+        nan = qnan | 1 if dtype == FP32 else qnan | 1
+        first = np.asarray([neg0, 0, neg0, nan, one], dtype=ufmt).tobytes()
+        second = np.asarray([0, neg0, neg0, one, nan], dtype=ufmt).tobytes()
+        incoming = dtype != FP16 or acc
+        for op in (MAX, MIN):
+            rule = Rule.for_group(1, 0b0011, dtype=dtype, red_op=op, acc_fp32=acc)
+            _, got = run_in_order(rule, dtype, [first, second], red_op=op)
+            want = [0 if incoming else neg0, neg0 if incoming else 0, neg0, qnan, qnan]
+            assert [hex(v) for v in np.frombuffer(got, ufmt)] == [hex(v) for v in want], (dtype, acc, op)
+
+
+def test_elements_past_a_frame_keep_the_set():
+    """fp16 accumulated in fp32: a short first frame leaves zeros behind it, the result has the length of
+    the frame that completes the set. (Outside the workers' contract - docs/protocol.md, "Equal lengths" -
+    so this is the model's choice, not a promise of the switch, whose set keeps older data there.)"""
+    m = model_with(Rule.for_group(1, 0b0111, dtype=FP16, acc_fp32=True))
+    f16 = lambda *v: np.asarray(v, dtype=">f2").tobytes()
+    m.receive(0, typed_frame(f16(1.5), FP16))
+    m.receive(1, typed_frame(f16(1, 2, -0.0, 4), FP16, src_port=1))
+    out = m.receive(2, typed_frame(f16(1, 1), FP16, src_port=2))
+    assert out[0][1][30:] == f16(3.5, 3)
+    assert list(m.values(0, 0)[:5]) == [3.5, 3, 0, 4, 0]
+    assert np.signbit(m.values(0, 0)[2]) == False       # +0 (the zero the set started with) + -0 = +0
+
+
+def test_values_accessor_types():
+    m = SwitchModel(P)
+    assert m.values(3, 1).dtype == np.int32 and len(m.values(3, 1)) == 64 and not m.values(3, 1).any()
+    for dtype, acc, want, n in ((INT32, False, np.int32, 64), (INT16, False, np.int16, 128),
+                                (INT8, False, np.int8, 256), (FP32, False, np.float32, 64),
+                                (FP16, False, np.float16, 128), (FP16, True, np.float32, 64),
+                                (BF16, False, np.uint16, 128), (BF16, True, np.float32, 64)):
+        m = model_with(Rule.for_group(1, 0b0011, dtype=dtype, acc_fp32=acc))
+        m.receive(0, typed_frame(bytes(8), dtype))
+        v = m.values(0, 0)
+        assert v.dtype == want and len(v) == n, dtype
+
+
+def test_reproducible_folds_in_port_order():
+    """A reproducible rule gives the bits of arrival in ascending port order, whatever the real order."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((4, 12)) * np.exp2(rng.integers(-30, 30, (4, 12)))).astype(np.float32)
+    x[:, 0] = [1, 2.0**24, 1, -2.0**24]           # port order: ((1 + 2**24) - ...) differs from other orders
+    want = x[0].copy()
+    for p in (1, 2, 3):
+        want = want + x[p]
+    rule = Rule.for_group(1, ALL, dtype=FP32, reproducible=True)
+    payloads = [x[p].astype(">f4").tobytes() for p in range(4)]
+    for order in ([0, 1, 2, 3], [3, 1, 0, 2], [2, 3, 1, 0]):
+        m, got = run_in_order(rule, FP32, [payloads[p] for p in order], ports=order)
+        assert got == want.astype(">f4").tobytes(), order
+        assert np.array_equal(m.values(0, 0)[:12], want)
+    # int8 saturating sums too: 7 - 5 + 5 + 5 (x16) in port order clamps at 127 after 112 + -80 + 80 + 80
+    m = model_with(Rule.for_group(1, ALL, dtype=INT8, saturate=True, reproducible=True))
+    for port, v in ((3, 80), (1, -80), (0, 112), (2, 80)):
+        out = m.receive(port, typed_frame(np.int8(v).tobytes(), INT8, src_port=port))
+    assert out[0][1][30:] == bytes([127])          # 112 - 80 = 32, + 80 = 112, + 80 = 192 -> 127
+
+
+@pytest.mark.parametrize("dtype,acc,capacity", [(FP32, False, 48), (FP16, True, 40), (INT8, False, 48)])
+def test_reproducible_capacity(dtype, acc, capacity):
+    """256-byte sets of 32 rows of 8 bytes, 4 ports: 32 // (4 + 1) = 6 rows per contribution (48 bytes),
+    32 // (4 + 2) = 5 rows (40 bytes) with fp32 accumulation."""
+    m = model_with(Rule.for_group(1, 0b0001, dtype=dtype, acc_fp32=acc, reproducible=True))
+    assert len(m.receive(0, typed_frame(bytes(capacity), dtype))) == 1
+    assert m.receive(0, typed_frame(bytes(capacity + 4), dtype, seq=1)) == []
+    assert drops(m) == {"PAYLOAD_TOO_LONG": 1}

@@ -102,10 +102,11 @@ class Net:
         return t
 
 
-def run_ring(n, length, op, seed, drop=0.0, dup=0.0, reorder=0.0, max_payload=1484, inputs=None, log=None):
+def run_ring(n, length, op, seed, drop=0.0, dup=0.0, reorder=0.0, max_payload=1484, inputs=None, log=None,
+             **kw):
     macs = macs_for(n)
     inputs = make_inputs(n, length, seed) if inputs is None else inputs
-    engines = [RingAllReduce(r, macs, GROUP, OP_SEQ, inputs[r], op, macs[r], TIMEOUT, max_payload, now=0.0)
+    engines = [RingAllReduce(r, macs, GROUP, OP_SEQ, inputs[r], op, macs[r], TIMEOUT, max_payload, now=0.0, **kw)
                for r in range(n)]
     net = Net(engines, seed, drop, dup, reorder, log)
     net.run()
@@ -448,3 +449,99 @@ def test_frame_format():
     assert HostHeader.unpack(f[14:30]) == HostHeader(HostKind.DATA, GROUP, OP_SEQ, 0, 0, 1, 4)
     assert f[30:34] == (3).to_bytes(4, "big", signed=True)
     assert len(f) == MIN_FRAME_BYTES and f[34:] == bytes(26)
+
+
+# ---------------------------------------------------------------- the switch's element types
+from cais import numerics  # noqa: E402
+from cais.protocol import DType  # noqa: E402
+from folds import fold, ring_fold, same_bits  # noqa: E402
+
+
+def float_inputs(n, length, seed, dtype):
+    """Values of many magnitudes (sums round), some zeros of either sign; bf16 as uint16 bits."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        x = rng.standard_normal(length) * np.ldexp(1.0, rng.integers(-12, 12, length))
+        x[rng.random(length) < 0.05] = -0.0
+        x[rng.random(length) < 0.05] = 0.0
+        out.append(numerics.f32_to_bf16(x.astype(np.float32)) if dtype == DType.BF16
+                   else x.astype({DType.FP32: np.float32, DType.FP16: np.float16}[dtype]))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [DType.FP32, DType.FP16, DType.BF16])
+@pytest.mark.parametrize("op", list(ReduceOp))
+def test_floats_reduce_in_ring_order_with_wire_rounding(dtype, op):
+    """Block b is the fold of the ranks' block b in ring order from rank b, rounded to the wire type each
+    step (numerics.combine with the travelling partial as the stored operand): numpy's own fold, exactly."""
+    n, length = 4, 3001
+    inputs = float_inputs(n, length, seed_of("ring-float", int(dtype), int(op)), dtype)
+    engines, _, _ = run_ring(n, length, op, 1, drop=0.05, dup=0.05, reorder=0.3, inputs=inputs, dtype=dtype)
+    want = ring_fold(inputs, op, dtype)
+    for e in engines:
+        assert same_bits(e.result, want)
+    if op == ReduceOp.SUM:    # the order shows: the switch's port-order fold differs somewhere
+        assert not same_bits(want, fold(inputs, op, dtype))
+
+
+@pytest.mark.parametrize("dtype,acc_fp32", [(DType.FP32, False), (DType.FP16, False), (DType.FP16, True),
+                                            (DType.BF16, False), (DType.BF16, True), (DType.INT16, False)])
+@pytest.mark.parametrize("op", list(ReduceOp))
+def test_reproducible_gathers_and_folds_in_rank_order(dtype, acc_fp32, op):
+    n, length = 4, 777
+    if dtype == DType.INT16:
+        inputs = make_inputs(n, length, 5, np.int16)
+    else:
+        inputs = float_inputs(n, length, seed_of("ring-repro", int(dtype), int(op)), dtype)
+    saturate = dtype == DType.INT16
+    engines, _, _ = run_ring(n, length, op, 2, drop=0.1, dup=0.05, reorder=0.3, inputs=inputs, dtype=dtype,
+                             reproducible=True, acc_fp32=acc_fp32, saturate=saturate)
+    want = fold(inputs, op, dtype, acc_fp32=acc_fp32, saturate=saturate)
+    for e in engines:
+        assert e.steps == n - 1
+        assert same_bits(e.result, want)
+    # another fold order (a switch whose ports do not ascend with the ring's ranks)
+    order = [2, 0, 3, 1]
+    engines, _, _ = run_ring(n, length, op, 3, inputs=inputs, dtype=dtype, reproducible=True, acc_fp32=acc_fp32,
+                             saturate=saturate, fold_order=order)
+    want = fold([inputs[i] for i in order], op, dtype, acc_fp32=acc_fp32, saturate=saturate)
+    assert all(same_bits(e.result, want) for e in engines)
+
+
+def test_saturating_sums_clamp():
+    inputs = [np.full(50, 30000, np.int16), np.full(50, 30000, np.int16), np.full(50, -30000, np.int16)]
+    engines, _, _ = run_ring(3, 50, ReduceOp.SUM, 4, inputs=inputs, saturate=True)
+    # ring order from block b: every block starts at a different rank, so the clamping differs per block
+    assert same_bits(engines[0].result, ring_fold(inputs, ReduceOp.SUM, DType.INT16, saturate=True))
+    assert set(engines[0].result.tolist()) == {2767, 30000}
+
+
+@pytest.mark.parametrize("n,length", [(2, 10), (4, 1000), (3, 5000)])
+def test_reproducible_bytes(n, length):
+    """The all-gather sends every other rank's whole contribution: (N-1) D payload bytes per rank."""
+    inputs = float_inputs(n, length, 9, DType.FP32)
+    engines, _, _ = run_ring(n, length, ReduceOp.SUM, 5, inputs=inputs, dtype=DType.FP32, reproducible=True)
+    per = 1484 // 4
+    frags = -(-length // per)
+    for e in engines:
+        payload_frames = (n - 1) * frags
+        assert e.frames_sent == 2 * payload_frames      # DATA and one ACK per fragment received
+        data_bytes = (n - 1) * (4 * length + HDR * frags)
+        assert e.bytes_sent == data_bytes + payload_frames * MIN_FRAME_BYTES
+
+
+def test_wire_type_arguments():
+    macs = macs_for(2)
+    bits = np.zeros(4, np.uint16)
+    with pytest.raises(TypeError, match="uint16"):
+        RingAllReduce(0, macs, 0, 0, np.zeros(4, np.float32), ReduceOp.SUM, macs[0], TIMEOUT, dtype=DType.BF16)
+    with pytest.raises(TypeError, match="reproducible"):
+        RingAllReduce(0, macs, 0, 0, np.zeros(4, np.float64), ReduceOp.SUM, macs[0], TIMEOUT, reproducible=True)
+    with pytest.raises(ValueError, match="fold_order"):
+        RingAllReduce(0, macs, 0, 0, bits, ReduceOp.SUM, macs[0], TIMEOUT, dtype=DType.BF16, reproducible=True,
+                      fold_order=[0, 0])
+    # bf16 bits reduce as bf16, not as integers
+    one = numerics.f32_to_bf16(np.ones(4, np.float32))
+    engines, _, _ = run_ring(2, 4, ReduceOp.SUM, 6, inputs=[one, one], dtype=DType.BF16)
+    assert np.array_equal(numerics.bf16_to_f32(engines[1].result), np.full(4, 2.0, np.float32))

@@ -2,8 +2,12 @@
 
 The engine turns an array into CAIS contributions and result frames back into the reduced array:
 
-- chunks of ``chunk_size`` bytes; chunk ``i`` of the collective carries ``seq_num = seq_base + i``, the
-  group-wide chunk sequence number that picks its slot and shadow set in the switch (docs/protocol.md);
+- the array's elements travel in their wire type (:class:`~cais.protocol.DType`: int32, int16, int8, fp32,
+  fp16, bf16; values encoded and decoded by :mod:`cais.numerics`, bf16 as uint16 bit patterns);
+- chunks of :func:`chunk_payload` bytes: the largest multiple of the element size not above
+  ``chunk_size`` nor the rule's set capacity (:meth:`cais.params.SwitchParams.set_capacity`); chunk ``i``
+  of the collective carries ``seq_num = seq_base + i``, the group-wide chunk sequence number that picks
+  its slot and shadow set in the switch (docs/protocol.md);
 - a chunk is sent only when the result of the chunk that used its slot before it has arrived (the
   slot's other set is then free again: SwitchML's self-clocking), and never more than ``window``
   chunks are in flight, so switch memory cannot overflow and a set is never reused too early;
@@ -23,17 +27,88 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import numerics
 from . import protocol as proto
 from .rto import RetransmitTimer
 
-__all__ = ["SwitchAllReduce", "chunk_count", "SWITCH_RTO_FLOOR"]
+__all__ = ["SwitchAllReduce", "CollectiveKind", "chunk_count", "chunk_payload", "wire_dtype", "SWITCH_RTO_FLOOR"]
 
 SWITCH_RTO_FLOOR = 0.1   # measured timeouts go down to a tenth of timeout_ms
 
+# numpy type of the values of each wire type (what cais.numerics.decode returns; bf16 as uint16 bits)
+_NATIVE = {proto.DType.INT32: np.dtype(np.int32), proto.DType.INT16: np.dtype(np.int16),
+           proto.DType.INT8: np.dtype(np.int8), proto.DType.FP32: np.dtype(np.float32),
+           proto.DType.FP16: np.dtype(np.float16), proto.DType.BF16: np.dtype(np.uint16)}
+# the wire type of a numpy array; uint16 is not here: bf16 bits must be named explicitly
+_BY_NUMPY = {np.dtype(np.int32): proto.DType.INT32, np.dtype(np.int16): proto.DType.INT16,
+             np.dtype(np.int8): proto.DType.INT8, np.dtype(np.float32): proto.DType.FP32,
+             np.dtype(np.float16): proto.DType.FP16}
+
+
+def wire_dtype(array_dtype) -> proto.DType | None:
+    """The wire type whose values a numpy array of `array_dtype` holds (None: no unambiguous one)."""
+    return _BY_NUMPY.get(np.dtype(array_dtype).newbyteorder("="))
+
+
+def native_dtype(dtype: proto.DType) -> np.dtype:
+    """The numpy type of the values of wire type `dtype` (bf16: uint16 bit patterns)."""
+    return _NATIVE[proto.DType(dtype)]
+
+
+@dataclass(frozen=True)
+class CollectiveKind:
+    """What a switch rule must say for a collective's frames (``RULE_TYPE``), and how the host fallback
+    reduces them: element type, operator, fp32 accumulation (fp16/bf16 only), saturation (int16/int8 SUM
+    only) and reproducible order. Use :meth:`make`, which drops the flags that mean nothing for the type."""
+    dtype: proto.DType = proto.DType.INT32
+    op: proto.ReduceOp = proto.ReduceOp.SUM
+    acc_fp32: bool = False
+    saturate: bool = False
+    reproducible: bool = False
+
+    @classmethod
+    def make(cls, dtype, op, *, acc_fp32: bool = False, saturate: bool = False,
+             reproducible: bool = False) -> "CollectiveKind":
+        """The kind, normalised: acc_fp32 only for fp16/bf16 SUM, saturate only for int16/int8 SUM, and
+        reproducible only where the result could depend on the arrival order (float reductions, and
+        saturating sums: integer wrap sums and integer max/min are order independent, so they keep the
+        full set capacity and give the same bits anyway)."""
+        dtype, op = proto.DType(dtype), proto.ReduceOp(op)
+        acc_fp32 = bool(acc_fp32) and dtype in (proto.DType.FP16, proto.DType.BF16) and op == proto.ReduceOp.SUM
+        saturate = bool(saturate) and dtype in (proto.DType.INT16, proto.DType.INT8) and op == proto.ReduceOp.SUM
+        reproducible = bool(reproducible) and (dtype in proto.FLOAT_DTYPES or saturate)
+        return cls(dtype, op, acc_fp32, saturate, reproducible)
+
+    @property
+    def itemsize(self) -> int:
+        return proto.ELEMENT_BYTES[self.dtype]
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in proto.FLOAT_DTYPES
+
+    def rule_fields(self) -> dict:
+        """Keyword arguments of :class:`cais.tables.Rule` for this kind."""
+        return {"dtype": self.dtype, "red_op": self.op, "acc_fp32": self.acc_fp32, "saturate": self.saturate,
+                "reproducible": self.reproducible}
+
+    def __str__(self) -> str:
+        flags = [name for name in ("acc_fp32", "saturate", "reproducible") if getattr(self, name)]
+        return f"{self.dtype.name.lower()} {self.op.name.lower()}" + "".join(f" {f}" for f in flags)
+
+
+def chunk_payload(chunk_size: int, capacity: int, itemsize: int) -> int:
+    """Payload bytes of a full chunk: the largest multiple of `itemsize` not above `chunk_size` nor the
+    rule's set `capacity` (0 if not even one element fits)."""
+    return min(chunk_size, capacity) // itemsize * itemsize
+
 
 def chunk_count(elements: int, itemsize: int, chunk_size: int) -> int:
-    """Chunks a collective of `elements` items takes (every rank computes the same number)."""
+    """Chunks a collective of `elements` items takes (every rank computes the same number); `chunk_size`
+    is the payload of a full chunk (:func:`chunk_payload`)."""
     per_chunk = chunk_size // itemsize
+    if per_chunk < 1:
+        raise ValueError(f"chunk_size={chunk_size}: smaller than one {itemsize}-byte element")
     return -(-elements // per_chunk)
 
 
@@ -51,29 +126,46 @@ class _Chunk:
 class SwitchAllReduce:
     """Sends one rank's contributions for one collective and collects the results.
 
-    `slot_count` is the group's quota (a power of two) and `window` the largest number of chunks in
-    flight (at most `slot_count`). `mac` is the rank's address, used as the source of its frames.
+    `data` holds values of the wire type `dtype` (default: the one of the array's dtype, :func:`wire_dtype`;
+    bf16 must be named, its values being uint16 bit patterns). `slot_count` is the group's quota (a power of
+    two) and `window` the largest number of chunks in flight (at most `slot_count`). A chunk carries
+    :func:`chunk_payload` bytes: `chunk_size` cut to the rule's set `capacity` (default: no limit) and to a
+    multiple of the element size. `mac` is the rank's address, used as the source of its frames.
+    :attr:`result` is in the values' type (``native_dtype(dtype)``).
     """
 
     def __init__(self, *, data: np.ndarray, op: proto.ReduceOp, group_id: int, seq_base: int, slot_count: int,
                  window: int, chunk_size: int, timeout_s: float, retry_limit: int, mac: int, layer_id: int = 0,
-                 now: float = 0.0):
-        if data.dtype != np.int32:
-            raise TypeError(f"the switch reduces int32 arrays, not {data.dtype}")
+                 now: float = 0.0, dtype: proto.DType | None = None, capacity: int | None = None):
+        data = np.asarray(data)
+        if dtype is None:
+            dtype = wire_dtype(data.dtype)
+            if dtype is None:
+                raise TypeError(f"the switch reduces int32, int16, int8, float32 and float16 arrays (bf16 as "
+                                f"uint16 bits with dtype=DType.BF16), not {data.dtype}")
+        self.dtype = proto.DType(dtype)
+        native = native_dtype(self.dtype)
+        if data.dtype.newbyteorder("=") != native:
+            raise TypeError(f"dtype={self.dtype.name}: the values must be a {native} array, not {data.dtype}")
         if slot_count < 1 or slot_count & (slot_count - 1):
             raise ValueError(f"slot_count={slot_count}: must be a power of two")
-        self.data = np.ascontiguousarray(data.reshape(-1)).astype(">i4")
+        self.itemsize = proto.ELEMENT_BYTES[self.dtype]
+        self.chunk_bytes = chunk_payload(chunk_size, chunk_size if capacity is None else capacity, self.itemsize)
+        if self.chunk_bytes < self.itemsize:
+            raise ValueError(f"chunk_size={chunk_size}, capacity={capacity}: not even one "
+                             f"{self.dtype.name} element fits a chunk")
+        self.data = np.ascontiguousarray(data.reshape(-1)).astype(native)
         self.op = proto.ReduceOp(op)
         self.group_id, self.seq_base, self.layer_id = group_id, seq_base, layer_id
         self.slot_count = slot_count
         self.window = max(1, min(window, slot_count))
-        self.per_chunk = chunk_size // 4
+        self.per_chunk = self.chunk_bytes // self.itemsize
         # The switch's round trip is steady, so the timer may fall well below the configured one: a lost
         # chunk stalls its slot (and every peer's window) until it is resent.
         self.timer = RetransmitTimer(timeout_s, floor=SWITCH_RTO_FLOOR, warmup=self.window)
         self.retry_limit, self.mac = retry_limit, mac
-        self.nchunks = chunk_count(len(self.data), 4, chunk_size)
-        self.result = np.zeros(len(self.data), dtype=np.int32)
+        self.nchunks = chunk_count(len(self.data), self.itemsize, self.chunk_bytes)
+        self.result = np.zeros(len(self.data), dtype=native)
         self._chunks = [_Chunk(i) for i in range(self.nchunks)]
         self._next = 0                # next chunk never sent
         self._in_flight: dict[int, _Chunk] = {}
@@ -113,11 +205,11 @@ class SwitchAllReduce:
         hdr = proto.CaisHeader(
             op_type=proto.OpType.ALL_REDUCE, group_id=self.group_id, layer_id=self.layer_id & 0xFFFF,
             chunk_id=chunk.index & 0xFFFF, total_chunks=min(self.nchunks, 0xFFFF),
-            seq_num=(self.seq_base + chunk.index) & 0xFFFF_FFFF, payload_len=values.nbytes,
-            dtype=proto.DType.INT32, red_op=self.op,
+            seq_num=(self.seq_base + chunk.index) & 0xFFFF_FFFF, payload_len=values.size * self.itemsize,
+            dtype=self.dtype, red_op=self.op,
             flags=int(proto.Flags.RETRANSMIT) if retransmit else 0)
-        return proto.build_frame(hdr, values.tobytes(), dst=proto.result_mac(self.group_id), src=self.mac,
-                                 pad=True)
+        return proto.build_frame(hdr, numerics.encode(self.dtype, values), dst=proto.result_mac(self.group_id),
+                                 src=self.mac, pad=True)
 
     def _send(self, chunk: _Chunk, now: float) -> bytes:
         retransmit = chunk.sent_at >= 0
@@ -171,10 +263,12 @@ class SwitchAllReduce:
         if chunk.done:
             self.duplicate_results += 1
             return True
-        values = np.frombuffer(f.payload, dtype=">i4")
         lo = index * self.per_chunk
-        if len(values) != min(self.per_chunk, len(self.data) - lo):
+        want = min(self.per_chunk, len(self.data) - lo)
+        if (h.dtype != self.dtype or h.red_op != self.op or h.payload_len != want * self.itemsize
+                or len(f.payload) < h.payload_len):
             return False   # not a result of this chunk (a stale frame of another collective)
+        values = numerics.decode(self.dtype, f.payload[:h.payload_len])
         self.result[lo:lo + len(values)] = values
         chunk.done = True
         self._in_flight.pop(index, None)

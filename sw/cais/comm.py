@@ -11,8 +11,9 @@ separate processes would::
 
 The world advances the switch only when every rank thread is blocked in a collective (or finished), so
 a seeded scenario gives the same frames whatever the threads' timing: the co-simulation is
-deterministic. Per collective the controller decides switch or host ring; the protocol engines
-(:class:`cais.allreduce.SwitchAllReduce`, :class:`cais.ring.RingAllReduce`) make the frames.
+deterministic. Per collective the controller decides switch or host ring (and types the group's rule for
+the collective's element type and operator); the protocol engines (:class:`cais.allreduce.SwitchAllReduce`,
+:class:`cais.ring.RingAllReduce`) make the frames.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import numerics
 from . import protocol as proto
 from . import quantize
-from .allreduce import SwitchAllReduce, chunk_count
+from .allreduce import CollectiveKind, SwitchAllReduce, native_dtype, wire_dtype
 from .config import Config
 from .controller import Controller, GroupInfo
 from .link import SwitchLink
@@ -62,6 +64,8 @@ class Work:
         self.result: np.ndarray | None = None
         self.error: BaseException | None = None
         self.path: str | None = None      # "switch" or "ring", once decided
+        self.numerics: str = "native"     # "native": reduced in the wire type; "quantized": floats via int32
+        self.dtype: proto.DType | None = None   # the wire type ("quantized": the input's, before quantization)
 
     def is_completed(self) -> bool:
         return self._done.is_set()
@@ -78,12 +82,24 @@ class _Collective:
     work: Work
     group: GroupInfo
     op_seq: int
-    seq_base: int
-    data: np.ndarray
-    op: proto.ReduceOp
+    data: np.ndarray                 # 1-D values of the wire type (bf16: uint16 bits)
+    kind: CollectiveKind
     shape: tuple
+    convert: Callable[[np.ndarray], np.ndarray] | None = None   # wire values -> what the caller gets
     engine: Any = None
     path: str | None = None
+    held: bool = False               # finished here on the switch, result withheld until every rank has it
+    delivered: bool = False
+
+    @property
+    def op(self) -> proto.ReduceOp:
+        return self.kind.op
+
+    @property
+    def order_sensitive(self) -> bool:
+        """The switch's and the ring's answers may differ in their bits (float rounding, saturation):
+        a rank's switch result is only handed out once no peer can fall back to the ring."""
+        return (self.kind.is_float or self.kind.saturate) and not self.kind.reproducible
 
 
 @dataclass
@@ -96,7 +112,6 @@ class _RankState:
     background: list = field(default_factory=list)     # ring engines still owed to peers, finished ops
     lingering: list = field(default_factory=list)      # switch ops done here, not yet by every rank
     op_seq: dict = field(default_factory=dict)         # group id -> next op_seq
-    seq: dict = field(default_factory=dict)            # group id -> next chunk sequence number
     group_calls: int = 0
 
 
@@ -122,56 +137,126 @@ class Communicator:
         """Create a group (every member calls it with the same ranks, in the same order of calls)."""
         return self._world._new_group(self.rank, list(ranks))
 
-    def all_reduce(self, array, op=proto.ReduceOp.SUM, group: Group | None = None, async_op: bool = False):
-        """All-reduce `array` (any shape; int32, float16, float32 or float64) over the group (default:
-        every rank).
+    def all_reduce(self, array, op=proto.ReduceOp.SUM, group: Group | None = None, async_op: bool = False,
+                   dtype=None):
+        """All-reduce `array` (any shape) over the group (default: every rank); `op` is "sum", "max" or
+        "min" (or a :class:`~cais.protocol.ReduceOp`).
 
-        Returns the reduced array (same shape and dtype), or a :class:`Work` when `async_op`. int32 is
-        exact; floats go through int32 collectives by host-side quantization (:mod:`cais.quantize`:
-        SUM within a documented bound, MAX/MIN exact; NaN, and inf for SUM, raise ValueError). A float
-        collective runs its steps at once, so with `async_op` its Work is already complete.
+        Returns the reduced array (same shape and dtype as `array`), or a :class:`Work` when `async_op`.
+
+        * int32, int16, int8: reduced in their own type by the switch (or the host ring). SUM wraps modulo
+          2**bits, exact whenever the final sum fits; with ``Config.saturate`` int16/int8 sums clamp to the
+          type's range at every addition instead (order dependent unless ``Config.reproducible``).
+        * float32, float16: with ``Config.float_mode = "native"`` (the default) and a switch with float
+          units (its FEATURES register), reduced as fp32/fp16 in the switch (IEEE round to nearest even at
+          every addition, NaN canonical: :mod:`cais.numerics`; fp16 SUM accumulated in fp32 and rounded
+          once when ``Config.accumulate = "fp32"``, the default). NaN and inf are allowed there. Otherwise
+          (``float_mode = "quantize"`` or no float units) by host-side quantization to int32
+          (:mod:`cais.quantize`: SUM within a documented bound, MAX/MIN exact; NaN, and inf for SUM,
+          raise ValueError).
+        * bfloat16: numpy has no such type; pass ``dtype="bf16"`` (or :attr:`DType.BF16`) with either a
+          float32 array (rounded once to bf16 here, :func:`cais.numerics.f32_to_bf16`; the result comes
+          back as float32 holding bf16 values) or a uint16 array of bf16 bit patterns (the result is
+          uint16 bits). Reduced like fp16 (native or quantized, by the same rules).
+        * float64: always host-side quantization.
+        * ``Config.reproducible``: float results (and saturating sums) do not depend on the order in
+          which contributions arrive: the switch folds them in ascending port order, and the host fallback
+          gives the same bits (docs/driver.md).
+
+        `dtype` (a DType or its name: "int32", "int16", "int8", "fp32"/"float32", "fp16"/"float16",
+        "bf16"/"bfloat16") names the wire type; it must be the array's own type except for bf16 as above.
+        Other dtypes raise TypeError naming the dtype. A native collective is asynchronous with
+        `async_op`; a quantized one runs its steps at once, so its Work is already complete.
+        ``Work.path`` is "switch" or "ring", ``Work.numerics`` "native" or "quantized".
         """
         array = np.asarray(array)
         op = proto.ReduceOp[op.upper()] if isinstance(op, str) else proto.ReduceOp(op)
-        if array.dtype == np.int32:
-            work = self._world._submit(self.rank, array, op, group)
+        wire, values, convert = self._wire_values(array, dtype)
+        config = self._world.config
+        native = wire is not None and (
+            wire not in proto.FLOAT_DTYPES
+            or (config.float_mode == "native" and self._world.controller.float_units))
+        if native:
+            kind = CollectiveKind.make(wire, op, acc_fp32=config.accumulate == "fp32", saturate=config.saturate,
+                                       reproducible=config.reproducible)
+            work = self._world._submit(self.rank, values, kind, group, shape=array.shape, convert=convert)
+            work.dtype = wire
             if async_op:
                 self._outstanding.append(work)
                 return work
             return work.wait()
-        if array.dtype not in quantize.FLOAT_DTYPES:
-            raise TypeError(f"all_reduce: cannot reduce {array.dtype} arrays (int32, float16, float32 or float64)")
         work = Work(self._world, self.rank)
-        work.result = self._float_all_reduce(array, op, group, work)
+        work.numerics, work.dtype = "quantized", wire
+        if wire == proto.DType.BF16:
+            # quantize the bf16 values as float32 (exact), round the float32 result to bf16 once
+            out = self._float_all_reduce(numerics.bf16_to_f32(values), op, group, work)
+            out = numerics.f32_to_bf16(out)
+        else:
+            out = self._float_all_reduce(array.reshape(-1) if wire is None else values, op, group, work)
+        work.result = (convert(out) if convert else out).reshape(array.shape)
         work._done.set()
         if async_op:
             self._outstanding.append(work)
             return work
         return work.result
 
-    def _float_all_reduce(self, array: np.ndarray, op: proto.ReduceOp, group: Group | None, work: Work):
-        """The int32 collectives of a float all-reduce, one after the other (docs/driver.md)."""
+    def _wire_values(self, array: np.ndarray, dtype):
+        """(wire type or None for float64, 1-D wire values, conversion of the result back to the caller's
+        type or None)."""
+        if dtype is not None:
+            want = _parse_dtype(dtype)
+            if want == proto.DType.BF16:
+                if array.dtype == np.float32:
+                    return want, numerics.f32_to_bf16(array.reshape(-1)), numerics.bf16_to_f32
+                if array.dtype == np.uint16:
+                    return want, array.reshape(-1).astype(np.uint16), None
+                raise TypeError(f"all_reduce(dtype=bf16): the array must be float32 (rounded to bf16) or uint16 "
+                                f"(bf16 bit patterns), not {array.dtype}")
+            if wire_dtype(array.dtype) != want:
+                raise TypeError(f"all_reduce(dtype={want.name.lower()}): the array is {array.dtype}; only bf16 "
+                                f"may differ from the array's own type")
+        if array.dtype == np.float64:
+            return None, array.reshape(-1), None
+        wire = wire_dtype(array.dtype)
+        if wire is None:
+            raise TypeError(f"all_reduce: cannot reduce {array.dtype} arrays (int32, int16, int8, float16, "
+                            f"float32, float64; bf16 with dtype='bf16')")
+        return wire, array.reshape(-1).astype(native_dtype(wire)), None
+
+    def _float_all_reduce(self, flat: np.ndarray, op: proto.ReduceOp, group: Group | None, work: Work):
+        """The int32 collectives of a quantized float all-reduce, one after the other (docs/driver.md);
+        returns the 1-D result in `flat`'s dtype."""
         def int32_all_reduce(ints, int_op):
-            step = self._world._submit(self.rank, ints, int_op, group)
+            step = self._world._submit(self.rank, ints, CollectiveKind.make(proto.DType.INT32, int_op), group)
             out = step.wait()
             work.path = step.path
             return out
 
-        flat = array.reshape(-1)
         if op == proto.ReduceOp.SUM:
             n = len(group.ranks) if group is not None else self._world.ranks
             per_chunk = self._world.config.chunk_size // 4      # the driver's chunks: a scale per chunk
             e_max = int32_all_reduce(quantize.chunk_exponents(flat, per_chunk), proto.ReduceOp.MAX)
             total = int32_all_reduce(quantize.quantize(flat, e_max, n, per_chunk), proto.ReduceOp.SUM)
-            out = quantize.dequantize(total, e_max, n, per_chunk, array.dtype)
-        elif array.dtype == np.float64:
+            return quantize.dequantize(total, e_max, n, per_chunk, flat.dtype)
+        if flat.dtype == np.float64:
             hi, lo = quantize.order_keys64(flat)
             hi_red = int32_all_reduce(hi, op)
             lo_red = int32_all_reduce(quantize.tied_low_keys(hi, lo, hi_red, op == proto.ReduceOp.MAX), op)
-            out = quantize.from_order_keys64(hi_red, lo_red)
-        else:
-            out = quantize.from_order_keys(int32_all_reduce(quantize.order_keys(flat), op), array.dtype)
-        return out.reshape(array.shape)
+            return quantize.from_order_keys64(hi_red, lo_red)
+        return quantize.from_order_keys(int32_all_reduce(quantize.order_keys(flat), op), flat.dtype)
+
+
+_DTYPE_NAMES = {"int32": proto.DType.INT32, "int16": proto.DType.INT16, "int8": proto.DType.INT8,
+                "fp32": proto.DType.FP32, "float32": proto.DType.FP32, "fp16": proto.DType.FP16,
+                "float16": proto.DType.FP16, "bf16": proto.DType.BF16, "bfloat16": proto.DType.BF16}
+
+
+def _parse_dtype(dtype) -> proto.DType:
+    if isinstance(dtype, proto.DType):
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPE_NAMES:
+        return _DTYPE_NAMES[dtype.lower()]
+    raise TypeError(f"dtype={dtype!r}: expected a cais.protocol.DType or one of {', '.join(_DTYPE_NAMES)}")
 
 
 class World:
@@ -250,7 +335,9 @@ class World:
         info = box[0]
         return Group(info.group_id, info.ranks)
 
-    def _submit(self, rank: int, array: np.ndarray, op, group: Group | None) -> Work:
+    def _submit(self, rank: int, values: np.ndarray, kind: CollectiveKind, group: Group | None,
+                shape: tuple | None = None, convert=None) -> Work:
+        """Queue a collective of wire values `values` (their type: ``native_dtype(kind.dtype)``)."""
         work = Work(self, rank)
         with self._cv:
             info = self.controller.groups[group.group_id] if group else self._world_group
@@ -258,11 +345,10 @@ class World:
                 raise ValueError(f"rank {rank} is not in group {info.group_id} {list(info.ranks)}")
             state = self._states[rank]
             op_seq = state.op_seq.get(info.group_id, 0)
-            seq_base = state.seq.get(info.group_id, 0)
-            flat = np.ascontiguousarray(array.reshape(-1))
+            flat = np.ascontiguousarray(values.reshape(-1)).astype(native_dtype(kind.dtype), copy=True)
             state.op_seq[info.group_id] = op_seq + 1
-            state.seq[info.group_id] = seq_base + chunk_count(flat.size, 4, self.config.chunk_size)
-            state.queue.append(_Collective(work, info, op_seq, seq_base, flat.copy(), op, array.shape))
+            state.queue.append(_Collective(work, info, op_seq, flat, kind,
+                                           values.shape if shape is None else shape, convert))
         return work
 
     # ---------------------------------------------------------------- the loop
@@ -300,7 +386,8 @@ class World:
                 if self._errors:
                     raise self._errors[0]
                 all_done = all(finished)
-            if all_done and not any(s.background or s.current or s.queue for s in self._states):
+            if all_done and not any(s.background or s.current or s.queue or any(c.held for c in s.lingering)
+                                    for s in self._states):
                 break
             await self._serve_groups()
             sent = self._step_engines()
@@ -349,6 +436,8 @@ class World:
         return min(deadlines) if deadlines else None
 
     def _stuck(self) -> bool:
+        if self.controller.pending:     # decisions wait for register work the next step does
+            return False
         return any(s.current or s.queue for s in self._states)
 
     def _stuck_report(self) -> str:
@@ -370,8 +459,13 @@ class World:
     def _start_ring(self, state: _RankState, c: _Collective) -> None:
         from .ring import RingAllReduce
         ring_macs = [host_mac(r) for r in c.group.ranks]
+        k = c.kind
+        # a reproducible fold follows the ports' order, as the switch's does
+        order = sorted(range(len(c.group.ranks)), key=lambda i: c.group.ports[i])
         c.engine = RingAllReduce(c.group.ranks.index(state.rank), ring_macs, c.group.group_id, c.op_seq, c.data,
-                                 c.op, state.mac, self.config.timeout_s, now=self.now)
+                                 c.op, state.mac, self.config.timeout_s, now=self.now, dtype=k.dtype,
+                                 saturate=k.saturate, reproducible=k.reproducible, acc_fp32=k.acc_fp32,
+                                 fold_order=order)
         c.path = "ring"
 
     def _step_engines(self) -> int:
@@ -379,6 +473,8 @@ class World:
         now, ctl, sent = self.now, self.controller, 0
         for s in self._states:
             # Collectives this rank finished on the switch that a peer moved to the ring: join the ring.
+            # A withheld switch result is handed out once every rank finished on the switch; if a peer fell
+            # back instead, this rank takes the ring's result, so every rank gets the same bits.
             for c in list(s.lingering):
                 if ctl.fell_back(c.group.group_id, c.op_seq):
                     s.lingering.remove(c)
@@ -386,18 +482,21 @@ class World:
                     s.background.append(c)
                 elif ctl.all_finished(c.group.group_id, c.op_seq):
                     s.lingering.remove(c)
+                    if c.held:
+                        self._deliver_result(s, c)
             if s.current is None and s.queue:
                 s.current = s.queue.pop(0)
             c = s.current
             if c is not None and c.engine is None:
-                decision = ctl.decide(c.group.group_id, c.op_seq, c.data.nbytes, now)
+                decision = ctl.decide(c.group.group_id, c.op_seq, c.data.nbytes, now, c.kind)
                 if decision is not None:
                     if decision.offload:
                         c.engine = SwitchAllReduce(
-                            data=c.data, op=c.op, group_id=c.group.group_id, seq_base=c.seq_base,
+                            data=c.data, op=c.op, group_id=c.group.group_id, seq_base=decision.seq_base,
                             slot_count=c.group.slot_count, window=self.config.max_pending_chunks,
-                            chunk_size=self.config.chunk_size, timeout_s=self.config.timeout_s,
-                            retry_limit=self.config.retry_limit, mac=s.mac, layer_id=c.op_seq, now=now)
+                            chunk_size=decision.chunk_bytes, timeout_s=self.config.timeout_s,
+                            retry_limit=self.config.retry_limit, mac=s.mac, layer_id=c.op_seq, now=now,
+                            dtype=c.kind.dtype)
                         c.path = "switch"
                     else:
                         self._start_ring(s, c)
@@ -419,6 +518,8 @@ class World:
                 if ready:
                     self._finish(s, c)
             for b in list(s.background):
+                if b.held and not b.delivered and b.engine.result_ready:
+                    self._deliver_result(s, b)
                 if b.engine.done:
                     key = (b.group.group_id, b.op_seq)
                     self._ring_done.setdefault(key, set()).add(s.rank)
@@ -437,20 +538,31 @@ class World:
         self.retransmissions[s.rank] += engine.retransmissions
 
     def _finish(self, s: _RankState, c: _Collective) -> None:
-        result = c.engine.result.astype(np.int32).reshape(c.shape)
         self.controller.finished(s.rank, c.group.group_id, c.op_seq)
         if c.path == "switch":
             if c.engine.first_rtt is not None:
                 self.controller.report_rtts([c.engine.first_rtt])
             self._account(s, c.engine)
             s.lingering.append(c)
+            c.held = c.order_sensitive and not self.controller.all_finished(c.group.group_id, c.op_seq)
         else:
             s.background.append(c)   # keeps serving its peers until every frame of it is acknowledged
         s.current = None
+        if not c.held:
+            self._deliver_result(s, c)
+
+    def _deliver_result(self, s: _RankState, c: _Collective) -> None:
+        """Hand the engine's result to the rank's Work (in the caller's type and shape)."""
+        result = np.array(c.engine.result, dtype=native_dtype(c.kind.dtype))   # a copy: the ring keeps its own
+        if c.convert is not None:
+            result = c.convert(result)
+        result = result.reshape(c.shape)
+        c.delivered = True
         self.collectives.append({"rank": s.rank, "group": c.group.group_id, "op_seq": c.op_seq, "path": c.path,
-                                 "elements": int(c.data.size), "time_s": self.now})
+                                 "kind": str(c.kind), "elements": int(c.data.size), "time_s": self.now})
         with self._cv:
             c.work.result = result
+            c.work.path = c.path
             self._wake(c.work._done)
 
     def _deliver(self, received) -> None:

@@ -21,7 +21,9 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Config:
-    # Bytes of payload per CAIS frame; at most the switch's max_payload, a multiple of 4.
+    # Bytes of payload per CAIS frame; at most the switch's max_payload, a multiple of 4 (so a multiple of
+    # every element size: 4, 2 and 1 bytes). A rule whose set holds less (fp32 accumulation, reproducible
+    # mode) gets chunks of the largest multiple of the element size that fits (docs/driver.md).
     chunk_size: int = 256
     # "auto": the controller's score decides; "always" / "never" force the switch / the host ring.
     offload: str = "auto"
@@ -44,6 +46,18 @@ class Config:
     # controller in process and only records it).
     controller_address: str = "127.0.0.1"
     controller_port: int = 7700
+    # Floating-point arrays: "native" reduces fp32/fp16/bf16 in the switch's float units when its FEATURES
+    # register says it has them (else, transparently, as "quantize"); "quantize" always uses host-side
+    # quantization to int32 (cais.quantize). float64 is always quantized.
+    float_mode: str = "native"
+    # fp16/bf16 SUM: "fp32" accumulates in fp32 and rounds once to the wire format (half a set's capacity);
+    # "wire" rounds to fp16/bf16 after every addition.
+    accumulate: str = "fp32"
+    # Results that do not depend on the order contributions arrive in: the switch folds them in ascending
+    # port order (fewer bytes per chunk), the host fallback all-gathers them and folds in the same order.
+    reproducible: bool = False
+    # int16/int8 SUM clamps to the type's range instead of wrapping modulo 2**bits.
+    saturate: bool = False
 
     def __post_init__(self):
         def need(ok: bool, key: str, what: str):
@@ -51,14 +65,19 @@ class Config:
                 raise ConfigError(f"{key}={getattr(self, key)!r}: {what}")
 
         types = {"chunk_size": int, "retry_limit": int, "max_pending_chunks": int, "slots_per_group": int,
-                 "controller_port": int, "controller_address": str, "offload": str}
+                 "controller_port": int, "controller_address": str, "offload": str, "float_mode": str,
+                 "accumulate": str, "reproducible": bool, "saturate": bool}
+        names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
         for f in fields(self):
             value = getattr(self, f.name)
             want = types.get(f.name, float)
-            ok = isinstance(value, want) and not isinstance(value, bool)
-            if want is float:
+            if want is bool:
+                ok = isinstance(value, bool)
+            elif want is float:
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            need(ok, f.name, f"must be {'an integer' if want is int else 'a number' if want is float else 'a string'}")
+            else:
+                ok = isinstance(value, want) and not isinstance(value, bool)
+            need(ok, f.name, f"must be {names[want]}")
         need(self.chunk_size >= 4 and self.chunk_size % 4 == 0, "chunk_size", "must be a positive multiple of 4")
         need(self.offload in ("auto", "always", "never"), "offload", 'must be "auto", "always" or "never"')
         need(0.0 <= self.offload_threshold <= 1.0, "offload_threshold", "must be between 0 and 1")
@@ -71,6 +90,8 @@ class Config:
              "slots_per_group", "must be a power of two")
         need(bool(self.controller_address), "controller_address", "must not be empty")
         need(0 < self.controller_port < 65536, "controller_port", "must be a TCP port (1..65535)")
+        need(self.float_mode in ("native", "quantize"), "float_mode", 'must be "native" or "quantize"')
+        need(self.accumulate in ("fp32", "wire"), "accumulate", 'must be "fp32" or "wire"')
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides) -> "Config":

@@ -5,9 +5,18 @@ One controller serves every rank. It
 - programs the MAC table with every host's address (the fallback ring's frames are unicast) and, per
   group, one rule and a slot quota (``slots_per_group`` slots, never beyond ``sram_usage_limit`` of the
   slot memory; a group that gets no quota or no rule stays on the hosts);
-- decides, for every collective, whether it goes through the switch (the score below) and tells every
-  rank the same answer; coordinates the fall back of a collective whose chunk ran out of retries, and
-  empties the group's slots before the group's next collective uses them again;
+- reads the FEATURES register at start (``float_units``: does this switch reduce fp32/fp16/bf16?);
+- decides, for every collective, whether it goes through the switch (the kind must be one this switch
+  reduces and whose set capacity holds at least one element; then the score below) and tells every rank
+  the same answer, with the collective's first chunk sequence number and chunk payload; coordinates the
+  fall back of a collective whose chunk ran out of retries, and empties the group's slots before the
+  group's next collective uses them again;
+- keeps each group's rule typed for the collective that uses it: a collective whose kind (element type,
+  operator, acc_fp32, saturate, reproducible: :class:`~cais.allreduce.CollectiveKind`) differs from the
+  rule's is held (``decide`` answers None) until :meth:`service` has rewritten the rule (``RULE_TYPE`` and
+  ``RULE_WRITE``; the slots emptied first when the accumulator layout changes), which it does once the
+  switch is idle, so no rank sends a frame of the new kind to the old rule and no late frame of the old
+  kind meets the new one. One collective of a group is on the switch at a time, so this is safe;
 - reads the switch's counters every ``reevaluate_interval_ms`` and keeps the statistics operators expect
   (:meth:`stats`), raising the offload threshold while slot memory stays above 80% in use and warning when
   more than 10% of offloaded collectives fall back.
@@ -31,13 +40,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from .allreduce import CollectiveKind, chunk_count, chunk_payload
 from .config import Config
 from .link import SwitchLink
-from .protocol import DropReason
+from .protocol import DropReason, supported_dtypes
 from .registers import RegisterMap, read_counters, register_map
 from .tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
 
-__all__ = ["Controller", "GroupInfo", "Decision", "offload_score"]
+__all__ = ["Controller", "GroupInfo", "Decision", "CollectiveKind", "offload_score"]
 
 log = logging.getLogger("cais.controller")
 
@@ -56,6 +66,8 @@ class GroupInfo:
     count_log2: int = 0
     rule_index: int | None = None
     why_not: str = ""                # why the group has no quota
+    kind: CollectiveKind = CollectiveKind()   # what the group's rule is programmed for now
+    next_seq: int = 0                # seq_num of the next offloaded chunk (offloaded collectives only)
 
     @property
     def slot_count(self) -> int:
@@ -72,6 +84,9 @@ class Decision:
     score: float
     threshold: float
     reason: str
+    seq_base: int = 0          # offloaded: seq_num of the collective's first chunk
+    chunk_bytes: int = 0       # offloaded: payload of a full chunk (chunk_size cut to the set capacity)
+    kind: CollectiveKind = CollectiveKind()
 
 
 @dataclass
@@ -111,6 +126,19 @@ class Controller:
         self._stats = {}
         self._rtts: list[float] = []
         self._switch_bytes = 0
+        self._retypes: dict[int, CollectiveKind] = {}   # group -> kind its rule must get before it goes on
+        self.retypes = 0                                 # rule rewrites done (statistics, tests)
+        self.float_units = bool(self.params.float_units)  # read from FEATURES by start()
+
+    @property
+    def dtypes(self):
+        """The element types this switch reduces (FEATURES.float_units)."""
+        return supported_dtypes(self.float_units)
+
+    @property
+    def pending(self) -> bool:
+        """Register work is waiting (a rule to retype, slots to empty): decisions may be held."""
+        return bool(self._retypes or self._cleanups)
 
     # ---------------------------------------------------------------- set-up
     async def _apply(self, writes):
@@ -122,6 +150,8 @@ class Controller:
         ident = await self.link.read(self.regs["ID"].address())
         if ident != self.regs["ID"].reset:
             raise RuntimeError(f"no CAIS switch on the link: ID register reads {ident:#x}")
+        features = self.regs["FEATURES"]
+        self.float_units = bool(features.unpack(await self.link.read(features.address()))["float_units"])
         for rank, (port, mac) in enumerate(zip(self.rank_ports, self.rank_macs)):
             if rank >= self.params.mac_entries:
                 break   # further hosts are flooded (unknown unicast)
@@ -176,6 +206,7 @@ class Controller:
 
     async def remove_group(self, group_id: int) -> None:
         info = self.groups.pop(group_id)
+        self._retypes.pop(group_id, None)
         if info.rule_index is not None:
             await self._apply(rule_writes(self.regs, info.rule_index, None, valid=False))
         if info.base is not None:
@@ -197,19 +228,39 @@ class Controller:
             return 0.0
         return sum(self._rtts) / len(self._rtts) - min(self._rtts)
 
-    def decide(self, group_id: int, op_seq: int, nbytes: int, now: float) -> Decision | None:
+    def capacity(self, kind: CollectiveKind) -> int:
+        """Payload bytes a set of a rule of this kind holds (:meth:`SwitchParams.set_capacity`)."""
+        return self.params.set_capacity(kind.acc_fp32, kind.reproducible)
+
+    def why_not_offloadable(self, kind: CollectiveKind) -> str:
+        """Why this switch cannot reduce collectives of `kind` ("" if it can)."""
+        if kind.dtype not in self.dtypes:
+            return (f"{kind.dtype.name.lower()}: this switch has no float units (FEATURES.float_units = 0)"
+                    if kind.is_float else f"{kind.dtype.name.lower()}: not reduced by this switch")
+        if chunk_payload(self.config.chunk_size, self.capacity(kind), kind.itemsize) < kind.itemsize:
+            return (f"{kind}: a set of this switch holds {self.capacity(kind)} bytes of payload, less than "
+                    f"one element")
+        return ""
+
+    def decide(self, group_id: int, op_seq: int, nbytes: int, now: float,
+               kind: CollectiveKind | None = None) -> Decision | None:
         """Where collective `op_seq` of a group runs; the same answer for every rank. None: ask again
-        later (the group's slots are being emptied after a fall back)."""
+        later (the group's slots are being emptied after a fall back, or its rule is being retyped for
+        this collective's `kind`, default int32 SUM). `nbytes` is the collective's size on the wire."""
+        kind = kind or CollectiveKind()
         key = (group_id, op_seq)
         if key in self._ops:
-            return self._ops[key].decision
+            return None if group_id in self._retypes else self._ops[key].decision
         # One collective of a group at a time on the switch: the next waits until every rank finished the
         # previous one (and its slots are emptied if it fell back).
         if group_id in self._blocked or (op_seq > 0 and not self.all_finished(group_id, op_seq - 1)):
             return None
         info = self.groups[group_id]
+        unsupported = self.why_not_offloadable(kind)
         if not info.offloadable:
-            decision = Decision(False, 0.0, self.threshold, f"host only: {info.why_not}")
+            decision = Decision(False, 0.0, self.threshold, f"host only: {info.why_not}", kind=kind)
+        elif unsupported:
+            decision = Decision(False, 0.0, self.threshold, f"host only: {unsupported}", kind=kind)
         else:
             score = offload_score(nbytes, len(info.ranks), self._bandwidth(), self._latency(), self._queue_delay())
             if self.config.offload == "auto":
@@ -218,9 +269,17 @@ class Controller:
             else:
                 offload = self.config.offload == "always"
                 why = f"offload={self.config.offload} (score {score:.3f})"
-            decision = Decision(offload, score, self.threshold, why)
+            decision = Decision(offload, score, self.threshold, why, kind=kind)
+            if offload:
+                # Sequence numbers advance over offloaded collectives only, so the slots see no holes.
+                decision.chunk_bytes = chunk_payload(self.config.chunk_size, self.capacity(kind), kind.itemsize)
+                decision.seq_base = info.next_seq
+                info.next_seq += chunk_count(nbytes // kind.itemsize, kind.itemsize, decision.chunk_bytes)
         self._ops[key] = _Op(decision, nbytes)
         self.decisions.append((now, group_id, op_seq, decision))
+        if decision.offload and kind != info.kind:
+            self._retypes[group_id] = kind      # service() rewrites the rule; then the decision is given
+            return None
         return decision
 
     def fell_back(self, group_id: int, op_seq: int) -> bool:
@@ -258,6 +317,27 @@ class Controller:
         del self._rtts[:-4096]
 
     # ---------------------------------------------------------------- periodic work
+    async def _switch_idle(self) -> bool:
+        """No frame on a wire, in the switch or held by the link (a fault injector's reordering)."""
+        if getattr(self.link, "holding", 0):
+            return False
+        return await self.link.read(self.regs["BUSY"].address()) == 0
+
+    async def retype(self, group_id: int, kind: CollectiveKind) -> None:
+        """Program the group's rule for collectives of `kind` (emptying its slots first when the
+        accumulator layout changes: element type, acc_fp32 or reproducible)."""
+        info = self.groups[group_id]
+        old = info.kind
+        if (old.dtype, old.acc_fp32, old.reproducible) != (kind.dtype, kind.acc_fp32, kind.reproducible):
+            await self._apply(slot_clear_writes(self.regs, info.base, info.slot_count))
+        mask = sum(1 << p for p in info.ports)
+        await self._apply(rule_writes(self.regs, info.rule_index, Rule.for_group(
+            group_id, contributors=mask, results=mask, base=info.base, count_log2=info.count_log2,
+            **kind.rule_fields())))
+        info.kind = kind
+        self.retypes += 1
+        log.debug("group %d: rule %d retyped %s -> %s", group_id, info.rule_index, old, kind)
+
     async def service(self, now: float) -> None:
         """Pending register work, and the periodic re-evaluation when it is due."""
         while self._cleanups:
@@ -265,6 +345,10 @@ class Controller:
             info = self.groups[group_id]
             await self._apply(slot_clear_writes(self.regs, info.base, info.slot_count))
             self._blocked.discard(group_id)
+        if self._retypes and await self._switch_idle():
+            for group_id, kind in sorted(self._retypes.items()):
+                await self.retype(group_id, kind)
+            self._retypes.clear()
         if now >= self._next_eval:
             await self.evaluate(now)
             self._next_eval = now + self.config.reevaluate_interval_ms / 1000.0

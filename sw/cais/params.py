@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from .protocol import MAX_FRAME_BYTES
+from .protocol import MAX_FRAME_BYTES, DType, supported_dtypes
 
 __all__ = ["SwitchParams", "ParamError"]
 
@@ -23,14 +23,18 @@ class SwitchParams:
     mac_entries: int = 16      # MAC-table entries for ordinary frames
     max_frame: int = MAX_FRAME_BYTES  # longest frame accepted on any port, bytes
     egress_depth: int = 16     # beats buffered per egress port
+    float_units: bool = True   # fp32/fp16/bf16 reduction lanes; without them floats are quantized on the hosts
 
     def __post_init__(self):
         def need(ok, name, what):
             if not ok:
                 raise ParamError(f"{name}={getattr(self, name)!r}: {what}")
         for f in fields(self):
-            need(isinstance(getattr(self, f.name), int) and not isinstance(getattr(self, f.name), bool),
-                 f.name, "must be an integer")
+            value = getattr(self, f.name)
+            if f.type in (bool, "bool"):
+                need(isinstance(value, bool), f.name, "must be True or False")
+            else:
+                need(isinstance(value, int) and not isinstance(value, bool), f.name, "must be an integer")
         need(2 <= self.ports <= 16, "ports", "must be between 2 and 16")
         need(self.data_width in (64, 128, 256, 512), "data_width", "must be 64, 128, 256 or 512")
         need(1 <= self.slots <= 65536, "slots", "must be between 1 and 65536")
@@ -48,9 +52,30 @@ class SwitchParams:
         return self.data_width // 8
 
     @property
+    def dtypes(self) -> tuple[DType, ...]:
+        """The element types this switch reduces."""
+        return supported_dtypes(self.float_units)
+
+    @property
     def rows_per_set(self) -> int:
         """Beats of slot memory per shadow set."""
         return self.max_payload // self.beat_bytes
+
+    def area_rows(self, acc_fp32: bool, reproducible: bool) -> int:
+        """Rows (of data_width bits) of payload one contribution may occupy in a set of this layout.
+
+        A set has rows_per_set rows. With fp32 accumulation (fp16/bf16) a row of payload takes two.
+        A reproducible set keeps every port's contribution in its own area of ``area_rows`` rows and
+        an accumulator area (first, twice as large with fp32 accumulation) where the result is folded
+        in port order: rows_per_set // (ports + 1), or // (ports + 2) with fp32 accumulation.
+        """
+        if reproducible:
+            return self.rows_per_set // (self.ports + (2 if acc_fp32 else 1))
+        return self.rows_per_set // (2 if acc_fp32 else 1)
+
+    def set_capacity(self, acc_fp32: bool = False, reproducible: bool = False) -> int:
+        """The longest payload (bytes) a rule of this kind accepts; longer frames are PAYLOAD_TOO_LONG."""
+        return self.area_rows(acc_fp32, reproducible) * self.beat_bytes
 
     @property
     def max_frame_beats(self) -> int:

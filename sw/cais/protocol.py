@@ -25,7 +25,7 @@ __all__ = [
     "MAX_FRAME_BYTES", "BROADCAST_MAC", "SWITCH_MAC_DEFAULT",
     "OpType", "DType", "ReduceOp", "Flags", "DropReason", "FrameKind",
     "HEADER_FIELDS", "RESERVED_FIELDS", "CaisHeader", "EthHeader", "Frame",
-    "ELEMENT_BYTES", "SUPPORTED_DTYPES", "SUPPORTED_OPS",
+    "ELEMENT_BYTES", "INTEGER_DTYPES", "FLOAT_DTYPES", "SUPPORTED_DTYPES", "supported_dtypes", "SUPPORTED_OPS",
     "result_mac", "mac_to_bytes", "mac_to_str", "build_frame", "parse_frame", "expected_frame_len",
     "numpy_dtype", "HOST_ETHERTYPE", "HostKind", "HOST_HEADER_FIELDS", "HOST_HEADER_BYTES", "HostHeader",
     "build_host_frame",
@@ -82,9 +82,17 @@ class Flags(enum.IntFlag):
 
 
 ELEMENT_BYTES = {DType.INT32: 4, DType.INT16: 2, DType.INT8: 1, DType.FP32: 4, DType.FP16: 2, DType.BF16: 2}
-# What the switch built from this repository reduces today; other valid codes are dropped as BAD_CODE.
-SUPPORTED_DTYPES = (DType.INT32,)
+INTEGER_DTYPES = (DType.INT32, DType.INT16, DType.INT8)
+FLOAT_DTYPES = (DType.FP32, DType.FP16, DType.BF16)
+# Every element type the switch can reduce; a switch built without float units (SwitchParams.float_units)
+# reduces INTEGER_DTYPES only and drops the float codes as BAD_CODE.
+SUPPORTED_DTYPES = INTEGER_DTYPES + FLOAT_DTYPES
 SUPPORTED_OPS = (OpType.ALL_REDUCE, OpType.ALL_GATHER, OpType.BROADCAST)
+
+
+def supported_dtypes(float_units: bool) -> tuple[DType, ...]:
+    """The element types a switch reduces: with or without its float units."""
+    return SUPPORTED_DTYPES if float_units else INTEGER_DTYPES
 
 
 def numpy_dtype(dtype: DType):
@@ -98,7 +106,8 @@ class DropReason(enum.IntEnum):
     """Why the switch dropped a frame. Each reason has its own counter.
 
     Checks run in this order and the first that fails names the reason. The first six are decided by
-    the ingress parser from the frame alone; the rest by the switch core from its tables and slot state.
+    the ingress parser from the frame alone; the rest by the switch core from its tables and slot state
+    (NO_ROUTE ends either path: an ordinary frame's MAC lookup, or a forwarded collective's result ports).
     """
     BAD_FRAMING = 0      # tkeep of a beat before tlast is not all ones, or the last beat's tkeep is not contiguous from byte 0
     OVERSIZE = 1         # frame longer than MAX_FRAME_BYTES
@@ -108,9 +117,11 @@ class DropReason(enum.IntEnum):
     BAD_LENGTH = 5       # frame length differs from 30 + payload_len (padding to 60 bytes allowed)
     NO_RULE = 6          # no valid rule matches (group_id, layer_id, chunk_id)
     FOREIGN_PORT = 7     # the ingress port is not one of the rule's contributors
-    BAD_SLOT = 8         # the rule's quota maps the chunk outside the slot memory
-    TAG_MISMATCH = 9     # the slot set is busy with another chunk (its seq_num differs)
-    NO_ROUTE = 10        # the frame's destination set, without the ingress port, is empty
+    TYPE_MISMATCH = 8    # an all-reduce frame's dtype or red_op differs from its rule's
+    PAYLOAD_TOO_LONG = 9  # payload_len exceeds the rule's set capacity: max_payload / 2 with fp32 accumulation
+    BAD_SLOT = 10        # the rule's quota maps the chunk outside the slot memory
+    TAG_MISMATCH = 11    # the slot set is busy with another chunk (its seq_num differs)
+    NO_ROUTE = 12        # the frame's destination set, without the ingress port, is empty
 
 
 PARSER_DROPS = tuple(r for r in DropReason if r <= DropReason.BAD_LENGTH)

@@ -19,7 +19,7 @@ __all__ = ["Access", "Kind", "Field", "Register", "RegisterMap", "register_map",
            "VERSION", "COUNTER_EVENTS"]
 
 MAGIC = 0x43414953  # "CAIS"
-VERSION = 0x0001_0000  # major 1, minor 0
+VERSION = 0x0001_0001  # major 1, minor 1 (RULE_TYPE)
 
 
 class Access(enum.Enum):
@@ -150,6 +150,10 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         "the controller does this for a group's quota when it creates or removes the group.",
         [Field("slot", 0, 16, "slot index")])
 
+    add("FEATURES", 0x02C, Access.RO, Kind.CONST, "What this build of the switch can reduce.",
+        [Field("float_units", 0, 1, "fp32/fp16/bf16 reduction (without: integers only)")],
+        reset=int(P.float_units))
+
     # 0x040: rule table, written through staging registers and committed by RULE_WRITE
     add("RULE_GROUP", 0x040, Access.RW, Kind.CONFIG, "Staging: group_id match value and mask (1 = compare bit).",
         [Field("value", 0, 8), Field("mask", 8, 8)])
@@ -163,6 +167,16 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
     add("RULE_SLOTS", 0x050, Access.RW, Kind.CONFIG,
         "Staging: the group's slot quota: first slot and log2 of the number of slots.",
         [Field("base", 0, 16), Field("count_log2", 16, 5)])
+    add("RULE_TYPE", 0x058, Access.RW, Kind.CONFIG,
+        "Staging: the element type and operator the rule's all-reduce frames must carry (a frame whose "
+        "header differs is dropped as TYPE_MISMATCH), and how its slots accumulate (docs/numerics.md).",
+        [Field("dtype", 0, 4, "DType code"), Field("red_op", 4, 4, "ReduceOp code"),
+         Field("acc_fp32", 8, 1, "fp16/bf16: accumulate in fp32, round to the wire format once at egress "
+               "(a set then holds max_payload / 2 bytes of payload); 0: round after every addition"),
+         Field("saturate", 9, 1, "int16/int8 SUM: clamp to the type's range instead of wrapping"),
+         Field("reproducible", 10, 1, "keep each port's contribution and fold them in ascending port order "
+               "when the last arrives: the result does not depend on the arrival order (a set then holds "
+               "SwitchParams.set_capacity bytes of payload)")])
     add("RULE_WRITE", 0x054, Access.WO, Kind.COMMAND,
         "Copies the staging registers into rule `index` and sets its valid bit to `valid`. "
         "Entry 0 has the highest priority.",

@@ -16,6 +16,19 @@ The engine is sans-IO: it never reads a clock, sleeps, or touches a socket. The 
 
 Given the same sequence of calls with the same arguments the engine emits byte-identical frames.
 
+Arithmetic: for the switch's wire types (``dtype``: int32, int16, int8, fp32, fp16, bf16 as uint16 bits)
+every reduction is :func:`cais.numerics.combine`, rounded to the wire format at every step, as the partial
+sums travel in it. Block ``b`` of the result is the left fold of the contributions in ring order starting
+at ring index ``b``: ``((x_b op x_(b+1)) op ...) op x_(b-1)`` (the travelling partial is the stored
+operand, the receiver's own contribution the incoming one). Other numpy types (float64, ...) are reduced
+with numpy's ufuncs.
+
+``reproducible=True`` runs an **all-gather of the contributions** instead (N-1 steps, each carrying one
+rank's whole array) and then every rank folds them locally in ``fold_order`` (default: ring order) with
+:func:`cais.numerics.accumulate` and :func:`cais.numerics.result_values` (``acc_fp32``, ``saturate``), as
+a reproducible switch rule folds its ports' contributions: the same bits, whatever the timing. It sends
+(N-1)·D bytes per rank instead of 2(N-1)·D/N.
+
 A rank that is :attr:`~RingAllReduce.done` must still answer its predecessor: the ACK of the
 predecessor's last fragment may have been lost, and only this engine can re-ACK it. Keep feeding the
 engine the frames of its (group_id, op_seq) until the predecessor is known to be done (for example when
@@ -29,9 +42,15 @@ import heapq
 
 import numpy as np
 
-from .protocol import (ETH_HEADER_BYTES, HOST_ETHERTYPE, HOST_HEADER_BYTES, EthHeader, HostHeader, HostKind,
-                       ReduceOp, build_host_frame)
+from . import numerics
+from .protocol import (ETH_HEADER_BYTES, HOST_ETHERTYPE, HOST_HEADER_BYTES, DType, EthHeader, HostHeader,
+                       HostKind, ReduceOp, build_host_frame)
 from .rto import RetransmitTimer
+
+# numpy type of the values of each wire type (bf16: uint16 bit patterns), and the wire type of a numpy type
+_NATIVE = {DType.INT32: np.dtype(np.int32), DType.INT16: np.dtype(np.int16), DType.INT8: np.dtype(np.int8),
+           DType.FP32: np.dtype(np.float32), DType.FP16: np.dtype(np.float16), DType.BF16: np.dtype(np.uint16)}
+_BY_NUMPY = {v: k for k, v in _NATIVE.items() if k != DType.BF16}
 
 __all__ = ["RingAllReduce", "block_bounds", "MAX_BACKOFF", "DEFAULT_MAX_PAYLOAD"]
 
@@ -61,11 +80,18 @@ class RingAllReduce:
     Step s (0 <= s < 2(N-1)): rank r sends block ``(r - s) mod N`` to rank ``(r + 1) mod N``; steps
     0..N-2 are the reduce-scatter (the receiver reduces the block into its copy), steps N-1..2N-3 the
     all-gather (the receiver stores it). Rank r sends step s only after it has applied all of step s-1.
+
+    `dtype` is the wire type of the values (default: the array's, for int32/int16/int8/float32/float16;
+    bf16 bits as a uint16 array need ``dtype=DType.BF16``; other numpy types use numpy's ufuncs).
+    `saturate` clamps integer sums. With `reproducible` the N blocks are the ranks' whole contributions,
+    only all-gathered (steps 0..N-2), and the result is their fold in `fold_order` (ring indices; default
+    0..N-1) with fp32 accumulation if `acc_fp32`.
     """
 
     def __init__(self, rank_index: int, ring_macs: list[int], group_id: int, op_seq: int, data: np.ndarray,
                  op: ReduceOp, my_mac: int, timeout_s: float, max_payload: int = DEFAULT_MAX_PAYLOAD,
-                 now: float = 0.0):
+                 now: float = 0.0, *, dtype: DType | None = None, saturate: bool = False,
+                 reproducible: bool = False, acc_fp32: bool = False, fold_order: list[int] | None = None):
         n = len(ring_macs)
         if n < 1:
             raise ValueError("ring_macs: the ring needs at least one rank")
@@ -87,9 +113,31 @@ class RingAllReduce:
         arr = np.asarray(data)
         if arr.ndim != 1:
             raise ValueError(f"data: must be 1-D, has shape {arr.shape}")
-        # Work on a private copy in native byte order; the wire carries big-endian elements.
-        self._buf = arr.astype(arr.dtype.newbyteorder("="), copy=True)
+        native = arr.dtype.newbyteorder("=")
+        if dtype is None:
+            dtype = _BY_NUMPY.get(native)
+        elif _NATIVE[DType(dtype)] != native:
+            raise TypeError(f"dtype={DType(dtype).name}: the values must be a {_NATIVE[DType(dtype)]} array, "
+                            f"not {arr.dtype}")
+        self.dtype = None if dtype is None else DType(dtype)
+        self.saturate = bool(saturate)
+        self.acc_fp32 = bool(acc_fp32)
+        self.reproducible = bool(reproducible)
+        if self.reproducible and self.dtype is None:
+            raise TypeError(f"reproducible: needs a wire type (int32, int16, int8, fp32, fp16, bf16), not {arr.dtype}")
+        self.fold_order = list(range(n)) if fold_order is None else [int(i) for i in fold_order]
+        if sorted(self.fold_order) != list(range(n)):
+            raise ValueError(f"fold_order={fold_order}: must be a permutation of 0..{n - 1}")
+        self.length = len(arr)
+        # Work on a private copy in native byte order; the wire carries big-endian elements. Reproducible:
+        # room for every rank's contribution, block i = ring index i's, ours in place.
+        if self.reproducible:
+            self._buf = np.zeros(n * self.length, dtype=native)
+            self._buf[rank_index * self.length:(rank_index + 1) * self.length] = arr
+        else:
+            self._buf = arr.astype(native, copy=True)
         self._wire = self._buf.dtype.newbyteorder(">")
+        self._folded: np.ndarray | None = None
         self._item = self._buf.dtype.itemsize
         if max_payload > 0xFFFF:
             raise ValueError(f"max_payload={max_payload}: the 16-bit length field allows at most 65535")
@@ -106,8 +154,11 @@ class RingAllReduce:
         self.timer = RetransmitTimer(self.timeout_s, MAX_BACKOFF)
         self.pred_mac = ring_macs[(rank_index - 1) % n]
         self.succ_mac = ring_macs[(rank_index + 1) % n]
-        self.steps = 2 * (n - 1)
-        self._bounds = block_bounds(len(self._buf), n)
+        self.steps = (n - 1) if self.reproducible else 2 * (n - 1)
+        if self.reproducible:
+            self._bounds = [(i * self.length, (i + 1) * self.length) for i in range(n)]
+        else:
+            self._bounds = block_bounds(len(self._buf), n)
         self._frags = [self._frag_count(b) for b in range(n)]
         if max(self._frags) > 0xFFFF:
             raise ValueError("data: a block needs more than 65535 fragments (16-bit frags field)")
@@ -146,7 +197,16 @@ class RingAllReduce:
         """The all-reduced array (native byte order, the input's dtype)."""
         if not self.result_ready:
             raise RuntimeError("result: the ring all-reduce has not finished on this rank")
-        return self._buf
+        if not self.reproducible:
+            return self._buf
+        if self._folded is None:
+            acc = None
+            for i in self.fold_order:
+                acc = numerics.accumulate(self.dtype, self.op, acc, self._buf[i * self.length:(i + 1) * self.length],
+                                          acc_fp32=self.acc_fp32, saturate=self.saturate)
+            self._folded = np.asarray(numerics.result_values(self.dtype, acc, acc_fp32=self.acc_fp32),
+                                      dtype=self._buf.dtype)
+        return self._folded
 
     def next_deadline(self) -> float | None:
         """Earliest retransmission time of an unacknowledged DATA fragment, None if none is pending."""
@@ -285,9 +345,11 @@ class RingAllReduce:
             return
         vals = np.frombuffer(payload, dtype=self._wire).astype(self._buf.dtype)
         dst = self._buf[lo:hi]
-        if step >= self.n - 1:        # all-gather: the block is final, store it
+        if self.reproducible or step >= self.n - 1:   # all-gather: the block is final, store it
             dst[...] = vals
-        elif self.op == ReduceOp.SUM:  # reduce-scatter: combine into our copy (integer SUM wraps)
+        elif self.dtype is not None:   # reduce-scatter: the travelling partial (op) our contribution
+            dst[...] = numerics.combine(self.dtype, self.op, vals, dst, self.saturate)
+        elif self.op == ReduceOp.SUM:  # other numpy types: numpy's own arithmetic (integer SUM wraps)
             np.add(dst, vals, out=dst)
         elif self.op == ReduceOp.MAX:
             np.maximum(dst, vals, out=dst)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .protocol import DType, ReduceOp
 from .registers import RegisterMap
 
 __all__ = ["Rule", "MacEntry", "rule_writes", "mac_writes", "slot_clear_writes"]
@@ -39,6 +40,9 @@ class Rule:
     A rule matches a CAIS frame when, for each of group_id, layer_id and chunk_id,
     ``(field & mask) == (value & mask)``; a mask of 0 is a wildcard. ``contributors`` and ``results`` are
     port bitmaps (bit p = port p). The group's slot quota is ``2**count_log2`` slots starting at ``base``.
+    All-reduce frames must carry ``dtype`` and ``red_op``; ``acc_fp32`` accumulates fp16/bf16 in fp32
+    (rounded once when the result leaves), ``saturate`` clamps int16/int8 sums, ``reproducible`` folds the
+    contributions in port order so the result does not depend on arrival order (docs/numerics.md).
     """
     group: tuple[int, int] = (0, 0)
     layer: tuple[int, int] = (0, 0)
@@ -47,16 +51,29 @@ class Rule:
     results: int = 0
     base: int = 0
     count_log2: int = 0
+    dtype: DType = DType.INT32
+    red_op: ReduceOp = ReduceOp.SUM
+    acc_fp32: bool = False
+    saturate: bool = False
+    reproducible: bool = False
 
     def __post_init__(self):
         for name in ("group", "layer", "chunk"):
             _check_match("Rule", name, getattr(self, name))
         for name in ("contributors", "results", "base", "count_log2"):
             _check_int("Rule", name, getattr(self, name))
+        for name, enum in (("dtype", DType), ("red_op", ReduceOp)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value not in set(enum):
+                raise ValueError(f"Rule.{name}={value!r}: must be one of {', '.join(e.name for e in enum)}")
+            object.__setattr__(self, name, enum(value))
+        for name in ("acc_fp32", "saturate", "reproducible"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Rule.{name}={getattr(self, name)!r}: must be True or False")
 
     @classmethod
     def for_group(cls, group_id: int, contributors: int, results: int | None = None, base: int = 0,
-                  count_log2: int = 0) -> "Rule":
+                  count_log2: int = 0, **kind) -> "Rule":
         """A rule that matches every frame of ``group_id`` (any layer, any chunk).
 
         ``results`` defaults to ``contributors`` (an all-reduce among the same ports).
@@ -65,7 +82,8 @@ class Rule:
         if group_id > 0xFF:
             raise ValueError(f"Rule.group={group_id!r}: a group_id is 8 bits (0..255)")
         return cls(group=(group_id, 0xFF), contributors=contributors,
-                   results=contributors if results is None else results, base=base, count_log2=count_log2)
+                   results=contributors if results is None else results, base=base, count_log2=count_log2,
+                   **kind)
 
     @property
     def slot_count(self) -> int:
@@ -140,6 +158,8 @@ def rule_writes(regmap: RegisterMap, index: int, rule: Rule | None = None, valid
         w("RULE_CHUNK", value=rule.chunk[0], mask=rule.chunk[1]),
         w("RULE_PORTS", contributors=rule.contributors, results=rule.results),
         w("RULE_SLOTS", base=rule.base, count_log2=rule.count_log2),
+        w("RULE_TYPE", dtype=rule.dtype, red_op=rule.red_op, acc_fp32=int(rule.acc_fp32),
+          saturate=int(rule.saturate), reproducible=int(rule.reproducible)),
         w("RULE_WRITE", index=index, valid=int(bool(valid))),
     ]
 

@@ -1,0 +1,216 @@
+"""The slot ALU: the read-modify-write arithmetic between the slot memory's read and its write."""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from cais import protocol as proto
+
+from .alu import ReduceALU, byteswap
+from .fpu import BF16, FP16, FP32, NUMPY_ZERO_TIE, FloatAdder, FloatMaxMin, FloatNarrow, FloatWiden, MaxMinOp
+
+__all__ = ["SlotALU"]
+
+
+class SlotALU(wiring.Component):
+    """One payload row combined with the slot word it accumulates into, bit-exact with :mod:`cais.numerics`.
+
+    A slot word is ``2 * data_width`` bits, two granules of ``W = data_width`` bits (granule 0 in the low
+    bits). Rows and words are in AXI byte order (byte 0 in bits 7:0) and hold big-endian elements: element
+    ``i`` of ``n``-byte elements is bytes ``n*i .. n*i+n-1`` (see :func:`cais.hdl.alu.byteswap`).
+
+    * **Wire-format modes** (int32/int16/int8, fp32, and fp16/bf16 without ``acc_fp32``): granule
+      ``granule`` of the result is ``numerics.combine(dtype, op, acc_granule, row, saturate)``, or ``row``
+      unchanged with ``store``; ``we = 1 << granule``. (The other granule of ``result`` repeats it.)
+    * **fp32 accumulation** (fp16/bf16 with ``acc_fp32``): the whole word holds ``W/16`` float32
+      accumulators, accumulator ``i`` (word bytes ``4i .. 4i+3``) belonging to row element ``i``. The result
+      is ``numerics.combine(FP32, op, acc, numerics.widen(dtype, row))``, or ``widen(dtype, row)`` with
+      ``store``; ``we = 0b11``.
+
+    The float arithmetic runs in ``W/16`` float32 lanes, each a :class:`~cais.hdl.fpu.FloatAdder` and a
+    :class:`~cais.hdl.fpu.FloatMaxMin`: fp32 wire mode uses lanes ``0 .. W/32-1``; fp16/bf16 wire mode
+    widens both operands, combines in float32 and narrows the result (exactly numpy's float16 arithmetic,
+    and correctly rounded because 24 >= 2p + 2); fp32 accumulation widens the row element only. The
+    ``-0``/``+0`` tie of max/min returns the operand numpy returns for the format the reference computes
+    in (:data:`~cais.hdl.fpu.NUMPY_ZERO_TIE`: float16 for fp16 wire mode, float32 otherwise). NaN results
+    are the canonical quiet NaN of the output format; ``store`` passes a row's NaN payloads unchanged in the
+    wire-format modes.
+
+    Every result appears :attr:`latency` clock edges after its inputs, whatever the dtype and op (the
+    integer, max/min and store results are delayed to match the adder), and a new row may enter every
+    cycle. ``latency`` is ``fadd_stages`` with ``float_units``, else 0: without float units only the
+    integer ALU is built, purely combinational, and float dtypes give don't-care results.
+
+    Members
+    -------
+    i_valid : In(1)
+        The inputs hold a row to combine.
+    acc : In(2 * data_width)
+        The slot word read for this row, both granules.
+    row : In(data_width)
+        The incoming payload row.
+    granule : In(1)
+        The granule of the word the row belongs to (wire-format modes).
+    dtype : In(4)
+        A :class:`cais.protocol.DType`.
+    op : In(4)
+        A :class:`cais.protocol.ReduceOp`.
+    acc_fp32 : In(1)
+        fp16/bf16: the word holds float32 accumulators. Ignored for the other dtypes.
+    saturate : In(1)
+        Integer SUM saturates instead of wrapping.
+    store : In(1)
+        First contribution: the result is the row as it came (widened with ``acc_fp32``).
+    o_valid : Out(1)
+        ``i_valid`` of the inputs presented :attr:`latency` cycles earlier (a reset drops the rows in flight).
+    result : Out(2 * data_width)
+        The new slot word for those inputs; only the granules enabled in ``we`` are meaningful.
+    we : Out(2)
+        Granule write enables of ``result`` (0 while ``o_valid`` is low).
+    """
+
+    def __init__(self, data_width: int, float_units: bool = True, fadd_stages: int = 3):
+        if data_width < 64 or data_width % 32:
+            raise ValueError(f"data_width must be a multiple of 32 of at least 64, not {data_width}")
+        if fadd_stages not in FloatAdder.CUTS:
+            raise ValueError(f"fadd_stages must be one of {sorted(FloatAdder.CUTS)}, not {fadd_stages}")
+        self.data_width = data_width
+        self.float_units = float_units
+        self.fadd_stages = fadd_stages
+        W = data_width
+        super().__init__({
+            "i_valid": In(1), "acc": In(2 * W), "row": In(W), "granule": In(1),
+            "dtype": In(4), "op": In(4), "acc_fp32": In(1), "saturate": In(1), "store": In(1),
+            "o_valid": Out(1), "result": Out(2 * W), "we": Out(2),
+        })
+
+    @property
+    def latency(self) -> int:
+        """Clock edges from the inputs to their ``result``, ``we`` and ``o_valid``."""
+        return self.fadd_stages if self.float_units else 0
+
+    def elaborate(self, platform):
+        m = Module()
+        W = self.data_width
+        L = self.latency
+        DT = proto.DType
+
+        def delay(value, name, reset_less=True):
+            # A chain of L registers (none when L == 0): one write point whatever the path.
+            value = Value.cast(value)
+            for k in range(L):
+                reg = Signal(value.shape(), name=f"{name}_d{k + 1}", reset_less=reset_less)
+                m.d.sync += reg.eq(value)
+                value = reg
+            return value
+
+        is_half = (self.dtype == DT.FP16) | (self.dtype == DT.BF16)
+        acc32 = Signal()
+        m.d.comb += acc32.eq(is_half & self.acc_fp32)
+        we = Mux(acc32, 0b11, Mux(self.granule, 0b10, 0b01))
+
+        # The granule the wire-format modes combine with. fp32 accumulation reads lanes 0 .. W/32-1 from
+        # granule 0 through the same mux (lanes W/32 .. W/16-1 read granule 1 directly).
+        a_gran = Signal(W)
+        m.d.comb += a_gran.eq(Mux(self.granule & ~acc32, self.acc[W:], self.acc[:W]))
+
+        m.submodules.int_alu = int_alu = ReduceALU(W)
+        m.d.comb += [int_alu.a.eq(a_gran), int_alu.b.eq(self.row), int_alu.op.eq(self.op),
+                     int_alu.dtype.eq(self.dtype), int_alu.saturate.eq(self.saturate)]
+        wire_result = Mux(self.store, self.row, int_alu.result)
+
+        if not self.float_units:
+            m.d.comb += [
+                self.o_valid.eq(self.i_valid),
+                self.result.eq(Cat(wire_result, wire_result)),
+                self.we.eq(Mux(self.i_valid, we, 0)),
+            ]
+            return m
+
+        is_fp32 = self.dtype == DT.FP32
+        is_bf16 = self.dtype == DT.BF16
+        half_wire = is_half & ~self.acc_fp32
+        # Results that come out of the float lanes; the others (integers, wire-format store) take the
+        # wire_result path.
+        lane_form = (is_fp32 | is_half) & ~(self.store & ~acc32)
+        use_adder = (self.op == proto.ReduceOp.SUM) & ~self.store
+        # Which operand wins a -0/+0 tie: FloatMaxMin follows float32; fp16 wire mode follows float16.
+        tie16 = NUMPY_ZERO_TIE[FP16]
+        fix_tie = half_wire & ~is_bf16 if tie16 != NUMPY_ZERO_TIE[FP32] else Const(0)
+
+        def widened(bits16, name):
+            # A wire fp16/bf16 element (native bit order) as float32, exactly.
+            w16, wbf = FloatWiden(FP16, FP32), FloatWiden(BF16, FP32)
+            m.submodules[f"{name}_widen16"] = w16
+            m.submodules[f"{name}_widenbf"] = wbf
+            m.d.comb += [w16.a.eq(bits16), wbf.a.eq(bits16)]
+            return Mux(is_bf16, wbf.result, w16.result)
+
+        bypass_lanes, adders = [], []
+        for i in range(W // 16):
+            # Operands of lane i as float32: a from the word, b from the row. Lanes W/32 .. W/16-1 only
+            # serve fp16/bf16 (a 32-bit element i of the word lies in granule 1 there).
+            a16 = byteswap(a_gran[16 * i:16 * i + 16], 2)
+            b16 = byteswap(self.row[16 * i:16 * i + 16], 2)
+            a32 = byteswap((self.acc if i >= W // 32 else a_gran)[32 * i:32 * i + 32], 4)
+            b32 = byteswap(self.row[32 * i:32 * i + 32], 4) if i < W // 32 else Const(0, 32)
+            a = Signal(32, name=f"lane{i}_a")
+            b = Signal(32, name=f"lane{i}_b")
+            m.d.comb += [a.eq(Mux(half_wire, widened(a16, f"lane{i}_a"), a32)),
+                         b.eq(Mux(is_half, widened(b16, f"lane{i}_b"), b32))]
+
+            m.submodules[f"lane{i}_fadd"] = add = FloatAdder(FP32, self.fadd_stages)
+            m.d.comb += [add.a.eq(a), add.b.eq(b), add.i_valid.eq(self.i_valid)]
+            adders.append(add)
+
+            m.submodules[f"lane{i}_maxmin"] = mm = FloatMaxMin(FP32, NUMPY_ZERO_TIE[FP32])
+            m.d.comb += [mm.a.eq(a), mm.b.eq(b),
+                         mm.op.eq(Mux(self.op == proto.ReduceOp.MIN, MaxMinOp.MIN, MaxMinOp.MAX))]
+            # A -0/+0 tie differs only in the sign bit, so the float16 rule patches just that bit.
+            tie_operand = a if tie16 == "a" else b
+            tie = fix_tie & (a[:31] == 0) & (b[:31] == 0)
+            mm_result = Cat(mm.result[:31], Mux(tie, tie_operand[31], mm.result[31]))
+            # store with fp32 accumulation: the widened row is lane b.
+            bypass_lanes.append(Mux(self.store, b, mm_result))
+
+        # The non-adder results travel through one delay line, lanes (float32, native bit order) or the
+        # wire-format row in the low W bits.
+        bypass = Signal(2 * W)
+        m.d.comb += bypass.eq(Mux(lane_form, Cat(*bypass_lanes), wire_result))
+        d_bypass = delay(bypass, "bypass")
+        d_lane_form = delay(lane_form, "lane_form")
+        d_use_adder = delay(use_adder, "use_adder")
+        d_acc32 = delay(acc32, "acc32")
+        d_fp32 = delay(is_fp32, "fp32")
+        d_bf16 = delay(is_bf16, "bf16")
+        d_we = delay(we, "we")
+        d_valid = delay(self.i_valid, "valid", reset_less=False)
+
+        # Lane results, then packed back in the wire or accumulator layout. The narrowing sits after the
+        # adder's output register: one pair of FloatNarrow per lane serves the sums and max/min alike.
+        word32, row16, rowbf = [], [], []
+        for i, add in enumerate(adders):
+            lane = Signal(32, name=f"lane{i}_result")
+            m.d.comb += lane.eq(Mux(d_use_adder, add.result, d_bypass[32 * i:32 * i + 32]))
+            word32.append(byteswap(lane, 4))
+            n16, nbf = FloatNarrow(FP32, FP16), FloatNarrow(FP32, BF16)
+            m.submodules[f"lane{i}_narrow16"] = n16
+            m.submodules[f"lane{i}_narrowbf"] = nbf
+            m.d.comb += [n16.a.eq(lane), nbf.a.eq(lane)]
+            row16.append(byteswap(n16.result, 2))
+            rowbf.append(byteswap(nbf.result, 2))
+        new_gran = Signal(W)
+        with m.If(~d_lane_form):
+            m.d.comb += new_gran.eq(d_bypass[:W])
+        with m.Elif(d_fp32):
+            m.d.comb += new_gran.eq(Cat(*word32[:W // 32]))
+        with m.Elif(d_bf16):
+            m.d.comb += new_gran.eq(Cat(*rowbf))
+        with m.Else():
+            m.d.comb += new_gran.eq(Cat(*row16))
+        m.d.comb += [
+            self.o_valid.eq(d_valid),
+            self.result.eq(Mux(d_acc32, Cat(*word32), Cat(new_gran, new_gran))),
+            self.we.eq(Mux(d_valid, d_we, 0)),
+        ]
+        return m

@@ -1,0 +1,153 @@
+"""The element arithmetic of the switch, in numpy: the reference the RTL is checked against.
+
+One definition of what a reduction does to the elements of a payload (docs/numerics.md is its prose):
+
+* int32, int16, int8: SUM wraps modulo 2**bits, or with ``saturate`` clamps to the type's range; MAX/MIN
+  compare as signed.
+* fp32, fp16: numpy's own ``+``, ``maximum``, ``minimum`` on float32 / float16 (IEEE 754, round to nearest
+  even, subnormals kept; numpy computes a float16 sum in float32 and rounds once, which is exact because
+  24 >= 2 * 11 + 2 bits), except that every NaN result is the canonical quiet NaN of the format.
+* bf16 (no numpy type): widened exactly to float32, combined there, rounded to bf16 to nearest even (so
+  max/min treat +-0 like float32, and a sum is correctly rounded: 24 >= 2 * 8 + 2).
+* ``acc_fp32`` (fp16/bf16 only): the slot keeps float32 accumulators (:func:`widen` of each
+  contribution, combined as fp32) and :func:`narrow` rounds once when the result leaves.
+
+Payloads are big-endian on the wire. The arithmetic works on *values*: int arrays, float32/float16
+arrays, and bf16 as uint16 bit patterns; :func:`decode` and :func:`encode` convert from and to the wire.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .protocol import DType, ReduceOp
+
+__all__ = ["QNAN_BITS", "decode", "encode", "combine", "widen", "narrow", "accumulate", "result_values",
+           "bf16_to_f32", "f32_to_bf16"]
+
+# Canonical quiet NaN of each float format: sign 0, exponent all ones, fraction 1 0..0.
+QNAN_BITS = {DType.FP32: 0x7FC0_0000, DType.FP16: 0x7E00, DType.BF16: 0x7FC0}
+_INT = {DType.INT32: np.int32, DType.INT16: np.int16, DType.INT8: np.int8}
+_WIRE = {DType.INT32: ">i4", DType.INT16: ">i2", DType.INT8: "i1", DType.FP32: ">f4", DType.FP16: ">f2",
+         DType.BF16: ">u2"}
+_NATIVE = {DType.INT32: np.int32, DType.INT16: np.int16, DType.INT8: np.int8, DType.FP32: np.float32,
+           DType.FP16: np.float16, DType.BF16: np.uint16}
+
+
+def decode(dtype: DType, payload: bytes) -> np.ndarray:
+    """Wire bytes -> values (native byte order; bf16 as uint16 bits)."""
+    dtype = DType(dtype)
+    return np.frombuffer(bytes(payload), dtype=_WIRE[dtype]).astype(_NATIVE[dtype])
+
+
+def encode(dtype: DType, values: np.ndarray) -> bytes:
+    """Values -> wire bytes."""
+    dtype = DType(dtype)
+    return np.asarray(values, dtype=_NATIVE[dtype]).astype(_WIRE[dtype]).tobytes()
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """Exact: a bf16 is the top half of a float32 (NaN becomes the canonical float32 NaN)."""
+    f = (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32)
+    return _canonical(f, DType.FP32)
+
+
+def f32_to_bf16(values: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits, round to nearest even; overflow gives infinity, NaN the canonical NaN."""
+    u = np.asarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(values), np.uint16(QNAN_BITS[DType.BF16]), rounded).astype(np.uint16)
+
+
+def _canonical(values: np.ndarray, fmt: DType) -> np.ndarray:
+    values = np.asarray(values)
+    nan = np.isnan(values)
+    if not nan.any():
+        return values
+    bits_type = np.uint32 if values.dtype == np.float32 else np.uint16
+    out = values.copy()
+    out.view(bits_type)[nan] = QNAN_BITS[fmt]
+    return out
+
+
+def widen(dtype: DType, values: np.ndarray) -> np.ndarray:
+    """fp16/bf16 values -> float32, exactly (NaN canonical)."""
+    dtype = DType(dtype)
+    if dtype == DType.FP16:
+        return _canonical(np.asarray(values, dtype=np.float16).astype(np.float32), DType.FP32)
+    if dtype == DType.BF16:
+        return bf16_to_f32(values)
+    raise ValueError(f"dtype={dtype!r}: only fp16 and bf16 are widened")
+
+
+def narrow(dtype: DType, values: np.ndarray) -> np.ndarray:
+    """float32 -> fp16/bf16 values, round to nearest even, once (NaN canonical)."""
+    dtype = DType(dtype)
+    with np.errstate(over="ignore"):
+        if dtype == DType.FP16:
+            return _canonical(np.asarray(values, dtype=np.float32).astype(np.float16), DType.FP16)
+    if dtype == DType.BF16:
+        return f32_to_bf16(values)
+    raise ValueError(f"dtype={dtype!r}: only fp16 and bf16 are narrowed")
+
+
+def _float_op(op: ReduceOp, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        if op == ReduceOp.SUM:
+            return a + b
+        if op == ReduceOp.MAX:
+            return np.maximum(a, b)
+        if op == ReduceOp.MIN:
+            return np.minimum(a, b)
+    raise ValueError(f"red_op={op!r}: not a reduction")
+
+
+def combine(dtype: DType, op: ReduceOp, a: np.ndarray, b: np.ndarray, saturate: bool = False) -> np.ndarray:
+    """``a op b`` element by element in the wire format (``a`` the stored values, ``b`` the incoming)."""
+    dtype, op = DType(dtype), ReduceOp(op)
+    if dtype in _INT:
+        t = _INT[dtype]
+        a64, b64 = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+        if op == ReduceOp.MAX:
+            return np.maximum(a64, b64).astype(t)
+        if op == ReduceOp.MIN:
+            return np.minimum(a64, b64).astype(t)
+        if op != ReduceOp.SUM:
+            raise ValueError(f"red_op={op!r}: not a reduction")
+        info = np.iinfo(t)
+        total = a64 + b64
+        if saturate:
+            return np.clip(total, info.min, info.max).astype(t)
+        bits = 8 * np.dtype(t).itemsize
+        return (((total - info.min) % (1 << bits)) + info.min).astype(t)
+    if dtype == DType.FP32:
+        return _canonical(_float_op(op, np.asarray(a, np.float32), np.asarray(b, np.float32)), DType.FP32)
+    if dtype == DType.FP16:
+        return _canonical(_float_op(op, np.asarray(a, np.float16), np.asarray(b, np.float16)), DType.FP16)
+    if dtype == DType.BF16:
+        return f32_to_bf16(_float_op(op, bf16_to_f32(a), bf16_to_f32(b)))
+    raise ValueError(f"dtype={dtype!r}: not an element type")
+
+
+def accumulate(dtype: DType, op: ReduceOp, acc: np.ndarray | None, values: np.ndarray, *,
+               acc_fp32: bool = False, saturate: bool = False) -> np.ndarray:
+    """One contribution into a slot's accumulator: ``values`` (wire values) into ``acc`` (None: empty).
+
+    The accumulator is in the wire format, or float32 with ``acc_fp32`` for fp16/bf16; the first
+    contribution is stored as it came (widened with ``acc_fp32``).
+    """
+    dtype = DType(dtype)
+    if acc_fp32 and dtype in (DType.FP16, DType.BF16):
+        wide = widen(dtype, values)
+        return wide if acc is None else combine(DType.FP32, op, acc, wide)
+    if acc is None:
+        return np.array(values, dtype=_NATIVE[dtype])
+    return combine(dtype, op, acc, values, saturate)
+
+
+def result_values(dtype: DType, acc: np.ndarray, *, acc_fp32: bool = False) -> np.ndarray:
+    """The accumulator as it leaves the switch, in the wire format's values."""
+    dtype = DType(dtype)
+    if acc_fp32 and dtype in (DType.FP16, DType.BF16):
+        return narrow(dtype, acc)
+    return np.asarray(acc, dtype=_NATIVE[dtype])
