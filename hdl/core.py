@@ -375,7 +375,9 @@ class SwitchCore(wiring.Component):
         mem_wr = self.slot_mem.write_port(granularity=W)
         mem_alu = self.slot_mem.read_port(transparent_for=(mem_wr,))
         mem_res = self.slot_mem.read_port()
-        mem_fold = self.slot_mem.read_port(transparent_for=(mem_wr,))   # contributions of a reproducible set
+        # The fold of reproducible sets, when built, reads the contributions through a port of its own.
+        has_fold = prm.area_rows(False, True) > 0
+        mem_fold = self.slot_mem.read_port(transparent_for=(mem_wr,)) if has_fold else None
         m.submodules.alu = alu
         L = alu.latency
         word_bits = self.addr_bits - 1
@@ -446,8 +448,11 @@ class SwitchCore(wiring.Component):
         m.d.comb += hazard.eq(f_active | ((end_pending | row_cand) & n_write & in_flight(n_ga[1:], n_we, L - 1)))
         n_valid = Mux(end_pending, ~hazard, row_cand & b_take)
         f_valid = f_active & ~f_hazard
-        fold_start = n_valid & end_pending & c_fold
+        fold_start = Signal()
+        m.d.comb += fold_start.eq(n_valid & end_pending & c_fold)
 
+        if not has_fold:           # no reproducible set is ever accepted (PAYLOAD_TOO_LONG)
+            m.d.comb += fold_start.eq(0)
         with m.If(fold_start):
             m.d.sync += [
                 f_active.eq(1), f_base.eq(c_row_base), f_rows.eq(c_rows), f_j.eq(0),
@@ -480,7 +485,9 @@ class SwitchCore(wiring.Component):
                 x[0].acc_fp32.eq(n_wide), x[0].saturate.eq(c_saturate), x[0].res_fp32.eq(c_acc_fp32),
                 x[0].from_area.eq(0), x_data.eq(n_data),
             ]
-        m.d.comb += [mem_alu.addr.eq(Mux(f_active, f_ga[1:], n_ga[1:])), mem_fold.addr.eq(f_src[1:])]
+        m.d.comb += mem_alu.addr.eq(Mux(f_active, f_ga[1:], n_ga[1:]))
+        if has_fold:
+            m.d.comb += mem_fold.addr.eq(f_src[1:])
 
         # Forwarding: the word being written this cycle (by the row in xL) replaces stale read data.
         acc = Signal(2 * W)
@@ -495,7 +502,8 @@ class SwitchCore(wiring.Component):
             m.d.comb += acc.eq(mem_alu.data)
         m.d.comb += [
             alu.i_valid.eq(x[0].valid & x[0].write), alu.acc.eq(acc),
-            alu.row.eq(Mux(x[0].from_area, Mux(x[0].src_granule, mem_fold.data[W:], mem_fold.data[:W]), x_data)),
+            alu.row.eq(Mux(x[0].from_area, Mux(x[0].src_granule, mem_fold.data[W:], mem_fold.data[:W]), x_data)
+                       if has_fold else x_data),
             alu.granule.eq(x[0].granule), alu.dtype.eq(x[0].dtype), alu.op.eq(x[0].op),
             alu.acc_fp32.eq(x[0].acc_fp32), alu.saturate.eq(x[0].saturate), alu.store.eq(x[0].store),
             mem_wr.addr.eq(last.word), mem_wr.data.eq(alu.result), mem_wr.en.eq(wr_en),

@@ -247,7 +247,8 @@ def _typed_cases(params: SwitchParams, regs, rng, setup, contribution) -> list[C
     # the end); it is checked after FOREIGN_PORT and before TAG_MISMATCH and BAD_SLOT; all-gather frames are
     # not type-checked.
     i16 = dict(dtype=DT.INT16, values=np.arange(8, dtype=np.int16))
-    bad_slot_rule = rule_writes(regs, 2, Rule.for_group(3, contributors=allp, results=allp, base=params.slots))
+    bad_slot_rule = (rule_writes(regs, 2, Rule.for_group(3, contributors=allp, results=allp, base=params.slots))
+                     if params.rules > 2 else [])
     cases.append(Case("type_mismatch_dtype", setup() + bad_slot_rule, [
         [(p, contribution(p, 2, rand32(rng, 4))) for p in range(P)],
         [(1, contribution(1, 0, **i16))],
@@ -369,6 +370,41 @@ def _typed_cases(params: SwitchParams, regs, rng, setup, contribution) -> list[C
             v[:4] = [info.min, info.max, -1, 0][p % 4:] + [info.min, info.max, -1, 0][:p % 4]
             batch.append((p, contribution(p, 0, v, group=10 + i, op=op, dtype=dtype)))
     cases.append(Case("narrow_int_max_min", w + slot_clear_writes(regs, 0, 4), [batch]))
+
+    # ---------------------------------------------------------------- reproducible rules
+    # A reproducible rule folds the contributions in ascending port order when the set completes, so two
+    # chunks with the same contributions arriving in different orders give the same bits. Its set holds
+    # SwitchParams.set_capacity(acc_fp32, reproducible) bytes per frame: longer frames are PAYLOAD_TOO_LONG.
+    scrambled = [list(range(P))[::-1], [p for p in range(P) if p % 2] + [p for p in range(P) if not p % 2]]
+    kinds = [(DT.FP32, False, False), (DT.FP16, True, False), (DT.INT8, False, True)][:params.rules]
+    w, per_group = [], []
+    for i, (dtype, acc, sat) in enumerate(kinds):
+        w += rule_writes(regs, i, Rule.for_group(30 + i, allp, allp, base=i, count_log2=0, dtype=dtype,
+                                                 acc_fp32=acc, saturate=sat, reproducible=True))
+        # elements per frame: the capacity (which can be 0 with many ports: then every frame is too long)
+        cap = params.set_capacity(acc, True) // ELEM[dtype]
+        n = max(cap, 1)
+        if dtype == DT.INT8:     # the 4-bit sequence of docs/numerics.md, x16, then random values
+            seq4 = _columns([([7, -5, 5, 5, -3, -7], 0), ([7, 5, -5, -7], 0), ([-8, -1, 1], 0)], P)
+            vals = [np.concatenate([np.array(v) * 16, int_rand(dtype, max(0, n - len(v)))]).astype(np.int8)
+                    for v in seq4]
+        else:
+            f = FLOAT_FORMATS[dtype]
+            big = 2.0 ** f["m"]
+            cols = _columns([([1.0, big, 1.0, -big], 1.0), ([big, 1.0, -big, 1.0], 0.0),
+                             ([-0.0, 0.0], -0.0), ([2.0 ** f["emax"], f["tiny"], -2.0 ** f["emax"]], 0.0)], P)
+            vals = [np.concatenate([float_bits(dtype, c), float_rand(dtype, max(0, n - len(c)))]) for c in cols]
+            vals = [v.view(np.float32) if dtype == DT.FP32 else v.view(np.float16) for v in vals]
+        per_group.append((30 + i, dtype, [v[:n] for v in vals], cap))
+    batches = []
+    for seq, order in enumerate(scrambled):
+        for p in order:
+            batches.append([(p, contribution(p, seq, vals[p], group=g, dtype=dtype))
+                            for g, dtype, vals, _ in per_group])
+    too_long = [(0, contribution(0, 2, np.zeros(cap + 1, dtype=np.int8 if dtype == DT.INT8 else np.float32
+                                                if dtype == DT.FP32 else np.float16), group=g, dtype=dtype))
+                for g, dtype, _, cap in per_group]
+    cases.append(Case("reproducible_fold", w + slot_clear_writes(regs, 0, len(kinds)), batches + [too_long]))
 
     # ---------------------------------------------------------------- float MAX / MIN and signed zeros
     # numpy's tie rule for -0 / +0 (docs/numerics.md section 4): float32 (and bf16, and fp16 in fp32)

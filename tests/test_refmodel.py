@@ -97,7 +97,8 @@ def check_invariant(m):
 def test_constant_registers():
     m = SwitchModel(P)
     assert m.read(0x000) == 0x43414953
-    assert m.read(0x004) == 0x00010001           # map version 1.1 (RULE_TYPE)
+    assert m.read(0x004) == 0x00020000           # map version 2.0 (RULE_TYPE, FEATURES, drop counters moved)
+    assert m.read(0x02C) == 0b11                 # FEATURES: float units, reproducible fold
     assert m.read(0x008) == 4
     assert m.read(0x00C) == 64
     assert m.read(0x010) == 64

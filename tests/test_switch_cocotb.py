@@ -1,8 +1,8 @@
 """The exported switch (Verilog from ``cais.hdl.top.SwitchTop``) under Verilator and cocotb.
 
-Each (parameter set x testcase) is one simulator run of a cocotb test in ``cais.tb.test_switch``; the
-Verilator build of a parameter set is cached (``cais.sim.build``) and shared by its testcases and by
-pytest-xdist workers. Run with ``pytest tests/test_switch_cocotb.py -n 2``; ``-m "not cocotb"`` skips them.
+Each (parameter set x testcase) is one simulator run of a cocotb test in ``cais.tb.test_switch`` or
+``cais.tb.test_floats``; the Verilator build of a parameter set is cached (``cais.sim.build``) and shared
+by its testcases and by pytest-xdist workers. Run with ``pytest tests/test_switch_cocotb.py -n 2``; ``-m "not cocotb"`` skips them.
 ``CAIS_SEED`` overrides the cocotb random seed (default 1), which seeds the traffic of every test.
 """
 
@@ -26,10 +26,12 @@ PARAM_SETS = {
 }
 
 TESTCASES = [
-    "test_directed",
-    "test_directed_idle_backpressure",
-    "test_all_ports_random_payloads",
-    "test_random_mix",
+    "test_switch.test_directed",
+    "test_switch.test_directed_idle_backpressure",
+    "test_switch.test_all_ports_random_payloads",
+    "test_switch.test_random_mix",
+    "test_floats.test_float_arrival_order",
+    "test_floats.test_reproducible_shuffled",
 ]
 
 SEED = int(os.environ.get("CAIS_SEED", "1"))
@@ -49,5 +51,6 @@ def switch_build(params: SwitchParams) -> BuildInfo:
 @pytest.mark.parametrize("pname", list(PARAM_SETS))
 def test_switch_cocotb(pname, testcase):
     params = PARAM_SETS[pname]
-    run_test(switch_build(params), "cais.tb.test_switch", testcase,
+    module, name = testcase.split(".")
+    run_test(switch_build(params), f"cais.tb.{module}", name,
              extra_env={"CAIS_PARAMS": json.dumps(params.as_dict())}, seed=SEED)

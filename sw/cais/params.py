@@ -24,6 +24,7 @@ class SwitchParams:
     max_frame: int = MAX_FRAME_BYTES  # longest frame accepted on any port, bytes
     egress_depth: int = 16     # beats buffered per egress port
     float_units: bool = True   # fp32/fp16/bf16 reduction lanes; without them floats are quantized on the hosts
+    reproducible: bool = True  # the fold that makes reproducible rules order-independent (docs/numerics.md)
 
     def __post_init__(self):
         def need(ok, name, what):
@@ -67,9 +68,12 @@ class SwitchParams:
         A set has rows_per_set rows. With fp32 accumulation (fp16/bf16) a row of payload takes two.
         A reproducible set keeps every port's contribution in its own area of ``area_rows`` rows and
         an accumulator area (first, twice as large with fp32 accumulation) where the result is folded
-        in port order: rows_per_set // (ports + 1), or // (ports + 2) with fp32 accumulation.
+        in port order: rows_per_set // (ports + 1), or // (ports + 2) with fp32 accumulation (0 on a
+        switch built without the fold).
         """
         if reproducible:
+            if not self.reproducible:
+                return 0
             return self.rows_per_set // (self.ports + (2 if acc_fp32 else 1))
         return self.rows_per_set // (2 if acc_fp32 else 1)
 

@@ -25,8 +25,8 @@ GROUPS = (
     ("Switch configuration and commands", "SWITCH_MAC_LO",
      "Global settings and slot management."),
     ("Rule table", "RULE_GROUP",
-     "Rules are written through staging registers: write RULE_GROUP, RULE_LAYER, RULE_CHUNK, RULE_PORTS "
-     "and RULE_SLOTS, then RULE_WRITE copies them into one entry. The staging registers keep their "
+     "Rules are written through staging registers: write RULE_GROUP, RULE_LAYER, RULE_CHUNK, RULE_PORTS, "
+     "RULE_SLOTS and RULE_TYPE, then RULE_WRITE copies them into one entry. The staging registers keep their "
      "values, so entries that differ in one field need only that field rewritten."),
     ("MAC table", "MAC_ADDR_LO",
      "MAC-table entries route ordinary frames; they are written through staging registers like rules."),

@@ -19,7 +19,7 @@ __all__ = ["Access", "Kind", "Field", "Register", "RegisterMap", "register_map",
            "VERSION", "COUNTER_EVENTS"]
 
 MAGIC = 0x43414953  # "CAIS"
-VERSION = 0x0001_0001  # major 1, minor 1 (RULE_TYPE)
+VERSION = 0x0002_0000  # major 2: RULE_TYPE and FEATURES added, drop counters renumbered
 
 
 class Access(enum.Enum):
@@ -151,8 +151,9 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         [Field("slot", 0, 16, "slot index")])
 
     add("FEATURES", 0x02C, Access.RO, Kind.CONST, "What this build of the switch can reduce.",
-        [Field("float_units", 0, 1, "fp32/fp16/bf16 reduction (without: integers only)")],
-        reset=int(P.float_units))
+        [Field("float_units", 0, 1, "fp32/fp16/bf16 reduction (without: integers only)"),
+         Field("reproducible", 1, 1, "reproducible rules (RULE_TYPE.reproducible) can be served")],
+        reset=int(P.float_units) | int(P.area_rows(False, True) > 0) << 1)
 
     # 0x040: rule table, written through staging registers and committed by RULE_WRITE
     add("RULE_GROUP", 0x040, Access.RW, Kind.CONFIG, "Staging: group_id match value and mask (1 = compare bit).",
