@@ -7,8 +7,9 @@ rounds once to nearest even; it shares nothing with the RTL and is itself checke
 FP16. NaN results must be NaN wherever the reference is NaN, and bit-exactly the canonical quiet NaN of the
 output format (the rule of cais.hdl.fpu; numpy's own NaN bits depend on the operands and the CPU).
 
-Random vectors per format: ``CAIS_FPU_VECTORS`` (default 20000) adder pairs and the same number of max/min
-pairs; narrowing uses ``max(50000, CAIS_FPU_VECTORS)`` random FP32 patterns. Widening is exhaustive.
+Random vectors per format: ``CAIS_FPU_VECTORS`` (default 100000) adder pairs and the same number of
+max/min pairs; narrowing uses ``max(50000, CAIS_FPU_VECTORS)`` random FP32 patterns. Widening is
+exhaustive.
 The simulator is driven with several copies of a unit side by side (one wide input, one wide output), so
 each simulated cycle checks several vectors for a few Python calls.
 """
@@ -25,7 +26,7 @@ from amaranth.sim import Simulator
 from cais.hdl.fpu import (BF16, FP16, FP32, NUMPY_ZERO_TIE, FloatAdder, FloatFormat, FloatMaxMin,
                           FloatNarrow, FloatWiden, MaxMinOp)
 
-VECTORS = int(os.environ.get("CAIS_FPU_VECTORS", "20000"))
+VECTORS = int(os.environ.get("CAIS_FPU_VECTORS", "100000"))
 NARROW_VECTORS = max(50_000, VECTORS)
 LANES = 8
 FORMATS = (FP32, FP16, BF16)

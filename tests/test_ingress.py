@@ -27,7 +27,7 @@ from cais.sim.refmodel import SwitchModel
 from blocksim import Pins, from_word, popcount, run
 
 P64 = SwitchParams()
-P512 = SwitchParams(data_width=512)
+P512 = SwitchParams(data_width=512, float_units=False)   # float codes are BAD_CODE here
 PARAMS = [P64, P512]
 IDS = ["w64", "w512"]
 # extra corners: max_frame not a multiple of the beat, and a FIFO of only 32 beats
@@ -287,8 +287,13 @@ def directed_cases(params, rng, huge=True):
         (stim(c(op=int(proto.OpType.REDUCE_SCATTER)), B, label="REDUCE_SCATTER"), R.BAD_CODE),
         (stim(c(op=4), B, label="op 4"), R.BAD_CODE),
         (stim(c(op=255), B, label="op 255"), R.BAD_CODE),
-        (stim(c(dtype=int(proto.DType.INT16)), B, label="INT16"), R.BAD_CODE),
-        (stim(c(dtype=int(proto.DType.FP32)), B, label="FP32"), R.BAD_CODE),
+        (stim(c(dtype=6), B, label="dtype 6"), R.BAD_CODE),           # the first unassigned code
+        (stim(c(dtype=int(proto.DType.FP32)), B, label="FP32"), None if P.float_units else R.BAD_CODE),
+        (stim(c(dtype=int(proto.DType.INT8), plen=3), B, label="INT8, 3 bytes"), None),
+        (stim(c(dtype=int(proto.DType.FP16), plen=6), B, label="FP16, 6 bytes"),
+         None if P.float_units else R.BAD_CODE),
+        (stim(c(dtype=int(proto.DType.BF16), plen=5), B, label="BF16, 5 bytes"),
+         R.BAD_PAYLOAD_LEN if P.float_units else R.BAD_CODE),
         (stim(c(dtype=15), B, label="dtype 15"), R.BAD_CODE),
         (stim(c(red_op=3), B, label="red_op 3"), R.BAD_CODE),
         (stim(c(red_op=15), B, label="red_op 15"), R.BAD_CODE),

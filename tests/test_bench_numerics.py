@@ -1,0 +1,177 @@
+"""bench/bench_numerics.py: bad arguments are refused (exit 2, one line, no traceback); the checker finds a
+wrong, missing or misordered result (fed a "switch" made of the reference model, then tampered with); and one
+small row on the Verilated switch checks clean (the cocotb-marked test; seconds once the build is cached)."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cais import protocol as proto
+from cais.params import SwitchParams
+from cais.sim.refmodel import SwitchModel
+
+SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "bench_numerics.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_numerics", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_numerics", module)
+    spec.loader.exec_module(module)
+    return sys.modules["bench_numerics"]
+
+
+bench = _load()
+PARAMS = SwitchParams()
+
+BAD = [
+    (["--elements", "0"], "--elements: 0 must be at least 1"),
+    (["--elements", "many"], "is not an integer"),
+    (["--seed", "-1"], "--seed: -1 must be at least 0"),
+    (["--only", "fp64.sum.wire"], "'fp64.sum.wire' matches no row"),
+    (["--only", "fp16.*,nosuch"], "'nosuch' matches no row"),
+    (["--only", ","], "no row named"),
+    (["--load-chunks", "4"], "--load-chunks: 4 must be at least 8"),
+    (["--jobs", "0"], "--jobs: 0 must be at least 1"),
+    (["--bogus"], "unrecognized arguments"),
+]
+
+
+@pytest.mark.parametrize("argv,needle", BAD)
+def test_bad_arguments_refused(argv, needle, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err
+    assert err.count("\n") == 1, err
+
+
+def test_bad_arguments_refused_from_the_command_line():
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--only", "int4.*"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2
+    assert "--only" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_rows_and_selection():
+    names = list(bench.ROWS)
+    assert len(names) == len(set(names)) == 51
+    assert {"int8.sum.saturate", "fp16.max.acc_fp32", "bf16.min.reproducible+acc_fp32"} <= set(names)
+    assert not any(n.startswith(("fp32", "int")) and "acc_fp32" in n for n in names)
+    assert not any("saturate" in n and ".sum." not in n for n in names)
+    args = bench.parse_args(["--only", "fp16.sum.*", "--only", "int8.max.wire,fp16.sum.wire"])
+    assert [r.name for r in args.rows] == ["int8.max.wire", "fp16.sum.wire", "fp16.sum.acc_fp32",
+                                           "fp16.sum.reproducible", "fp16.sum.reproducible+acc_fp32"]
+
+
+def test_sram_costs_at_the_defaults():
+    R = bench.ROWS
+    assert bench.sram(PARAMS, R["fp32.sum.wire"]) == (256, 2048, 8.0)
+    assert bench.sram(PARAMS, R["fp16.sum.acc_fp32"]) == (128, 2048, 16.0)
+    assert bench.sram(PARAMS, R["int8.min.reproducible"])[:2] == (48, 2048)
+    assert bench.sram(PARAMS, R["bf16.max.reproducible+acc_fp32"])[:2] == (40, 2048)
+    no_fold = SwitchParams(reproducible=False)
+    assert bench.sram(no_fold, R["fp32.sum.reproducible"]) == (0, 2048, None)
+    assert bench.plan_row(no_fold, R["fp32.sum.reproducible"], 10, 1, 8)["skip"]
+
+
+# ---------------------------------------------------------------- the checker, against a model "switch"
+
+
+def model_switch(plan):
+    """What a perfect switch sends back for *plan*: the reference model, fed every phase in order."""
+    P = PARAMS.ports
+
+    def run(writes, frames):
+        model = SwitchModel(PARAMS)
+        for addr, value in writes:
+            model.write(addr, value)
+        out = []
+        for port, frame in frames:
+            out += model.receive(port, frame)
+        return out
+
+    load = plan["load"]["frames"]
+    K = len(load[0])
+    lat = plan["latency"]["frames"]
+    return {
+        "check": run(plan["check"]["writes"], plan["check"]["sequence"]),
+        "load": run(plan["load"]["writes"], [(p, load[p][c]) for c in range(K) for p in range(P)]),
+        "load_results": [100 + 40 * c for c in range(K)],
+        "latency": run(plan["latency"]["writes"], [(p, lat[p]) for p in range(P)]),
+        "latency_in": 10, "latency_out": 50,
+    }
+
+
+def _tamper(frame: bytes, offset: int = 0) -> bytes:
+    i = proto.HEADERS_BYTES + offset
+    return frame[:i] + bytes([frame[i] ^ 0x01]) + frame[i + 1:]
+
+
+@pytest.mark.parametrize("name", ["fp16.sum.wire", "int8.sum.saturate", "fp32.max.reproducible"])
+def test_checker_passes_the_reference_and_catches_errors(name):
+    row = bench.ROWS[name]
+    plan = bench.plan_row(PARAMS, row, 40, 3, 8)
+    got = model_switch(plan)
+    clean = bench.check_row(PARAMS, row, plan, got)
+    assert clean["problems"] == [] and clean["mismatches"] == 0 and clean["load_bad"] == 0
+    assert clean["random_elements"] >= 40 and clean["edge_elements"] > 100
+    assert clean["latency"] == 39 and clean["beats_per_cycle"] > 0
+
+    # One flipped payload bit in one port's copy of one result: exactly one element mismatches.
+    bad = dict(got, check=list(got["check"]))
+    port, frame = bad["check"][5]
+    bad["check"][5] = (port, _tamper(frame, 1))
+    res = bench.check_row(PARAMS, row, plan, bad)
+    assert res["mismatches"] == 1 and res["reordered"] == 0 and res["problems"]
+
+    # A result frame lost: missing, and every element of that chunk counts.
+    bad = dict(got, check=got["check"][1:])
+    res = bench.check_row(PARAMS, row, plan, bad)
+    assert res["missing"] == 1 and res["mismatches"] == plan["n"]
+
+    # A wrong result in the throughput run.
+    bad = dict(got, load=[(p, _tamper(f)) if i == 3 else (p, f) for i, (p, f) in enumerate(got["load"])])
+    assert bench.check_row(PARAMS, row, plan, bad)["load_bad"] == 1
+
+
+def test_checker_tells_another_arrival_order_from_a_wrong_sum():
+    """fp32 SUM sent in one order but reduced in another is counted as reordered, not as a mismatch."""
+    row = bench.ROWS["fp32.sum.wire"]
+    plan = bench.plan_row(PARAMS, row, 64, 5, 8)
+    got = model_switch(plan)
+    # Chunk 0 as if it had arrived in the reverse of the order sent.
+    order = plan["check"]["orders"][0]
+    first = {p: f for p, f in plan["check"]["sequence"][:PARAMS.ports]}
+    model = SwitchModel(PARAMS)
+    for addr, value in plan["check"]["writes"]:
+        model.write(addr, value)
+    reversed_out = []
+    for p in reversed(order):
+        reversed_out += model.receive(p, first[p])
+    assert reversed_out[0][1] != next(f for p, f in got["check"] if p == 0), "this seed's chunk 0 is order-blind"
+    bad = dict(got, check=reversed_out + got["check"][PARAMS.ports:])
+    res = bench.check_row(PARAMS, row, plan, bad)
+    assert res["reordered"] == 1 and res["mismatches"] == 0
+
+
+# ---------------------------------------------------------------- the Verilated switch
+
+
+@pytest.mark.cocotb
+def test_one_small_row_on_the_verilated_switch():
+    row = bench.ROWS["bf16.sum.acc_fp32"]
+    plan = bench.plan_row(PARAMS, row, 64, 1, 8)
+    got = bench.simulate(PARAMS, [plan], jobs=1, log=lambda _: None)[row.name]
+    res = bench.check_row(PARAMS, row, plan, got)
+    assert res["problems"] == [] and res["mismatches"] == 0 and res["reordered"] == 0
+    assert res["random_elements"] == 64 and res["edge_elements"] >= 2744
+    assert 0.9 < res["beats_per_cycle"] <= 1.0
+    assert res["latency"] > res["frame_beats"]
+    # The same received frames with one bit flipped must fail the check.
+    got["check"][0] = (got["check"][0][0], _tamper(got["check"][0][1]))
+    assert bench.check_row(PARAMS, row, plan, got)["mismatches"] == 1
