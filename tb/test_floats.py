@@ -83,6 +83,23 @@ class Bench:
         self.P = tb.params.ports
         self.allp = (1 << self.P) - 1
         self.seq = 0
+        self.seed = cocotb.RANDOM_SEED    # COCOTB_RANDOM_SEED combined with the test's name
+        self.rng = np.random.default_rng(self.seed)
+        self.prng = random.Random(self.seed)
+        self.count_log2 = min(3, tb.params.slots.bit_length() - 1)   # the group's quota
+
+    @classmethod
+    async def start(cls, dut) -> "Bench":
+        tb = TB(dut)
+        await tb.start()
+        bench = cls(tb)
+        tb.log.info("seed %d", bench.seed)
+        return bench
+
+    async def counter_problems(self) -> list[str]:
+        """Every counter against the model's, and the accounting invariant."""
+        counters = await self.tb.counters()
+        return counter_problems(counters, self.model.counters()) + accounting_problems(counters)
 
     async def program(self, dtype: D, op: R, acc_fp32: bool, reproducible: bool, count_log2: int) -> None:
         rule = Rule.for_group(GROUP, self.allp, base=0, count_log2=count_log2, dtype=dtype, red_op=op,
@@ -133,20 +150,14 @@ def result_payload(frame: bytes) -> bytes:
 @cocotb.test()
 async def test_float_arrival_order(dut):
     """Float SUM/MAX/MIN from every port, bit-exact against the model for the arrival order."""
-    tb = TB(dut)
-    await tb.start()
-    bench = Bench(tb)
-    P, params = bench.P, bench.params
-    seed = cocotb.RANDOM_SEED
-    tb.log.info("seed %d", seed)
-    rng = np.random.default_rng(seed)
-    prng = random.Random(seed)
-    count_log2 = min(3, params.slots.bit_length() - 1)
+    bench = await Bench.start(dut)
+    tb, P, params, rng, prng = bench.tb, bench.P, bench.params, bench.rng, bench.prng
+    count_log2 = bench.count_log2
     problems: list[str] = []
     checked = 0
     for dtype, acc_fp32, ops in KINDS:
         esize = proto.ELEMENT_BYTES[dtype]
-        n_max = params.set_capacity(acc_fp32 and dtype != D.FP32) // esize
+        n_max = params.set_capacity(acc_fp32) // esize
         for op in ops:
             await bench.program(dtype, op, acc_fp32, False, count_log2)
             label = f"{dtype.name}{' acc_fp32' if acc_fp32 else ''} {op.name}"
@@ -192,30 +203,22 @@ async def test_float_arrival_order(dut):
                 for p in order:        # keep the model in step (same slot state and counters)
                     bench.model.receive(p, frames[p].data)
             checked += P
-    counters = await tb.counters()
-    problems += counter_problems(counters, bench.model.counters())
-    problems += accounting_problems(counters)
+    problems += await bench.counter_problems()
     tb.log.info("%d float results checked", checked)
-    assert not problems, f"seed {seed}:\n" + "\n".join(problems[:20])
+    assert not problems, f"seed {bench.seed}:\n" + "\n".join(problems[:20])
 
 
 @cocotb.test()
 async def test_reproducible_shuffled(dut):
     """Reproducible float rules: the same result bits whatever the arrival order."""
-    tb = TB(dut)
-    await tb.start()
-    bench = Bench(tb)
-    P, params = bench.P, bench.params
-    seed = cocotb.RANDOM_SEED
-    tb.log.info("seed %d", seed)
-    rng = np.random.default_rng(seed)
-    prng = random.Random(seed)
-    count_log2 = min(3, params.slots.bit_length() - 1)
+    bench = await Bench.start(dut)
+    tb, P, params, rng, prng = bench.tb, bench.P, bench.params, bench.rng, bench.prng
+    count_log2 = bench.count_log2
     problems: list[str] = []
     checked = 0
     for dtype, acc_fp32, ops in KINDS:
         esize = proto.ELEMENT_BYTES[dtype]
-        capacity = params.set_capacity(acc_fp32 and dtype != D.FP32, True)
+        capacity = params.set_capacity(acc_fp32, True)
         for op in ops:
             label = f"{dtype.name}{' acc_fp32' if acc_fp32 else ''} {op.name} reproducible"
             await bench.program(dtype, op, acc_fp32, True, count_log2)
@@ -259,8 +262,6 @@ async def test_reproducible_shuffled(dut):
             for p in range(P):
                 bench.model.receive(p, frames[p].data)
             checked += 1
-    counters = await tb.counters()
-    problems += counter_problems(counters, bench.model.counters())
-    problems += accounting_problems(counters)
+    problems += await bench.counter_problems()
     tb.log.info("%d reproducible chunks checked", checked)
-    assert not problems, f"seed {seed}:\n" + "\n".join(problems[:20])
+    assert not problems, f"seed {bench.seed}:\n" + "\n".join(problems[:20])

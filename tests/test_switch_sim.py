@@ -23,7 +23,7 @@ FLOAT_CASES = [
         "back_to_back_same_set", "late_repeat_answered", "type_mismatch_dtype", "payload_too_long",
         "float_sum_fp32", "float_sum_fp16", "float_sum_fp16_acc32", "float_sum_bf16", "float_sum_bf16_acc32",
         "int8_sum_wrap_saturate", "reproducible_fold", "float_max_zero_ties")
-] + [("p2_w512", name) for name in ("back_to_back_same_set", "float_sum_fp16_acc32", "reproducible_fold")]
+] + [("p2_w512", name) for name in ("back_to_back_same_set", "reproducible_fold")]
 FLOAT_PARAM_SETS = {
     "p4_w64": SwitchParams(),
     "p2_w512": SwitchParams(ports=2, data_width=512, slots=16),
