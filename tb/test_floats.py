@@ -12,7 +12,7 @@ largest finite values), so sums overflow, cancel and round.
 * ``test_reproducible_shuffled``: reproducible rules of every float type; the same contributions are sent
   in several shuffled orders (one at a time, and all at once). Every result must be bit-identical to the
   others and to the reference fold in ascending port order. A switch whose sets cannot hold a reproducible
-  chunk (16 ports at max_payload 256) must drop them as PAYLOAD_TOO_LONG instead.
+  chunk (16 ports, 128-bit beats, max_payload 256) must drop them as PAYLOAD_TOO_LONG instead.
 """
 
 from __future__ import annotations

@@ -42,6 +42,10 @@ class SwitchParams:
         need(self.max_payload >= 256, "max_payload", "must be at least 256 bytes")
         need(self.max_payload % self.beat_bytes == 0, "max_payload",
              f"must be a multiple of the beat width ({self.beat_bytes} bytes)")
+        # Slot-memory words hold two rows, and an fp32-accumulating or reproducible set needs its rows
+        # word-aligned: every set must start on a word, so a set has an even number of rows.
+        need(self.max_payload % (2 * self.beat_bytes) == 0, "max_payload",
+             f"must be a multiple of twice the beat width ({2 * self.beat_bytes} bytes)")
         need(self.max_payload + 30 <= self.max_frame, "max_payload", "plus the 30 header bytes must fit max_frame")
         need(1 <= self.rules <= 256, "rules", "must be between 1 and 256")
         need(1 <= self.mac_entries <= 256, "mac_entries", "must be between 1 and 256")
