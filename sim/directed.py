@@ -20,28 +20,22 @@ import numpy as np
 
 from cais import numerics
 from cais import protocol as proto
+from cais.allreduce import CollectiveKind
+from cais.numerics import FLOAT_FORMATS
 from cais.params import SwitchParams
 from cais.registers import register_map
 from cais.tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
 
 from .refmodel import SwitchModel
-from .traffic import Kind, TxFrame, chunk_values, compare, host_mac
+from .traffic import TxFrame, chunk_values, compare, host_mac
 
 __all__ = ["Case", "directed_cases", "score_case", "accounting_problems", "counter_problems", "float_bits"]
 
 DT, OP = proto.DType, proto.ReduceOp
 
-# Per float format: significand bits (with the hidden one), the largest exponent, the smallest subnormal,
-# the smallest normal, the largest finite value, and two non-canonical NaNs (a negative signalling NaN
-# and a positive one with a payload) that the switch must turn into its canonical quiet NaN.
-FLOAT_FORMATS = {
-    DT.FP32: dict(m=24, emax=127, tiny=2.0**-149, min_normal=2.0**-126, max=(2 - 2.0**-23) * 2.0**127,
-                  nans=(0xFF80_0001, 0x7FA1_2345)),
-    DT.FP16: dict(m=11, emax=15, tiny=2.0**-24, min_normal=2.0**-14, max=65504.0, nans=(0xFC01, 0x7E55)),
-    DT.BF16: dict(m=8, emax=127, tiny=2.0**-133, min_normal=2.0**-126, max=(2 - 2.0**-7) * 2.0**127,
-                  nans=(0xFF81, 0x7FC5)),
-}
-_BITS = {DT.FP32: np.uint32, DT.FP16: np.uint16, DT.BF16: np.uint16}
+# Per float format, two non-canonical NaNs (a negative signalling NaN and a positive one with a payload)
+# that the switch must turn into its canonical quiet NaN.
+_ODD_NANS = {DT.FP32: (0xFF80_0001, 0x7FA1_2345), DT.FP16: (0xFC01, 0x7E55), DT.BF16: (0xFF81, 0x7FC5)}
 
 
 def float_bits(dtype: proto.DType, values) -> np.ndarray:
@@ -64,7 +58,8 @@ def float_bits(dtype: proto.DType, values) -> np.ndarray:
 
 
 def _wire(dtype: proto.DType, bits: np.ndarray) -> bytes:
-    return np.asarray(bits, dtype=_BITS[dtype]).astype(">u4" if dtype == DT.FP32 else ">u2").tobytes()
+    bits_type = FLOAT_FORMATS[dtype].bits_type
+    return np.asarray(bits, dtype=bits_type).astype(bits_type.newbyteorder(">")).tobytes()
 
 
 def _columns(cols, ports: int) -> list[list]:
@@ -231,15 +226,15 @@ def _typed_cases(params: SwitchParams, regs, rng, setup, contribution) -> list[C
         return [[(p, contribution(p, seq, group=g, **kw_of(p))) for g, kw_of in groups_values] for p in order]
 
     def int_rand(dtype, n):
-        info = np.iinfo(numerics.decode(dtype, bytes(ELEM[dtype])).dtype)
+        info = np.iinfo(numerics.native_dtype(dtype))
         return rng.integers(info.min, info.max + 1, n, dtype=np.int64)
 
     def float_rand(dtype, n):
         """Random finite values of the format: random signs, exponents over the whole range."""
-        bits = rng.integers(0, 1 << (8 * ELEM[dtype]), n, dtype=np.int64)
-        exp_mask = {DT.FP32: 0x7F80_0000, DT.FP16: 0x7C00, DT.BF16: 0x7F80}[dtype]
-        bits = np.where(bits & exp_mask == exp_mask, bits ^ (exp_mask >> 1 & exp_mask), bits)
-        return bits.astype(_BITS[dtype])
+        f = FLOAT_FORMATS[dtype]
+        bits = rng.integers(0, 1 << f.width, n, dtype=np.int64)
+        bits = np.where(bits & f.exp_mask == f.exp_mask, bits ^ (f.exp_mask >> 1 & f.exp_mask), bits)
+        return bits.astype(f.bits_type)
 
     # ---------------------------------------------------------------- TYPE_MISMATCH
     # The dtype of an all-reduce frame differs from its rule's (int32 SUM). It changes nothing: port 1's
@@ -286,7 +281,7 @@ def _typed_cases(params: SwitchParams, regs, rng, setup, contribution) -> list[C
     w += slot_clear_writes(regs, 0, 5)
     # the accepted chunks come from every port at once: values whose sums do not depend on the order
     def exact(dtype, nbytes, acc=False):
-        vals = chunk_values(np.random.default_rng(int(rng.integers(1 << 32))), Kind(dtype, OP.SUM, acc), P,
+        vals = chunk_values(np.random.default_rng(int(rng.integers(1 << 32))), CollectiveKind(dtype, OP.SUM, acc), P,
                             nbytes // ELEM[dtype])
         return [dict(dtype=dtype, payload=numerics.encode(dtype, v)) for v in vals]
     fp32_full = [d["payload"] for d in exact(DT.FP32, full)]
@@ -310,7 +305,7 @@ def _typed_cases(params: SwitchParams, regs, rng, setup, contribution) -> list[C
     # ---------------------------------------------------------------- float sums
     for dtype, acc in ((DT.FP32, False), (DT.FP16, False), (DT.FP16, True), (DT.BF16, False), (DT.BF16, True)):
         f = FLOAT_FORMATS[dtype]
-        m, tiny, mn, mx = f["m"], f["tiny"], f["min_normal"], f["max"]
+        m, tiny, mn, mx = f.m, f.tiny, f.min_normal, f.max
         inf, nan = float("inf"), float("nan")
         big = 2.0 ** m                      # 2**m + 1 is a tie (ulp 2 there)
         cols = [                             # (contributions in port order, value of the further ports)
@@ -318,10 +313,10 @@ def _typed_cases(params: SwitchParams, regs, rng, setup, contribution) -> list[C
             ([nan, 1.0], 1.0), ([1.0, nan], 0.0), ([nan, nan], nan),
             ([-0.0, -0.0], -0.0), ([-0.0, 0.0], -0.0), ([0.0, -0.0], -0.0), ([1.5, -1.5], 0.0),
             ([tiny, tiny], tiny), ([-tiny, tiny], -0.0), ([mn - tiny, tiny], 0.0), ([mn, -tiny], 0.0),
-            ([mx, mx], 0.0), ([-mx, -mx], 0.0), ([mx, 2.0 ** (f["emax"] - m)], 0.0),     # overflow, tie to inf
+            ([mx, mx], 0.0), ([-mx, -mx], 0.0), ([mx, 2.0 ** (f.emax - m)], 0.0),     # overflow, tie to inf
             ([big, 1.0], 1.0), ([big + 2, 1.0], 0.0), ([1.0, big], 1.0),                 # ties to even
             ([big, 1.0, -big, 1.0], 0.0), ([1.0 + 2.0 ** (1 - m), -1.0], 0.0), ([1.0, tiny], tiny),
-            ([2.0 ** f["emax"], tiny, -2.0 ** f["emax"], tiny], 0.0),     # order-dependent in fp32 too
+            ([2.0 ** f.emax, tiny, -2.0 ** f.emax, tiny], 0.0),     # order-dependent in fp32 too
         ]
         per_port = _columns(cols, P)
         nan_slots = [(i, p) for i, (vals, pad) in enumerate(cols) for p in range(P)
@@ -332,7 +327,7 @@ def _typed_cases(params: SwitchParams, regs, rng, setup, contribution) -> list[C
             bits = float_bits(dtype, per_port[p])
             for k, (i, q) in enumerate(nan_slots):
                 if q == p:
-                    bits[i] = f["nans"][k % 2]          # non-canonical NaNs in
+                    bits[i] = _ODD_NANS[dtype][k % 2]          # non-canonical NaNs in
             bits = np.concatenate([bits, float_rand(dtype, n - len(bits))])
             payloads.append(_wire(dtype, bits))
         name = f"float_sum_{dtype.name.lower()}" + ("_acc32" if acc else "")
@@ -390,19 +385,18 @@ def _typed_cases(params: SwitchParams, regs, rng, setup, contribution) -> list[C
                     for v in seq4]
         else:
             f = FLOAT_FORMATS[dtype]
-            big = 2.0 ** f["m"]
+            big = 2.0 ** f.m
             cols = _columns([([1.0, big, 1.0, -big], 1.0), ([big, 1.0, -big, 1.0], 0.0),
-                             ([-0.0, 0.0], -0.0), ([2.0 ** f["emax"], f["tiny"], -2.0 ** f["emax"]], 0.0)], P)
+                             ([-0.0, 0.0], -0.0), ([2.0 ** f.emax, f.tiny, -2.0 ** f.emax], 0.0)], P)
             vals = [np.concatenate([float_bits(dtype, c), float_rand(dtype, max(0, n - len(c)))]) for c in cols]
-            vals = [v.view(np.float32) if dtype == DT.FP32 else v.view(np.float16) for v in vals]
+            vals = [v.view(numerics.native_dtype(dtype)) for v in vals]
         per_group.append((30 + i, dtype, [v[:n] for v in vals], cap))
     batches = []
     for seq, order in enumerate(scrambled):
         for p in order:
             batches.append([(p, contribution(p, seq, vals[p], group=g, dtype=dtype))
                             for g, dtype, vals, _ in per_group])
-    too_long = [(0, contribution(0, 2, np.zeros(cap + 1, dtype=np.int8 if dtype == DT.INT8 else np.float32
-                                                if dtype == DT.FP32 else np.float16), group=g, dtype=dtype))
+    too_long = [(0, contribution(0, 2, np.zeros(cap + 1, dtype=numerics.native_dtype(dtype)), group=g, dtype=dtype))
                 for g, dtype, _, cap in per_group]
     cases.append(Case("reproducible_fold", w + slot_clear_writes(regs, 0, len(kinds)), batches + [too_long]))
 
@@ -420,13 +414,13 @@ def _typed_cases(params: SwitchParams, regs, rng, setup, contribution) -> list[C
             inf, nan = float("inf"), float("nan")
             cols = [([-0.0, 0.0], 0.0), ([0.0, -0.0], -0.0), ([-0.0, -0.0], -0.0), ([0.0, 0.0], 0.0),
                     ([-0.0, 0.0, -0.0, 0.0], -0.0), ([nan, 1.0], 1.0), ([1.0, nan], 1.0), ([-inf, inf], 0.0),
-                    ([f["tiny"], -f["tiny"]], 0.0), ([f["max"], inf], 0.0), ([-f["max"], -inf], 0.0),
+                    ([f.tiny, -f.tiny], 0.0), ([f.max, inf], 0.0), ([-f.max, -inf], 0.0),
                     ([1.0, 2.0], -1.0)]
             n = len(cols) + 20
             payloads = []
             for p, vals in enumerate(_columns(cols, P)):
                 bits = float_bits(dtype, vals)
-                bits[np.isnan(vals)] = f["nans"][p % 2]
+                bits[np.isnan(vals)] = _ODD_NANS[dtype][p % 2]
                 payloads.append(_wire(dtype, np.concatenate([bits, float_rand(dtype, n - len(bits))])))
             groups.append((20 + i, lambda p, dtype=dtype, payloads=payloads, op=op:
                            dict(dtype=dtype, payload=payloads[p], op=op)))

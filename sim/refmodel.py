@@ -35,10 +35,6 @@ _MASK32 = 0xFFFF_FFFF
 
 SlotSetState = tuple[int, int, bool]  # (bitmap, tag, done)
 
-# Accumulator element type of each wire type (without acc_fp32): what numerics.decode returns.
-_ACC_TYPE = {DType.INT32: np.dtype(np.int32), DType.INT16: np.dtype(np.int16), DType.INT8: np.dtype(np.int8),
-             DType.FP32: np.dtype(np.float32), DType.FP16: np.dtype(np.float16), DType.BF16: np.dtype(np.uint16)}
-
 
 class _Rule:
     __slots__ = ("valid", "group", "group_mask", "layer", "layer_mask", "chunk", "chunk_mask",
@@ -55,14 +51,12 @@ class _Rule:
     @property
     def wide(self) -> bool:
         """fp16/bf16 accumulated in float32 (acc_fp32 means nothing for the other types)."""
-        return self.acc_fp32 and self.dtype in (DType.FP16, DType.BF16)
+        return numerics.widens(self.dtype, self.acc_fp32)
 
     @property
     def acc_type(self) -> np.dtype:
         """The numpy type of the rule's accumulator (bf16 as uint16 bits)."""
-        if self.wide:
-            return np.dtype(np.float32)
-        return _ACC_TYPE[DType(self.dtype)]
+        return numerics.acc_dtype(self.dtype, self.acc_fp32)
 
     def matches(self, hdr: CaisHeader) -> bool:
         return (self.valid

@@ -16,12 +16,13 @@ import numpy as np
 
 from cais import numerics
 from cais import protocol as proto
+from cais.allreduce import CollectiveKind
 from cais.params import SwitchParams
 from cais.registers import register_map
 from cais.tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
 
-__all__ = ["Scenario", "TxFrame", "random_mix", "host_mac", "beats_of", "replay", "compare", "Kind",
-           "rule_kinds", "chunk_values"]
+__all__ = ["Scenario", "TxFrame", "random_mix", "host_mac", "beats_of", "replay", "compare", "rule_kinds",
+           "chunk_values"]
 
 DT, OP = proto.DType, proto.ReduceOp
 
@@ -70,40 +71,22 @@ class Scenario:
         return sum(len(f) for f in self.frames)
 
 
-@dataclass(frozen=True)
-class Kind:
-    """What a rule reduces: the fields of ``RULE_TYPE`` (keyword arguments of :class:`Rule`)."""
-    dtype: proto.DType = DT.INT32
-    red_op: proto.ReduceOp = OP.SUM
-    acc_fp32: bool = False
-    saturate: bool = False
+def rule_kinds(params: SwitchParams) -> list[CollectiveKind]:
+    """Every combination a switch built with ``params`` reduces (saturate only where it matters).
 
-    @property
-    def capacity(self) -> int:
-        """Payload bytes of a frame, as a fraction of max_payload: 2 when fp32 accumulation halves it."""
-        return 2 if self.acc_fp32 and self.dtype in (DT.FP16, DT.BF16) else 1
-
-    def rule(self) -> dict:
-        return dict(dtype=self.dtype, red_op=self.red_op, acc_fp32=self.acc_fp32, saturate=self.saturate)
-
-
-def rule_kinds(params: SwitchParams) -> list[Kind]:
-    """Every combination a switch built with ``params`` reduces (saturate only where it matters)."""
+    Built directly, not with :meth:`CollectiveKind.make`: the switch must also honour acc_fp32 on fp16/bf16
+    MAX/MIN rules, which make() drops."""
     kinds = []
     for dtype in params.dtypes:
         for op in OP:
             if dtype in (DT.INT16, DT.INT8):
-                kinds += [Kind(dtype, op, saturate=sat) for sat in ((False, True) if op == OP.SUM else (False,))]
+                sats = (False, True) if op == OP.SUM else (False,)
+                kinds += [CollectiveKind(dtype, op, saturate=sat) for sat in sats]
             elif dtype in (DT.FP16, DT.BF16):
-                kinds += [Kind(dtype, op, acc_fp32=acc) for acc in (False, True)]
+                kinds += [CollectiveKind(dtype, op, acc_fp32=acc) for acc in (False, True)]
             else:
-                kinds.append(Kind(dtype, op))
+                kinds.append(CollectiveKind(dtype, op))
     return kinds
-
-
-_FLOAT = {  # significand bits, smallest subnormal exponent, largest exponent, exponent-field mask
-    DT.FP32: (24, -149, 127, 0x7F80_0000), DT.FP16: (11, -24, 15, 0x7C00), DT.BF16: (8, -133, 127, 0x7F80)}
-_BITS = {DT.FP32: np.uint32, DT.FP16: np.uint16, DT.BF16: np.uint16}
 
 
 def _float_native(dtype: proto.DType, values: np.ndarray) -> np.ndarray:
@@ -113,7 +96,7 @@ def _float_native(dtype: proto.DType, values: np.ndarray) -> np.ndarray:
     return values.astype(np.float32 if dtype == DT.FP32 else np.float16)
 
 
-def chunk_values(nrng: np.random.Generator, kind: Kind, contributors: int, n: int) -> list[np.ndarray]:
+def chunk_values(nrng: np.random.Generator, kind: CollectiveKind, contributors: int, n: int) -> list[np.ndarray]:
     """Native values (one array of ``n`` per contributor) whose reduction does not depend on the order in
     which the contributions arrive, so any interleaving of the ports gives the same result.
 
@@ -125,22 +108,24 @@ def chunk_values(nrng: np.random.Generator, kind: Kind, contributors: int, n: in
     * floats, MAX/MIN: random finite values of the whole range, +-inf and NaN, but never -0 and +0 in
       the same element (their tie is resolved by the order, docs/numerics.md).
     """
-    dtype, op = DT(kind.dtype), OP(kind.red_op)
-    if dtype in (DT.INT32, DT.INT16, DT.INT8):
-        t = {DT.INT32: np.int32, DT.INT16: np.int16, DT.INT8: np.int8}[dtype]
-        info = np.iinfo(t)
+    dtype, op = DT(kind.dtype), OP(kind.op)
+    native = numerics.native_dtype(dtype)
+    if dtype in proto.INTEGER_DTYPES:
+        info = np.iinfo(native)
         v = nrng.integers(info.min, info.max + 1, (contributors, n), dtype=np.int64)
         extremes = nrng.random((contributors, n)) < 0.1
         v = np.where(extremes, nrng.choice([info.min, info.max, -1, 0, 1], (contributors, n)), v)
         if kind.saturate and op == OP.SUM:
             sign = nrng.choice([-1, 1], n)
             v = np.where(sign > 0, np.abs(v).clip(0, info.max), -np.abs(v).clip(0, -info.min))
-        return [row.astype(t) for row in v]
-    m, e_tiny, emax, exp_mask = _FLOAT[dtype]
+        return [row.astype(native) for row in v]
+    f = numerics.FLOAT_FORMATS[dtype]
+    m, exp_mask, bits_type = f.m, f.exp_mask, f.bits_type
+    sign = 1 << (f.width - 1)
     if op == OP.SUM:
         bound = max(1, (1 << (m - 1)) // contributors)
         ints = nrng.integers(-bound, bound + 1, (contributors, n)).astype(np.float64)
-        exps = nrng.integers(e_tiny, emax - m + 1, n)
+        exps = nrng.integers(f.etiny, f.emax - m + 1, n)
         exps = np.where(nrng.random(n) < 0.5, nrng.integers(-3, 4, n), exps)   # half of them near 1
         vals = ints * np.exp2(exps.astype(np.float64))
         special = nrng.random(n)
@@ -150,25 +135,21 @@ def chunk_values(nrng: np.random.Generator, kind: Kind, contributors: int, n: in
         vals = np.where((special >= 0.03) & (special < 0.05) & (rows == col), -np.inf, vals)
         vals = np.where((special >= 0.05) & (special < 0.07) & (rows == col), np.nan, vals)
         vals = np.where((special >= 0.07) & (special < 0.09), -0.0, vals)
-        bits = [_float_native(dtype, row).view(_BITS[dtype]) for row in vals]
+        bits = [_float_native(dtype, row).view(bits_type) for row in vals]
     else:
-        nbits = 8 * np.dtype(_BITS[dtype]).itemsize
-        raw = nrng.integers(0, 1 << nbits, (contributors, n), dtype=np.int64)
+        raw = nrng.integers(0, 1 << f.width, (contributors, n), dtype=np.int64)
         raw = np.where(raw & exp_mask == exp_mask, raw ^ (exp_mask >> 1 & exp_mask), raw)
         special = nrng.random((contributors, n))
-        sign = 1 << (nbits - 1)
         raw = np.where(special < 0.03, exp_mask, raw)                                   # +inf
         raw = np.where((special >= 0.03) & (special < 0.05), exp_mask | sign, raw)      # -inf
         raw = np.where((special >= 0.05) & (special < 0.07), exp_mask | 1, raw)         # a NaN
         raw = np.where(raw & ~sign == 0, 0, raw)                                       # zeros: +0 ...
         neg_zero = nrng.random(n) < 0.05
         raw = np.where(neg_zero, sign, raw)                                            # ... or a column of -0
-        bits = [row.astype(_BITS[dtype]) for row in raw]
-    sign = 1 << (8 * np.dtype(_BITS[dtype]).itemsize - 1)
+        bits = [row.astype(bits_type) for row in raw]
     nan = (exp_mask | sign | 1)                        # a negative signalling NaN: not the canonical one
-    bits = [np.where((b & (sign - 1)) > exp_mask, nan, b).astype(_BITS[dtype]) for b in bits]
-    return [b.view(np.float32) if dtype == DT.FP32 else b.view(np.float16) if dtype == DT.FP16 else b
-            for b in bits]
+    bits = [np.where((b & (sign - 1)) > exp_mask, nan, b).astype(bits_type) for b in bits]
+    return [b.view(native) for b in bits]
 
 
 def _cais(rng, hdr: proto.CaisHeader, payload: bytes, port: int, pad: bool = True) -> bytes:
@@ -191,7 +172,11 @@ def random_mix(params: SwitchParams, seed: int, frames_per_port: int = 12) -> Sc
     g2_ports = sum(1 << p for p in range(0, P, 2))
     k = max(1, min(3, (params.rules - 1) // 2))
     pool = rule_kinds(params)
-    wide = [kd for kd in pool if kd.capacity == 2]
+
+    def capacity(kd: CollectiveKind) -> int:
+        return params.set_capacity(kd.acc_fp32, kd.reproducible)
+
+    wide = [kd for kd in pool if capacity(kd) < params.max_payload]   # fp32 accumulation halves it
     kinds = {g: [rng.choice(pool) for _ in range(k)] for g in (1, 2)}
     if wide:
         kinds[1][-1] = rng.choice(wide)
@@ -200,7 +185,7 @@ def random_mix(params: SwitchParams, seed: int, frames_per_port: int = 12) -> Sc
     for group, contributors, base in ((1, allp, 0), (2, g2_ports, 1 << count_log2)):
         for j, kd in enumerate(kinds[group]):
             rules.append(Rule(group=(group, 0xFF), layer=(j, layer_match[1]), contributors=contributors,
-                              results=allp, base=base, count_log2=count_log2, **kd.rule()))
+                              results=allp, base=base, count_log2=count_log2, **kd.rule_fields()))
     # group 3: quota outside the slot memory (BAD_SLOT); int32 SUM
     rules.append(Rule.for_group(3, contributors=allp, results=allp, base=params.slots, count_log2=0))
     for i, rule in enumerate(rules):
@@ -209,9 +194,8 @@ def random_mix(params: SwitchParams, seed: int, frames_per_port: int = 12) -> Sc
         scen.writes += mac_writes(regs, p, MacEntry(host_mac(p), p))
     scen.writes += slot_clear_writes(regs, 0, 2 << count_log2)
 
-    def payload_len(kd: Kind = Kind()):
-        elem = proto.ELEMENT_BYTES[kd.dtype]
-        return elem * rng.randint(1, params.max_payload // kd.capacity // elem)
+    def payload_len(kd: CollectiveKind = CollectiveKind()):
+        return kd.itemsize * rng.randint(1, capacity(kd) // kd.itemsize)
 
     def layer(j):
         return (rng.randrange(1 << 16) & ~0x3) | j if k > 1 else rng.randrange(1 << 16)
@@ -225,9 +209,9 @@ def random_mix(params: SwitchParams, seed: int, frames_per_port: int = 12) -> Sc
             plen = payload_len(kd)
             hdr = proto.CaisHeader(group_id=group, layer_id=layer(j), chunk_id=seq,
                                    total_chunks=1 << count_log2, seq_num=seq, payload_len=plen,
-                                   dtype=kd.dtype, red_op=kd.red_op)
+                                   dtype=kd.dtype, red_op=kd.op)
             ports = [p for p in range(P) if contributors >> p & 1]
-            values = chunk_values(nrng, kd, len(ports), plen // proto.ELEMENT_BYTES[kd.dtype])
+            values = chunk_values(nrng, kd, len(ports), plen // kd.itemsize)
             for p, v in zip(ports, values):
                 scen.frames[p].append(TxFrame(_cais(rng, hdr, numerics.encode(kd.dtype, v), p)))
 
@@ -270,16 +254,16 @@ def random_mix(params: SwitchParams, seed: int, frames_per_port: int = 12) -> Sc
             return TxFrame(_cais(rng, good.replace(group_id=9), body, p))                 # NO_RULE
         if kind == 11 and wide:                                                           # PAYLOAD_TOO_LONG
             kd = kinds[1][-1]
-            elem = proto.ELEMENT_BYTES[kd.dtype]
-            plen = elem * rng.randint(params.max_payload // 2 // elem + 1, params.max_payload // elem)
-            bad = good.replace(layer_id=layer(k - 1), payload_len=plen, dtype=kd.dtype, red_op=kd.red_op)
+            elem = kd.itemsize
+            plen = elem * rng.randint(capacity(kd) // elem + 1, params.max_payload // elem)
+            bad = good.replace(layer_id=layer(k - 1), payload_len=plen, dtype=kd.dtype, red_op=kd.op)
             return TxFrame(_cais(rng, bad, bytes(plen), p))
         if kind >= 10:                                                                    # TYPE_MISMATCH
             j = rng.randrange(k)
             kd = kinds[1][j]
-            other = rng.choice([o for o in pool if (o.dtype, o.red_op) != (kd.dtype, kd.red_op)])
+            other = rng.choice([o for o in pool if (o.dtype, o.op) != (kd.dtype, kd.op)])
             plen = payload_len(other)
-            bad = good.replace(layer_id=layer(j), payload_len=plen, dtype=other.dtype, red_op=other.red_op)
+            bad = good.replace(layer_id=layer(j), payload_len=plen, dtype=other.dtype, red_op=other.op)
             return TxFrame(_cais(rng, bad, bytes(plen), p))
         return TxFrame(_cais(rng, good.replace(group_id=3), body, p))                     # BAD_SLOT
 

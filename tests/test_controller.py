@@ -150,8 +150,26 @@ def _frame(group_id, kind, seq=0, plen=4):
 def test_features_read_at_start():
     for units in (True, False):
         _, ctl = make(SwitchParams(float_units=units))
-        assert ctl.float_units is units
+        assert ctl.float_units is units and ctl.reproducible
         assert (proto.DType.FP32 in ctl.dtypes) is units and proto.DType.INT8 in ctl.dtypes
+    _, ctl = make(SwitchParams(reproducible=False))
+    assert not ctl.reproducible
+
+
+def test_the_switch_features_win_over_the_configured_parameters():
+    class NoFold(ModelLink):          # a switch whose FEATURES says: no reproducible rules
+        async def read(self, addr):
+            value = await super().read(addr)
+            features = register_map(self.params)["FEATURES"]
+            return value & ~features.field("reproducible").mask if addr == features.address() else value
+    link = NoFold(SwitchParams())     # configured with the fold
+    ctl = Controller(link, Config(offload="always"), [0, 1, 2, 3], [1, 2, 3, 4])
+    run_sync(ctl.start())
+    fp32 = CollectiveKind.make(proto.DType.FP32, proto.ReduceOp.SUM, reproducible=True)
+    assert not ctl.reproducible and ctl.capacity(fp32) == 0
+    g = run_sync(ctl.create_group([0, 1, 2, 3]))
+    d = ctl.decide(g.group_id, 0, 100, 0.0, fp32)
+    assert not d.offload and "FEATURES.reproducible = 0" in d.reason
 
 
 def test_rule_retyped_before_a_collective_of_another_kind():
@@ -177,9 +195,11 @@ def test_rule_retyped_before_a_collective_of_another_kind():
     assert writes.count(regs["SLOT_CLEAR"].address()) == g.slot_count     # new accumulator layout
     d = ctl.decide(g.group_id, 1, 4000, 0.0, fp16)
     assert d.offload and not ctl.pending and d.kind == fp16 and ctl.retypes == 1
-    # chunks: the capacity of a reproducible fp32-accumulating set, in whole elements; seq after op 0's
-    cap = link.params.set_capacity(True, True)
-    assert d.chunk_bytes == min(256, cap) // 2 * 2
+    # chunks: a reproducible set of the default switch (rows_per_set 32, 8-byte rows, 4 ports) holds
+    # 32 // (4 + 2) = 5 rows = 40 bytes with fp32 accumulation (an accumulator area of two), else
+    # 32 // (4 + 1) = 6 rows = 48 bytes; seq after op 0's
+    assert d.chunk_bytes == 40
+    assert ctl.capacity(CollectiveKind.make(proto.DType.FP16, proto.ReduceOp.SUM, reproducible=True)) == 48
     assert d.seq_base == -(-4000 // 256)
     # the switch takes the new kind and refuses the old one
     link.model.receive(0, _frame(g.group_id, fp16, seq=d.seq_base))
@@ -214,6 +234,27 @@ def test_retype_waits_for_an_idle_switch():
     run_sync(ctl.service(0.0))
     assert not ctl.pending and ctl.decide(g.group_id, 0, 100, 0.0) is not None
     assert link.model.counters()["DROP_TYPE_MISMATCH"] == 0                 # the old frame met the old rule
+
+
+def test_a_waiting_retype_holds_new_collectives_until_the_switch_drains():
+    link, ctl = make(offload="always")
+    a = run_sync(ctl.create_group([0, 1]))
+    b = run_sync(ctl.create_group([2, 3]))
+    db = ctl.decide(b.group_id, 0, 100, 0.0)                               # rank 2 has its answer
+    link.send(2, _frame(b.group_id, CollectiveKind()))                     # and sends: the switch is busy
+    int8_max = CollectiveKind.make(proto.DType.INT8, proto.ReduceOp.MAX)
+    assert ctl.decide(a.group_id, 0, 100, 0.0, int8_max) is None           # held for the retype
+    assert ctl.pending_work() == [f"group {a.group_id}: rule waits for an idle switch to be retyped to int8 max"]
+    assert ctl.decide(b.group_id, 0, 100, 0.0) is db                       # rank 3 gets the same answer
+    for r in (2, 3):
+        ctl.finished(r, b.group_id, 0)
+    assert ctl.decide(b.group_id, 1, 100, 0.0) is None                     # a new collective waits: no new
+    run_sync(ctl.service(0.0))                                             # traffic keeps the switch busy
+    assert ctl.pending
+    run_sync(link.advance(1000))
+    run_sync(ctl.service(0.0))
+    assert not ctl.pending
+    assert ctl.decide(a.group_id, 0, 100, 0.0, int8_max).offload and ctl.decide(b.group_id, 1, 100, 0.0).offload
 
 
 def test_kinds_the_switch_cannot_reduce_stay_on_the_hosts():

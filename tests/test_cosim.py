@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cais import protocol as proto
-from cais.comm import World
+from cais.comm import CollectiveError, World
 from cais.config import Config
 from cais.link import run_sync
 from cais.params import SwitchParams
@@ -117,6 +117,21 @@ def test_bad_calls_are_refused():
         run_sync(World(link).run(fn))
     with pytest.raises(ValueError, match="ranks=9"):
         World(ModelLink(SwitchParams()), ranks=9)
+
+
+def test_register_work_that_never_gets_done_is_reported_as_a_hang():
+    link = ModelLink(SwitchParams(ports=2))
+    world = World(link, ranks=2, config=Config(offload="always"))
+
+    async def broken_service(now):      # never retypes the rule for the int8 MAX collective
+        pass
+    world.controller.service = broken_service
+
+    def fn(comm):                       # async: the ranks' threads end, the world loop goes on
+        comm.all_reduce(np.arange(8, dtype=np.int8), op="max", async_op=True)
+
+    with pytest.raises(CollectiveError, match="undecided.*retyped to int8 max"):
+        run_sync(world.run(fn))
 
 
 def test_lossless_model_and_amaranth_send_the_same_frames():

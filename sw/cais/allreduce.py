@@ -31,28 +31,9 @@ from . import numerics
 from . import protocol as proto
 from .rto import RetransmitTimer
 
-__all__ = ["SwitchAllReduce", "CollectiveKind", "chunk_count", "chunk_payload", "wire_dtype", "SWITCH_RTO_FLOOR"]
+__all__ = ["SwitchAllReduce", "CollectiveKind", "chunk_count", "chunk_payload", "SWITCH_RTO_FLOOR"]
 
 SWITCH_RTO_FLOOR = 0.1   # measured timeouts go down to a tenth of timeout_ms
-
-# numpy type of the values of each wire type (what cais.numerics.decode returns; bf16 as uint16 bits)
-_NATIVE = {proto.DType.INT32: np.dtype(np.int32), proto.DType.INT16: np.dtype(np.int16),
-           proto.DType.INT8: np.dtype(np.int8), proto.DType.FP32: np.dtype(np.float32),
-           proto.DType.FP16: np.dtype(np.float16), proto.DType.BF16: np.dtype(np.uint16)}
-# the wire type of a numpy array; uint16 is not here: bf16 bits must be named explicitly
-_BY_NUMPY = {np.dtype(np.int32): proto.DType.INT32, np.dtype(np.int16): proto.DType.INT16,
-             np.dtype(np.int8): proto.DType.INT8, np.dtype(np.float32): proto.DType.FP32,
-             np.dtype(np.float16): proto.DType.FP16}
-
-
-def wire_dtype(array_dtype) -> proto.DType | None:
-    """The wire type whose values a numpy array of `array_dtype` holds (None: no unambiguous one)."""
-    return _BY_NUMPY.get(np.dtype(array_dtype).newbyteorder("="))
-
-
-def native_dtype(dtype: proto.DType) -> np.dtype:
-    """The numpy type of the values of wire type `dtype` (bf16: uint16 bit patterns)."""
-    return _NATIVE[proto.DType(dtype)]
 
 
 @dataclass(frozen=True)
@@ -74,7 +55,7 @@ class CollectiveKind:
         saturating sums: integer wrap sums and integer max/min are order independent, so they keep the
         full set capacity and give the same bits anyway)."""
         dtype, op = proto.DType(dtype), proto.ReduceOp(op)
-        acc_fp32 = bool(acc_fp32) and dtype in (proto.DType.FP16, proto.DType.BF16) and op == proto.ReduceOp.SUM
+        acc_fp32 = numerics.widens(dtype, acc_fp32) and op == proto.ReduceOp.SUM
         saturate = bool(saturate) and dtype in (proto.DType.INT16, proto.DType.INT8) and op == proto.ReduceOp.SUM
         reproducible = bool(reproducible) and (dtype in proto.FLOAT_DTYPES or saturate)
         return cls(dtype, op, acc_fp32, saturate, reproducible)
@@ -126,12 +107,13 @@ class _Chunk:
 class SwitchAllReduce:
     """Sends one rank's contributions for one collective and collects the results.
 
-    `data` holds values of the wire type `dtype` (default: the one of the array's dtype, :func:`wire_dtype`;
-    bf16 must be named, its values being uint16 bit patterns). `slot_count` is the group's quota (a power of
-    two) and `window` the largest number of chunks in flight (at most `slot_count`). A chunk carries
-    :func:`chunk_payload` bytes: `chunk_size` cut to the rule's set `capacity` (default: no limit) and to a
-    multiple of the element size. `mac` is the rank's address, used as the source of its frames.
-    :attr:`result` is in the values' type (``native_dtype(dtype)``).
+    `data` holds values of the wire type `dtype` (default: the one of the array's dtype,
+    :func:`cais.numerics.wire_dtype`; bf16 must be named, its values being uint16 bit patterns).
+    `slot_count` is the group's quota (a power of two) and `window` the largest number of chunks in
+    flight (at most `slot_count`). A chunk carries :func:`chunk_payload` bytes: `chunk_size` cut to the
+    rule's set `capacity` (default: no limit) and to a multiple of the element size. `mac` is the rank's
+    address, used as the source of its frames.
+    :attr:`result` is in the values' type (:func:`cais.numerics.native_dtype`).
     """
 
     def __init__(self, *, data: np.ndarray, op: proto.ReduceOp, group_id: int, seq_base: int, slot_count: int,
@@ -139,12 +121,12 @@ class SwitchAllReduce:
                  now: float = 0.0, dtype: proto.DType | None = None, capacity: int | None = None):
         data = np.asarray(data)
         if dtype is None:
-            dtype = wire_dtype(data.dtype)
+            dtype = numerics.wire_dtype(data.dtype)
             if dtype is None:
                 raise TypeError(f"the switch reduces int32, int16, int8, float32 and float16 arrays (bf16 as "
                                 f"uint16 bits with dtype=DType.BF16), not {data.dtype}")
         self.dtype = proto.DType(dtype)
-        native = native_dtype(self.dtype)
+        native = numerics.native_dtype(self.dtype)
         if data.dtype.newbyteorder("=") != native:
             raise TypeError(f"dtype={self.dtype.name}: the values must be a {native} array, not {data.dtype}")
         if slot_count < 1 or slot_count & (slot_count - 1):

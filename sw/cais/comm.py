@@ -27,10 +27,11 @@ import numpy as np
 from . import numerics
 from . import protocol as proto
 from . import quantize
-from .allreduce import CollectiveKind, SwitchAllReduce, native_dtype, wire_dtype
+from .allreduce import CollectiveKind, SwitchAllReduce
 from .config import Config
 from .controller import Controller, GroupInfo
 from .link import SwitchLink
+from .numerics import native_dtype, wire_dtype
 from .registers import register_map
 
 __all__ = ["World", "Communicator", "Work", "Group", "host_mac", "CollectiveError"]
@@ -399,7 +400,7 @@ class World:
                 deadline = self._next_deadline()
                 if deadline is not None:
                     step = max(ACTIVE_STEP, int((deadline - self.now) * self.link.clock_hz) + 1)
-                elif self._stuck():
+                elif await self._stuck():
                     raise CollectiveError(self._stuck_report())
             await self.link.advance(step)
             received = self.link.take_received()
@@ -435,9 +436,14 @@ class World:
                     deadlines.append(d)
         return min(deadlines) if deadlines else None
 
-    def _stuck(self) -> bool:
-        if self.controller.pending:     # decisions wait for register work the next step does
-            return False
+    async def _stuck(self) -> bool:
+        """Whether collectives wait for nothing that can come; called when no frame moves, no timer is
+        pending and the switch reads idle."""
+        if self.controller.pending:
+            # Decisions wait for register work that waits for an idle switch: it is, so do the work now.
+            # Work still pending with the switch idle (not merely a frame held on a wire) never gets done.
+            await self.controller.service(self.now)
+            return self.controller.pending and await self.controller.switch_idle()
         return any(s.current or s.queue for s in self._states)
 
     def _stuck_report(self) -> str:
@@ -445,8 +451,9 @@ class World:
         for s in self._states:
             if s.current:
                 c = s.current
-                lines.append(f"rank {s.rank}: collective {c.op_seq} of group {c.group.group_id} ({c.path or 'undecided'})")
-        return "; ".join(lines)
+                lines.append(f"rank {s.rank}: collective {c.op_seq} of group {c.group.group_id} "
+                             f"({c.path or 'undecided'})")
+        return "; ".join(lines + self.controller.pending_work())
 
     @staticmethod
     def _engines(state: _RankState):

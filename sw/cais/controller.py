@@ -5,7 +5,9 @@ One controller serves every rank. It
 - programs the MAC table with every host's address (the fallback ring's frames are unicast) and, per
   group, one rule and a slot quota (``slots_per_group`` slots, never beyond ``sram_usage_limit`` of the
   slot memory; a group that gets no quota or no rule stays on the hosts);
-- reads the FEATURES register at start (``float_units``: does this switch reduce fp32/fp16/bf16?);
+- reads the FEATURES register at start (``float_units``: does this switch reduce fp32/fp16/bf16?
+  ``reproducible``: does it serve reproducible rules?); what the switch says wins over the configured
+  :class:`~cais.params.SwitchParams`;
 - decides, for every collective, whether it goes through the switch (the kind must be one this switch
   reduces and whose set capacity holds at least one element; then the score below) and tells every rank
   the same answer, with the collective's first chunk sequence number and chunk payload; coordinates the
@@ -16,7 +18,9 @@ One controller serves every rank. It
   rule's is held (``decide`` answers None) until :meth:`service` has rewritten the rule (``RULE_TYPE`` and
   ``RULE_WRITE``; the slots emptied first when the accumulator layout changes), which it does once the
   switch is idle, so no rank sends a frame of the new kind to the old rule and no late frame of the old
-  kind meets the new one. One collective of a group is on the switch at a time, so this is safe;
+  kind meets the new one. One collective of a group is on the switch at a time, so this is safe. Idle
+  is switch-wide (BUSY), so while a retype waits no other collective gets a decision either: the switch
+  drains and the retype cannot starve behind other groups' traffic;
 - reads the switch's counters every ``reevaluate_interval_ms`` and keeps the statistics operators expect
   (:meth:`stats`), raising the offload threshold while slot memory stays above 80% in use and warning when
   more than 10% of offloaded collectives fall back.
@@ -129,6 +133,7 @@ class Controller:
         self._retypes: dict[int, CollectiveKind] = {}   # group -> kind its rule must get before it goes on
         self.retypes = 0                                 # rule rewrites done (statistics, tests)
         self.float_units = bool(self.params.float_units)  # read from FEATURES by start()
+        self.reproducible = bool(self.params.reproducible)  # read from FEATURES by start()
 
     @property
     def dtypes(self):
@@ -139,6 +144,12 @@ class Controller:
     def pending(self) -> bool:
         """Register work is waiting (a rule to retype, slots to empty): decisions may be held."""
         return bool(self._retypes or self._cleanups)
+
+    def pending_work(self) -> list[str]:
+        """The register work that is waiting, one line each (for hang reports)."""
+        return ([f"group {g}: rule waits for an idle switch to be retyped to {k}"
+                 for g, k in sorted(self._retypes.items())]
+                + [f"group {g}: slots wait to be emptied" for g in self._cleanups])
 
     # ---------------------------------------------------------------- set-up
     async def _apply(self, writes):
@@ -151,7 +162,8 @@ class Controller:
         if ident != self.regs["ID"].reset:
             raise RuntimeError(f"no CAIS switch on the link: ID register reads {ident:#x}")
         features = self.regs["FEATURES"]
-        self.float_units = bool(features.unpack(await self.link.read(features.address()))["float_units"])
+        fields = features.unpack(await self.link.read(features.address()))
+        self.float_units, self.reproducible = bool(fields["float_units"]), bool(fields["reproducible"])
         for rank, (port, mac) in enumerate(zip(self.rank_ports, self.rank_macs)):
             if rank >= self.params.mac_entries:
                 break   # further hosts are flooded (unknown unicast)
@@ -229,7 +241,10 @@ class Controller:
         return sum(self._rtts) / len(self._rtts) - min(self._rtts)
 
     def capacity(self, kind: CollectiveKind) -> int:
-        """Payload bytes a set of a rule of this kind holds (:meth:`SwitchParams.set_capacity`)."""
+        """Payload bytes a set of a rule of this kind holds (:meth:`SwitchParams.set_capacity`; 0 for a
+        reproducible kind when FEATURES.reproducible is 0, whatever the configured parameters say)."""
+        if kind.reproducible and not self.reproducible:
+            return 0
         return self.params.set_capacity(kind.acc_fp32, kind.reproducible)
 
     def why_not_offloadable(self, kind: CollectiveKind) -> str:
@@ -238,8 +253,9 @@ class Controller:
             return (f"{kind.dtype.name.lower()}: this switch has no float units (FEATURES.float_units = 0)"
                     if kind.is_float else f"{kind.dtype.name.lower()}: not reduced by this switch")
         if chunk_payload(self.config.chunk_size, self.capacity(kind), kind.itemsize) < kind.itemsize:
+            no_fold = kind.reproducible and not self.reproducible
             return (f"{kind}: a set of this switch holds {self.capacity(kind)} bytes of payload, less than "
-                    f"one element")
+                    f"one element" + (" (FEATURES.reproducible = 0)" if no_fold else ""))
         return ""
 
     def decide(self, group_id: int, op_seq: int, nbytes: int, now: float,
@@ -252,8 +268,10 @@ class Controller:
         if key in self._ops:
             return None if group_id in self._retypes else self._ops[key].decision
         # One collective of a group at a time on the switch: the next waits until every rank finished the
-        # previous one (and its slots are emptied if it fell back).
-        if group_id in self._blocked or (op_seq > 0 and not self.all_finished(group_id, op_seq - 1)):
+        # previous one (and its slots are emptied if it fell back). A waiting retype holds every new
+        # collective, so that the switch drains and goes idle (module docstring).
+        if (self._retypes or group_id in self._blocked
+                or (op_seq > 0 and not self.all_finished(group_id, op_seq - 1))):
             return None
         info = self.groups[group_id]
         unsupported = self.why_not_offloadable(kind)
@@ -317,7 +335,7 @@ class Controller:
         del self._rtts[:-4096]
 
     # ---------------------------------------------------------------- periodic work
-    async def _switch_idle(self) -> bool:
+    async def switch_idle(self) -> bool:
         """No frame on a wire, in the switch or held by the link (a fault injector's reordering)."""
         if getattr(self.link, "holding", 0):
             return False
@@ -345,7 +363,7 @@ class Controller:
             info = self.groups[group_id]
             await self._apply(slot_clear_writes(self.regs, info.base, info.slot_count))
             self._blocked.discard(group_id)
-        if self._retypes and await self._switch_idle():
+        if self._retypes and await self.switch_idle():
             for group_id, kind in sorted(self._retypes.items()):
                 await self.retype(group_id, kind)
             self._retypes.clear()

@@ -18,32 +18,106 @@ arrays, and bf16 as uint16 bit patterns; :func:`decode` and :func:`encode` conve
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from .protocol import DType, ReduceOp
+from .protocol import DType, ReduceOp, numpy_dtype
 
-__all__ = ["QNAN_BITS", "decode", "encode", "combine", "widen", "narrow", "accumulate", "result_values",
+__all__ = ["QNAN_BITS", "NATIVE", "native_dtype", "wire_dtype", "widens", "acc_dtype", "FloatFormat", "FLOAT_FORMATS",
+           "decode", "encode", "combine", "widen", "narrow", "accumulate", "result_values",
            "bf16_to_f32", "f32_to_bf16"]
 
 # Canonical quiet NaN of each float format: sign 0, exponent all ones, fraction 1 0..0.
 QNAN_BITS = {DType.FP32: 0x7FC0_0000, DType.FP16: 0x7E00, DType.BF16: 0x7FC0}
 _INT = {DType.INT32: np.int32, DType.INT16: np.int16, DType.INT8: np.int8}
-_WIRE = {DType.INT32: ">i4", DType.INT16: ">i2", DType.INT8: "i1", DType.FP32: ">f4", DType.FP16: ">f2",
-         DType.BF16: ">u2"}
-_NATIVE = {DType.INT32: np.int32, DType.INT16: np.int16, DType.INT8: np.int8, DType.FP32: np.float32,
-           DType.FP16: np.float16, DType.BF16: np.uint16}
+# The numpy type of the values of each wire type (what decode returns; bf16: uint16 bit patterns, as numpy
+# has no bfloat16). The wire's own, big-endian, type is cais.protocol.numpy_dtype.
+NATIVE = {DType.INT32: np.dtype(np.int32), DType.INT16: np.dtype(np.int16), DType.INT8: np.dtype(np.int8),
+          DType.FP32: np.dtype(np.float32), DType.FP16: np.dtype(np.float16), DType.BF16: np.dtype(np.uint16)}
+# uint16 is left out: bf16 bits must be named explicitly, a uint16 array is not taken for bf16
+_BY_NUMPY = {t: d for d, t in NATIVE.items() if d != DType.BF16}
+
+
+def native_dtype(dtype: DType) -> np.dtype:
+    """The numpy type of the values of wire type `dtype` (bf16: uint16 bit patterns)."""
+    return NATIVE[DType(dtype)]
+
+
+def wire_dtype(array_dtype) -> DType | None:
+    """The wire type whose values a numpy array of `array_dtype` holds (None: no unambiguous one)."""
+    return _BY_NUMPY.get(np.dtype(array_dtype).newbyteorder("="))
+
+
+def widens(dtype: DType, acc_fp32: bool) -> bool:
+    """Whether a slot accumulates in float32: ``acc_fp32`` means something for fp16/bf16 only."""
+    return bool(acc_fp32) and dtype in (DType.FP16, DType.BF16)
+
+
+def acc_dtype(dtype: DType, acc_fp32: bool = False) -> np.dtype:
+    """The numpy type of a slot's accumulator: float32 when it :func:`widens`, else the values'."""
+    return np.dtype(np.float32) if widens(dtype, acc_fp32) else native_dtype(dtype)
+
+
+@dataclass(frozen=True)
+class FloatFormat:
+    """A binary IEEE 754 interchange format: `width` bits, `m` significand bits (with the hidden one)."""
+    width: int
+    m: int
+
+    @property
+    def exp_bits(self) -> int:
+        return self.width - self.m
+
+    @property
+    def emax(self) -> int:
+        return (1 << (self.exp_bits - 1)) - 1
+
+    @property
+    def emin(self) -> int:
+        return 1 - self.emax
+
+    @property
+    def etiny(self) -> int:
+        """The exponent of the smallest subnormal."""
+        return self.emin - self.m + 1
+
+    @property
+    def tiny(self) -> float:
+        """The smallest subnormal."""
+        return 2.0 ** self.etiny
+
+    @property
+    def min_normal(self) -> float:
+        return 2.0 ** self.emin
+
+    @property
+    def max(self) -> float:
+        """The largest finite value."""
+        return (2 - 2.0 ** (1 - self.m)) * 2.0 ** self.emax
+
+    @property
+    def exp_mask(self) -> int:
+        """The exponent field of a bit pattern."""
+        return ((1 << self.exp_bits) - 1) << (self.m - 1)
+
+    @property
+    def bits_type(self) -> np.dtype:
+        """The unsigned numpy type of a bit pattern."""
+        return np.dtype(f"uint{self.width}")
+
+
+FLOAT_FORMATS = {DType.FP32: FloatFormat(32, 24), DType.FP16: FloatFormat(16, 11), DType.BF16: FloatFormat(16, 8)}
 
 
 def decode(dtype: DType, payload: bytes) -> np.ndarray:
     """Wire bytes -> values (native byte order; bf16 as uint16 bits)."""
-    dtype = DType(dtype)
-    return np.frombuffer(bytes(payload), dtype=_WIRE[dtype]).astype(_NATIVE[dtype])
+    return np.frombuffer(bytes(payload), dtype=numpy_dtype(dtype)).astype(native_dtype(dtype))
 
 
 def encode(dtype: DType, values: np.ndarray) -> bytes:
     """Values -> wire bytes."""
-    dtype = DType(dtype)
-    return np.asarray(values, dtype=_NATIVE[dtype]).astype(_WIRE[dtype]).tobytes()
+    return np.asarray(values, dtype=native_dtype(dtype)).astype(numpy_dtype(dtype)).tobytes()
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -137,17 +211,17 @@ def accumulate(dtype: DType, op: ReduceOp, acc: np.ndarray | None, values: np.nd
     contribution is stored as it came (widened with ``acc_fp32``).
     """
     dtype = DType(dtype)
-    if acc_fp32 and dtype in (DType.FP16, DType.BF16):
+    if widens(dtype, acc_fp32):
         wide = widen(dtype, values)
         return wide if acc is None else combine(DType.FP32, op, acc, wide)
     if acc is None:
-        return np.array(values, dtype=_NATIVE[dtype])
+        return np.array(values, dtype=NATIVE[dtype])
     return combine(dtype, op, acc, values, saturate)
 
 
 def result_values(dtype: DType, acc: np.ndarray, *, acc_fp32: bool = False) -> np.ndarray:
     """The accumulator as it leaves the switch, in the wire format's values."""
     dtype = DType(dtype)
-    if acc_fp32 and dtype in (DType.FP16, DType.BF16):
+    if widens(dtype, acc_fp32):
         return narrow(dtype, acc)
-    return np.asarray(acc, dtype=_NATIVE[dtype])
+    return np.asarray(acc, dtype=NATIVE[dtype])

@@ -47,11 +47,6 @@ from .protocol import (ETH_HEADER_BYTES, HOST_ETHERTYPE, HOST_HEADER_BYTES, DTyp
                        HostKind, ReduceOp, build_host_frame)
 from .rto import RetransmitTimer
 
-# numpy type of the values of each wire type (bf16: uint16 bit patterns), and the wire type of a numpy type
-_NATIVE = {DType.INT32: np.dtype(np.int32), DType.INT16: np.dtype(np.int16), DType.INT8: np.dtype(np.int8),
-           DType.FP32: np.dtype(np.float32), DType.FP16: np.dtype(np.float16), DType.BF16: np.dtype(np.uint16)}
-_BY_NUMPY = {v: k for k, v in _NATIVE.items() if k != DType.BF16}
-
 __all__ = ["RingAllReduce", "block_bounds", "MAX_BACKOFF", "DEFAULT_MAX_PAYLOAD"]
 
 # Payload bytes per frame by default: a full 1514-byte untagged frame (14 + 16 + 1484).
@@ -115,10 +110,10 @@ class RingAllReduce:
             raise ValueError(f"data: must be 1-D, has shape {arr.shape}")
         native = arr.dtype.newbyteorder("=")
         if dtype is None:
-            dtype = _BY_NUMPY.get(native)
-        elif _NATIVE[DType(dtype)] != native:
-            raise TypeError(f"dtype={DType(dtype).name}: the values must be a {_NATIVE[DType(dtype)]} array, "
-                            f"not {arr.dtype}")
+            dtype = numerics.wire_dtype(native)
+        elif numerics.native_dtype(dtype) != native:
+            raise TypeError(f"dtype={DType(dtype).name}: the values must be a {numerics.native_dtype(dtype)} "
+                            f"array, not {arr.dtype}")
         self.dtype = None if dtype is None else DType(dtype)
         self.saturate = bool(saturate)
         self.acc_fp32 = bool(acc_fp32)
