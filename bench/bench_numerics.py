@@ -897,31 +897,37 @@ def area_table(results: dict, skipped: dict, failed: dict) -> str:
             r = results[name]
             fmax = f"{r['fmax_mhz']:.1f}" if r["fmax_mhz"] is not None else "-"
             ff = r["ff"] - r["wrapper_ffs"]
-            body.append([name, r["lut4"], ff, r["bram"], fmax, f"{r['wall_s']:.0f}{'*' if r['cached'] else ''}"])
+            body.append([name, r["lut4"], ff, r["bram"], r["dsp"], fmax,
+                         f"{r['wall_s']:.0f}{'*' if r['cached'] else ''}"])
         else:
-            body.append([name, "-", "-", "-", "-", "skipped" if name in skipped else "FAILED"])
+            body.append([name, "-", "-", "-", "-", "-", "skipped" if name in skipped else "FAILED"])
 
     def diff(label, a, b, div=1):
         if a in results and b in results:
             ra, rb = results[a], results[b]
             body.append([label, round((ra["lut4"] - rb["lut4"]) / div),
                          round(((ra["ff"] - ra["wrapper_ffs"]) - (rb["ff"] - rb["wrapper_ffs"])) / div),
-                         round((ra["bram"] - rb["bram"]) / div), "", ""])
+                         round((ra["bram"] - rb["bram"]) / div), round((ra["dsp"] - rb["dsp"]) / div), "", ""])
 
     if "slot_alu" in results:
         r = results["slot_alu"]
         body.append(["slot_alu / 4 (per float lane)", round(r["lut4"] / 4), round((r["ff"] - r["wrapper_ffs"]) / 4),
-                     r["bram"], "", ""])
+                     r["bram"], r["dsp"], "", ""])
     diff("float units (switch_nofold - switch_int)", "switch_nofold", "switch_int")
     diff("reproducible fold (switch - switch_nofold)", "switch", "switch_nofold")
-    out = [_table(body, ["design", "LUT4", "FF", "BRAM", "Fmax MHz", "time s"])]
+    out = [_table(body, ["design", "LUT4", "FF", "BRAM", "DSP", "Fmax MHz", "time s"])]
     parts = sorted({r["part"] for r in results.values()})
     out.append(f"ECP5 {', '.join(parts) or '-'} (yosys synth_ecp5 + nextpnr-ecp5 --out-of-context, bench/bench_area.py's "
                "flow, defaults and cache; * = cached). LUT4 = TRELLIS_COMB cells (logic, carry halves, LUT RAM). "
-               "FF excludes the slot_alu's register wrapper (every port registered). BRAM = DP16KD.")
+               "FF excludes the slot_alu's register wrapper (every port registered). BRAM = DP16KD, "
+               "DSP = MULT18X18D.")
     out.append("slot_alu = SlotALU(data_width=64): one 64-bit beat = 4 float32 lanes (FloatAdder + FloatMaxMin + "
                "widen/narrow) plus the 64-bit integer ALU and the muxes; the per-lane row divides it all by 4.")
     for name in AREA_DESIGNS:
+        cp = results.get(name, {}).get("critical_path")
+        if cp:
+            out.append(f"{name}: critical path {cp['from']} -> {cp['to']}: {cp['logic_levels']} logic steps, "
+                       f"{cp['logic_ns']} ns logic + {cp['routing_ns']} ns routing")
         if name in skipped:
             out.append(f"{name}: skipped: {skipped[name]}")
         if name in failed:

@@ -38,8 +38,9 @@ class SlotALU(wiring.Component):
 
     Every result appears :attr:`latency` clock edges after its inputs, whatever the dtype and op (the
     integer, max/min and store results are delayed to match the adder), and a new row may enter every
-    cycle. ``latency`` is ``fadd_stages`` with ``float_units``, else 0: without float units only the
-    integer ALU is built, purely combinational, and float dtypes give don't-care results.
+    cycle. ``latency`` is ``fadd_stages + 1`` with ``float_units`` (the adder, then an output register that
+    keeps the narrowing out of the memory write and the core's forwarding path), else 0: without float
+    units only the integer ALU is built, purely combinational, and float dtypes give don't-care results.
 
     Members
     -------
@@ -87,12 +88,12 @@ class SlotALU(wiring.Component):
     @property
     def latency(self) -> int:
         """Clock edges from the inputs to their ``result``, ``we`` and ``o_valid``."""
-        return self.fadd_stages if self.float_units else 0
+        return self.fadd_stages + 1 if self.float_units else 0
 
     def elaborate(self, platform):
         m = Module()
         W = self.data_width
-        L = self.latency
+        L = self.fadd_stages if self.float_units else 0    # the delay lines match the adder
         DT = proto.DType
 
         def delay(value, name, reset_less=True):
@@ -208,9 +209,13 @@ class SlotALU(wiring.Component):
             m.d.comb += new_gran.eq(Cat(*rowbf))
         with m.Else():
             m.d.comb += new_gran.eq(Cat(*row16))
-        m.d.comb += [
-            self.o_valid.eq(d_valid),
+        # Output register: the narrowing and packing above end here rather than in the memory write and
+        # the core's forwarding path back into the lanes (the accumulation loop is the long path).
+        m.d.sync += [
             self.result.eq(Mux(d_acc32, Cat(*word32), Cat(new_gran, new_gran))),
             self.we.eq(Mux(d_valid, d_we, 0)),
         ]
+        valid = Signal()
+        m.d.sync += valid.eq(d_valid)
+        m.d.comb += self.o_valid.eq(valid)
         return m

@@ -301,9 +301,9 @@ def test_reference_zero_ties():
 
 # ============================================================================ construction
 def test_latency_attribute():
-    assert SlotALU(64).latency == 3
-    assert SlotALU(64, fadd_stages=0).latency == 0
-    assert SlotALU(128, fadd_stages=5).latency == 5
+    assert SlotALU(64).latency == 4              # the adder's 3 stages and the output register
+    assert SlotALU(64, fadd_stages=0).latency == 1
+    assert SlotALU(128, fadd_stages=5).latency == 6
     assert SlotALU(64, float_units=False).latency == 0
     assert SlotALU(512, float_units=False, fadd_stages=6).latency == 0
     with pytest.raises(ValueError):
@@ -396,9 +396,9 @@ def test_random_w128():
 
 @pytest.mark.parametrize("fadd_stages", [0, 1])
 def test_random_fadd_stages(fadd_stages):
-    """Other adder depths: the whole ALU follows (latency 0 is purely combinational)."""
+    """Other adder depths: the whole ALU follows (plus its output register)."""
     dut = SlotALU(64, fadd_stages=fadd_stages)
-    assert dut.latency == fadd_stages
+    assert dut.latency == fadd_stages + 1
     check(dut, random_rows(64, list(DType), max(60, VECTORS // 3), seed=20 + fadd_stages))
 
 
@@ -442,7 +442,7 @@ def test_reset_drops_rows_in_flight():
 def test_combinational_outputs_follow_inputs():
     """With latency 0 the result of a row is visible in the same cycle, before any clock edge, and does
     not depend on the clock."""
-    for dut in (SlotALU(64, float_units=False), SlotALU(64, fadd_stages=0)):
+    for dut in (SlotALU(64, float_units=False),):
         rows = random_rows(64, [DType.INT16, DType.FP16] if dut.float_units else [DType.INT16], 40, seed=9,
                            bubble_rate=0)
         h = Harness(dut)
