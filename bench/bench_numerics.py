@@ -900,7 +900,8 @@ def area_table(results: dict, skipped: dict, failed: dict) -> str:
             body.append([name, r["lut4"], ff, r["bram"], r["dsp"], fmax,
                          f"{r['wall_s']:.0f}{'*' if r['cached'] else ''}"])
         else:
-            body.append([name, "-", "-", "-", "-", "-", "skipped" if name in skipped else "FAILED"])
+            body.append([name, "-", "-", "-", "-", "-",
+                         "skipped" if name in skipped else "FAILED" if name in failed else "not run"])
 
     def diff(label, a, b, div=1):
         if a in results and b in results:

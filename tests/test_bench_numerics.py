@@ -175,3 +175,22 @@ def test_one_small_row_on_the_verilated_switch():
     # The same received frames with one bit flipped must fail the check.
     got["check"][0] = (got["check"][0][0], _tamper(got["check"][0][1]))
     assert bench.check_row(PARAMS, row, plan, got)["mismatches"] == 1
+
+
+def test_tables():
+    rows = [bench.ROWS["fp16.max.reproducible+acc_fp32"], bench.ROWS["int16.sum.saturate"]]
+    results = []
+    for row in rows:
+        plan = bench.plan_row(PARAMS, row, 20, 2, 8)
+        results.append(bench.check_row(PARAMS, row, plan, model_switch(plan)))
+    table = bench.numerics_table(PARAMS, rows, results)
+    assert "fp16.max.reproducible+acc_fp32" in table and "51.2" in table and "FAILED" not in table
+    assert "reproducible+acc_fp32" in bench.mode_table(PARAMS, rows, results)
+    fake = {"part": "LFE5U-45F CABGA381", "lut4": 100, "ff": 50, "wrapper_ffs": 0, "bram": 4, "dsp": 0,
+            "fmax_mhz": 50.0, "wall_s": 1.0, "cached": True, "critical_path": None}
+    area = bench.area_table({"switch": fake, "switch_nofold": dict(fake, lut4=90, bram=2)}, {},
+                            {"switch_int": "nextpnr failed"})
+    lines = {line.split("  ")[0].strip(): line.split() for line in area.splitlines()}
+    assert lines["reproducible fold (switch - switch_nofold)"][-4:] == ["10", "0", "2", "0"]
+    assert lines["switch_int"][-1] == "FAILED" and lines["slot_alu"][-2:] == ["not", "run"]
+    assert "switch_int: FAILED: nextpnr failed" in area
