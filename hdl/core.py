@@ -21,7 +21,7 @@ a complete payload row) and queues its result job once all its rows are written.
 frames, rounding fp32 accumulators to the wire format on the way out.
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Shape, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
@@ -385,8 +385,9 @@ class SwitchCore(wiring.Component):
         # Reproducible sets: an accumulator area (rows 0 .., two granules per row with fp32
         # accumulation) followed by one area of `area` rows per port (SwitchParams.area_rows).
         def area_offset(acc, port):
+            # A table of constants, not port * rows: a multiplier would cost DSP blocks.
             a = prm.area_rows(acc, True)
-            return (2 * a if acc else a) + port * a
+            return Array(Const((2 * a if acc else a) + p * a, self.addr_bits) for p in range(P))[port]
 
         # n: the row B offers this cycle (its frame's end token, or a row completed by B's beat).
         n_row = Mux(end_pending, c_rows - 1, row_idx)

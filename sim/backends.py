@@ -92,7 +92,9 @@ class ModelLink:
     * Egress: an output frame's first beat leaves ``EGRESS_LATENCY`` cycles after the core finished the
       input frame, or when the egress port finished its previous frame, whichever is later; it is
       received once its last beat has left (``+ beats``). docs/interface.md: the RTL's first result
-      beat leaves ``beats + 9`` cycles after the last input beat, i.e. 9 cycles after the core's pass.
+      beat leaves ``beats + 9 + L`` cycles after the last input beat, L being the slot ALU's latency (4
+      with float units, 0 without); the model uses 9 for every frame (a timing approximation: results
+      leave up to 4 cycles early, forwarded frames do not pass the ALU).
     * Registers: each access takes ``reg_cycles`` cycles (the RTL's AXI4-Lite takes about as many).
 
     Work is done lazily: whenever the link is used, every frame whose core pass ended by ``cycle`` is
