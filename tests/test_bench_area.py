@@ -1,26 +1,14 @@
 """bench/bench_area.py: bad arguments are refused (exit 2, no traceback), and one real yosys + nextpnr run of
 the smallest design gives sane numbers."""
 
-import importlib.util
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "bench_area.py"
+from benchscripts import assert_refused, assert_refused_by_process, load_script
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_area", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_area", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_script("bench_area")
 
 BAD = [
     (["--only", "nosuch"], "unknown design"),
@@ -41,20 +29,11 @@ BAD = [
 
 @pytest.mark.parametrize("argv,needle", BAD)
 def test_bad_arguments_refused(argv, needle, capsys):
-    with pytest.raises(SystemExit) as exc:
-        bench.parse_args(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert needle in err
-    assert err.count("\n") == 1, err          # one line, no usage dump
+    assert_refused(bench.parse_args, argv, needle, capsys)
 
 
 def test_bad_arguments_refused_from_the_command_line():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--jobs", "-3"], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 2
-    assert "--jobs" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert_refused_by_process("bench_area", ["--jobs", "-3"], "--jobs", timeout=60)
 
 
 def test_good_arguments_accepted(tmp_path):

@@ -2,29 +2,17 @@
 wrong, missing or misordered result (fed a "switch" made of the reference model, then tampered with); and one
 small row on the Verilated switch checks clean (the cocotb-marked test; seconds once the build is cached)."""
 
-import importlib.util
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
+from benchscripts import assert_refused, assert_refused_by_process, load_script
 
 from cais import protocol as proto
 from cais.params import SwitchParams
 from cais.sim.refmodel import SwitchModel
 
-SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "bench_numerics.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_numerics", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_numerics", module)
-    spec.loader.exec_module(module)
-    return sys.modules["bench_numerics"]
-
-
-bench = _load()
+bench = load_script("bench_numerics")
 PARAMS = SwitchParams()
 
 BAD = [
@@ -42,19 +30,11 @@ BAD = [
 
 @pytest.mark.parametrize("argv,needle", BAD)
 def test_bad_arguments_refused(argv, needle, capsys):
-    with pytest.raises(SystemExit) as exc:
-        bench.parse_args(argv)
-    assert exc.value.code == 2
-    err = capsys.readouterr().err
-    assert needle in err
-    assert err.count("\n") == 1, err
+    assert_refused(bench.parse_args, argv, needle, capsys)
 
 
 def test_bad_arguments_refused_from_the_command_line():
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--only", "int4.*"], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 2
-    assert "--only" in proc.stderr and "Traceback" not in proc.stderr
+    assert_refused_by_process("bench_numerics", ["--only", "int4.*"], "--only", timeout=120)
 
 
 def test_rows_and_selection():
