@@ -12,6 +12,18 @@ from cais.registers import register_map
 from cais.sim.backends import ModelLink
 
 
+def spy_writes(link) -> list[int]:
+    """The addresses of every register write ``link`` carries from now on, in order."""
+    writes = []
+    real_write = link.write
+
+    async def spy(addr, value):
+        writes.append(addr)
+        await real_write(addr, value)
+    link.write = spy
+    return writes
+
+
 def test_score_hand_derived():
     # N = 4, D = 4000 B, BW = 1000 B/s, a = 1 s, Q = 0:
     # T_hosts = 2*3*(1 + 4000/4000) = 12; T_switch = 2 + 4 + 0 = 6; score = (1 - 6/12) * 3/4 = 0.375
@@ -82,13 +94,7 @@ def test_fallback_empties_the_quota_before_the_next_collective(caplog):
     ctl.finished(0, g.group_id, 0)
     ctl.finished(1, g.group_id, 0)
     assert ctl.decide(g.group_id, 1, 1000, 0.0) is None       # the quota must be emptied first
-    writes = []
-    real_write = link.write
-
-    async def spy(addr, value):
-        writes.append(addr)
-        await real_write(addr, value)
-    link.write = spy
+    writes = spy_writes(link)
     run_sync(ctl.service(0.0))
     assert writes.count(register_map(link.params)["SLOT_CLEAR"].address()) == g.slot_count
     assert ctl.decide(g.group_id, 1, 1000, 0.0) is not None
@@ -182,13 +188,7 @@ def test_rule_retyped_before_a_collective_of_another_kind():
     fp16 = CollectiveKind.make(proto.DType.FP16, proto.ReduceOp.SUM, acc_fp32=True, reproducible=True)
     assert ctl.decide(g.group_id, 1, 4000, 0.0, fp16) is None            # held: the rule is retyped first
     assert ctl.pending
-    writes = []
-    real_write = link.write
-
-    async def spy(addr, value):
-        writes.append(addr)
-        await real_write(addr, value)
-    link.write = spy
+    writes = spy_writes(link)
     run_sync(ctl.service(0.0))
     regs = register_map(link.params)
     assert regs["RULE_TYPE"].address() in writes and regs["RULE_WRITE"].address() in writes
