@@ -73,6 +73,9 @@ __all__ = ["Row", "ROWS", "build_parser", "parse_args", "select_rows", "plan_row
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 TESTS = REPO / "tests"
+if str(HERE) not in sys.path:              # the sibling scripts: bench_area's flow and table layout
+    sys.path.insert(0, str(HERE))
+from bench_area import _table  # noqa: E402
 
 D, R = proto.DType, proto.ReduceOp
 GROUP = 5
@@ -812,14 +815,6 @@ def sram(params: SwitchParams, row: Row) -> tuple[int, int, float | None]:
 # --- tables ---------------------------------------------------------------------------------------------------
 
 
-def _table(rows: list[list], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             for r in [header, *rows]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def numerics_table(params: SwitchParams, rows: list[Row], results: list[dict]) -> str:
     body = []
     for row, r in zip(rows, results):
@@ -855,8 +850,6 @@ def mode_table(params: SwitchParams, rows: list[Row], results: list[dict]) -> st
 
 def area_results(jobs: int, log=print) -> tuple[dict, dict, dict]:
     """bench_area's rows for :data:`AREA_DESIGNS` (its cache; the tools run only for changed designs)."""
-    if str(HERE) not in sys.path:
-        sys.path.insert(0, str(HERE))
     import bench_area
 
     ok, versions = bench_area.tools_available()
