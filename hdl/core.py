@@ -57,15 +57,18 @@ class SwitchCore(wiring.Component):
     -------
     meta[p], meta_valid[p], meta_ready[p]; beat_data[p], beat_valid[p], beat_ready[p]
         The good frames of each ingress port (see :class:`cais.hdl.ingress.IngressPort`).
-    o_data, o_keep, o_last, o_mask, o_valid : Out; o_ready : In(1)
-        Frames to send, each beat to every port in ``o_mask``; ``o_ready`` when all of them have room.
+    o_data, o_keep, o_last, o_mask, o_valid, o_first, o_beats : Out; o_ready : In(1)
+        Frames to send, each beat to every port in ``o_mask``. ``o_first`` marks a frame's first beat and
+        ``o_beats`` is its length in beats; once ``o_ready`` took a first beat it must take every further
+        beat of that frame the cycle it is offered (the egress admits whole frames), and the core offers
+        them back to back.
     rule_*, mac_*, slot_clear_* : In
         Table programming from the register bank (words of the register map).
     switch_mac : In(48)
     ev_* : Out(1); ev_drop_reason : Out(4); slots_in_use : Out(32)
         One pulse per frame decided, for the counters; the number of non-empty sets.
     busy : Out(1)
-        A frame is queued or in flight anywhere in the core.
+        A frame is queued or in flight anywhere in the core (not the slot-state sweep after reset).
     """
 
     def __init__(self, params: SwitchParams, regmap: RegisterMap):
@@ -78,7 +81,7 @@ class SwitchCore(wiring.Component):
             "meta": In(self.meta_layout).array(P), "meta_valid": In(1).array(P), "meta_ready": Out(1).array(P),
             "beat_data": In(W).array(P), "beat_valid": In(1).array(P), "beat_ready": Out(1).array(P),
             "o_data": Out(W), "o_keep": Out(B), "o_last": Out(1), "o_mask": Out(P),
-            "o_valid": Out(1), "o_ready": In(1),
+            "o_valid": Out(1), "o_ready": In(1), "o_first": Out(1), "o_beats": Out(range(params.max_frame_beats + 1)),
             "rule_write_stb": In(1), "rule_write": In(32), "rule_group": In(32), "rule_layer": In(32),
             "rule_chunk": In(32), "rule_ports": In(32), "rule_slots": In(32), "rule_type": In(32),
             "mac_write_stb": In(1), "mac_write": In(32), "mac_addr_lo": In(32), "mac_addr_hi": In(32),
@@ -92,7 +95,7 @@ class SwitchCore(wiring.Component):
         # Created here so tests can inspect them.
         # Words of two rows (granules): an fp16/bf16 set accumulating in fp32 needs both per row.
         self.slot_mem = Memory(shape=2 * W, depth=params.slots * params.rows_per_set, init=[])
-        self.state_mem = Memory(shape=entry_layout(P), depth=params.slots, init=[])
+        self.state_mem = Memory(shape=entry_layout(P, params.slot_len_bits), depth=params.slots, init=[])
 
     def elaborate(self, platform):
         m = Module()
@@ -188,11 +191,12 @@ class SwitchCore(wiring.Component):
         me = Signal(P)
         m.d.comb += me.eq(1 << b_port)
 
-        # Slot and set from seq_num within the group's quota.
+        # Slot and set from seq_num within the group's quota, at full width: with count_log2 up to 31 the
+        # offset can be any 32-bit value, and every slot >= slots is BAD_SLOT.
         seq = hdr.seq_num
-        offset = Signal(16)
-        m.d.comb += offset.eq(seq & ((Const(1, 17) << rule.count_log2) - 1))
-        slot = Signal(17)
+        offset = Signal(32)
+        m.d.comb += offset.eq(seq & ((Const(1, 33) << rule.count_log2) - 1))
+        slot = Signal(33)
         m.d.comb += slot.eq(rule.base + offset)
         set_sel = Signal()
         m.d.comb += set_sel.eq((seq >> rule.count_log2)[0])
@@ -202,10 +206,11 @@ class SwitchCore(wiring.Component):
         st_wr = self.state_mem.write_port()
         st_rd = self.state_mem.read_port(domain="comb")
         clr_rd = self.state_mem.read_port(domain="comb")
-        m.submodules.update = upd = SlotUpdate(P)
+        m.submodules.update = upd = SlotUpdate(P, prm.slot_len_bits)
         m.d.comb += [
             st_rd.addr.eq(slot[:self.slot_bits]),
             upd.state.eq(st_rd.data), upd.set.eq(set_sel), upd.port.eq(b_port), upd.tag.eq(seq),
+            upd.length.eq(hdr.payload_len),
             upd.contributors.eq(rule.contributors),
         ]
 
@@ -250,6 +255,8 @@ class SwitchCore(wiring.Component):
             m.d.comb += drop(proto.DropReason.BAD_SLOT)
         with m.Elif(upd.outcome == SlotOutcome.MISMATCH):
             m.d.comb += drop(proto.DropReason.TAG_MISMATCH)
+        with m.Elif(upd.outcome == SlotOutcome.LENGTH_MISMATCH):
+            m.d.comb += drop(proto.DropReason.LENGTH_MISMATCH)
         with m.Else():
             m.d.comb += [d_action.eq(Action.AGGREGATE), d_state_write.eq(1)]
             with m.Switch(upd.outcome):
@@ -309,10 +316,15 @@ class SwitchCore(wiring.Component):
         alu = SlotALU(W, float_units=prm.float_units)
         room_for_jobs = jobs.level < JOB_DEPTH - 3 - alu.latency
 
+        # A forwarded frame waits for the aggregation pipeline (hazard: a pending end token or a fold)
+        # only at its first beat, where it is decided; after that its beats go out back to back, as the
+        # egress admitted the whole frame.
         fwd_ready = Signal()
-        m.d.comb += b_take.eq(b_valid & ~hazard & Mux(
-            is_fwd, fwd_ready,
-            Mux(b_first, ~sweeping & ~clear_pending & (~(d_action == Action.AGGREGATE) | room_for_jobs), 1)))
+        fwd_go = b_valid & is_fwd & (~b_first | ~hazard)
+        m.d.comb += b_take.eq(Mux(
+            is_fwd, fwd_go & fwd_ready,
+            b_valid & ~hazard & Mux(b_first, ~sweeping & ~clear_pending
+                                    & (~(d_action == Action.AGGREGATE) | room_for_jobs), 1)))
         decide = b_take & b_first
 
         with m.If(decide):
@@ -346,7 +358,7 @@ class SwitchCore(wiring.Component):
 
         # Forwarded frames go out beat for beat.
         tail = b_meta.length[:lb]
-        fwd_valid = b_valid & is_fwd
+        fwd_valid = fwd_go
         fwd_keep = Mux(b_last & (tail != 0), (Const(1, B + 1) << tail) - 1, (1 << B) - 1)
         fwd_mask = Mux(b_first, d_mask, c_mask)
 
@@ -542,16 +554,17 @@ class SwitchCore(wiring.Component):
             m.d.comb += [
                 self.o_data.eq(res.o_data), self.o_keep.eq(res.o_keep), self.o_last.eq(res.o_last),
                 self.o_mask.eq(res.o_mask), self.o_valid.eq(res.o_valid), res.o_ready.eq(self.o_ready),
+                self.o_first.eq(res.o_first), self.o_beats.eq(res.o_beats),
             ]
         with m.Else():
             m.d.comb += [
                 self.o_data.eq(b_data), self.o_keep.eq(fwd_keep), self.o_last.eq(b_last),
                 self.o_mask.eq(fwd_mask), self.o_valid.eq(fwd_valid), fwd_ready.eq(self.o_ready),
+                self.o_first.eq(b_first), self.o_beats.eq(b_meta.beats),
             ]
         with m.If(self.o_valid & self.o_ready):
             m.d.sync += owner.eq(Mux(self.o_last, 0, Mux(sel_res, 2, 1)))
 
         m.d.comb += self.busy.eq(req.any() | busy | b_valid | end_pending | Cat(*(s.valid for s in x)).any() | f_active
-                                 | (jobs.level != 0)
-                                 | ~res.job_ready | clear_pending | sweeping)
+                                 | (jobs.level != 0) | ~res.job_ready)
         return m

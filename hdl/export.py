@@ -133,7 +133,7 @@ def _params_record(params: SwitchParams, name: str) -> dict:
         "name": name,
         "params": params.as_dict(),
         "derived": {key: getattr(params, key)
-                    for key in ("beat_bytes", "rows_per_set", "max_frame_beats", "ingress_depth")},
+                    for key in ("beat_bytes", "rows_per_set", "max_frame_beats", "ingress_depth", "egress_depth")},
     }
 
 

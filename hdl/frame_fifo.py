@@ -21,6 +21,8 @@ class FrameFifo(wiring.Component):
         Write ``w_data`` after the beats of the frame being written. Only when ``w_rdy``.
     w_rdy : Out(1)
         There is room for one more beat.
+    level : Out(range(depth + 1))
+        Beats held, committed or not (``depth - level`` beats can still be written).
     commit : In(1)
         Make every beat written so far (including one written in this cycle) visible to the reader.
     rollback : In(1)
@@ -37,6 +39,7 @@ class FrameFifo(wiring.Component):
         super().__init__({
             "w_data": In(width), "w_en": In(1), "w_rdy": Out(1), "commit": In(1), "rollback": In(1),
             "r_data": Out(width), "r_valid": Out(1), "r_ready": In(1),
+            "level": Out(range(depth + 1)),
         })
         self._mem = Memory(shape=width, depth=depth, init=[])
 
@@ -52,7 +55,7 @@ class FrameFifo(wiring.Component):
         wp = Signal(abits + 1)
         rp = Signal(abits + 1)
 
-        m.d.comb += self.w_rdy.eq((wp - rp)[:abits + 1] != self.depth)
+        m.d.comb += [self.level.eq((wp - rp)[:abits + 1]), self.w_rdy.eq(self.level != self.depth)]
         write = self.w_en & self.w_rdy
         m.d.comb += [wr.addr.eq(wp[:abits]), wr.data.eq(self.w_data), wr.en.eq(write)]
         wp_next = wp + write

@@ -86,8 +86,9 @@ class ResultGenerator(wiring.Component):
         Source MAC of the result frames.
     rd_addr : Out(addr_bits); rd_en : Out(1); rd_data : In(data_width)
         A synchronous read port of the slot memory (data the cycle after an enabled address).
-    o_data, o_keep, o_last, o_mask, o_valid : Out; o_ready : In(1)
-        The frame, and the ports it goes to.
+    o_data, o_keep, o_last, o_mask, o_valid, o_first, o_beats : Out; o_ready : In(1)
+        The frame, the ports it goes to, its first beat and its length in beats. Once started, the beats
+        follow back to back whenever ``o_ready`` is high.
     """
 
     def __init__(self, params: SwitchParams, addr_bits: int):
@@ -99,7 +100,7 @@ class ResultGenerator(wiring.Component):
             "switch_mac": In(48),
             "rd_addr": Out(addr_bits), "rd_en": Out(1), "rd_data": In(W),
             "o_data": Out(W), "o_keep": Out(B), "o_last": Out(1), "o_mask": Out(params.ports),
-            "o_valid": Out(1), "o_ready": In(1),
+            "o_valid": Out(1), "o_ready": In(1), "o_first": Out(1), "o_beats": Out(range(params.max_frame_beats + 1)),
         })
 
     def elaborate(self, platform):
@@ -151,6 +152,8 @@ class ResultGenerator(wiring.Component):
             self.o_last.eq(k == beats - 1),
             self.o_keep.eq(Mux(self.o_last, (Const(1, B + 1) << tail) - 1, (1 << B) - 1)),
             self.o_mask.eq(job.mask),
+            self.o_first.eq(k == 0),
+            self.o_beats.eq(beats),
         ]
 
         with m.FSM():

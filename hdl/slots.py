@@ -2,7 +2,7 @@
 
 import enum
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -16,15 +16,16 @@ class SlotOutcome(enum.IntEnum):
     MISMATCH = 2   # c: the set holds another chunk: drop
     REPEAT = 3     # d: repeat to an incomplete set: nothing
     ADD = 4        # e: a new contributor: reduce into the values
+    LENGTH_MISMATCH = 5  # the set holds this chunk with another payload_len: drop
 
 
-def set_layout(ports: int) -> data.StructLayout:
-    return data.StructLayout({"bitmap": ports, "tag": 32, "done": 1})
+def set_layout(ports: int, len_bits: int) -> data.StructLayout:
+    return data.StructLayout({"bitmap": ports, "tag": 32, "done": 1, "length": len_bits})
 
 
-def entry_layout(ports: int) -> data.ArrayLayout:
+def entry_layout(ports: int, len_bits: int) -> data.ArrayLayout:
     """One slot: its two shadow sets."""
-    return data.ArrayLayout(set_layout(ports), 2)
+    return data.ArrayLayout(set_layout(ports, len_bits), 2)
 
 
 class SlotUpdate(wiring.Component):
@@ -34,24 +35,24 @@ class SlotUpdate(wiring.Component):
     -------
     state : In(entry_layout)
         The slot's two sets before the contribution.
-    set : In(1); port : In(range(ports)); tag : In(32); contributors : In(ports)
-        The set the chunk maps to, the contributing (ingress) port, the chunk's seq_num, and the rule's
-        contributor ports.
+    set : In(1); port : In(range(ports)); tag : In(32); length : In(len_bits); contributors : In(ports)
+        The set the chunk maps to, the contributing (ingress) port, the chunk's seq_num and payload_len,
+        and the rule's contributor ports.
     outcome : Out(SlotOutcome)
     complete : Out(1)
         This contribution completed the set: multicast the result.
     new_state : Out(entry_layout)
-        The slot after the contribution (equal to ``state`` for MISMATCH).
+        The slot after the contribution (equal to ``state`` for MISMATCH and LENGTH_MISMATCH).
     in_use_delta : Out(signed(3))
         Change in the number of non-empty sets of this slot.
     """
 
-    def __init__(self, ports: int):
+    def __init__(self, ports: int, len_bits: int):
         self.ports = ports
         super().__init__({
-            "state": In(entry_layout(ports)), "set": In(1), "port": In(range(ports)), "tag": In(32),
-            "contributors": In(ports),
-            "outcome": Out(SlotOutcome), "complete": Out(1), "new_state": Out(entry_layout(ports)),
+            "state": In(entry_layout(ports, len_bits)), "set": In(1), "port": In(range(ports)), "tag": In(32),
+            "length": In(len_bits), "contributors": In(ports),
+            "outcome": Out(SlotOutcome), "complete": Out(1), "new_state": Out(entry_layout(ports, len_bits)),
             "in_use_delta": Out(data.signed(3)),
         })
 
@@ -64,17 +65,20 @@ class SlotUpdate(wiring.Component):
         new_cur = self.new_state[self.set]
         new_other = self.new_state[~self.set]
 
+        same_length = cur.length == self.length
         m.d.comb += self.new_state.eq(self.state)
         with m.If(cur.done & (cur.tag == self.tag)):
-            m.d.comb += self.outcome.eq(SlotOutcome.RESEND)
+            m.d.comb += self.outcome.eq(Mux(same_length, SlotOutcome.RESEND, SlotOutcome.LENGTH_MISMATCH))
         with m.Elif(cur.bitmap == 0):
             m.d.comb += [
                 self.outcome.eq(SlotOutcome.FIRST),
-                new_cur.bitmap.eq(me), new_cur.tag.eq(self.tag),
+                new_cur.bitmap.eq(me), new_cur.tag.eq(self.tag), new_cur.length.eq(self.length),
                 new_cur.done.eq(me == self.contributors), self.complete.eq(me == self.contributors),
             ]
         with m.Elif(cur.tag != self.tag):
             m.d.comb += self.outcome.eq(SlotOutcome.MISMATCH)
+        with m.Elif(~same_length):
+            m.d.comb += self.outcome.eq(SlotOutcome.LENGTH_MISMATCH)
         with m.Elif((cur.bitmap & me).any()):
             m.d.comb += self.outcome.eq(SlotOutcome.REPEAT)
         with m.Else():
@@ -84,7 +88,7 @@ class SlotUpdate(wiring.Component):
                 new_cur.bitmap.eq(cur.bitmap | me), new_cur.done.eq(done), self.complete.eq(done),
             ]
         # The implicit acknowledgement: a port that contributes to one set has its result of the other.
-        with m.If(self.outcome != SlotOutcome.MISMATCH):
+        with m.If((self.outcome != SlotOutcome.MISMATCH) & (self.outcome != SlotOutcome.LENGTH_MISMATCH)):
             m.d.comb += new_other.bitmap.eq(other.bitmap & ~me)
 
         def used(entry):

@@ -1,8 +1,7 @@
 """The CAIS switch: ingress ports, switch core, egress ports and control/status registers."""
 
-from amaranth.hdl import Cat, Module
+from amaranth.hdl import Cat, Module, Mux
 from amaranth.lib import wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out, connect
 
 from cais import protocol as proto
@@ -12,6 +11,7 @@ from cais.registers import register_map
 from .axis import AxisSignature
 from .core import SwitchCore
 from .csr import AXI4LiteSignature, AXI4LiteToCSR, RegisterBank
+from .frame_fifo import FrameFifo
 from .ingress import IngressPort
 
 __all__ = ["Switch", "AXIL_ADDR_WIDTH"]
@@ -65,6 +65,7 @@ class Switch(wiring.Component):
             regs.slots_in_use_value.eq(core.slots_in_use),
         ]
         busy = [core.busy]
+        egress = {}
 
         # Core events -> counters. Drops come from every ingress port and from the core, so a reason's
         # counter may advance by several in one cycle.
@@ -90,17 +91,19 @@ class Switch(wiring.Component):
             for r in proto.PARSER_DROPS:
                 drops[r].append(ing.drop & (ing.drop_reason == r))
 
-            # Egress: a FIFO per port fed by the core's frames, each beat to every port of its mask.
-            m.submodules[f"egress{p}"] = fifo = SyncFIFOBuffered(width=P.data_width + B + 1, depth=P.egress_depth)
+            # Egress: a FIFO per port fed by the core's frames, each beat to every port of its mask. Every
+            # beat is committed as it is written (the FIFO's frame commit is not needed here).
+            m.submodules[f"egress{p}"] = fifo = egress[p] = FrameFifo(P.data_width + B + 1, P.egress_depth)
+            write = core.o_valid & core.o_ready & core.o_mask[p]
             m.d.comb += [
                 fifo.w_data.eq(Cat(core.o_data, core.o_keep, core.o_last)),
-                fifo.w_en.eq(core.o_valid & core.o_ready & core.o_mask[p]),
+                fifo.w_en.eq(write), fifo.commit.eq(write),
             ]
-            busy.append(fifo.r_rdy)
+            busy.append(fifo.level != 0)
             out = self.m_axis[p]
             m.d.comb += [
                 Cat(out.tdata, out.tkeep, out.tlast).eq(fifo.r_data),
-                out.tvalid.eq(fifo.r_rdy), fifo.r_en.eq(out.tready),
+                out.tvalid.eq(fifo.r_valid), fifo.r_ready.eq(out.tready),
             ]
             sent = out.tvalid & out.tready
             m.d.comb += [
@@ -108,8 +111,13 @@ class Switch(wiring.Component):
                 regs.tx_bytes_inc[p].eq(sent * sum(out.tkeep[i] for i in range(B))),
             ]
 
-        m.d.comb += core.o_ready.eq(Cat(*(~core.o_mask[p] | m.submodules[f"egress{p}"].w_rdy
-                                          for p in range(P.ports))).all())
+        # Whole-frame admission: a frame starts only when every port it goes to has room for all its beats,
+        # so once started it is written to every port back to back and a slow port never holds the others
+        # mid-frame (it holds the whole switch at the next frame boundary instead: no frame is lost).
+        room = Cat(*(~core.o_mask[p] | Mux(core.o_first, P.egress_depth - egress[p].level >= core.o_beats,
+                                           egress[p].w_rdy)
+                     for p in range(P.ports)))
+        m.d.comb += core.o_ready.eq(room.all())
         for r, events in drops.items():
             m.d.comb += getattr(regs, f"drop_{r.name.lower()}_inc").eq(sum(events))
         m.d.comb += regs.busy_value.eq(Cat(*busy).any())

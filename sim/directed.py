@@ -99,7 +99,7 @@ def directed_cases(params: SwitchParams, seed: int = 0) -> list[Case]:
         """A frame from ``port``: ``values`` (native values of ``dtype``) or raw ``payload`` bytes."""
         if payload is None:
             payload = numerics.encode(dtype, np.asarray(values))
-        hdr = proto.CaisHeader(op_type=op_type, group_id=group, chunk_id=seq, seq_num=seq, total_chunks=4,
+        hdr = proto.CaisHeader(op_type=op_type, group_id=group, chunk_id=seq & 0xFFFF, seq_num=seq, total_chunks=4,
                                payload_len=len(payload), dtype=dtype, red_op=op, flags=flags)
         return TxFrame(proto.build_frame(hdr, payload, src=host_mac(port), pad=True))
 
@@ -208,7 +208,78 @@ def directed_cases(params: SwitchParams, seed: int = 0) -> list[Case]:
         [(0, contribution(0, 0, vals[0]))],
         [(p, contribution(p, 0, vals[p])) for p in range(P)],
     ], writes_before={1: slot_clear_writes(regs, 0, 1)}))
+    cases += _docs_cases(params, regs, rng, setup, contribution, eth)
     cases += _typed_cases(params, regs, rng, setup, contribution)
+    return cases
+
+
+def _docs_cases(params: SwitchParams, regs, rng, setup, contribution, eth) -> list[Case]:
+    """Cases written from docs/protocol.md for the disagreements a docs-only testbench found (issue 8):
+    frames forwarded right after a reproducible fold go out unchanged; a quota of up to 2**31 slots maps
+    seq_num at full width (BAD_SLOT past the slot memory, never a wrapped slot); Ethernet pad bytes never
+    reach a result, and a chunk's contributions must share its payload_len (LENGTH_MISMATCH)."""
+    P = params.ports
+    allp = (1 << P) - 1
+    cases: list[Case] = []
+    vals = [rand32(rng, 4) for _ in range(P)]
+
+    # ---------------------------------------------------------------- forwarding behind a reproducible fold
+    # Every port completes a reproducible set and then sends a broadcast, an all-gather and an ordinary
+    # frame: whichever the core takes next, it runs while the fold of the completed set is in progress.
+    def ag(port, seq, n, op_type=proto.OpType.ALL_GATHER):
+        return contribution(port, seq, payload=bytes(rng.integers(0, 256, n, dtype=np.uint8)), op_type=op_type)
+    cap = params.set_capacity(False, True)
+    if cap:
+        repro = [rand32(rng, cap // 4) for _ in range(P)]
+        follow = lambda p, seq: [(p, ag(p, seq, 4, proto.OpType.BROADCAST)), (p, ag(p, seq + 1, 64)),
+                                 (p, eth(p, proto.BROADCAST_MAC, 60)), (p, eth(p, host_mac((p + 1) % P), 200))]
+        cases.append(Case("reproducible_fold_then_forward", setup(reproducible=True), [
+            [(p, contribution(p, 0, repro[p])) for p in range(P)]
+            + [f for p in range(P) for f in follow(p, 20)],
+            [(p, contribution(p, 1, repro[(p + 1) % P][:1])) for p in range(P)]
+            + [f for p in range(P) for f in follow(p, 30)],
+        ]))
+
+    # ---------------------------------------------------------------- quotas of 2**17 .. 2**31 slots
+    # Rule 0: group 1, count_log2 17; rule 1: group 2 (int32 SUM, ports 0 and 1) in slot 3; rule 2: group 3,
+    # count_log2 31. seq 65539 = 2**16 + 3 (group 1) and 2**30 + 3 (group 3) map to slots 65539 and 2**30 + 3:
+    # BAD_SLOT, and group 2's set in slot 3 must not notice (it would, were the offset cut to 16 bits).
+    # Group 3's seq 5 is slot 5, set 0, and seq 2**31 + 5 is slot 5 again, set 1.
+    g2 = 0b11 if P > 2 else 0b01
+    w = rule_writes(regs, 0, Rule.for_group(1, contributors=allp, results=allp, base=0, count_log2=17))
+    w += rule_writes(regs, 1, Rule.for_group(2, contributors=g2, results=allp, base=3, count_log2=0))
+    w += rule_writes(regs, 2, Rule.for_group(3, contributors=allp, results=allp, base=0, count_log2=31))
+    w += slot_clear_writes(regs, 0, min(params.slots, 6))
+    if params.slots > 5 and params.rules >= 3:
+        cases.append(Case("quota_offsets_full_width", w, [
+            [(0, contribution(0, 0, vals[0], group=2))],
+            [(p, contribution(p, 65539, vals[p])) for p in range(P)]
+            + [(p, contribution(p, (1 << 30) + 3, vals[p], group=3)) for p in range(P)]
+            + [(p, contribution(p, (1 << 20) + 6, vals[p], group=3)) for p in range(P)],
+            [(p, contribution(p, 0, vals[p], group=2)) for p in range(1, P) if g2 >> p & 1]
+            + [(p, contribution(p, 5, vals[p], group=3)) for p in range(P)],
+            [(p, contribution(p, (1 << 31) + 5, vals[(p + 1) % P], group=3)) for p in range(P)],
+        ]))
+
+    # ---------------------------------------------------------------- padding and payload lengths
+    # One-element contributions padded to 60 bytes with non-zero pad bytes (a different pattern per port):
+    # the result is the sum of the elements alone. Then the chunk's payload_len is fixed by its first
+    # contribution: a longer or shorter frame of the chunk, before or after completion, is LENGTH_MISMATCH.
+    def padded(port, seq, values, pad):
+        frame = contribution(port, seq, values).data
+        body = frame[:proto.HEADERS_BYTES + 4 * len(values)]
+        return TxFrame(body + bytes([pad]) * (proto.MIN_FRAME_BYTES - len(body)))
+    cases.append(Case("padding_and_lengths", setup(), [
+        [(p, padded(p, 0, [p + 1], 0xAB + p)) for p in range(P)],
+        [(0, padded(0, 1, [7], 0xAB))],
+        [(1 % P, contribution(1 % P, 1, [7, 7, 7]))],                  # longer: LENGTH_MISMATCH
+        [(p, padded(p, 1, [-p], 0xFF)) for p in range(1, P)],
+        [(0, contribution(0, 1, [7, 7, 7, 7, 7, 7, 7, 7]))],           # a longer repeat: no resend
+        [(0, padded(0, 1, [7], 0x00))],                                 # the repeat: resent to port 0
+        [(0, contribution(0, 2, vals[0]))],
+        [(1 % P, padded(1 % P, 2, [1], 0xAB))],                         # shorter: LENGTH_MISMATCH
+        [(p, contribution(p, 2, vals[p])) for p in range(1, P)],
+    ]))
     return cases
 
 

@@ -11,10 +11,10 @@ all-reduce frames must have (``RULE_TYPE``: dtype, red_op) and how its slots acc
 saturate, reproducible). A shadow set's values are an accumulator of ``max_payload`` bytes: the wire
 type's values, or float32 for fp16/bf16 with acc_fp32. A frame longer than the rule's set capacity
 (:meth:`SwitchParams.set_capacity`: ``max_payload / 2`` with fp32 accumulation) is PAYLOAD_TOO_LONG.
-A set starts as zeros of the accumulator type at its first contribution, which is stored as it came
-(widened with acc_fp32); a frame of ``n`` elements combines into the first ``n`` accumulator elements
-only, and a result carries the first ``n`` of the frame that triggers it (rounded once to the wire type
-with acc_fp32). A reproducible rule keeps the contributions aside and, when the set completes, folds
+A set's first contribution fixes its payload_len: a later frame of the same chunk with another
+payload_len is LENGTH_MISMATCH, so every contribution of a chunk carries the same ``n`` elements. The
+first is stored as it came (widened with acc_fp32), each further one combines into those ``n``
+accumulator elements, and a result carries them (rounded once to the wire type with acc_fp32). A reproducible rule keeps the contributions aside and, when the set completes, folds
 them in ascending port order: the accumulator is then what arrival in port order would have given.
 """
 
@@ -88,6 +88,7 @@ class SwitchModel:
         self._bitmap = np.zeros((P.slots, 2), dtype=np.uint32)
         self._tag = np.zeros((P.slots, 2), dtype=np.uint32)
         self._done = np.zeros((P.slots, 2), dtype=bool)
+        self._length = np.zeros((P.slots, 2), dtype=np.uint32)   # payload_len of the chunk a set holds
         self._values: dict[tuple[int, int], np.ndarray] = {}
         # Reproducible rules: the contributions of an incomplete set, by port.
         self._parts: dict[tuple[int, int], dict[int, np.ndarray]] = {}
@@ -141,6 +142,7 @@ class SwitchModel:
                 self._bitmap[f["slot"]] = 0
                 self._tag[f["slot"]] = 0
                 self._done[f["slot"]] = False
+                self._length[f["slot"]] = 0
         elif reg.name == "RULE_WRITE":
             if f["index"] < P.rules:
                 r = _Rule()
@@ -311,8 +313,11 @@ class SwitchModel:
         bitmap, tag, done = int(self._bitmap[slot, s]), int(self._tag[slot, s]), bool(self._done[slot, s])
         dtype, op = DType(hdr.dtype), ReduceOp(hdr.red_op)
         n = hdr.payload_len // ELEMENT_BYTES[dtype]
+        same_length = int(self._length[slot, s]) == hdr.payload_len
         out: list[tuple[int, bytes]] = []
         if tag == t and done:                                   # a. repeat after completion
+            if not same_length:
+                return self._drop(DropReason.LENGTH_MISMATCH)
             self._count("DUPLICATES")
             self._count("RESULTS_RESENT")
             out.append((port, self._result_frame(rule, hdr, slot, s)))
@@ -321,6 +326,7 @@ class SwitchModel:
             self._parts[slot, s] = {}
             self._add(rule, slot, s, port, dtype, op, self._payload(frame, dtype, n), first=True)
             self._tag[slot, s] = t
+            self._length[slot, s] = hdr.payload_len
             self._bitmap[slot, s] = w
             self._count("CONTRIBUTIONS")
             self._done[slot, s] = (w == rule.contributors)
@@ -328,6 +334,8 @@ class SwitchModel:
                 out += self._complete(rule, hdr, slot, s)
         elif tag != t:                                          # c. set busy with another chunk
             return self._drop(DropReason.TAG_MISMATCH)
+        elif not same_length:                                   # the chunk, with another payload_len
+            return self._drop(DropReason.LENGTH_MISMATCH)
         elif bitmap & w:                                        # d. repeat before completion
             self._count("DUPLICATES")
         else:                                                   # e. a further contribution

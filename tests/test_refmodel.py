@@ -27,7 +27,8 @@ RESULT, RETRANSMIT = 0x01, 0x02      # flags
 
 INT32, INT16, INT8, FP32, FP16, BF16 = range(6)   # dtype code points
 DROP_NAMES = ["BAD_FRAMING", "OVERSIZE", "RUNT", "BAD_CODE", "BAD_PAYLOAD_LEN", "BAD_LENGTH", "NO_RULE",
-              "FOREIGN_PORT", "TYPE_MISMATCH", "PAYLOAD_TOO_LONG", "BAD_SLOT", "TAG_MISMATCH", "NO_ROUTE"]
+              "FOREIGN_PORT", "TYPE_MISMATCH", "PAYLOAD_TOO_LONG", "BAD_SLOT", "TAG_MISMATCH", "LENGTH_MISMATCH",
+              "NO_ROUTE"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -97,7 +98,7 @@ def check_invariant(m):
 def test_constant_registers():
     m = SwitchModel(P)
     assert m.read(0x000) == 0x43414953
-    assert m.read(0x004) == 0x00020000           # map version 2.0 (RULE_TYPE, FEATURES, drop counters moved)
+    assert m.read(0x004) == 0x00030000           # map version 3.0 (DROP_LENGTH_MISMATCH, counters after it moved)
     assert m.read(0x02C) == 0b11                 # FEATURES: float units, reproducible fold
     assert m.read(0x008) == 4
     assert m.read(0x00C) == 64
@@ -656,12 +657,14 @@ def test_accounting_invariant_random_mix():
             dst = rng.choice([MAC_A, MAC_B, 0xFFFFFFFFFFFF, 0x020000000099, 0x01005E000001])
             frame = ordinary(dst.to_bytes(6, "big"), src_port=port, length=rng.choice([13, 14, 60, 64, 1514, 1515]))
         else:
-            plen = rng.choice([4, 8, 64, 256, 4, 8, 0, 6, 260])
+            seq = rng.randrange(12)
+            # mostly one payload_len per chunk (as workers send), sometimes another (LENGTH_MISMATCH)
+            plen = [4, 8, 64, 4, 8, 64][seq % 6] if rng.random() < 0.8 else rng.choice([4, 8, 64, 256, 0, 6, 260])
             op = rng.choice([AR, AR, AR, AG, BC, RS, 9])
             group = rng.choice([1, 1, 2, 0x13, 5, 6, 6])
             dtype = (FP16 if group == 6 else INT32) if rng.random() < 0.9 else rng.choice([INT16, FP32, 7])
             frame = cais_frame(payload=bytes(rng.randrange(256) for _ in range(plen)), src_port=port,
-                               op=op, group=group, seq=rng.randrange(12),
+                               op=op, group=group, seq=seq,
                                red_op=rng.choice([SUM, SUM, SUM, SUM, MAX, MIN, 3]), dtype=dtype,
                                flags=rng.choice([0, 0, 0, RETRANSMIT, RESULT]), plen=plen)
             r = rng.random()
@@ -980,18 +983,27 @@ def test_float_max_min_zero_ties():
             assert [hex(v) for v in np.frombuffer(got, ufmt)] == [hex(v) for v in want], (dtype, acc, op)
 
 
-def test_elements_past_a_frame_keep_the_set():
-    """fp16 accumulated in fp32: a short first frame leaves zeros behind it, the result has the length of
-    the frame that completes the set. (Outside the workers' contract - docs/protocol.md, "Equal lengths" -
-    so this is the model's choice, not a promise of the switch, whose set keeps older data there.)"""
-    m = model_with(Rule.for_group(1, 0b0111, dtype=FP16, acc_fp32=True))
+def test_length_mismatch_keeps_the_set():
+    """A chunk's first contribution fixes its payload_len (docs/protocol.md 7.3): a frame of the same chunk
+    with another payload_len is dropped as LENGTH_MISMATCH before and after completion, changes nothing
+    and acknowledges nothing; the set completes with the frames of the right length."""
+    m = model_with(Rule.for_group(1, 0b0111, dtype=FP16, acc_fp32=True, count_log2=0))
     f16 = lambda *v: np.asarray(v, dtype=">f2").tobytes()
-    m.receive(0, typed_frame(f16(1.5), FP16))
-    m.receive(1, typed_frame(f16(1, 2, -0.0, 4), FP16, src_port=1))
-    out = m.receive(2, typed_frame(f16(1, 1), FP16, src_port=2))
-    assert out[0][1][30:] == f16(3.5, 3)
-    assert list(m.values(0, 0)[:5]) == [3.5, 3, 0, 4, 0]
-    assert np.signbit(m.values(0, 0)[2]) == False       # +0 (the zero the set started with) + -0 = +0
+    m.receive(0, typed_frame(f16(1.5, 2), FP16))
+    m.receive(1, typed_frame(f16(1, 2, -0.0, 4), FP16, src_port=1))          # longer: dropped
+    m.receive(1, typed_frame(f16(1), FP16, src_port=1))                      # shorter: dropped
+    assert drops(m) == {"LENGTH_MISMATCH": 2}
+    assert m.slot_state(0)[0] == (0b0001, 0, False)
+    m.receive(1, typed_frame(f16(1, 1), FP16, src_port=1))
+    out = m.receive(2, typed_frame(f16(0.5, -1), FP16, src_port=2))
+    assert [p for p, _ in out] == [0, 1, 2] and out[0][1][30:] == f16(3, 2)
+    assert m.receive(2, typed_frame(f16(0.5, -1, 0, 0), FP16, src_port=2)) == []   # a longer repeat: no resend
+    assert drops(m) == {"LENGTH_MISMATCH": 3}
+    assert m.counters()["RESULTS_RESENT"] == 0 and m.counters()["DUPLICATES"] == 0
+    # seq 1 (set 1): the dropped frame did not acknowledge set 0 for port 0 ...
+    m.receive(0, typed_frame(f16(1, 2, 3), FP16, seq=1))
+    assert m.slot_state(0)[0][0] == 0b0110
+    assert m.receive(0, typed_frame(f16(1, 2, 3, 4), FP16, seq=0)) == []      # ... and the stored length stays
 
 
 def test_values_accessor_types():

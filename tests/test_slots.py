@@ -1,10 +1,12 @@
 """SlotUpdate against the set state machine of docs/protocol.md section 7.3, written here from the text.
 
-A slot is two sets ``(bitmap, tag, done)``. For a contribution of port w with seq_num t to set s, exactly one
-case applies, checked in order: a (tag == t and done: resend), b (bitmap == 0: first), c (tag != t: busy,
-nothing changes), d (w in bitmap: repeat), e (further contribution). In every case but c, port w's bit of
-the other set is cleared (the implicit acknowledgement). ``in_use_delta`` is the change in the number of
-sets with a non-empty bitmap.
+A slot is two sets ``(bitmap, tag, done, length)``. For a contribution of port w with seq_num t and
+payload_len n to set s, exactly one case applies, checked in order: a (tag == t and done: resend, or a
+length mismatch when n differs from the set's length), b (bitmap == 0: first, the set takes length n),
+c (tag != t: busy, nothing changes), a length mismatch (n differs from the set's length: nothing changes),
+d (w in bitmap: repeat), e (further contribution). In every case but c and the length mismatch, port w's
+bit of the other set is cleared (the implicit acknowledgement). ``in_use_delta`` is the change in the
+number of sets with a non-empty bitmap. States written as 3-tuples have length 8, as have their frames.
 """
 
 import itertools
@@ -16,21 +18,28 @@ from cais.hdl.slots import SlotOutcome, SlotUpdate
 
 from blocksim import run
 
+LEN_BITS = 9
+DEFAULT_LEN = 8
 
-def reference(state, s, w, t, contributors):
-    """(outcome, complete, new_state, in_use_delta) per docs/protocol.md 7.3."""
-    sets = [dict(bitmap=b, tag=g, done=d) for b, g, d in state]
+
+def reference(state, s, w, t, contributors, length=DEFAULT_LEN):
+    """(outcome, complete, new_state, in_use_delta) per docs/protocol.md 7.3; new_state has the shape of
+    ``state`` (3-tuples without the length, 4-tuples with it)."""
+    with_len = len(state[0]) == 4
+    sets = [dict(bitmap=x[0], tag=x[1], done=x[2], length=x[3] if with_len else DEFAULT_LEN) for x in state]
     cur, other = sets[s], sets[1 - s]
     me = 1 << w
     complete = False
     if cur["tag"] == t and cur["done"]:
-        outcome = "RESEND"
+        outcome = "RESEND" if cur["length"] == length else "LENGTH_MISMATCH"
     elif cur["bitmap"] == 0:
         outcome = "FIRST"
-        cur.update(bitmap=me, tag=t, done=(me == contributors))
+        cur.update(bitmap=me, tag=t, done=(me == contributors), length=length)
         complete = cur["done"]
     elif cur["tag"] != t:
         outcome = "MISMATCH"
+    elif cur["length"] != length:
+        outcome = "LENGTH_MISMATCH"
     elif cur["bitmap"] & me:
         outcome = "REPEAT"
     else:
@@ -39,31 +48,35 @@ def reference(state, s, w, t, contributors):
         if cur["bitmap"] == contributors:
             cur["done"] = True
             complete = True
-    if outcome != "MISMATCH":
+    if outcome not in ("MISMATCH", "LENGTH_MISMATCH"):
         other["bitmap"] &= ~me
-    new = tuple((x["bitmap"], x["tag"], bool(x["done"])) for x in sets)
+    new = tuple((x["bitmap"], x["tag"], bool(x["done"])) + ((x["length"],) if with_len else ()) for x in sets)
     delta = sum(x[0] != 0 for x in new) - sum(x[0] != 0 for x in state)
     return outcome, complete, new, delta
 
 
 def check_cases(ports, cases):
-    """``cases``: iterable of (state, set, port, tag, contributors); compares the block with reference()."""
-    dut = SlotUpdate(ports)
+    """``cases``: iterable of (state, set, port, tag, contributors[, length]), states as 3- or 4-tuples;
+    compares the block with reference()."""
+    dut = SlotUpdate(ports, LEN_BITS)
     failures = []
     counts = {}
 
     async def tb(ctx):
-        for state, s, w, t, contrib in cases:
-            ctx.set(dut.state, [{"bitmap": b, "tag": g, "done": int(d)} for b, g, d in state])
+        for state, s, w, t, contrib, *length in cases:
+            n = length[0] if length else DEFAULT_LEN
+            state = tuple(tuple(x) + (() if len(x) == 4 else (DEFAULT_LEN,)) for x in state)
+            ctx.set(dut.state, [{"bitmap": b, "tag": g, "done": int(d), "length": ln} for b, g, d, ln in state])
             ctx.set(dut.set, s)
             ctx.set(dut.port, w)
             ctx.set(dut.tag, t)
+            ctx.set(dut.length, n)
             ctx.set(dut.contributors, contrib)
-            outcome, complete, new, delta = reference(state, s, w, t, contrib)
+            outcome, complete, new, delta = reference(state, s, w, t, contrib, n)
             counts[outcome] = counts.get(outcome, 0) + 1
             ns = ctx.get(dut.new_state)
             got = (SlotOutcome(ctx.get(dut.outcome)).name, bool(ctx.get(dut.complete)),
-                   tuple((ns[i].bitmap, ns[i].tag, bool(ns[i].done)) for i in (0, 1)),
+                   tuple((ns[i].bitmap, ns[i].tag, bool(ns[i].done), ns[i].length) for i in (0, 1)),
                    ctx.get(dut.in_use_delta))
             want = (outcome, complete, new, delta)
             if got != want and len(failures) < 5:
@@ -111,7 +124,7 @@ def test_reference_against_protocol_example():
 def test_protocol_example_on_block(ports):
     """docs/protocol.md 7.5 on the block: each step's new_state fed back as the next state."""
     ALL = 0b1111
-    dut = SlotUpdate(ports)
+    dut = SlotUpdate(ports, LEN_BITS)
     expected = [
         # (port, seq, outcome, complete, set 0, set 1, in_use_delta)
         (0, 0, "FIRST", False, (0b0001, 0, False), (0, 0, False), 1),
@@ -128,8 +141,9 @@ def test_protocol_example_on_block(ports):
     ]
 
     async def tb(ctx):
-        state = [{"bitmap": 0, "tag": 0, "done": 0}, {"bitmap": 0, "tag": 0, "done": 0}]
+        state = [{"bitmap": 0, "tag": 0, "done": 0, "length": 0}, {"bitmap": 0, "tag": 0, "done": 0, "length": 0}]
         ctx.set(dut.contributors, ALL)
+        ctx.set(dut.length, 8)
         for port, seq, outcome, complete, s0, s1, delta in expected:
             ctx.set(dut.state, state)
             ctx.set(dut.port, port)
@@ -141,7 +155,7 @@ def test_protocol_example_on_block(ports):
             ns = ctx.get(dut.new_state)
             got = tuple((ns[i].bitmap, ns[i].tag, bool(ns[i].done)) for i in (0, 1))
             assert got == (s0, s1), (port, seq)
-            state = [{"bitmap": b, "tag": g, "done": int(d)} for b, g, d in got]
+            state = [{"bitmap": b, "tag": g, "done": int(d), "length": 8} for b, g, d in got]
 
     run(dut, tb, clock=False)
 
@@ -180,6 +194,17 @@ def test_each_case_directed(ports):
         # e: completes
         ((((0b0011, T, False), (0b1000, 2, True)), 0, 3, T, C),
          ("ADD", True, ((0b1011, T, True), (0, 2, True)), -1)),
+        # b takes the frame's length; the other set keeps its own
+        ((((0, 7, False, 0), (0b0001, 9, False, 20)), 0, 0, T, C, 12),
+         ("FIRST", False, ((0b0001, T, False, 12), (0, 9, False, 20)), 0)),
+        # the chunk with another payload_len, before and after completion: nothing changes, no acknowledgement
+        ((((0b0001, T, False, 12), (0b0010, 9, False, 12)), 0, 1, T, C, 16),
+         ("LENGTH_MISMATCH", False, ((0b0001, T, False, 12), (0b0010, 9, False, 12)), 0)),
+        ((((0b1011, T, True, 12), (0b0010, 9, False, 12)), 0, 1, T, C, 8),
+         ("LENGTH_MISMATCH", False, ((0b1011, T, True, 12), (0b0010, 9, False, 12)), 0)),
+        # the tag is checked before the length
+        ((((0b0001, 5, False, 12), (0, 9, False, 12)), 0, 1, T, C, 16),
+         ("MISMATCH", False, ((0b0001, 5, False, 12), (0, 9, False, 12)), 0)),
     ]
     for (args, want) in cases_and_expect:
         assert reference(*args) == want, args          # the reference agrees with the hand-derived table
@@ -192,13 +217,13 @@ def test_exhaustive_small_4_ports():
     others = [(0, 0, False), (0b1111, 5, True), (0b0101, T, False)]
     contribs = [0b1111, 0b1001, 0b0001]
     cases = []
-    for bitmap, done, same_tag, s, w, other, contrib in itertools.product(
-            range(16), (False, True), (True, False), (0, 1), range(4), others, contribs):
+    for bitmap, done, same_tag, s, w, other, contrib, length in itertools.product(
+            range(16), (False, True), (True, False), (0, 1), range(4), others, contribs, (8, 12)):
         cur = (bitmap, T if same_tag else T + 3, done)
         state = (cur, other) if s == 0 else (other, cur)
-        cases.append((state, s, w, T, contrib))
+        cases.append((state, s, w, T, contrib, length))
     counts = check_cases(4, cases)
-    assert set(counts) == {"RESEND", "FIRST", "MISMATCH", "REPEAT", "ADD"}
+    assert set(counts) == {"RESEND", "FIRST", "MISMATCH", "LENGTH_MISMATCH", "REPEAT", "ADD"}
 
 
 # ----------------------------------------------------------------------------- random
@@ -215,7 +240,7 @@ def test_random_states(ports, seed):
     for _ in range(2000):
         t = rng.choice([0, 0xFFFF_FFFF, rng.getrandbits(32)])
         tags = [t, t ^ (1 << rng.randrange(32)), rng.getrandbits(32)]
-        state = tuple((bitmap(), rng.choice(tags), rng.random() < 0.4) for _ in range(2))
+        state = tuple((bitmap(), rng.choice(tags), rng.random() < 0.4, rng.choice((8, 8, 8, 12))) for _ in range(2))
         w = rng.randrange(ports)
         r = rng.random()
         if r < 0.3:            # contributors = the current bitmap plus w: an ADD completes
@@ -225,6 +250,6 @@ def test_random_states(ports, seed):
         else:
             contrib = full if r < 0.5 else rng.getrandbits(ports) | (1 << w)
             s = rng.randrange(2)
-        cases.append((state, s, w, t, contrib))
+        cases.append((state, s, w, t, contrib, 8))
     counts = check_cases(ports, cases)
-    assert min(counts.values()) > 100, counts
+    assert min(counts.values()) > 50, counts

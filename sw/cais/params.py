@@ -22,7 +22,6 @@ class SwitchParams:
     rules: int = 8             # rule-table entries
     mac_entries: int = 16      # MAC-table entries for ordinary frames
     max_frame: int = MAX_FRAME_BYTES  # longest frame accepted on any port, bytes
-    egress_depth: int = 16     # beats buffered per egress port
     float_units: bool = True   # fp32/fp16/bf16 reduction lanes; without them floats are quantized on the hosts
     reproducible: bool = True  # the fold that makes reproducible rules order-independent (docs/numerics.md)
 
@@ -50,7 +49,6 @@ class SwitchParams:
         need(1 <= self.rules <= 256, "rules", "must be between 1 and 256")
         need(1 <= self.mac_entries <= 256, "mac_entries", "must be between 1 and 256")
         need(60 <= self.max_frame <= 9018, "max_frame", "must be between 60 and 9018 bytes")
-        need(self.egress_depth >= 4, "egress_depth", "must be at least 4")
 
     @property
     def beat_bytes(self) -> int:
@@ -92,10 +90,21 @@ class SwitchParams:
     @property
     def ingress_depth(self) -> int:
         """Beats buffered per ingress port: room for two longest frames, a power of two."""
-        depth = 1
-        while depth < 2 * self.max_frame_beats:
-            depth *= 2
-        return depth
+        return _power_of_two_at_least(2 * self.max_frame_beats)
+
+    @property
+    def egress_depth(self) -> int:
+        """Beats buffered per egress port: room for one longest frame, a power of two.
+
+        A frame is admitted to the egress buffers only when each of its ports has room for all of it,
+        so a multicast never waits mid-frame for a slow port (docs/interface.md).
+        """
+        return _power_of_two_at_least(self.max_frame_beats)
+
+    @property
+    def slot_len_bits(self) -> int:
+        """Bits of a set's payload_len in the slot state (payload_len <= max_payload)."""
+        return self.max_payload.bit_length()
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -105,3 +114,10 @@ class SwitchParams:
         default = SwitchParams()
         parts = [f"{k}{v}" for k, v in asdict(self).items() if getattr(default, k) != v]
         return "_".join(parts) or "default"
+
+
+def _power_of_two_at_least(n: int) -> int:
+    depth = 2
+    while depth < n:
+        depth *= 2
+    return depth

@@ -121,7 +121,8 @@ class DropReason(enum.IntEnum):
     PAYLOAD_TOO_LONG = 9  # payload_len exceeds the rule's set capacity: max_payload / 2 with fp32 accumulation
     BAD_SLOT = 10        # the rule's quota maps the chunk outside the slot memory
     TAG_MISMATCH = 11    # the slot set is busy with another chunk (its seq_num differs)
-    NO_ROUTE = 12        # the frame's destination set, without the ingress port, is empty
+    LENGTH_MISMATCH = 12  # the slot set holds this chunk, but the frame's payload_len differs from the set's
+    NO_ROUTE = 13        # the frame's destination set, without the ingress port, is empty
 
 
 PARSER_DROPS = tuple(r for r in DropReason if r <= DropReason.BAD_LENGTH)
