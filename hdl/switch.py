@@ -1,6 +1,6 @@
 """The CAIS switch: ingress ports, switch core, egress ports and control/status registers."""
 
-from amaranth.hdl import Cat, Module, Mux
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect
 
@@ -41,6 +41,8 @@ class Switch(wiring.Component):
             "s_axil": In(AXI4LiteSignature(AXIL_ADDR_WIDTH)),
         })
         self.core = SwitchCore(params, self.regmap)
+        # The value of the BUSY register, cycle by cycle (for simulation: the register reads it).
+        self.busy = Signal()
 
     def elaborate(self, platform):
         m = Module()
@@ -120,5 +122,5 @@ class Switch(wiring.Component):
         m.d.comb += core.o_ready.eq(room.all())
         for r, events in drops.items():
             m.d.comb += getattr(regs, f"drop_{r.name.lower()}_inc").eq(sum(events))
-        m.d.comb += regs.busy_value.eq(Cat(*busy).any())
+        m.d.comb += [self.busy.eq(Cat(*busy).any()), regs.busy_value.eq(self.busy)]
         return m

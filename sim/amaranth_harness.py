@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections import deque
 
+from amaranth.hdl import Elaboratable, Module, Signal
 from amaranth.sim import Simulator
 
 from cais.hdl.switch import Switch
@@ -64,19 +65,47 @@ async def axil_read(tick, ctx, bus, addr: int) -> int:
     return int(rdata)
 
 
+class _Counted(Elaboratable):
+    """The switch beside a free-running cycle counter, so every process stamps events alike."""
+
+    def __init__(self, dut):
+        self.dut = dut
+        self.cycle = Signal(64)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = self.dut
+        m.d.sync += self.cycle.eq(self.cycle + 1)
+        return m
+
+
 class SwitchSim:
     """Run a scenario against :class:`cais.hdl.switch.Switch` in amaranth.sim.
 
     `idle` and `backpressure`, when given, are probabilities of inserting an idle cycle on a source and
-    of deasserting tready on a sink (seeded), as the verilog-axis testbenches do.
+    of deasserting tready on a sink (seeded), as the verilog-axis testbenches do. A port in ``hold``
+    keeps its sink's tready low until the scenario removes it.
+
+    Cycle stamps (cycle n is the n-th clock period of the simulation; a handshake is stamped with the
+    cycle in which tvalid and tready were both high): ``tx_times[p]`` holds (first, last) beat of every
+    frame sent on port p, ``rx_times[p]`` the same for every frame received, ``gaps[p]`` the cycles in which
+    port p's sink was ready in the middle of a frame but tvalid was low. With ``trace_busy`` the BUSY
+    register's value of every cycle is kept in ``busy_trace``.
     """
 
     def __init__(self, params: SwitchParams = SwitchParams(), *, idle: float = 0.0, backpressure: float = 0.0,
-                 seed: int = 0):
+                 seed: int = 0, trace_busy: bool = False):
         self.params = params
         self.dut = Switch(params)
+        self._top = _Counted(self.dut)
         self.tx = [deque() for _ in range(params.ports)]
         self.rx = [[] for _ in range(params.ports)]
+        self.tx_times = [[] for _ in range(params.ports)]
+        self.rx_times = [[] for _ in range(params.ports)]
+        self.gaps = [0] * params.ports
+        self.hold: set[int] = set()
+        self.trace_busy = trace_busy
+        self.busy_trace: list[int] = []
         self.idle, self.backpressure = idle, backpressure
         self.rng = random.Random(seed)
         self.cycles = 0
@@ -131,6 +160,7 @@ class SwitchSim:
                     continue
                 self._in_flight_ports.add(port)
                 frame = self.tx[port].popleft()
+                stamps = []
                 for tdata, tkeep, tlast in beats_of(frame, B):
                     while self.idle and self.rng.random() < self.idle:
                         ctx.set(bus.tvalid, 0)
@@ -139,8 +169,13 @@ class SwitchSim:
                     ctx.set(bus.tkeep, tkeep)
                     ctx.set(bus.tlast, tlast)
                     ctx.set(bus.tvalid, 1)
-                    await ctx.tick().until(bus.tready)
+                    while True:
+                        _, _, ready, cycle = await ctx.tick().sample(bus.tready, self._top.cycle)
+                        if ready:
+                            break
+                    stamps.append(cycle)
                     self._activity = True
+                self.tx_times[port].append((stamps[0], stamps[-1]))
                 ctx.set(bus.tvalid, 0)
         return run
 
@@ -148,33 +183,53 @@ class SwitchSim:
         async def run(ctx):
             bus = self.dut.m_axis[port]
             buf = bytearray()
+            first = None
             while True:
-                ready = not (self.backpressure and self.rng.random() < self.backpressure)
+                ready = port not in self.hold and not (self.backpressure and self.rng.random() < self.backpressure)
                 ctx.set(bus.tready, ready)
-                _, _, valid, tdata, tkeep, tlast = await ctx.tick().sample(bus.tvalid, bus.tdata, bus.tkeep,
-                                                                             bus.tlast)
+                _, _, valid, tdata, tkeep, tlast, cycle = await ctx.tick().sample(
+                    bus.tvalid, bus.tdata, bus.tkeep, bus.tlast, self._top.cycle)
+                if ready and not valid and first is not None:
+                    self.gaps[port] += 1
                 if valid and ready:
                     self._activity = True
+                    first = cycle if first is None else first
                     n = bin(tkeep).count("1")
                     buf += int(tdata).to_bytes(self.params.beat_bytes, "little")[:n]
                     if tlast:
                         self.rx[port].append(bytes(buf))
+                        self.rx_times[port].append((first, cycle))
                         buf = bytearray()
+                        first = None
         return run
 
     @property
     def _in_flight(self):
         return bool(self._in_flight_ports)
 
+    def _busy_monitor(self):
+        async def run(ctx):
+            while True:
+                _, _, busy, cycle = await ctx.tick().sample(self.dut.busy, self._top.cycle)
+                assert cycle == len(self.busy_trace)
+                self.busy_trace.append(int(busy))
+        return run
+
+    async def cycle(self) -> int:
+        """The current cycle number (the cycle that ends at the next clock edge)."""
+        return self.ctx.get(self._top.cycle)
+
     def run(self, scenario, *, vcd: str | None = None):
         """Run `scenario(sim)` (an async function) to completion."""
         self._in_flight_ports = set()
         self._activity = False
-        sim = Simulator(self.dut)
+        sim = Simulator(self._top)
         sim.add_clock(1e-8)
         for p in range(self.params.ports):
             sim.add_testbench(self._source(p), background=True)
             sim.add_testbench(self._sink(p), background=True)
+        if self.trace_busy:
+            sim.add_testbench(self._busy_monitor(), background=True)
 
         async def main(ctx):
             self.ctx = ctx
