@@ -191,13 +191,14 @@ def run_load_latency(params: SwitchParams) -> int:
 
 def sizes(params: SwitchParams) -> list[tuple[str, int]]:
     P = params
-    state_bits = Shape.cast(entry_layout(P.ports)).width * P.slots
+    state_bits = Shape.cast(entry_layout(P.ports, P.slot_len_bits)).width * P.slots
     return [
         ("slot memory (bits)", P.slots * 2 * P.max_payload * 8),
         ("slot state (bits)", state_bits),
         ("rule table (bits)", P.rules * Shape.cast(rule_layout(P)).width),
         ("MAC table (bits)", P.mac_entries * (1 + 48 + (P.ports - 1).bit_length())),
         ("ingress buffers (bits)", P.ports * P.ingress_depth * P.data_width),
+        ("egress buffers (bits)", P.ports * P.egress_depth * (P.data_width + P.beat_bytes + 1)),
     ]
 
 

@@ -83,7 +83,8 @@ class SwitchSim:
     """Run a scenario against :class:`cais.hdl.switch.Switch` in amaranth.sim.
 
     `idle` and `backpressure`, when given, are probabilities of inserting an idle cycle on a source and
-    of deasserting tready on a sink (seeded), as the verilog-axis testbenches do. A port in ``hold``
+    of deasserting tready on a sink (seeded), as the verilog-axis testbenches do; `backpressure` may be a
+    list with one probability per port. A port in ``hold``
     keeps its sink's tready low until the scenario removes it.
 
     Cycle stamps (cycle n is the n-th clock period of the simulation; a handshake is stamped with the
@@ -93,8 +94,8 @@ class SwitchSim:
     register's value of every cycle is kept in ``busy_trace``.
     """
 
-    def __init__(self, params: SwitchParams = SwitchParams(), *, idle: float = 0.0, backpressure: float = 0.0,
-                 seed: int = 0, trace_busy: bool = False):
+    def __init__(self, params: SwitchParams = SwitchParams(), *, idle: float = 0.0,
+                 backpressure: float | list[float] = 0.0, seed: int = 0, trace_busy: bool = False):
         self.params = params
         self.dut = Switch(params)
         self._top = _Counted(self.dut)
@@ -106,7 +107,9 @@ class SwitchSim:
         self.hold: set[int] = set()
         self.trace_busy = trace_busy
         self.busy_trace: list[int] = []
-        self.idle, self.backpressure = idle, backpressure
+        self.idle = idle
+        self.backpressure = (list(backpressure) if isinstance(backpressure, (list, tuple))
+                             else [backpressure] * params.ports)
         self.rng = random.Random(seed)
         self.cycles = 0
         self.ctx = None
@@ -138,11 +141,11 @@ class SwitchSim:
             await self.write(addr, value)
 
     async def drain(self, quiet: int = 8, limit: int = 200_000):
-        """Wait until every source is empty and no port has moved a beat for `quiet` cycles."""
+        """Wait until every source is empty, BUSY is 0 and no port has moved a beat for `quiet` cycles."""
         still = 0
         for _ in range(limit):
             await self.ctx.tick()
-            still = 0 if self.busy() or self._activity or self.ctx.get(self.dut.core.busy) else still + 1
+            still = 0 if self.busy() or self._activity or self.ctx.get(self.dut.busy) else still + 1
             self._activity = False
             if still >= quiet:
                 return
@@ -185,7 +188,8 @@ class SwitchSim:
             buf = bytearray()
             first = None
             while True:
-                ready = port not in self.hold and not (self.backpressure and self.rng.random() < self.backpressure)
+                bp = self.backpressure[port]
+                ready = port not in self.hold and not (bp and self.rng.random() < bp)
                 ctx.set(bus.tready, ready)
                 _, _, valid, tdata, tkeep, tlast, cycle = await ctx.tick().sample(
                     bus.tvalid, bus.tdata, bus.tkeep, bus.tlast, self._top.cycle)

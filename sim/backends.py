@@ -603,21 +603,15 @@ async def read_counters(link) -> dict[str, int | list[int]]:
 
 
 async def wait_idle(link, *, step: int = 16, limit: int = 100_000) -> bool:
-    """Advance until ``BUSY`` reads 0 twice in a row (reads ``step`` cycles apart), or until ``cycle``
-    reaches ``limit`` with the switch busy; return whether the switch went idle. ``limit=0`` is a quick
-    check: False at once if busy, else one more read ``step`` cycles later decides.
-
-    Twice, because the RTL's BUSY has been seen to drop for a single cycle while a completed chunk's
-    result job passes from the core's pipeline into its job FIFO (every egress FIFO empty): one read
-    can land in that hole.
+    """Advance ``step`` cycles at a time until ``BUSY`` reads 0, or until ``cycle`` reaches ``limit`` with the
+    switch busy; return whether the switch went idle. ``limit=0`` is a quick check: one read decides.
+    (BUSY is exact in every cycle, docs/interface.md: one read that returns 0 means nothing is inside.)
     """
     busy = register_map(link.params)["BUSY"].address()
-    quiet = 0
     while True:
-        quiet = 0 if await link.read(busy) else quiet + 1
-        if quiet == 2:
+        if not await link.read(busy):
             return True
-        if not quiet and link.cycle >= limit:
+        if link.cycle >= limit:
             return False
         await link.advance(step)
 

@@ -10,7 +10,7 @@ same counters. Directed, order-dependent cases are sent one at a time by the tes
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -153,7 +153,12 @@ def chunk_values(nrng: np.random.Generator, kind: CollectiveKind, contributors: 
 
 
 def _cais(rng, hdr: proto.CaisHeader, payload: bytes, port: int, pad: bool = True) -> bytes:
-    return proto.build_frame(hdr, payload, dst=proto.BROADCAST_MAC, src=host_mac(port), pad=pad)
+    """A CAIS frame from ``port``; a short one padded to 60 bytes with random pad bytes (which the switch
+    must ignore, docs/protocol.md section 4)."""
+    frame = proto.build_frame(hdr, payload, dst=proto.BROADCAST_MAC, src=host_mac(port))
+    if pad and len(frame) < proto.MIN_FRAME_BYTES:
+        frame += bytes(rng.getrandbits(8) for _ in range(proto.MIN_FRAME_BYTES - len(frame)))
+    return frame
 
 
 def random_mix(params: SwitchParams, seed: int, frames_per_port: int = 12) -> Scenario:
@@ -180,6 +185,12 @@ def random_mix(params: SwitchParams, seed: int, frames_per_port: int = 12) -> Sc
     kinds = {g: [rng.choice(pool) for _ in range(k)] for g in (1, 2)}
     if wide:
         kinds[1][-1] = rng.choice(wide)
+    # one of group 2's kinds is reproducible where the build can fold (its results interleave with the
+    # forwarded frames of the mix)
+    repro = [replace(kd, reproducible=True) for kd in pool]
+    repro = [kd for kd in repro if capacity(kd) > 0]
+    if repro:
+        kinds[2][0] = rng.choice(repro)
     layer_match = (0, 0x3) if k > 1 else (0, 0)
     rules = []
     for group, contributors, base in ((1, allp, 0), (2, g2_ports, 1 << count_log2)):

@@ -208,7 +208,9 @@ async def test_random_mix(dut):
     scen = random_mix(params, seed, frames_per_port=mix_frames_per_port(params))
     await tb.apply(scen.writes)
     tb.set_idle_generator(random_pattern(0.25, seed))
-    tb.set_backpressure_generator(random_pattern(0.25, seed + 7))
+    # back-pressure differs per port: one sink mostly stalled, one always ready, the others at 25%
+    stall = [0.8, 0.0] + [0.25] * (params.ports - 2)
+    tb.set_backpressure_generator(lambda port: random_pattern(stall[port], seed + 7)(port))
     t0 = time.monotonic()
     for port, frames in enumerate(scen.frames):
         for frame in frames:

@@ -59,7 +59,9 @@ def test_directed_float_units(pname, name):
 def test_random_mix_with_idle_and_backpressure(pname):
     params = PARAM_SETS[pname]
     scen = random_mix(params, seed=7, frames_per_port=8)
-    sim = SwitchSim(params, idle=0.25, backpressure=0.25, seed=11)
+    # back-pressure differs per port: one sink mostly stalled, one always ready
+    backpressure = [0.8, 0.0] + [0.25] * (params.ports - 2)
+    sim = SwitchSim(params, idle=0.25, backpressure=backpressure, seed=11)
     result = {}
 
     async def scenario(s):
