@@ -53,9 +53,15 @@ BUS_FACTS = (
     "`offset + i * stride`.",
     "Kinds: const = a build parameter or constant, config = state software writes, command = a write "
     "triggers an action, counter = an event counter, level = a live gauge of switch state.",
+    "A partial write (`wstrb` not `0b1111`) answers `SLVERR` whatever its address, an unmapped one "
+    "included, and writes nothing.",
     "The control port handles one access at a time: the response (`rvalid` or `bvalid`) comes three clock "
-    "cycles after the request is accepted (for a write, the later of AW and W). AW and W may arrive in "
-    "either order; when a read and a write wait together they are served alternately.",
+    "cycles after the request is accepted (cycle 0; for a write, the cycle in which the later of AW and W is "
+    "accepted). A read returns the register's value of cycle 1; a write's value or command takes effect "
+    "in cycle 2. AW and W may arrive in either order, and a write whose AW or W was accepted is finished "
+    "before any read is taken. When a read (AR) and a write (AW or W) are valid in the same cycle the read "
+    "goes first, unless the access before was a read taken while a write waited: then the write goes "
+    "first. So neither starves; they alternate.",
 )
 
 

@@ -167,14 +167,17 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         [Field("contributors", 0, 16), Field("results", 16, 16)])
     add("RULE_SLOTS", 0x050, Access.RW, Kind.CONFIG,
         "Staging: the group's slot quota: first slot and log2 of the number of slots.",
-        [Field("base", 0, 16), Field("count_log2", 16, 5)])
+        [Field("base", 0, 16), Field("count_log2", 16, 5, "0..31: the quota is 2**count_log2 slots from base; "
+                                                         "a chunk mapping to a slot >= NUM_SLOTS is BAD_SLOT")])
     add("RULE_TYPE", 0x058, Access.RW, Kind.CONFIG,
         "Staging: the element type and operator the rule's all-reduce frames must carry (a frame whose "
         "header differs is dropped as TYPE_MISMATCH), and how its slots accumulate (docs/numerics.md).",
         [Field("dtype", 0, 4, "DType code"), Field("red_op", 4, 4, "ReduceOp code"),
-         Field("acc_fp32", 8, 1, "fp16/bf16: accumulate in fp32, round to the wire format once at egress "
-               "(a set then holds max_payload / 2 bytes of payload); 0: round after every addition"),
-         Field("saturate", 9, 1, "int16/int8 SUM: clamp to the type's range instead of wrapping"),
+         Field("acc_fp32", 8, 1, "fp16/bf16 (SUM, MAX, MIN): accumulate in fp32, round to the wire format "
+               "once at egress (a set then holds max_payload / 2 bytes of payload); 0: round after every "
+               "addition. Ignored for int32/int16/int8/fp32"),
+         Field("saturate", 9, 1, "integer SUM (int32, int16, int8): clamp to the type's range instead of "
+               "wrapping. Ignored for MAX, MIN and the float types"),
          Field("reproducible", 10, 1, "keep each port's contribution and fold them in ascending port order "
                "when the last arrives: the result does not depend on the arrival order (a set then holds "
                "SwitchParams.set_capacity bytes of payload)")])
@@ -201,7 +204,9 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         "Shadow sets currently holding a chunk that not every contributor has moved past (bitmap not empty).")
     add("BUSY", offset + 4, Access.RO, Kind.LEVEL,
         "1 while a frame is anywhere inside the switch (being received, queued, processed or sent), 0 when "
-        "idle: the counters are then consistent (docs/protocol.md, accounting invariant).",
+        "idle: the counters are then consistent (docs/protocol.md, accounting invariant). Exact in every "
+        "cycle (docs/interface.md); a read returns the value of the cycle after its address was accepted. "
+        "The slot-state sweep after reset is not a frame: it does not set BUSY.",
         [Field("busy", 0, 1)])
 
     # 0x200: per-port traffic counters, 16 bytes per port
