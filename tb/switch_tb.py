@@ -9,7 +9,8 @@ A :class:`TB` owns the clock, the reset and the bus functional models of one swi
 Frames go in with :meth:`TB.send` (a :class:`cais.sim.traffic.TxFrame`; a ``bad_keep`` frame is sent with
 exactly the beats of :func:`cais.sim.traffic.beats_of`), :meth:`TB.drain` waits until the switch has
 decided every frame sent since the last reset and its egress has gone quiet, and collects what came out
-into ``TB.rx[port]`` (bytes per frame, after checking each frame's tkeep framing).
+into ``TB.rx[port]`` (bytes per frame, after checking each frame's tkeep framing). :meth:`TB.stamps`
+starts a :class:`Stamps` monitor that stamps every handshake with its clock cycle (for timing tests).
 
 The parameters of the build come from the environment: ``CAIS_PARAMS`` (JSON of
 ``SwitchParams.as_dict()``, passed by the pytest wrappers), else the ``cais_switch.params.json`` the
@@ -28,9 +29,10 @@ import warnings
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+import cocotb
 from cocotb.clock import Clock
 from cocotb.simtime import convert
-from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from cocotbext.axi import (AxiLiteBus, AxiLiteMaster, AxiResp, AxiStreamBus, AxiStreamFrame, AxiStreamSink,
                            AxiStreamSource)
 
@@ -38,7 +40,7 @@ from cais.params import SwitchParams
 from cais.registers import MAGIC, read_counters, register_map
 from cais.sim.traffic import TxFrame, beats_of
 
-__all__ = ["TB", "load_params", "cycle_pattern", "random_pattern", "PARAMS_ENV"]
+__all__ = ["TB", "Stamps", "load_params", "cycle_pattern", "random_pattern", "PARAMS_ENV"]
 
 # cocotbext-axi 0.1.28 still uses APIs cocotb 2.x deprecates; the warnings say nothing about the switch.
 warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"cocotbext\.")
@@ -74,6 +76,70 @@ def random_pattern(probability: float, seed: int) -> Callable[[int], Iterator[in
         while True:
             yield int(rng.random() < probability)
     return make
+
+
+class Stamps:
+    """Cycle stamps of the switch's handshakes, kept by one free-running monitor coroutine.
+
+    Start it with :meth:`TB.stamps`. Cycle n is the clock period that begins at the n-th rising edge after
+    the monitor started (``cycle`` is the current one); a handshake is stamped with the cycle in which its
+    valid and ready were both high, i.e. the edge ending that cycle transfers it (the convention of
+    ``cais.sim.amaranth_harness.SwitchSim``). The monitor samples in the ReadOnly phase after every rising
+    edge, when the BFMs have driven and the design has settled: the values the next edge will take.
+
+    * ``ingress[p]`` / ``egress[p]``: (first, last) beat cycles of every frame on ``s_axis_p<p>`` /
+      ``m_axis_p<p>``, in order;
+    * ``gaps[p]``: the cycles in which ``m_axis_p<p>`` was ready inside a frame (after its first beat,
+      before its last) but tvalid was low;
+    * ``ar``: the cycle each AXI4-Lite read address was accepted (arvalid and arready).
+    """
+
+    def __init__(self, dut, ports: int):
+        self.ports = ports
+        self.cycle = -1
+        self.ingress: list[list[tuple[int, int]]] = [[] for _ in range(ports)]
+        self.egress: list[list[tuple[int, int]]] = [[] for _ in range(ports)]
+        self.gaps: list[list[int]] = [[] for _ in range(ports)]
+        self.ar: list[int] = []
+        self._clk = dut.clk
+        self._s = [tuple(getattr(dut, f"s_axis_p{p}_{n}") for n in ("tvalid", "tready", "tlast"))
+                   for p in range(ports)]
+        self._m = [tuple(getattr(dut, f"m_axis_p{p}_{n}") for n in ("tvalid", "tready", "tlast"))
+                   for p in range(ports)]
+        self._ar = (dut.s_axil_arvalid, dut.s_axil_arready)
+        self._task = cocotb.start_soon(self._run())
+
+    def stop(self) -> None:
+        self._task.cancel()
+
+    async def _run(self) -> None:
+        s_first: list[int | None] = [None] * self.ports
+        m_first: list[int | None] = [None] * self.ports
+        edge = RisingEdge(self._clk)
+        while True:
+            await edge
+            await ReadOnly()
+            self.cycle += 1
+            n = self.cycle
+            for p, (valid, ready, last) in enumerate(self._s):
+                if valid.value and ready.value:
+                    if s_first[p] is None:
+                        s_first[p] = n
+                    if last.value:
+                        self.ingress[p].append((s_first[p], n))
+                        s_first[p] = None
+            for p, (valid, ready, last) in enumerate(self._m):
+                if ready.value:
+                    if valid.value:
+                        if m_first[p] is None:
+                            m_first[p] = n
+                        if last.value:
+                            self.egress[p].append((m_first[p], n))
+                            m_first[p] = None
+                    elif m_first[p] is not None:
+                        self.gaps[p].append(n)
+            if self._ar[0].value and self._ar[1].value:
+                self.ar.append(n)
 
 
 class TB:
@@ -116,6 +182,10 @@ class TB:
         self._has_busy = any(reg.name == "BUSY" for reg in self.regmap)
 
     # ------------------------------------------------------------------ clock and reset
+    def stamps(self) -> Stamps:
+        """Start a :class:`Stamps` monitor of every port's handshakes and the read address channel."""
+        return Stamps(self.dut, self.params.ports)
+
     async def cycles(self, n: int) -> None:
         await ClockCycles(self.dut.clk, n)
 

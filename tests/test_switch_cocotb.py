@@ -1,8 +1,9 @@
 """The exported switch (Verilog from ``cais.hdl.top.SwitchTop``) under Verilator and cocotb.
 
-Each (parameter set x testcase) is one simulator run of a cocotb test in ``cais.tb.test_switch`` or
-``cais.tb.test_floats``; the Verilator build of a parameter set is cached (``cais.sim.build``) and shared
-by its testcases and by pytest-xdist workers. Run with ``pytest tests/test_switch_cocotb.py -n 2``; ``-m "not cocotb"`` skips them.
+Each (parameter set x testcase) is one simulator run of a cocotb test in ``cais.tb.test_switch``,
+``cais.tb.test_floats`` or ``cais.tb.test_timing``; the Verilator build of a parameter set is cached
+(``cais.sim.build``) and shared by its testcases and by pytest-xdist workers. Run with
+``pytest tests/test_switch_cocotb.py -n 2``; ``-m "not cocotb"`` skips them.
 ``CAIS_SEED`` overrides the cocotb random seed (default 1), which seeds the traffic of every test.
 """
 
@@ -32,6 +33,9 @@ TESTCASES = [
     "test_switch.test_random_mix",
     "test_floats.test_float_arrival_order",
     "test_floats.test_reproducible_shuffled",
+    "test_timing.test_result_latency",
+    "test_timing.test_held_port_never_stalls_others",
+    "test_timing.test_busy_register",
 ]
 
 SEED = int(os.environ.get("CAIS_SEED", "1"))
