@@ -25,44 +25,13 @@ from __future__ import annotations
 import cocotb
 import numpy as np
 
-from cais import protocol as proto
 from cais.params import SwitchParams
-from cais.registers import register_map
 from cais.sim.directed import accounting_problems, counter_problems
 from cais.sim.refmodel import SwitchModel
-from cais.sim.traffic import TxFrame, compare, host_mac
-from cais.tables import Rule, rule_writes, slot_clear_writes
+from cais.sim.timing import broadcast, contribution, documented_latency, group_writes, held_port_scenario
+from cais.sim.traffic import compare
 
 from .switch_tb import TB, Stamps
-
-
-def alu_latency(params: SwitchParams) -> int:
-    """L of docs/interface.md: the slot ALU's pipeline, 4 with float units, 0 without."""
-    return 4 if params.float_units else 0
-
-
-def frame_beats(params: SwitchParams, payload_len: int) -> int:
-    length = max(proto.HEADERS_BYTES + payload_len, proto.MIN_FRAME_BYTES)
-    return -(-length // params.beat_bytes)
-
-
-def contribution(port: int, seq: int, payload: bytes, group: int = 1) -> TxFrame:
-    hdr = proto.CaisHeader(op_type=proto.OpType.ALL_REDUCE, group_id=group, seq_num=seq,
-                           payload_len=len(payload), dtype=proto.DType.INT32)
-    return TxFrame(proto.build_frame(hdr, payload, src=host_mac(port), pad=True))
-
-
-def broadcast(port: int, body: bytes) -> TxFrame:
-    """An ordinary (non-CAIS) frame to the broadcast MAC from the host on *port*."""
-    return TxFrame(proto.EthHeader(proto.BROADCAST_MAC, host_mac(port), 0x0800).pack() + body)
-
-
-def group_writes(params: SwitchParams, contributors: int, results: int, *, group: int = 1, entry: int = 0,
-                 base: int = 0, count_log2: int = 0, reproducible: bool = False) -> list[tuple[int, int]]:
-    regs = register_map(params)
-    rule = Rule.for_group(group, contributors=contributors, results=results, base=base, count_log2=count_log2,
-                          reproducible=reproducible)
-    return rule_writes(regs, entry, rule) + slot_clear_writes(regs, base, 1 << count_log2)
 
 
 def new_model(params: SwitchParams, writes) -> SwitchModel:
@@ -120,7 +89,7 @@ async def test_result_latency(dut):
     await tb.start()
     st = tb.stamps()
     params = tb.params
-    P, B, L = params.ports, params.beat_bytes, alu_latency(params)
+    B = params.beat_bytes
     cases = [(n, False) for n in sorted({4, 64, params.max_payload})]
     capacity = params.set_capacity(reproducible=True) if params.reproducible else 0
     # The longest reproducible chunk, and a one-row chunk (rows < L: each pass waits for the ALU).
@@ -134,10 +103,7 @@ async def test_result_latency(dut):
         if got["problems"]:
             failed.append(f"{name}: " + "; ".join(got["problems"]))
             continue
-        want = frame_beats(params, payload_len) + 9 + L
-        if reproducible:
-            rows = -(-payload_len // B)
-            want += rows + (P - 1) * max(rows, L)
+        want = documented_latency(params, payload_len, reproducible)
         lines.append(f"{name}: last beat in at {got['last_in']}, result first beats at {got['firsts']}, "
                      f"latency {got['latency']} (documented {want})")
         tb.log.info(lines[-1])
@@ -157,20 +123,8 @@ async def test_held_port_never_stalls_others(dut):
     st = tb.stamps()
     params = tb.params
     P = params.ports
-    allp = (1 << P) - 1
-    rng = np.random.default_rng(cocotb.RANDOM_SEED)
-    writes = group_writes(params, allp & ~1, allp, count_log2=2)     # chunk k in slot k
-    model = new_model(params, writes)
+    writes, frames, model, expected = held_port_scenario(params, cocotb.RANDOM_SEED)
     await tb.apply(writes)
-    frames = []
-    for k in range(4):      # longest broadcast frames from port 1, results of a group without port 0
-        frames.append((1, broadcast(1, rng.integers(0, 256, params.max_frame - 14, dtype=np.uint8).tobytes())))
-        for p in range(1, P):
-            frames.append((p, contribution(p, k, rng.integers(0, 256, 64, dtype=np.uint8).tobytes())))
-    expected = [[] for _ in range(P)]
-    for port, frame in frames:
-        for out_port, data in model.receive(port, frame.data):
-            expected[out_port].append(data)
 
     tb.sink[0].pause = True
     before = [len(e) for e in st.egress]

@@ -16,35 +16,12 @@ from cais.params import SwitchParams
 from cais.registers import register_map
 from cais.sim.amaranth_harness import SwitchSim
 from cais.sim.directed import accounting_problems, counter_problems
-from cais.sim.refmodel import SwitchModel
+from cais.sim.timing import (alu_latency, broadcast, contribution, documented_latency, frame_beats, group_writes,
+                             held_port_scenario)
 from cais.sim.traffic import TxFrame, compare, host_mac
-from cais.tables import Rule, rule_writes, slot_clear_writes
+from cais.tables import Rule, rule_writes
 
 INT_4x64 = SwitchParams(float_units=False)
-
-
-def alu_latency(params):
-    """L of docs/interface.md: the slot ALU's pipeline, 4 with float units, 0 without."""
-    return 4 if params.float_units else 0
-
-
-def frame_beats(params, payload_len):
-    length = max(proto.HEADERS_BYTES + payload_len, proto.MIN_FRAME_BYTES)
-    return -(-length // params.beat_bytes)
-
-
-def contribution(port, seq, payload, group=1, dtype=proto.DType.INT32, op_type=proto.OpType.ALL_REDUCE):
-    hdr = proto.CaisHeader(op_type=op_type, group_id=group, seq_num=seq, payload_len=len(payload), dtype=dtype)
-    return TxFrame(proto.build_frame(hdr, payload, src=host_mac(port), pad=True))
-
-
-def group_writes(params, contributors, results, reproducible=False, dtype=proto.DType.INT32, acc_fp32=False,
-                 count_log2=0):
-    regs = register_map(params)
-    return (rule_writes(regs, 0, Rule.for_group(1, contributors=contributors, results=results, base=0,
-                                                count_log2=count_log2, reproducible=reproducible, dtype=dtype,
-                                                acc_fp32=acc_fp32))
-            + slot_clear_writes(regs, 0, 1 << count_log2))
 
 
 # ----------------------------------------------------------------------------- latency
@@ -86,7 +63,7 @@ def test_result_latency(pname, payload_len):
     params = LATENCY_SETS[pname]
     latency, spread = measure_latency(params, payload_len)
     assert spread == 0, "the result leaves on every port in the same cycle"
-    assert latency == frame_beats(params, payload_len) + 9 + alu_latency(params)
+    assert latency == documented_latency(params, payload_len)
 
 
 def test_documented_example_latencies():
@@ -105,8 +82,7 @@ def test_reproducible_fold_latency(pname, payload_len, dtype, acc_fp32):
     payload in the set: one per B bytes of payload)."""
     params = LATENCY_SETS[pname]
     latency, _ = measure_latency(params, payload_len, reproducible=True, dtype=dtype, acc_fp32=acc_fp32)
-    rows, n, L = -(-payload_len // params.beat_bytes), params.ports, alu_latency(params)
-    assert latency == frame_beats(params, payload_len) + 9 + L + rows + (n - 1) * max(rows, L)
+    assert latency == documented_latency(params, payload_len, reproducible=True)
 
 
 # ----------------------------------------------------------------------------- a slow port
@@ -117,22 +93,7 @@ def test_slow_port_never_leaves_others_mid_frame(params):
     beat (no cycle inside a frame without tvalid while they are ready); nothing is lost once port 0 takes
     its frames again."""
     P = params.ports
-    allp = (1 << P) - 1
-    rng = np.random.default_rng(3)
-    model = SwitchModel(params)
-    writes = group_writes(params, allp & ~1, allp, count_log2=2)     # chunk k in slot k
-    for addr, value in writes:
-        model.write(addr, value)
-    frames = []
-    for k in range(4):      # longest broadcast frames from port 1, results of a group without port 0
-        eth = proto.EthHeader(proto.BROADCAST_MAC, host_mac(1), 0x0800).pack()
-        frames.append((1, TxFrame(eth + rng.integers(0, 256, params.max_frame - 14, dtype=np.uint8).tobytes())))
-        for p in range(1, P):
-            frames.append((p, contribution(p, k, rng.integers(0, 256, 64, dtype=np.uint8).tobytes())))
-    expected = [[] for _ in range(P)]
-    for port, frame in frames:
-        for out_port, data in model.receive(port, frame.data):
-            expected[out_port].append(data)
+    writes, frames, model, expected = held_port_scenario(params, 3)
     sim = SwitchSim(params)
     result = {}
 
@@ -190,8 +151,8 @@ def test_busy_every_cycle():
         await s.apply(group_writes(params, 0b0001, 0b1111)         # group 1: port 0 alone, result to all
                       + rule_writes(register_map(params), 1, Rule.for_group(2, 0b1111, 0b1111, base=1)))
         eth = proto.EthHeader(proto.BROADCAST_MAC, host_mac(0), 0x0800).pack()
-        await one(s, "forwarded", 0, TxFrame(eth + bytes(200)))
-        await one(s, "forwarded, port 2 held", 0, TxFrame(eth + bytes(100)), hold=2, hold_cycles=80)
+        await one(s, "forwarded", 0, broadcast(0, bytes(200)))
+        await one(s, "forwarded, port 2 held", 0, broadcast(0, bytes(100)), hold=2, hold_cycles=80)
         await one(s, "result", 0, contribution(0, 0, bytes(256)))
         await one(s, "result, port 3 held", 0, contribution(0, 1, bytes(8)), hold=3, hold_cycles=50)
         await one(s, "ingress drop", 1, TxFrame(eth[:12] + b"\x88\xb5" + bytes(40)))     # BAD_LENGTH
@@ -229,8 +190,7 @@ def test_reset_sweep_holds_cais_frames_only():
 
     async def scenario(s):
         await s.apply(group_writes(params, 0b0001, 0b0010))
-        eth = proto.EthHeader(proto.BROADCAST_MAC, host_mac(2), 0x0800).pack()
-        s.send(2, TxFrame(eth + bytes(100)))
+        s.send(2, broadcast(2, bytes(100)))
         for _ in range(50):
             await s.ctx.tick()
         s.send(0, contribution(0, 0, bytes(64)))
