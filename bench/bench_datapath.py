@@ -176,7 +176,9 @@ def run_load_latency(params: SwitchParams) -> int:
                 ctx.set(bus.tvalid, 1)
                 await ctx.tick().until(bus.tready)
             ctx.set(bus.tvalid, 0)
-        cycle = 0
+        # docs/interface.md's convention: cycles from the cycle in which the last beat was accepted (the one
+        # that just ended) to the cycle in which the result's first beat is valid (the sink is ready).
+        cycle = 1
         while not ctx.get(dut.m_axis[0].tvalid):
             await ctx.tick()
             cycle += 1
