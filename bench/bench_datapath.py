@@ -12,6 +12,7 @@ per cycle). Results are checked against numpy, so a fast wrong answer cannot pas
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -209,6 +210,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ports", type=int, default=SwitchParams.ports)
     ap.add_argument("--data-width", type=int, default=SwitchParams.data_width)
     ap.add_argument("--chunks", type=int, default=16, help="contributions per port per load run")
+    ap.add_argument("--json", action="store_true", help="print one JSON object with the figures, no table")
     args = ap.parse_args(argv)
     try:
         params = SwitchParams(ports=args.ports, data_width=args.data_width)
@@ -218,8 +220,6 @@ def main(argv=None) -> int:
         ap.error("--chunks must be at least 4")
 
     P = params
-    print(f"CAIS datapath benchmark: {P.ports} ports x {P.data_width}-bit beats, {P.slots} slots, "
-          f"max payload {P.max_payload} B (amaranth.sim, cycle-accurate)")
     rows = []
     for label, payload, count_log2 in (
             ("full-size chunks, each its own set", P.max_payload, 5),
@@ -227,6 +227,17 @@ def main(argv=None) -> int:
             ("one-beat payloads, all to one slot (back to back)", P.beat_bytes, 0)):
         r = run_load(P, args.chunks, payload, count_log2)
         rows.append((label, payload, r))
+    lat = run_load_latency(P)
+    if args.json:
+        print(json.dumps({
+            "params": P.as_dict(),
+            "loads": [{"load": label, "payload_bytes": payload, **r} for label, payload, r in rows],
+            "latency_cycles": lat,
+            "memory_bits": dict(sizes(P)),
+        }))
+        return 0
+    print(f"CAIS datapath benchmark: {P.ports} ports x {P.data_width}-bit beats, {P.slots} slots, "
+          f"max payload {P.max_payload} B (amaranth.sim, cycle-accurate)")
     print()
     print(f"{'load':52} {'payload B':>9} {'beats in':>9} {'cycles':>7} {'beats/cycle':>12} {'sim cyc/s':>10}")
     print(f"{'':52} {'':>9} {'':>9} {'':>7} {'(limit 1.0)':>12}")
@@ -234,7 +245,6 @@ def main(argv=None) -> int:
         print(f"{label:52} {payload:>9} {r['beats']:>9} {r['cycles']:>7} {r['beats_per_cycle']:>12.3f} "
               f"{r['cycles_per_s']:>10.0f}")
     print()
-    lat = run_load_latency(P)
     print(f"latency, last contribution's last beat in -> first result beat out: {lat} cycles")
     print()
     print(f"{'memory':28} {'bits':>10} {'KiB':>8}")
