@@ -108,10 +108,8 @@ def run_load(params: SwitchParams, chunks: int, payload: int, count_log2: int, s
         state["start"] = state["cycle"]
         while state["done_sending"] < P:
             await ctx.tick()
-        idle = 0
-        while idle < 50:
+        while ctx.get(dut.busy):      # BUSY, exact every cycle: until the last result beat has left
             await ctx.tick()
-            idle = 0 if ctx.get(dut.core.busy) or any(ctx.get(dut.m_axis[p].tvalid) for p in range(P)) else idle + 1
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)

@@ -219,10 +219,6 @@ class SwitchSim:
                 self.busy_trace.append(int(busy))
         return run
 
-    async def cycle(self) -> int:
-        """The current cycle number (the cycle that ends at the next clock edge)."""
-        return self.ctx.get(self._top.cycle)
-
     def run(self, scenario, *, vcd: str | None = None):
         """Run `scenario(sim)` (an async function) to completion."""
         self._in_flight_ports = set()

@@ -15,8 +15,7 @@ from cais.params import SwitchParams
 from cais.registers import register_map
 from cais.tables import Rule, rule_writes, slot_clear_writes
 
-from .refmodel import SwitchModel
-from .traffic import TxFrame, host_mac
+from .traffic import Scenario, TxFrame, host_mac, replay
 
 __all__ = ["alu_latency", "frame_beats", "documented_latency", "contribution", "broadcast", "group_writes",
            "held_port_scenario"]
@@ -33,15 +32,14 @@ def frame_beats(params: SwitchParams, payload_len: int) -> int:
     return -(-length // params.beat_bytes)
 
 
-def documented_latency(params: SwitchParams, payload_len: int, reproducible: bool = False,
-                       contributors: int | None = None) -> int:
-    """Cycles from the completing contribution's last beat to the result's first beat (docs/interface.md)."""
+def documented_latency(params: SwitchParams, payload_len: int, reproducible: bool = False) -> int:
+    """Cycles from the completing contribution's last beat to the result's first beat (docs/interface.md),
+    for a rule whose contributors are every port."""
     L = alu_latency(params)
     latency = frame_beats(params, payload_len) + 9 + L
     if reproducible:
         rows = -(-payload_len // params.beat_bytes)
-        n = params.ports if contributors is None else contributors
-        latency += rows + (n - 1) * max(rows, L)
+        latency += rows + (params.ports - 1) * max(rows, L)
     return latency
 
 
@@ -70,22 +68,16 @@ def group_writes(params: SwitchParams, contributors: int, results: int, *, group
 def held_port_scenario(params: SwitchParams, seed: int):
     """Frames that go to port 0 and to others while port 0's sink is held: four longest broadcast frames
     from port 1, and the results of four chunks (each in its own slot) of a group whose contributors are
-    every port but 0 and whose results go to every port. Returns (writes, [(port, frame)], model after the
-    frames, expected frames per port)."""
+    every port but 0 and whose results go to every port. Returns the :class:`Scenario`, and the reference
+    model after it with the frames it sends per port (:func:`cais.sim.traffic.replay`; the outcome does not
+    depend on how the ports interleave)."""
     P = params.ports
     allp = (1 << P) - 1
     rng = np.random.default_rng(seed)
-    writes = group_writes(params, allp & ~1, allp, count_log2=2)
-    model = SwitchModel(params)
-    for addr, value in writes:
-        model.write(addr, value)
-    frames = []
+    scen = Scenario(params, group_writes(params, allp & ~1, allp, count_log2=2), [[] for _ in range(P)])
     for k in range(4):
-        frames.append((1, broadcast(1, rng.integers(0, 256, params.max_frame - 14, dtype=np.uint8).tobytes())))
+        scen.frames[1].append(broadcast(1, rng.integers(0, 256, params.max_frame - 14, dtype=np.uint8).tobytes()))
         for p in range(1, P):
-            frames.append((p, contribution(p, k, rng.integers(0, 256, 64, dtype=np.uint8).tobytes())))
-    expected = [[] for _ in range(P)]
-    for port, frame in frames:
-        for out_port, data in model.receive(port, frame.data):
-            expected[out_port].append(data)
-    return writes, frames, model, expected
+            scen.frames[p].append(contribution(p, k, rng.integers(0, 256, 64, dtype=np.uint8).tobytes()))
+    model, expected = replay(scen)
+    return scen, model, expected

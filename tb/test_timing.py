@@ -25,20 +25,11 @@ from __future__ import annotations
 import cocotb
 import numpy as np
 
-from cais.params import SwitchParams
 from cais.sim.directed import accounting_problems, counter_problems
-from cais.sim.refmodel import SwitchModel
 from cais.sim.timing import broadcast, contribution, documented_latency, group_writes, held_port_scenario
-from cais.sim.traffic import compare
+from cais.sim.traffic import Scenario, compare, replay
 
 from .switch_tb import TB, Stamps
-
-
-def new_model(params: SwitchParams, writes) -> SwitchModel:
-    model = SwitchModel(params)
-    for addr, value in writes:
-        model.write(addr, value)
-    return model
 
 
 # ----------------------------------------------------------------------------- result latency
@@ -50,20 +41,15 @@ async def measure_latency(tb: TB, st: Stamps, payload_len: int, reproducible: bo
     allp = (1 << P) - 1
     rng = np.random.default_rng(payload_len + 1000 * reproducible)
     await tb.reset()
-    writes = group_writes(params, allp, allp, reproducible=reproducible)
-    model = new_model(params, writes)
-    await tb.apply(writes)
-    expected = [[] for _ in range(P)]
     frames = [contribution(p, 0, rng.integers(0, 256, payload_len, dtype=np.uint8).tobytes()) for p in range(P)]
+    scen = Scenario(params, group_writes(params, allp, allp, reproducible=reproducible), [[f] for f in frames])
+    _, expected = replay(scen)
+    await tb.apply(scen.writes)
     for p in range(P - 1):
         await tb.send(p, frames[p])
-        for out_port, data in model.receive(p, frames[p].data):
-            expected[out_port].append(data)
     await tb.drain()
     before = [len(e) for e in st.egress]
     await tb.send(P - 1, frames[P - 1])
-    for out_port, data in model.receive(P - 1, frames[P - 1].data):
-        expected[out_port].append(data)
     await tb.drain()
 
     problems = compare(expected, tb.rx)
@@ -123,13 +109,14 @@ async def test_held_port_never_stalls_others(dut):
     st = tb.stamps()
     params = tb.params
     P = params.ports
-    writes, frames, model, expected = held_port_scenario(params, cocotb.RANDOM_SEED)
-    await tb.apply(writes)
+    scen, model, expected = held_port_scenario(params, cocotb.RANDOM_SEED)
+    await tb.apply(scen.writes)
 
     tb.sink[0].pause = True
     before = [len(e) for e in st.egress]
-    for port, frame in frames:
-        await tb.send(port, frame)
+    for port, frames in enumerate(scen.frames):
+        for frame in frames:
+            await tb.send(port, frame)
     hold = 2000 + 8 * params.max_frame_beats
     await tb.cycles(hold)
     held = [len(st.egress[p]) - before[p] for p in range(P)]
