@@ -73,7 +73,7 @@ def generate_verilog(params: SwitchParams, path: str | os.PathLike, name: str = 
 def lint_verilog(path: str | os.PathLike, top: str = DEFAULT_NAME, *,
                  waivers: tuple[tuple[str, str], ...] = LINT_WAIVERS, extra_args: tuple[str, ...] = ()) -> int:
     """Run ``verilator --lint-only -Wall`` with *waivers* on *path*; returns Verilator's exit status."""
-    from ..sim.toolchain import setup_verilator_env
+    from .toolchain import setup_verilator_env
 
     exe = setup_verilator_env()
     cmd = [str(exe), "--lint-only", "-Wall", "--top-module", top,

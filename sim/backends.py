@@ -57,7 +57,7 @@ __all__ = [
     "BACKENDS", "COSIM_JOB_ENV", "CosimError", "selftest_main", "read_counters", "wait_idle",
 ]
 
-BACKENDS = ("model", "amaranth", "cocotb")
+BACKENDS = ("model", "amaranth", "cocotb", "verilator")
 #: Environment variable naming the JSON job file that :func:`run_cocotb` hands to ``cais.tb.cosim``.
 COSIM_JOB_ENV = "CAIS_COSIM_JOB"
 
@@ -585,7 +585,10 @@ def run_backend(kind: str, params: SwitchParams, entry: str, job: dict, **kw):
             raise TypeError("the cocotb backend needs the entry point as a 'module:function' string")
         return run_cocotb(params, entry, job, **kw)
     main = load_entry(entry)
-    if kind == "model":
+    if kind == "verilator":
+        from .links.verilator import run_verilator
+        result = run_verilator(params, lambda link: main(link, job), **kw)
+    elif kind == "model":
         result = run_model(params, lambda link: main(link, job), **kw)
     elif kind == "amaranth":
         result = run_amaranth(params, lambda link: main(link, job), **kw)

@@ -29,7 +29,7 @@ from cais.config import Config, ConfigError
 from cais.params import SwitchParams
 from cais.sim.workload import DTYPE_ALIASES, DTYPES
 
-BACKENDS = {"verilator": "cocotb", "amaranth": "amaranth", "model": "model"}
+BACKENDS = {"verilator": "verilator", "cocotb": "cocotb", "amaranth": "amaranth", "model": "model"}
 ENTRY = "cais.sim.workload:all_reduce_job"
 
 

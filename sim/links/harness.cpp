@@ -1,0 +1,363 @@
+// The C++ side of cais.sim.links.verilator: the exported switch (Verilated as Vswitch) with its wires.
+//
+// Python hands whole frames and register accesses across a C ABI (ctypes) and takes back whole frames
+// with their cycle stamps; the clock loop, the per-port frame queues, the idle and back-pressure
+// patterns and the AXI4-Lite master run here, so nothing crosses the boundary per cycle.
+//
+// Every per-cycle rule below mirrors cais.sim.links.wires (the Python engine the cocotb and amaranth.sim
+// links run): the same stimulus gives the same frames in the same cycles on every link, and a test
+// checks it. Cycle c is the clock edge that takes the link's cycle count from c to c + 1; a handshake
+// is stamped with the c of the edge that completes it.
+//
+// ports.h, generated per build, defines CAIS_PORTS, CAIS_BEAT_BYTES and bind_ports() (the addresses and
+// sizes of every AXI4-Stream signal of the top, whose names carry the port number).
+
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "Vswitch.h"
+#include "verilated.h"
+#if VM_TRACE
+#include "verilated_vcd_c.h"
+#endif
+
+struct StreamWires {
+    void* s_tdata; size_t s_tdata_size; void* s_tkeep; size_t s_tkeep_size;
+    CData* s_tlast; CData* s_tvalid; CData* s_tready;
+    void* m_tdata; size_t m_tdata_size; void* m_tkeep; size_t m_tkeep_size;
+    CData* m_tlast; CData* m_tvalid; CData* m_tready;
+};
+
+#include "ports.h"
+
+namespace {
+
+constexpr int P = CAIS_PORTS;
+constexpr size_t B = CAIS_BEAT_BYTES;
+
+// The pause patterns: a pure function of (seed, stream, port, cycle), so that every link draws the
+// same pauses whatever it does between cycles. Mirrors cais.sim.links.wires.splitmix64 / pause_key.
+inline uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+enum Stream : uint64_t { IDLE = 0, BACKPRESSURE = 1 };
+inline uint64_t pause_key(uint64_t seed, uint64_t stream, uint64_t port) {
+    return splitmix64(seed ^ splitmix64((stream << 32) | port));
+}
+inline bool pause(uint64_t key, uint64_t threshold, uint64_t cycle) {
+    return threshold && (splitmix64(key + cycle) >> 11) < threshold;
+}
+
+struct RxFrame {
+    int port;
+    uint64_t first, last;
+    std::vector<uint8_t> data;
+};
+
+struct Port {
+    std::deque<std::vector<uint8_t>> queue;   // frames waiting for the ingress
+    std::vector<uint8_t> frame;               // the frame being sent (empty: none)
+    size_t offset = 0;                        // byte offset of its next beat
+    bool showing = false;                     // a beat is on s_axis (tvalid high)
+    uint64_t idle_key = 0, idle_threshold = 0, bp_key = 0, bp_threshold = 0;
+    bool hold = false;                        // the sink keeps tready low
+    bool ready = true;                        // tready driven this cycle
+    std::vector<uint8_t> rx;                  // the egress frame being received
+    uint64_t rx_first = 0;
+};
+
+enum class Bus { IDLE, WRITE_ADDR_DATA, WRITE_RESP, READ_ADDR, READ_DATA, DONE };
+
+struct Harness {
+    VerilatedContext* context;
+    Vswitch* top;
+    StreamWires wires[P];
+    Port ports[P];
+    uint64_t seed = 0;
+    uint64_t cycle = 0;                       // the link's cycle count (0 after reset and the sweep)
+    uint64_t time = 0;                        // half-periods simulated, for the waveform
+    std::deque<RxFrame> received;
+    uint64_t sending = 0;                     // ports with a frame queued or on the wire
+    std::string error;                        // the first protocol violation seen on an egress
+    // AXI4-Lite master
+    Bus bus = Bus::IDLE;
+    bool aw_done = false, w_done = false;
+    uint32_t bus_data = 0, bus_resp = 0;
+#if VM_TRACE
+    VerilatedVcdC* trace = nullptr;
+#endif
+
+    explicit Harness(uint64_t seed_) : seed(seed_) {
+        context = new VerilatedContext;
+        top = new Vswitch{context};
+        bind_ports(top, wires);
+        set_patterns_all(0, 0);
+        for (int p = 0; p < P; ++p) *wires[p].m_tready = 1;
+    }
+    ~Harness() {
+#if VM_TRACE
+        if (trace) { trace->close(); delete trace; }
+#endif
+        top->final();
+        delete top;
+        delete context;
+    }
+
+    void set_patterns_all(uint64_t idle, uint64_t bp) {
+        for (int p = 0; p < P; ++p) set_pattern(p, idle, bp);
+    }
+    void set_pattern(int p, uint64_t idle_threshold, uint64_t bp_threshold) {
+        ports[p].idle_key = pause_key(seed, IDLE, p);
+        ports[p].bp_key = pause_key(seed, BACKPRESSURE, p);
+        ports[p].idle_threshold = idle_threshold;
+        ports[p].bp_threshold = bp_threshold;
+    }
+
+    void dump() {
+#if VM_TRACE
+        if (trace) trace->dump(time);
+#endif
+        ++time;
+    }
+
+    // One clock cycle: drive, settle, sample (the values before the edge), edge, update.
+    void step() {
+        for (int p = 0; p < P; ++p) drive_port(p);
+        drive_bus();
+        top->clk = 0;
+        top->eval();
+        dump();
+        bool s_ready[P], m_valid[P];
+        for (int p = 0; p < P; ++p) {
+            s_ready[p] = *wires[p].s_tready;
+            m_valid[p] = *wires[p].m_tvalid;
+            if (m_valid[p] && ports[p].ready) take_beat(p);
+        }
+        sample_bus();
+        top->clk = 1;
+        top->eval();
+        dump();
+        for (int p = 0; p < P; ++p) {
+            Port& port = ports[p];
+            if (port.showing && s_ready[p]) {
+                port.showing = false;
+                port.offset += B;
+                if (port.offset >= port.frame.size()) {
+                    port.frame.clear();
+                    port.offset = 0;
+                    if (port.queue.empty()) --sending;
+                }
+            }
+        }
+        ++cycle;
+    }
+
+    void drive_port(int p) {
+        Port& port = ports[p];
+        StreamWires& w = wires[p];
+        if (!port.showing) {
+            if (port.frame.empty() && !port.queue.empty()) {
+                port.frame = std::move(port.queue.front());
+                port.queue.pop_front();
+                port.offset = 0;
+            }
+            if (!port.frame.empty() && !pause(port.idle_key, port.idle_threshold, cycle)) {
+                size_t n = std::min(B, port.frame.size() - port.offset);
+                uint8_t beat[B];
+                std::memset(beat, 0, B);
+                std::memcpy(beat, port.frame.data() + port.offset, n);
+                std::memset(w.s_tdata, 0, w.s_tdata_size);
+                std::memcpy(w.s_tdata, beat, B);
+                uint64_t keep = n >= 64 ? ~0ULL : ((1ULL << n) - 1);
+                std::memset(w.s_tkeep, 0, w.s_tkeep_size);
+                std::memcpy(w.s_tkeep, &keep, w.s_tkeep_size < 8 ? w.s_tkeep_size : 8);
+                *w.s_tlast = port.offset + B >= port.frame.size();
+                *w.s_tvalid = 1;
+                port.showing = true;
+            } else {
+                *w.s_tvalid = 0;
+            }
+        }
+        port.ready = !port.hold && !pause(port.bp_key, port.bp_threshold, cycle);
+        *w.m_tready = port.ready;
+    }
+
+    void take_beat(int p) {
+        Port& port = ports[p];
+        StreamWires& w = wires[p];
+        uint64_t keep = 0;
+        std::memcpy(&keep, w.m_tkeep, w.m_tkeep_size < 8 ? w.m_tkeep_size : 8);
+        bool last = *w.m_tlast;
+        size_t n = __builtin_popcountll(keep);
+        uint64_t full = B >= 64 ? ~0ULL : ((1ULL << B) - 1);
+        bool contiguous = n > 0 && (n == 64 ? keep == ~0ULL : keep == ((1ULL << n) - 1));
+        if ((!contiguous || (!last && keep != full)) && error.empty())
+            error = "egress port " + std::to_string(p) + ": bad tkeep 0x" + hex(keep) + " on a " +
+                    (last ? "last" : "middle") + " beat at cycle " + std::to_string(cycle);
+        if (port.rx.empty()) port.rx_first = cycle;
+        const uint8_t* data = static_cast<const uint8_t*>(w.m_tdata);
+        port.rx.insert(port.rx.end(), data, data + (n < B ? n : B));
+        if (last) {
+            received.push_back(RxFrame{p, port.rx_first, cycle, std::move(port.rx)});
+            port.rx.clear();
+        }
+    }
+
+    static std::string hex(uint64_t v) {
+        char text[20];
+        std::snprintf(text, sizeof text, "%llx", static_cast<unsigned long long>(v));
+        return text;
+    }
+
+    // AXI4-Lite master, one access at a time (mirrors cais.sim.links.wires.AxiLiteMaster).
+    void drive_bus() {
+        top->s_axil_awvalid = bus == Bus::WRITE_ADDR_DATA && !aw_done;
+        top->s_axil_wvalid = bus == Bus::WRITE_ADDR_DATA && !w_done;
+        top->s_axil_bready = bus == Bus::WRITE_ADDR_DATA || bus == Bus::WRITE_RESP;
+        top->s_axil_arvalid = bus == Bus::READ_ADDR;
+        top->s_axil_rready = bus == Bus::READ_ADDR || bus == Bus::READ_DATA;
+    }
+    void sample_bus() {
+        switch (bus) {
+        case Bus::WRITE_ADDR_DATA:
+            aw_done |= top->s_axil_awready != 0;
+            w_done |= top->s_axil_wready != 0;
+            if (aw_done && w_done) bus = Bus::WRITE_RESP;
+            break;
+        case Bus::WRITE_RESP:
+            if (top->s_axil_bvalid) { bus_resp = top->s_axil_bresp; bus = Bus::DONE; }
+            break;
+        case Bus::READ_ADDR:
+            if (top->s_axil_arready) bus = Bus::READ_DATA;
+            break;
+        case Bus::READ_DATA:
+            if (top->s_axil_rvalid) { bus_data = top->s_axil_rdata; bus_resp = top->s_axil_rresp; bus = Bus::DONE; }
+            break;
+        default:
+            break;
+        }
+    }
+    void finish_access() {
+        while (bus != Bus::DONE) step();
+        bus = Bus::IDLE;
+    }
+};
+
+}  // namespace
+
+extern "C" {
+
+int cais_ports() { return P; }
+int cais_beat_bytes() { return static_cast<int>(B); }
+int cais_tracing() { return VM_TRACE; }
+
+void* cais_new(uint64_t seed) { return new Harness(seed); }
+void cais_free(void* h) { delete static_cast<Harness*>(h); }
+
+// Hold reset for `reset_cycles`, release it, run `settle_cycles` (the slot-state sweep); cycle := 0.
+void cais_reset(void* hv, uint64_t reset_cycles, uint64_t settle_cycles) {
+    Harness* h = static_cast<Harness*>(hv);
+    h->top->rst = 1;
+    for (uint64_t i = 0; i < reset_cycles; ++i) h->step();
+    h->top->rst = 0;
+    for (uint64_t i = 0; i < settle_cycles; ++i) h->step();
+    h->cycle = 0;
+}
+
+// Thresholds: pause when the 53-bit draw is below them (probability * 2**53); 0 never pauses.
+void cais_set_pattern(void* hv, int port, uint64_t idle_threshold, uint64_t bp_threshold) {
+    static_cast<Harness*>(hv)->set_pattern(port, idle_threshold, bp_threshold);
+}
+void cais_set_hold(void* hv, int port, int hold) { static_cast<Harness*>(hv)->ports[port].hold = hold != 0; }
+
+void cais_send(void* hv, int port, const uint8_t* data, uint64_t len) {
+    Harness* h = static_cast<Harness*>(hv);
+    Port& p = h->ports[port];
+    if (p.queue.empty() && p.frame.empty()) ++h->sending;
+    p.queue.emplace_back(data, data + len);
+}
+
+// Run `cycles` cycles, or (stop_on_frame) until a frame has left an egress port; return cycles run.
+uint64_t cais_run(void* hv, uint64_t cycles, int stop_on_frame) {
+    Harness* h = static_cast<Harness*>(hv);
+    size_t before = h->received.size();
+    uint64_t i = 0;
+    while (i < cycles) {
+        h->step();
+        ++i;
+        if (stop_on_frame && h->received.size() != before) break;
+    }
+    return i;
+}
+
+// The bare clock loop of the same model (no wire touched), for the benchmark's comparison.
+void cais_bare_clock(void* hv, uint64_t cycles) {
+    Harness* h = static_cast<Harness*>(hv);
+    for (uint64_t i = 0; i < cycles; ++i) {
+        h->top->clk = 0;
+        h->top->eval();
+        h->top->clk = 1;
+        h->top->eval();
+    }
+}
+
+uint64_t cais_cycle(void* hv) { return static_cast<Harness*>(hv)->cycle; }
+int cais_sending(void* hv) { return static_cast<Harness*>(hv)->sending != 0; }
+const char* cais_error(void* hv) { return static_cast<Harness*>(hv)->error.c_str(); }
+
+// Received frames, oldest first: the head's size and stamps, then pop it into a buffer of that size.
+uint64_t cais_rx_count(void* hv) { return static_cast<Harness*>(hv)->received.size(); }
+uint64_t cais_rx_head(void* hv, int* port, uint64_t* first, uint64_t* last) {
+    const RxFrame& f = static_cast<Harness*>(hv)->received.front();
+    *port = f.port;
+    *first = f.first;
+    *last = f.last;
+    return f.data.size();
+}
+void cais_rx_pop(void* hv, uint8_t* out) {
+    Harness* h = static_cast<Harness*>(hv);
+    std::memcpy(out, h->received.front().data.data(), h->received.front().data.size());
+    h->received.pop_front();
+}
+
+// Register accesses: run the AXI4-Lite master to the end of the access (traffic keeps moving).
+uint32_t cais_write(void* hv, uint32_t addr, uint32_t value) {
+    Harness* h = static_cast<Harness*>(hv);
+    h->top->s_axil_awaddr = addr;
+    h->top->s_axil_wdata = value;
+    h->top->s_axil_wstrb = 0xF;
+    h->aw_done = h->w_done = false;
+    h->bus = Bus::WRITE_ADDR_DATA;
+    h->finish_access();
+    return h->bus_resp;
+}
+uint32_t cais_read(void* hv, uint32_t addr, uint32_t* resp) {
+    Harness* h = static_cast<Harness*>(hv);
+    h->top->s_axil_araddr = addr;
+    h->bus = Bus::READ_ADDR;
+    h->finish_access();
+    *resp = h->bus_resp;
+    return h->bus_data;
+}
+
+int cais_trace_open(void* hv, const char* path) {
+#if VM_TRACE
+    Harness* h = static_cast<Harness*>(hv);
+    Verilated::traceEverOn(true);
+    h->trace = new VerilatedVcdC;
+    h->top->trace(h->trace, 99);
+    h->trace->open(path);
+    return 1;
+#else
+    (void)hv; (void)path;
+    return 0;
+#endif
+}
+
+}  // extern "C"

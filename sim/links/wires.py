@@ -1,0 +1,290 @@
+"""The wires of a simulated switch, cycle by cycle: one definition every simulator link runs.
+
+A :class:`WireLink` is a :class:`cais.link.SwitchLink` whose methods run the clock themselves: each
+cycle it drives every port's AXI4-Stream source (the queued frames, with seeded idle cycles), every
+sink's ``tready`` (seeded back-pressure, or held low), and the AXI4-Lite master, then lets the simulator
+take one clock edge and updates from the values sampled before that edge. Subclasses only say how to
+set and sample signals (:mod:`.cocotb` and :mod:`.amaranth`); ``harness.cpp`` mirrors the same rules in
+C++ for :mod:`.verilator`. So the same stimulus gives identical frames with identical cycle stamps on
+every link (``tests/test_link_identity.py`` checks it).
+
+The rules, per cycle ``c`` (the clock edge that takes ``cycle`` from c to c + 1):
+
+* Source of port p: a beat on the bus stays until taken (AXI4-Stream). Otherwise, if the port has a
+  frame to send, it shows the next beat unless the idle pattern pauses it in cycle c; else tvalid is low.
+* Sink of port p: ``tready = not held and not paused(c)``. A beat is taken when tvalid and tready are
+  both high; a frame is stamped with the cycles of its first and last beat.
+* Pauses are a pure function of (seed, stream, port, cycle) (:func:`paused`), so they do not depend on
+  when the link is called. A probability p pauses when the 53-bit draw is below ``round(p * 2**53)``.
+* AXI4-Lite, one access at a time: a write raises awvalid, wvalid and bready together and drops each
+  valid after its handshake; once both are done it waits for bvalid. A read raises arvalid and rready,
+  drops arvalid after its handshake, then waits for rvalid. Traffic keeps moving meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from cais.link import DEFAULT_CLOCK_HZ
+from cais.params import SwitchParams
+
+from .base import LinkBase, Received, check_frame, keep_bytes
+
+__all__ = ["splitmix64", "pause_key", "paused", "threshold", "Stream", "WireLink", "Received", "RESET_CYCLES"]
+
+MASK64 = (1 << 64) - 1
+#: Cycles the links hold ``rst`` high before the slot-state sweep.
+RESET_CYCLES = 4
+
+
+class Stream:
+    """Which pattern a draw is for (the C++ harness numbers them alike)."""
+    IDLE = 0
+    BACKPRESSURE = 1
+
+
+def splitmix64(x: int) -> int:
+    """One step of SplitMix64 (Steele, Lea, Flood 2014) as a hash of a 64-bit integer."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def pause_key(seed: int, stream: int, port: int) -> int:
+    return splitmix64((seed & MASK64) ^ splitmix64((stream << 32) | port))
+
+
+def threshold(probability: float) -> int:
+    """The draw below which a cycle pauses, for a pause probability in [0, 1]."""
+    if not 0.0 <= probability <= 1.0:
+        raise ValueError(f"pause probability {probability!r}: must be between 0 and 1")
+    return round(probability * (1 << 53))
+
+
+def paused(key: int, limit: int, cycle: int) -> bool:
+    """Whether the pattern with ``key`` and threshold ``limit`` pauses in ``cycle``."""
+    return bool(limit) and (splitmix64((key + cycle) & MASK64) >> 11) < limit
+
+
+def _per_port(value, ports: int, name: str) -> list[float]:
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * ports
+    if len(values) != ports:
+        raise ValueError(f"{name}: {len(values)} values for {ports} ports")
+    return [float(v) for v in values]
+
+
+class _Port:
+    __slots__ = ("queue", "frame", "offset", "showing", "valid", "ready", "rx", "rx_first",
+                 "idle_key", "idle_limit", "bp_key", "bp_limit", "hold")
+
+    def __init__(self):
+        self.queue: deque[bytes] = deque()
+        self.frame = b""
+        self.offset = 0
+        self.showing = False
+        self.valid = False          # the tvalid value last driven
+        self.ready = True
+        self.rx = bytearray()
+        self.rx_first = 0
+        self.hold = False
+
+
+class WireLink(LinkBase):
+    """A SwitchLink that runs a simulator cycle by cycle with the rules of this module.
+
+    Subclasses implement :meth:`_set_beat` (data, keep, last on port p's s_axis), :meth:`_set_valid`,
+    :meth:`_set_ready`, :meth:`_set_bus` (the AXI4-Lite master's outputs), :meth:`_set_reset`, and
+    :meth:`_edge` (take one clock edge; return every s_tready and m_tvalid sampled before it), :meth:`_beat`
+    (port p's m_axis tdata, tkeep, tlast sampled before the last edge) and :meth:`_bus_sample` (the
+    AXI4-Lite master's inputs sampled before the last edge).
+    """
+
+    def __init__(self, params: SwitchParams, *, clock_hz: float = DEFAULT_CLOCK_HZ, seed: int = 0,
+                 idle: float | list[float] = 0.0, backpressure: float | list[float] = 0.0):
+        super().__init__(params, clock_hz)
+        self.seed = int(seed)
+        P = params.ports
+        self._ports = [_Port() for _ in range(P)]
+        self._sending = 0
+        self._received: list[Received] = []
+        self._cycle = 0
+        self.set_patterns(idle, backpressure)
+        # AXI4-Lite master state: None when idle, else "write", "resp", "read", "data"
+        self._bus_state: str | None = None
+        self._aw_done = self._w_done = False
+        self._bus_result = (0, 0)
+
+    # ------------------------------------------------------------------ SwitchLink
+    @property
+    def cycle(self) -> int:
+        return self._cycle
+
+    def send(self, port: int, frame: bytes) -> None:
+        self.check_port(port)
+        frame = check_frame(frame)
+        p = self._ports[port]
+        if not p.queue and not p.frame:
+            self._sending += 1
+        p.queue.append(frame)
+
+    @property
+    def pending(self) -> bool:
+        """A frame is queued for, or on the way into, an ingress port."""
+        return self._sending > 0
+
+    def take_stamped(self) -> list[Received]:
+        got, self._received = self._received, []
+        return got
+
+    async def advance(self, cycles: int) -> None:
+        if cycles < 0:
+            raise ValueError(f"advance({cycles}): cycles must not be negative")
+        for _ in range(int(cycles)):
+            await self._step()
+
+    async def advance_to_frame(self, cycles: int) -> int:
+        """Run up to ``cycles`` cycles, stopping after the first cycle in which a frame left the switch;
+        return the cycles run."""
+        before = len(self._received)
+        for done in range(1, int(cycles) + 1):
+            await self._step()
+            if len(self._received) != before:
+                return done
+        return int(cycles)
+
+    async def _read_register(self, addr: int) -> int:
+        self._bus_state = "read"
+        self._set_bus(araddr=addr)
+        while self._bus_state != "done":
+            await self._step()
+        self._bus_state = None
+        return self._bus_result[0]
+
+    async def _write_register(self, addr: int, value: int) -> int:
+        self._bus_state = "write"
+        self._aw_done = self._w_done = False
+        self._set_bus(awaddr=addr, wdata=value, wstrb=0xF)
+        while self._bus_state != "done":
+            await self._step()
+        self._bus_state = None
+        return self._bus_result[1]
+
+    def set_patterns(self, idle: float | list[float] = 0.0, backpressure: float | list[float] = 0.0) -> None:
+        """Per-port (or common) probabilities of an idle cycle on a source and of tready low on a sink."""
+        P = self.params.ports
+        for p, (i, b) in enumerate(zip(_per_port(idle, P, "idle"), _per_port(backpressure, P, "backpressure"))):
+            port = self._ports[p]
+            port.idle_key, port.idle_limit = pause_key(self.seed, Stream.IDLE, p), threshold(i)
+            port.bp_key, port.bp_limit = pause_key(self.seed, Stream.BACKPRESSURE, p), threshold(b)
+        self._apply_patterns()
+
+    def set_hold(self, port: int, hold: bool) -> None:
+        """Keep port's sink tready low (``hold=True``) until released."""
+        self._ports[self.check_port(port)].hold = bool(hold)
+        self._apply_hold(port, bool(hold))
+
+    # ------------------------------------------------------------------ hooks for the C++ link
+    def _apply_patterns(self) -> None:
+        pass
+
+    def _apply_hold(self, port: int, hold: bool) -> None:
+        pass
+
+    # ------------------------------------------------------------------ one cycle
+    async def _reset(self, settle: int) -> None:
+        """Hold reset for RESET_CYCLES, release it and run ``settle`` cycles; then cycle 0 begins."""
+        self._set_reset(1)
+        for _ in range(RESET_CYCLES):
+            await self._step()
+        self._set_reset(0)
+        for _ in range(settle):
+            await self._step()
+        self._cycle = 0
+
+    async def _step(self) -> None:
+        c = self._cycle
+        B = self.params.beat_bytes
+        for p, port in enumerate(self._ports):
+            if not port.showing:
+                if not port.frame and port.queue:
+                    port.frame, port.offset = port.queue.popleft(), 0
+                if port.frame and not (port.idle_limit and paused(port.idle_key, port.idle_limit, c)):
+                    chunk = port.frame[port.offset:port.offset + B]
+                    self._set_beat(p, int.from_bytes(chunk, "little"), (1 << len(chunk)) - 1,
+                                   port.offset + B >= len(port.frame))
+                    port.showing = True
+                if port.showing != port.valid:
+                    self._set_valid(p, port.showing)
+                    port.valid = port.showing
+            ready = not port.hold and not (port.bp_limit and paused(port.bp_key, port.bp_limit, c))
+            if ready != port.ready:
+                self._set_ready(p, ready)
+                port.ready = ready
+        state = self._bus_state
+        if state is not None:
+            self._set_bus(awvalid=int(state == "write" and not self._aw_done),
+                          wvalid=int(state == "write" and not self._w_done),
+                          bready=int(state in ("write", "resp")), arvalid=int(state == "read"),
+                          rready=int(state in ("read", "data")))
+        s_ready, m_valid = await self._edge()
+        for p, port in enumerate(self._ports):
+            if port.showing and s_ready[p]:
+                port.showing = False
+                port.offset += B
+                if port.offset >= len(port.frame):
+                    port.frame, port.offset = b"", 0
+                    if not port.queue:
+                        self._sending -= 1
+            if m_valid[p] and port.ready:
+                data, keep, last = self._beat(p)
+                n = keep_bytes(keep, B, last, p)
+                if not port.rx:
+                    port.rx_first = c
+                port.rx += data.to_bytes(B, "little")[:n]
+                if last:
+                    self._received.append(Received(p, bytes(port.rx), port.rx_first, c))
+                    port.rx = bytearray()
+        if state is not None:
+            self._update_bus(state, self._bus_sample())
+        self._cycle = c + 1
+
+    def _update_bus(self, state: str, bus: dict) -> None:
+        if state == "write":
+            self._aw_done |= bool(bus["awready"])
+            self._w_done |= bool(bus["wready"])
+            if self._aw_done and self._w_done:
+                self._bus_state = "resp"
+        elif state == "resp" and bus["bvalid"]:
+            self._bus_result, self._bus_state = (0, int(bus["bresp"])), "done"
+        elif state == "read" and bus["arready"]:
+            self._bus_state = "data"
+        elif state == "data" and bus["rvalid"]:
+            self._bus_result, self._bus_state = (int(bus["rdata"]), int(bus["rresp"])), "done"
+        if self._bus_state in ("done", None):
+            self._set_bus(awvalid=0, wvalid=0, bready=0, arvalid=0, rready=0)
+
+    # ------------------------------------------------------------------ simulator hooks
+    def _set_beat(self, port: int, data: int, keep: int, last: bool) -> None:
+        raise NotImplementedError
+
+    def _set_valid(self, port: int, valid: bool) -> None:
+        raise NotImplementedError
+
+    def _set_ready(self, port: int, ready: bool) -> None:
+        raise NotImplementedError
+
+    def _set_bus(self, **values: int) -> None:
+        raise NotImplementedError
+
+    def _set_reset(self, value: int) -> None:
+        raise NotImplementedError
+
+    async def _edge(self) -> tuple[list[int], list[int]]:
+        raise NotImplementedError
+
+    def _bus_sample(self) -> dict:
+        raise NotImplementedError
+
+    def _beat(self, port: int) -> tuple[int, int, bool]:
+        raise NotImplementedError
