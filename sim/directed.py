@@ -134,8 +134,10 @@ def directed_cases(params: SwitchParams, seed: int = 0) -> list[Case]:
     # both shadow sets of a slot in flight at once (seq 0 -> set 0, seq 2 -> set 1)
     case("both_sets_in_flight",
          [(0, contribution(0, 0, vals[0])), (1, contribution(1, 2, vals[1]))],
-         [(p, contribution(p, 0, vals[p])) for p in range(1, P)]
-         + [(p, contribution(p, 2, vals[p])) for p in range(P) if p != 1])
+         # set 0 completes before the rest of set 1 arrives: were set 1 to complete first, its
+         # completion would acknowledge seq 0 for everyone and retire set 0 without a result
+         [(p, contribution(p, 0, vals[p])) for p in range(1, P)],
+         [(p, contribution(p, 2, vals[p])) for p in range(P) if p != 1])
     # slot reuse: seq 0 (set 0), then seq 2 (set 1) acknowledges it, then seq 4 reuses set 0
     case("slot_reuse",
          [(p, contribution(p, 0, vals[p])) for p in range(P)],

@@ -4,7 +4,7 @@ Verilated ``cais_switch``.
 ``$CAIS_COSIM_JOB`` names a JSON file written by ``run_cocotb``: the switch parameters, the entry point
 ``"module:function"`` (``async def main(link, job)``), its ``job``, the file to write the result to, extra
 ``sys_path`` folders for importing the entry point, and the link options (seed, idle, backpressure,
-clock_hz). The test resets the switch, creates a :class:`cais.sim.backends.CocotbLink`, awaits the entry
+clock_hz). The test resets the switch, creates a :class:`cais.sim.links.cocotb.CocotbLink`, awaits the entry
 point and writes its result as JSON (atomically: a temporary file renamed into place).
 """
 
@@ -18,7 +18,8 @@ from pathlib import Path
 import cocotb
 
 from cais.params import SwitchParams
-from cais.sim.backends import COSIM_JOB_ENV, CocotbLink, load_entry
+from cais.sim.backends import COSIM_JOB_ENV, load_entry
+from cais.sim.links.cocotb import CocotbLink
 
 __all__ = ["cosim_main"]
 

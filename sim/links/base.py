@@ -40,10 +40,14 @@ class Received(NamedTuple):
     last: int
 
 
-def check_frame(frame) -> bytes:
+def check_frame(frame, beat_bytes: int = 0, bad_keep: bool = False) -> bytes:
+    """The frame's bytes, checked for sending; ``bad_keep`` (a test's framing error: the last beat's tkeep
+    moved up a lane, as :func:`cais.sim.traffic.beats_of` does) needs a partial last beat."""
     frame = bytes(frame)
     if not frame:
         raise ValueError("send: an empty frame has no beat to carry it (AXI4-Stream frames have >= 1 byte)")
+    if bad_keep and len(frame) % beat_bytes == 0:
+        raise ValueError("send(bad_keep=True): the frame needs a partial last beat")
     return frame
 
 

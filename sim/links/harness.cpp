@@ -60,9 +60,15 @@ struct RxFrame {
     std::vector<uint8_t> data;
 };
 
+struct TxFrame {
+    std::vector<uint8_t> data;
+    bool bad_keep;                            // last beat's tkeep moved up a lane (a framing error)
+};
+
 struct Port {
-    std::deque<std::vector<uint8_t>> queue;   // frames waiting for the ingress
+    std::deque<TxFrame> queue;                // frames waiting for the ingress
     std::vector<uint8_t> frame;               // the frame being sent (empty: none)
+    bool bad_keep = false;
     size_t offset = 0;                        // byte offset of its next beat
     bool showing = false;                     // a beat is on s_axis (tvalid high)
     uint64_t idle_key = 0, idle_threshold = 0, bp_key = 0, bp_threshold = 0;
@@ -163,21 +169,24 @@ struct Harness {
         StreamWires& w = wires[p];
         if (!port.showing) {
             if (port.frame.empty() && !port.queue.empty()) {
-                port.frame = std::move(port.queue.front());
+                port.frame = std::move(port.queue.front().data);
+                port.bad_keep = port.queue.front().bad_keep;
                 port.queue.pop_front();
                 port.offset = 0;
             }
             if (!port.frame.empty() && !pause(port.idle_key, port.idle_threshold, cycle)) {
                 size_t n = std::min(B, port.frame.size() - port.offset);
+                bool last = port.offset + B >= port.frame.size();
+                size_t shift = last && port.bad_keep ? 1 : 0;   // mirrors cais.sim.traffic.beats_of
                 uint8_t beat[B];
                 std::memset(beat, 0, B);
-                std::memcpy(beat, port.frame.data() + port.offset, n);
+                std::memcpy(beat + shift, port.frame.data() + port.offset, n);
                 std::memset(w.s_tdata, 0, w.s_tdata_size);
                 std::memcpy(w.s_tdata, beat, B);
-                uint64_t keep = n >= 64 ? ~0ULL : ((1ULL << n) - 1);
+                uint64_t keep = (n >= 64 ? ~0ULL : ((1ULL << n) - 1)) << shift;
                 std::memset(w.s_tkeep, 0, w.s_tkeep_size);
                 std::memcpy(w.s_tkeep, &keep, w.s_tkeep_size < 8 ? w.s_tkeep_size : 8);
-                *w.s_tlast = port.offset + B >= port.frame.size();
+                *w.s_tlast = last;
                 *w.s_tvalid = 1;
                 port.showing = true;
             } else {
@@ -260,9 +269,21 @@ int cais_tracing() { return VM_TRACE; }
 void* cais_new(uint64_t seed) { return new Harness(seed); }
 void cais_free(void* h) { delete static_cast<Harness*>(h); }
 
-// Hold reset for `reset_cycles`, release it, run `settle_cycles` (the slot-state sweep); cycle := 0.
+// Forget every queued and partial frame, hold reset for `reset_cycles`, release it, run
+// `settle_cycles` (the slot-state sweep); cycle := 0.
 void cais_reset(void* hv, uint64_t reset_cycles, uint64_t settle_cycles) {
     Harness* h = static_cast<Harness*>(hv);
+    for (int p = 0; p < P; ++p) {
+        Port& port = h->ports[p];
+        port.queue.clear();
+        port.frame.clear();
+        port.offset = 0;
+        port.showing = false;
+        port.rx.clear();
+        *h->wires[p].s_tvalid = 0;
+    }
+    h->sending = 0;
+    h->received.clear();
     h->top->rst = 1;
     for (uint64_t i = 0; i < reset_cycles; ++i) h->step();
     h->top->rst = 0;
@@ -276,24 +297,17 @@ void cais_set_pattern(void* hv, int port, uint64_t idle_threshold, uint64_t bp_t
 }
 void cais_set_hold(void* hv, int port, int hold) { static_cast<Harness*>(hv)->ports[port].hold = hold != 0; }
 
-void cais_send(void* hv, int port, const uint8_t* data, uint64_t len) {
+void cais_send(void* hv, int port, const uint8_t* data, uint64_t len, int bad_keep) {
     Harness* h = static_cast<Harness*>(hv);
     Port& p = h->ports[port];
     if (p.queue.empty() && p.frame.empty()) ++h->sending;
-    p.queue.emplace_back(data, data + len);
+    p.queue.push_back(TxFrame{std::vector<uint8_t>(data, data + len), bad_keep != 0});
 }
 
-// Run `cycles` cycles, or (stop_on_frame) until a frame has left an egress port; return cycles run.
-uint64_t cais_run(void* hv, uint64_t cycles, int stop_on_frame) {
+// Run `cycles` cycles.
+void cais_run(void* hv, uint64_t cycles) {
     Harness* h = static_cast<Harness*>(hv);
-    size_t before = h->received.size();
-    uint64_t i = 0;
-    while (i < cycles) {
-        h->step();
-        ++i;
-        if (stop_on_frame && h->received.size() != before) break;
-    }
-    return i;
+    for (uint64_t i = 0; i < cycles; ++i) h->step();
 }
 
 // The bare clock loop of the same model (no wire touched), for the benchmark's comparison.

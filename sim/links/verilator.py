@@ -30,8 +30,8 @@ _SIGNATURES = {
     "cais_new": (_vp, [_u64]), "cais_free": (None, [_vp]),
     "cais_reset": (None, [_vp, _u64, _u64]),
     "cais_set_pattern": (None, [_vp, _int, _u64, _u64]), "cais_set_hold": (None, [_vp, _int, _int]),
-    "cais_send": (None, [_vp, _int, ctypes.c_char_p, _u64]),
-    "cais_run": (_u64, [_vp, _u64, _int]), "cais_bare_clock": (None, [_vp, _u64]),
+    "cais_send": (None, [_vp, _int, ctypes.c_char_p, _u64, _int]),
+    "cais_run": (None, [_vp, _u64]), "cais_bare_clock": (None, [_vp, _u64]),
     "cais_cycle": (_u64, [_vp]), "cais_sending": (_int, [_vp]), "cais_error": (ctypes.c_char_p, [_vp]),
     "cais_rx_count": (_u64, [_vp]),
     "cais_rx_head": (_u64, [_vp, ctypes.POINTER(_int), ctypes.POINTER(_u64), ctypes.POINTER(_u64)]),
@@ -98,10 +98,10 @@ class VerilatorLink(LinkBase):
     def pending(self) -> bool:
         return bool(self._lib.cais_sending(self._h))
 
-    def send(self, port: int, frame: bytes) -> None:
+    def send(self, port: int, frame: bytes, *, bad_keep: bool = False) -> None:
         self.check_port(port)
-        frame = check_frame(frame)
-        self._lib.cais_send(self._h, port, frame, len(frame))
+        frame = check_frame(frame, self.params.beat_bytes, bad_keep)
+        self._lib.cais_send(self._h, port, frame, len(frame), int(bad_keep))
 
     def take_stamped(self) -> list[Received]:
         lib, h = self._lib, self._h
@@ -116,15 +116,8 @@ class VerilatorLink(LinkBase):
     async def advance(self, cycles: int) -> None:
         if cycles < 0:
             raise ValueError(f"advance({cycles}): cycles must not be negative")
-        self._lib.cais_run(self._h, int(cycles), 0)
+        self._lib.cais_run(self._h, int(cycles))
         self._check()
-
-    async def advance_to_frame(self, cycles: int) -> int:
-        """Run up to ``cycles`` cycles, stopping after the first cycle in which a frame left the switch;
-        return the cycles run."""
-        done = self._lib.cais_run(self._h, int(cycles), 1)
-        self._check()
-        return done
 
     async def _read_register(self, addr: int) -> int:
         resp = _u32()
@@ -136,6 +129,10 @@ class VerilatorLink(LinkBase):
         resp = self._lib.cais_write(self._h, addr, value & 0xFFFF_FFFF)
         self._check()
         return resp
+
+    async def reset(self) -> None:
+        """Forget queued and partial frames, reset the switch and wait for its sweep: cycle 0 again."""
+        self._lib.cais_reset(self._h, RESET_CYCLES, self.params.slots + 2)
 
     def set_patterns(self, idle: float | list[float] = 0.0, backpressure: float | list[float] = 0.0) -> None:
         P = self.params.ports

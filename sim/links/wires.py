@@ -30,9 +30,13 @@ from cais.params import SwitchParams
 
 from .base import LinkBase, Received, check_frame, keep_bytes
 
-__all__ = ["splitmix64", "pause_key", "paused", "threshold", "Stream", "WireLink", "Received", "RESET_CYCLES"]
+__all__ = ["splitmix64", "pause_key", "paused", "threshold", "Stream", "WireLink", "Received", "RESET_CYCLES",
+           "AXIL_INPUTS", "AXIL_OUTPUTS"]
 
 MASK64 = (1 << 64) - 1
+#: The switch's AXI4-Lite inputs the master drives, and its outputs the master samples.
+AXIL_OUTPUTS = ("awaddr", "wdata", "wstrb", "awvalid", "wvalid", "bready", "araddr", "arvalid", "rready")
+AXIL_INPUTS = ("awready", "wready", "bvalid", "bresp", "arready", "rvalid", "rdata", "rresp")
 #: Cycles the links hold ``rst`` high before the slot-state sweep.
 RESET_CYCLES = 4
 
@@ -75,12 +79,13 @@ def _per_port(value, ports: int, name: str) -> list[float]:
 
 
 class _Port:
-    __slots__ = ("queue", "frame", "offset", "showing", "valid", "ready", "rx", "rx_first",
+    __slots__ = ("queue", "frame", "bad_keep", "offset", "showing", "valid", "ready", "rx", "rx_first",
                  "idle_key", "idle_limit", "bp_key", "bp_limit", "hold")
 
     def __init__(self):
-        self.queue: deque[bytes] = deque()
+        self.queue: deque[tuple[bytes, bool]] = deque()
         self.frame = b""
+        self.bad_keep = False
         self.offset = 0
         self.showing = False
         self.valid = False          # the tvalid value last driven
@@ -95,9 +100,9 @@ class WireLink(LinkBase):
 
     Subclasses implement :meth:`_set_beat` (data, keep, last on port p's s_axis), :meth:`_set_valid`,
     :meth:`_set_ready`, :meth:`_set_bus` (the AXI4-Lite master's outputs), :meth:`_set_reset`, and
-    :meth:`_edge` (take one clock edge; return every s_tready and m_tvalid sampled before it), :meth:`_beat`
-    (port p's m_axis tdata, tkeep, tlast sampled before the last edge) and :meth:`_bus_sample` (the
-    AXI4-Lite master's inputs sampled before the last edge).
+    :meth:`_edge` (take one clock edge), and the values sampled just before that edge: :meth:`_s_ready`,
+    :meth:`_m_valid`, :meth:`_beat` (port p's m_axis tdata, tkeep, tlast) and :meth:`_bus_sample` (the
+    AXI4-Lite master's inputs). They are asked for only when needed (a simulator read costs time).
     """
 
     def __init__(self, params: SwitchParams, *, clock_hz: float = DEFAULT_CLOCK_HZ, seed: int = 0,
@@ -120,13 +125,26 @@ class WireLink(LinkBase):
     def cycle(self) -> int:
         return self._cycle
 
-    def send(self, port: int, frame: bytes) -> None:
+    def send(self, port: int, frame: bytes, *, bad_keep: bool = False) -> None:
+        """Queue a frame; ``bad_keep`` sends its last beat with tkeep moved up a lane (a framing error)."""
         self.check_port(port)
-        frame = check_frame(frame)
+        frame = check_frame(frame, self.params.beat_bytes, bad_keep)
         p = self._ports[port]
         if not p.queue and not p.frame:
             self._sending += 1
-        p.queue.append(frame)
+        p.queue.append((frame, bad_keep))
+
+    async def reset(self) -> None:
+        """Forget queued and partial frames, reset the switch and wait for its sweep: cycle 0 again."""
+        for p, port in enumerate(self._ports):
+            port.queue.clear()
+            port.frame, port.offset, port.showing, port.rx = b"", 0, False, bytearray()
+            if port.valid:
+                self._set_valid(p, False)
+                port.valid = False
+        self._sending = 0
+        self._received = []
+        await self._reset(self.params.slots + 2)
 
     @property
     def pending(self) -> bool:
@@ -142,16 +160,6 @@ class WireLink(LinkBase):
             raise ValueError(f"advance({cycles}): cycles must not be negative")
         for _ in range(int(cycles)):
             await self._step()
-
-    async def advance_to_frame(self, cycles: int) -> int:
-        """Run up to ``cycles`` cycles, stopping after the first cycle in which a frame left the switch;
-        return the cycles run."""
-        before = len(self._received)
-        for done in range(1, int(cycles) + 1):
-            await self._step()
-            if len(self._received) != before:
-                return done
-        return int(cycles)
 
     async def _read_register(self, addr: int) -> int:
         self._bus_state = "read"
@@ -208,11 +216,13 @@ class WireLink(LinkBase):
         for p, port in enumerate(self._ports):
             if not port.showing:
                 if not port.frame and port.queue:
-                    port.frame, port.offset = port.queue.popleft(), 0
+                    (port.frame, port.bad_keep), port.offset = port.queue.popleft(), 0
                 if port.frame and not (port.idle_limit and paused(port.idle_key, port.idle_limit, c)):
                     chunk = port.frame[port.offset:port.offset + B]
-                    self._set_beat(p, int.from_bytes(chunk, "little"), (1 << len(chunk)) - 1,
-                                   port.offset + B >= len(port.frame))
+                    last = port.offset + B >= len(port.frame)
+                    shift = int(last and port.bad_keep)      # as cais.sim.traffic.beats_of
+                    self._set_beat(p, int.from_bytes(chunk, "little") << (8 * shift),
+                                   ((1 << len(chunk)) - 1) << shift, last)
                     port.showing = True
                 if port.showing != port.valid:
                     self._set_valid(p, port.showing)
@@ -227,16 +237,16 @@ class WireLink(LinkBase):
                           wvalid=int(state == "write" and not self._w_done),
                           bready=int(state in ("write", "resp")), arvalid=int(state == "read"),
                           rready=int(state in ("read", "data")))
-        s_ready, m_valid = await self._edge()
+        await self._edge()
         for p, port in enumerate(self._ports):
-            if port.showing and s_ready[p]:
+            if port.showing and self._s_ready(p):
                 port.showing = False
                 port.offset += B
                 if port.offset >= len(port.frame):
                     port.frame, port.offset = b"", 0
                     if not port.queue:
                         self._sending -= 1
-            if m_valid[p] and port.ready:
+            if port.ready and self._m_valid(p):
                 data, keep, last = self._beat(p)
                 n = keep_bytes(keep, B, last, p)
                 if not port.rx:
@@ -280,7 +290,13 @@ class WireLink(LinkBase):
     def _set_reset(self, value: int) -> None:
         raise NotImplementedError
 
-    async def _edge(self) -> tuple[list[int], list[int]]:
+    async def _edge(self) -> None:
+        raise NotImplementedError
+
+    def _s_ready(self, port: int) -> bool:
+        raise NotImplementedError
+
+    def _m_valid(self, port: int) -> bool:
         raise NotImplementedError
 
     def _bus_sample(self) -> dict:

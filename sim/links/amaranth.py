@@ -1,0 +1,120 @@
+"""The Amaranth design (:class:`cais.hdl.switch.Switch`) under amaranth.sim.
+
+:class:`AmaranthLink` runs the per-cycle rules of :mod:`cais.sim.links.wires` in one amaranth.sim
+testbench: its methods tick the clock themselves, so only the testbench that owns the link may call
+them. :func:`run_amaranth` builds the simulator and runs ``await main(link)``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from cais.link import DEFAULT_CLOCK_HZ
+from cais.params import SwitchParams
+
+from .wires import AXIL_INPUTS, WireLink
+
+__all__ = ["AmaranthLink", "run_amaranth", "amaranth_vcd_path"]
+
+
+class AmaranthLink(WireLink):
+    """A :class:`cais.link.SwitchLink` on :class:`cais.hdl.switch.Switch` in amaranth.sim (see :mod:`.wires`).
+
+    amaranth.sim starts the design in its reset state, so the link's reset is ``RESET_CYCLES`` idle
+    cycles before the slot-state sweep's ``slots + 2``, as long as on the other links.
+    """
+
+    def __init__(self, params: SwitchParams, dut, *, clock_hz: float = DEFAULT_CLOCK_HZ, seed: int = 0,
+                 idle: float | list[float] = 0.0, backpressure: float | list[float] = 0.0):
+        self.dut = dut
+        self.ctx = None                      # the running testbench's context, set by run_amaranth
+        P = params.ports
+        self._sampled_signals = ([dut.s_axis[p].tready for p in range(P)]
+                                 + [s for p in range(P) for s in (dut.m_axis[p].tvalid, dut.m_axis[p].tdata,
+                                                                  dut.m_axis[p].tkeep, dut.m_axis[p].tlast)]
+                                 + [getattr(dut.s_axil, name) for name in AXIL_INPUTS])
+        self._values: tuple = ()
+        super().__init__(params, clock_hz=clock_hz, seed=seed, idle=idle, backpressure=backpressure)
+
+    def _set_beat(self, port: int, data: int, keep: int, last: bool) -> None:
+        bus = self.dut.s_axis[port]
+        self.ctx.set(bus.tdata, data)
+        self.ctx.set(bus.tkeep, keep)
+        self.ctx.set(bus.tlast, int(last))
+
+    def _set_valid(self, port: int, valid: bool) -> None:
+        self.ctx.set(self.dut.s_axis[port].tvalid, int(valid))
+
+    def _set_ready(self, port: int, ready: bool) -> None:
+        self.ctx.set(self.dut.m_axis[port].tready, int(ready))
+
+    def _set_bus(self, **values: int) -> None:
+        for name, value in values.items():
+            self.ctx.set(getattr(self.dut.s_axil, name), value)
+
+    def _set_reset(self, value: int) -> None:
+        pass                                 # amaranth.sim starts in reset state (see the class)
+
+    async def _edge(self) -> None:
+        self._values = (await self.ctx.tick().sample(*self._sampled_signals))[2:]
+
+    def _s_ready(self, port: int) -> bool:
+        return bool(self._values[port])
+
+    def _m_valid(self, port: int) -> bool:
+        return bool(self._values[self.params.ports + 4 * port])
+
+    def _beat(self, port: int) -> tuple[int, int, bool]:
+        i = self.params.ports + 4 * port
+        return int(self._values[i + 1]), int(self._values[i + 2]), bool(self._values[i + 3])
+
+    def _bus_sample(self) -> dict:
+        base = 5 * self.params.ports
+        return {name: int(self._values[base + i]) for i, name in enumerate(AXIL_INPUTS)}
+
+
+def amaranth_vcd_path(params: SwitchParams) -> Path:
+    """Where ``run_amaranth(..., waves=True)`` writes its waveform: ``<build>/sim/<slug>_amaranth/dump.vcd``."""
+    from ..build import build_root
+    return build_root() / "sim" / f"{params.slug()}_amaranth" / "dump.vcd"
+
+
+def run_amaranth(params: SwitchParams, main: Callable[[AmaranthLink], Awaitable], *, seed: int = 0,
+                 vcd: str | os.PathLike | None = None, waves: bool = False, idle: float | list[float] = 0.0,
+                 backpressure: float | list[float] = 0.0, clock_hz: float = DEFAULT_CLOCK_HZ, **_ignored: Any):
+    """Simulate :class:`cais.hdl.switch.Switch` and run ``await main(link)``; return its result.
+
+    ``idle`` and ``backpressure`` are the probabilities of an idle cycle on a source and of tready low
+    on a sink (one value, or one per port; seeded by ``seed``). ``vcd`` names a waveform file to write;
+    ``waves=True`` without ``vcd`` writes :func:`amaranth_vcd_path`.
+    """
+    from amaranth.sim import Simulator
+
+    from cais.hdl.switch import Switch
+
+    if waves and vcd is None:
+        vcd = amaranth_vcd_path(params)
+        vcd.parent.mkdir(parents=True, exist_ok=True)
+    dut = Switch(params)
+    link = AmaranthLink(params, dut, clock_hz=clock_hz, seed=seed, idle=idle, backpressure=backpressure)
+    sim = Simulator(dut)
+    sim.add_clock(1 / clock_hz)
+    outcome = {}
+
+    async def testbench(ctx):
+        link.ctx = ctx
+        for p in range(params.ports):
+            ctx.set(dut.m_axis[p].tready, 1)
+        await link._reset(params.slots + 2)
+        outcome["result"] = await main(link)
+
+    sim.add_testbench(testbench)
+    if vcd:
+        with sim.write_vcd(str(vcd)):
+            sim.run()
+    else:
+        sim.run()
+    return outcome["result"]
+

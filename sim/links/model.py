@@ -1,0 +1,148 @@
+"""The numpy reference model behind a simple time model: the link for the driver without a simulator.
+
+Imports nothing of amaranth or cocotb (numpy only), so the driver and the model install and run alone.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, Awaitable, Callable
+
+from cais.link import DEFAULT_CLOCK_HZ, run_sync
+from cais.params import SwitchParams
+
+from ..refmodel import SwitchModel
+from .base import LinkBase, Received, check_frame
+
+__all__ = ["ModelLink", "run_model", "SIMULATOR_ONLY_OPTIONS"]
+
+
+def _beats(nbytes: int, beat_bytes: int) -> int:
+    return max(1, -(-nbytes // beat_bytes))
+
+
+class ModelLink(LinkBase):
+    """The reference model behind a time model; every method returns without suspending.
+
+    Time model (approximate, deterministic; close to the RTL's store-and-forward pipeline):
+
+    * Ingress: each port is a wire of one beat per cycle. A frame sent at cycle ``c`` starts when the
+      port's earlier frames have gone (not before ``c``) and has fully arrived ``beats`` cycles later.
+    * Core: frames are processed one at a time in order of full arrival (ties: lower port first, then
+      order of sending), one beat per cycle, so frames from different ports serialise. The model's
+      ``receive`` runs when the core has finished the frame (registers read afterwards see its effect).
+    * Egress: an output frame's first beat leaves ``EGRESS_LATENCY`` cycles after the core finished the
+      input frame, or when the egress port finished its previous frame, whichever is later; it is
+      received once its last beat has left (``+ beats``). docs/interface.md: the RTL's first result
+      beat leaves ``beats + 9 + L`` cycles after the last input beat, L being the slot ALU's latency (4
+      with float units, 0 without); the model uses 9 for every frame (a timing approximation: results
+      leave up to 4 cycles early, forwarded frames do not pass the ALU).
+    * Registers: each access takes ``reg_cycles`` cycles (the RTL's AXI4-Lite takes about as many).
+
+    Work is done lazily: whenever the link is used, every frame whose core pass ended by ``cycle`` is
+    processed first, so the outcome does not depend on how ``advance`` calls are split.
+    """
+
+    EGRESS_LATENCY = 9
+
+    def __init__(self, params: SwitchParams = SwitchParams(), clock_hz: float = DEFAULT_CLOCK_HZ, *,
+                 reg_cycles: int = 4, model: SwitchModel | None = None):
+        super().__init__(params, clock_hz)
+        self.model = model if model is not None else SwitchModel(params)
+        self.reg_cycles = reg_cycles
+        self._cycle = 0
+        self._seq = 0                                   # tie-breaker: order of sending / emitting
+        self._wire_free = [0] * params.ports            # cycle each ingress wire is free again
+        self._egress_free = [0] * params.ports          # cycle each egress wire is free again
+        self._core_free = 0
+        self._arrivals: list[tuple[int, int, int, bytes]] = []   # heap: (arrived, port, seq, frame)
+        self._out: list[tuple[int, int, int, bytes]] = []        # heap: (delivered, port, seq, frame)
+
+    @property
+    def cycle(self) -> int:
+        return self._cycle
+
+    def send(self, port: int, frame: bytes, *, bad_keep: bool = False) -> None:
+        self.check_port(port)
+        frame = check_frame(frame, self.params.beat_bytes, bad_keep)
+        start = max(self._cycle, self._wire_free[port])
+        end = start + _beats(len(frame), self.params.beat_bytes)
+        self._wire_free[port] = end
+        heapq.heappush(self._arrivals, (end, port, self._seq, frame, bad_keep))
+        self._seq += 1
+
+    def _process(self) -> None:
+        B = self.params.beat_bytes
+        while self._arrivals:
+            arrived, port, _, frame, bad_keep = self._arrivals[0]
+            done = max(arrived, self._core_free) + _beats(len(frame), B)
+            # A frame sent from now on arrives after `cycle` >= done: this one is really next.
+            if done > self._cycle:
+                return
+            heapq.heappop(self._arrivals)
+            self._core_free = done
+            for out_port, data in self.model.receive(port, frame, framing_ok=not bad_keep):
+                first = max(done + self.EGRESS_LATENCY, self._egress_free[out_port])
+                last = first + _beats(len(data), B)
+                self._egress_free[out_port] = last
+                heapq.heappush(self._out, (last, out_port, self._seq, first, data))
+                self._seq += 1
+
+    def take_stamped(self) -> list[Received]:
+        self._process()
+        got = []
+        while self._out and self._out[0][0] <= self._cycle:
+            last, port, _, first, data = heapq.heappop(self._out)
+            got.append(Received(port, data, first, last - 1))
+        return got
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._arrivals)
+
+    @property
+    def busy(self) -> bool:
+        """A frame is on an ingress wire, in the core, or not yet out of an egress port."""
+        self._process()
+        return bool(self._arrivals) or any(t > self._cycle for t, *_ in self._out)
+
+    async def advance(self, cycles: int) -> None:
+        if cycles < 0:
+            raise ValueError(f"advance({cycles}): cycles must not be negative")
+        self._cycle += int(cycles)
+
+    async def read(self, addr: int) -> int:
+        self._process()
+        if int(addr) & ~3 == self._busy_addr:
+            value = int(self.busy)
+        else:
+            value = self.model.read(addr)
+        self._cycle += self.reg_cycles
+        return value
+
+    def set_patterns(self, idle=0.0, backpressure=0.0) -> None:
+        """Accepted for symmetry with the simulator links; the model's wires never pause."""
+
+    async def reset(self) -> None:
+        """A fresh model and empty wires at cycle 0 (as the simulator links' reset)."""
+        self.__init__(self.params, self.clock_hz, reg_cycles=self.reg_cycles)
+
+    async def write(self, addr: int, value: int) -> None:
+        self._process()
+        self.model.write(addr, value)
+        self._cycle += self.reg_cycles
+
+
+#: Options of the simulator links that have no meaning for the model; :func:`run_model` ignores them so
+#: that callers can pass the same options to every backend.
+SIMULATOR_ONLY_OPTIONS = ("seed", "idle", "backpressure", "vcd", "waves", "keep_run")
+
+
+def run_model(params: SwitchParams, main: Callable[[Any], Awaitable], **kw):
+    """Run ``await main(link)`` on a fresh :class:`ModelLink`; return main's result.
+
+    ``kw`` go to :class:`ModelLink` (``clock_hz``, ``reg_cycles``, ``model``); the simulator-only options
+    (``seed``, ``idle``, ``backpressure``, ``vcd``, ``waves``, ``keep_run``) are accepted and ignored.
+    """
+    kw = {k: v for k, v in kw.items() if k not in SIMULATOR_ONLY_OPTIONS}
+    return run_sync(main(ModelLink(params, **kw)))
