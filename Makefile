@@ -34,7 +34,7 @@ test: $(STAMP) ## Run all tests (amaranth.sim and cocotb + Verilator) on JOBS=2 
 	$(VPY) -m pytest -n $(JOBS) $(PYTEST_ARGS) tests/
 
 test-fast: $(STAMP) ## Run only the amaranth.sim / unit tests (no Verilator builds)
-	$(VPY) -m pytest -n $(JOBS) -m "not cocotb" $(PYTEST_ARGS) tests/
+	$(VPY) -m pytest -n $(JOBS) -m "not verilator" $(PYTEST_ARGS) tests/
 
 sim: $(STAMP) ## Run the main simulation job (python -m cais.sim.cosim ARGS)
 	$(VPY) -m cais.sim.cosim $(ARGS)

@@ -84,9 +84,23 @@ def test_amaranth_matches_model():
     assert_same(result, cached("model", JOB))
 
 
-@pytest.mark.cocotb
+@pytest.mark.verilator
 def test_cocotb_matches_model():
     result = cached("cocotb", JOB)
+    assert result["correct"]
+    assert_same(result, cached("model", JOB))
+
+
+@pytest.mark.verilator
+def test_verilator_matches_model():
+    result = cached("verilator", JOB)
+    assert result["correct"]
+    assert_same(result, cached("model", JOB))
+
+
+@pytest.mark.verilator
+def test_verilator_rough_wires_match_model():
+    result = cached("verilator", JOB, **ROUGH_WIRES)
     assert result["correct"]
     assert_same(result, cached("model", JOB))
 
@@ -97,7 +111,7 @@ def test_amaranth_rough_wires_match_model():
     assert_same(result, cached("model", JOB, **ROUGH_WIRES))      # the model ignores the wire options
 
 
-@pytest.mark.cocotb
+@pytest.mark.verilator
 def test_cocotb_rough_wires_match_model():
     result = cached("cocotb", JOB, **ROUGH_WIRES)
     assert result["correct"]
@@ -110,10 +124,15 @@ def test_faulty_egress_amaranth_matches_model(fault_job):
     assert_same(cached("amaranth", fault_job), reference)
 
 
-@pytest.mark.cocotb
+@pytest.mark.verilator
 def test_faulty_egress_cocotb_matches_model(fault_job):
     # The entry point lives in this test module: it must import in the simulator process too.
     assert_same(cached("cocotb", fault_job, entry=f"{__name__}:faulty_entry"), cached("model", fault_job))
+
+
+@pytest.mark.verilator
+def test_faulty_egress_verilator_matches_model(fault_job):
+    assert_same(cached("verilator", fault_job), cached("model", fault_job))
 
 
 def test_run_backend_rejects_bad_arguments():

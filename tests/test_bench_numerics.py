@@ -142,7 +142,7 @@ def test_checker_tells_another_arrival_order_from_a_wrong_sum():
 # ---------------------------------------------------------------- the Verilated switch
 
 
-@pytest.mark.cocotb
+@pytest.mark.verilator
 def test_one_small_row_on_the_verilated_switch():
     row = bench.ROWS["bf16.sum.acc_fp32"]
     plan = bench.plan_row(PARAMS, row, 64, 1, 8)

@@ -143,20 +143,20 @@ def test_lossless_model_and_amaranth_send_the_same_frames():
     assert model["frames_sent"] == rtl["frames_sent"] and model["bytes_sent"] == rtl["bytes_sent"]
 
 
-@pytest.mark.cocotb
+@pytest.mark.verilator
 def test_three_backends_agree_with_five_percent_loss():
     kw = dict(elements=1200, loss=0.05, seed=11, config={"offload": "always"})
     digests = {kind: run(kind, **kw)["result_sha256"] for kind in ("model", "amaranth", "cocotb")}
     assert len(set(digests.values())) == 1, digests
 
 
-@pytest.mark.cocotb
+@pytest.mark.verilator
 def test_verilator_faults_exact():
     s = run("cocotb", elements=4000, loss=0.05, duplicate=0.02, reorder=0.02, config={"offload": "always"})
     assert sum(s["retransmissions"]) > 0
 
 
-@pytest.mark.cocotb
+@pytest.mark.verilator
 def test_verilator_lossless_matches_model_frames():
     model = run("model", elements=2000, config={"offload": "always"})
     rtl = run("cocotb", elements=2000, config={"offload": "always"})

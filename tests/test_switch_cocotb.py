@@ -3,7 +3,7 @@
 Each (parameter set x testcase) is one simulator run of a cocotb test in ``cais.tb.test_switch``,
 ``cais.tb.test_floats`` or ``cais.tb.test_timing``; the Verilator build of a parameter set is cached
 (``cais.sim.build``) and shared by its testcases and by pytest-xdist workers. Run with
-``pytest tests/test_switch_cocotb.py -n 2``; ``-m "not cocotb"`` skips them.
+``pytest tests/test_switch_cocotb.py -n 2``; ``-m "not verilator"`` skips them.
 ``CAIS_SEED`` overrides the cocotb random seed (default 1), which seeds the traffic of every test.
 """
 
@@ -50,7 +50,7 @@ def switch_build(params: SwitchParams) -> BuildInfo:
     return _builds[params]
 
 
-@pytest.mark.cocotb
+@pytest.mark.verilator
 @pytest.mark.parametrize("testcase", TESTCASES)
 @pytest.mark.parametrize("pname", list(PARAM_SETS))
 def test_switch_cocotb(pname, testcase):
