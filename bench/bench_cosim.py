@@ -1,67 +1,148 @@
-"""Co-simulation benchmark: in-network all-reduce against the host ring, on the Verilated switch.
+"""Co-simulation benchmark: simulated cycles per second per link, and the switch against the host ring.
 
-For N = 2, 4, 8 ranks (one per port) it runs the same all-reduce twice through the driver and
-controller, once forced onto the switch and once forced onto the host ring (whose frames the same
-switch forwards), and prints bytes sent per rank, cycles to completion, and the co-simulation's
-simulated cycles per second next to a bare clock-only cocotb run of the same model in the same process.
+1. Link speed: the `make sim` job (4 ranks all-reduce int32 through the driver and controller) on every
+   link side by side in one run: the reference model, amaranth.sim, cocotb + Verilator, the C++-driven
+   Verilator link, and the bare C++ clock loop of the same Verilated model (no wire touched). The slow
+   links (amaranth, cocotb) run a smaller tensor (--slow-elements); cycles per second is a per-cycle rate,
+   so the figures compare.
+2. Switch against ring: for N = 2, 4, 8 ranks the same all-reduce forced onto the switch and onto the
+   host ring (whose frames the same switch forwards), on the C++-driven link: bytes sent per rank and
+   cycles to completion.
 
-    python bench/bench_cosim.py [--elements 16384] [--ranks 2,4,8] [--backend verilator|amaranth|model]
+    python bench/bench_cosim.py [--elements 262144] [--slow-elements 16384] [--ranks 2,4,8]
+                                [--links model,amaranth,cocotb,verilator_cpp,bare_cpp] [--json]
 """
 
 from __future__ import annotations
 
-import argparse
+import json
 import sys
+import time
 
+from cais.cli import Parser, integer
 from cais.params import SwitchParams
 from cais.sim.backends import run_backend
 
 ENTRY = "cais.sim.workload:all_reduce_job"
-BACKENDS = {"verilator": "cocotb", "amaranth": "amaranth", "model": "model"}
+#: link name in the report -> backend of run_backend (bare_cpp is timed separately)
+LINKS = {"model": "model", "amaranth": "amaranth", "cocotb": "cocotb", "verilator_cpp": "verilator",
+         "bare_cpp": None}
+SLOW = ("amaranth", "cocotb")
+BARE_CYCLES = 2_000_000
+
+
+def _job(ranks: int, elements: int, offload: str = "auto") -> dict:
+    return {"ranks": ranks, "elements": elements, "op": "sum", "seed": 1, "config": {"offload": offload}}
+
+
+def bare_cpp_rate(params: SwitchParams, cycles: int = BARE_CYCLES) -> float:
+    """Cycles per second of the Verilated model with only its clock toggled, from C++."""
+    from cais.sim.links.verilator import VerilatorLink
+
+    link = VerilatorLink(params)
+    try:
+        link.bare_clock(1000)                       # warm up
+        t0 = time.perf_counter()
+        link.bare_clock(cycles)
+        return cycles / (time.perf_counter() - t0)
+    finally:
+        link.close()
+
+
+def link_rates(links: list[str], elements: int, slow_elements: int) -> dict:
+    params = SwitchParams(ports=4)
+    rows = {}
+    for name in links:
+        if name == "bare_cpp":
+            rows[name] = {"cycles_per_s": bare_cpp_rate(params), "elements": 0, "cycles": BARE_CYCLES,
+                          "wall_s": None, "correct": None}
+            continue
+        n = slow_elements if name in SLOW else elements
+        t0 = time.perf_counter()
+        s = run_backend(LINKS[name], params, ENTRY, _job(4, n))
+        wall = time.perf_counter() - t0
+        if not s["correct"]:
+            raise SystemExit(f"{name}: wrong all-reduce result")
+        # the job's own wall clock covers the collective only (not building or starting a simulator)
+        rows[name] = {"cycles_per_s": s["cycles"] / s["wall_s"], "elements": n, "cycles": s["cycles"],
+                      "wall_s": wall, "correct": True}
+    return rows
+
+
+def switch_vs_ring(ranks: list[int], elements: int) -> list[dict]:
+    out = []
+    for n in ranks:
+        runs = {}
+        for path in ("always", "never"):
+            s = run_backend("verilator", SwitchParams(ports=n), ENTRY, _job(n, elements, path))
+            if not s["correct"]:
+                raise SystemExit(f"N={n}, offload {path}: wrong all-reduce result")
+            runs[path] = s
+        ring_bytes = sum(runs["never"]["bytes_sent"]) / n
+        for path, label in (("always", "switch"), ("never", "ring")):
+            s = runs[path]
+            per_rank = sum(s["bytes_sent"]) / n
+            out.append({"ranks": n, "path": label, "bytes_per_rank": per_rank, "ratio": per_rank / ring_bytes,
+                        "limit": n / (2 * (n - 1)) if label == "switch" else 1.0, "cycles": s["cycles"],
+                        "cycles_per_s": s["cycles"] / s["wall_s"]})
+    return out
+
+
+def parse_args(argv):
+    ap = Parser(prog="bench/bench_cosim.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--elements", type=integer(1), default=262144,
+                    help="int32 elements per rank (model, verilator_cpp, switch-vs-ring)")
+    ap.add_argument("--slow-elements", type=integer(1), default=16384,
+                    help="int32 elements per rank on the slow links (amaranth, cocotb)")
+    ap.add_argument("--ranks", default="2,4,8", help="comma-separated rank counts for switch vs ring (2..16)")
+    ap.add_argument("--links", default=",".join(LINKS), help=f"comma-separated subset of {', '.join(LINKS)}")
+    ap.add_argument("--json", action="store_true", help="print one JSON object with the figures, no table")
+    args = ap.parse_args(argv)
+    try:
+        args.ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else []
+    except ValueError:
+        ap.error(f"--ranks {args.ranks!r}: a comma-separated list of integers")
+    if any(not 2 <= n <= 16 for n in args.ranks):
+        ap.error(f"--ranks {args.ranks}: every count must be between 2 and 16")
+    args.links = [name for name in args.links.split(",") if name]
+    unknown = [name for name in args.links if name not in LINKS]
+    if unknown:
+        ap.error(f"--links: unknown {', '.join(unknown)}; choose from {', '.join(LINKS)}")
+    return args
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--elements", type=int, default=16384, help="int32 elements per rank")
-    ap.add_argument("--ranks", default="2,4,8", help="comma-separated rank counts (2..16)")
-    ap.add_argument("--backend", choices=list(BACKENDS), default="verilator")
-    args = ap.parse_args(argv)
-    try:
-        ranks = [int(r) for r in args.ranks.split(",")]
-    except ValueError:
-        ap.error(f"--ranks {args.ranks!r}: a comma-separated list of integers")
-    if any(not 2 <= n <= 16 for n in ranks):
-        ap.error(f"--ranks {args.ranks}: every count must be between 2 and 16")
-    if args.elements < 1:
-        ap.error("--elements must be at least 1")
-    kind = BACKENDS[args.backend]
-
-    print(f"CAIS co-simulation benchmark: {args.elements} int32 elements per rank, backend {args.backend}")
+    args = parse_args(argv)
+    rates = link_rates(args.links, args.elements, args.slow_elements)
+    ring = switch_vs_ring(args.ranks, args.elements)
+    cps = {name: row["cycles_per_s"] for name, row in rates.items()}
+    ratios = {}
+    if "verilator_cpp" in cps:
+        for base in ("cocotb", "amaranth", "bare_cpp"):
+            if base in cps:
+                ratios[f"verilator_cpp/{base}"] = cps["verilator_cpp"] / cps[base]
+    if args.json:
+        print(json.dumps({"cycles_per_s": cps, "ratios": ratios, "links": rates, "switch_vs_ring": ring,
+                          "elements": args.elements, "slow_elements": args.slow_elements}))
+        return 0
+    print(f"CAIS co-simulation benchmark: 4 ranks all-reduce int32 ({args.elements} elements per rank; "
+          f"{args.slow_elements} on {', '.join(SLOW)})")
     print()
-    print(f"{'N':>3} {'path':>7} {'bytes/rank':>11} {'ratio':>6} {'limit':>6} {'cycles':>9} {'cycles/s':>9} "
-          f"{'bare clock cycles/s':>20}")
-    for n in ranks:
-        params = SwitchParams(ports=n)
-        rows = {}
-        for path in ("always", "never"):
-            job = {"ranks": n, "elements": args.elements, "op": "sum", "seed": 1,
-                   "config": {"offload": path}, "bare_clock_cycles": 20000 if kind == "cocotb" else 0}
-            s = run_backend(kind, params, ENTRY, job)
-            if not s["correct"]:
-                raise SystemExit(f"N={n}, {path}: wrong result")
-            rows[path] = s
-        ring_bytes = sum(rows["never"]["bytes_sent"]) / n
-        for path, label in (("always", "switch"), ("never", "ring")):
-            s = rows[path]
-            per_rank = sum(s["bytes_sent"]) / n
-            bare = s.get("bare_clock_cycles_per_s")
-            print(f"{n:>3} {label:>7} {per_rank:>11.0f} {per_rank / ring_bytes:>6.3f} "
-                  f"{n / (2 * (n - 1)) if label == 'switch' else 1.0:>6.3f} {s['cycles']:>9} "
-                  f"{s['cycles'] / s['wall_s']:>9.0f} {f'{bare:.0f}' if bare else '-':>20}")
-    print()
-    print("ratio: bytes a rank sends divided by what it sends on the host ring (acknowledgements included);")
-    print("limit: N/(2(N-1)), the payload-only ratio for large tensors; headers are 30 B per 256 B chunk on")
-    print("the switch and 30 B per 1484 B fragment on the ring.")
+    print(f"{'link':>14} {'elements':>9} {'cycles':>9} {'wall s':>7} {'cycles/s':>10}")
+    for name, row in rates.items():
+        wall = f"{row['wall_s']:.1f}" if row["wall_s"] is not None else "-"
+        print(f"{name:>14} {row['elements'] or '-':>9} {row['cycles']:>9} {wall:>7} {row['cycles_per_s']:>10.0f}")
+    for key, value in ratios.items():
+        print(f"  {key}: {value:.2f}")
+    if ring:
+        print()
+        print(f"{'N':>3} {'path':>7} {'bytes/rank':>11} {'ratio':>6} {'limit':>6} {'cycles':>9} {'cycles/s':>9}")
+        for r in ring:
+            print(f"{r['ranks']:>3} {r['path']:>7} {r['bytes_per_rank']:>11.0f} {r['ratio']:>6.3f} {r['limit']:>6.3f} "
+                  f"{r['cycles']:>9} {r['cycles_per_s']:>9.0f}")
+        print()
+        print("ratio: bytes a rank sends divided by what it sends on the host ring (acknowledgements included);")
+        print("limit: N/(2(N-1)), the payload-only ratio for large tensors.")
     return 0
 
 

@@ -61,6 +61,11 @@ class FaultSpec:
         if self.ports is not None:
             object.__setattr__(self, "ports", tuple(sorted({int(p) for p in self.ports})))
 
+    @property
+    def active(self) -> bool:
+        """Whether any frame can suffer a fault."""
+        return bool(self.drop or self.duplicate or self.reorder)
+
     def applies(self, direction: str, port: int) -> bool:
         """Whether frames of ``port`` in ``direction`` are subject to faults at all."""
         if direction not in DIRECTIONS:
@@ -104,6 +109,8 @@ class FaultyLink:
     def __init__(self, inner, spec: FaultSpec = FaultSpec()):
         self.inner = inner
         self.spec = spec
+        # a spec without faults subjects no frame to them (and costs nothing per frame)
+        self._active = spec.active
         self.params = inner.params
         self.clock_hz = inner.clock_hz
         self.stats = {f"{d}_{k}": 0 for d in DIRECTIONS
@@ -143,7 +150,7 @@ class FaultyLink:
         return action
 
     def _apply(self, direction: str, port: int, frame: bytes, deliver) -> None:
-        if not self.spec.applies(direction, port):
+        if not self._active or not self.spec.applies(direction, port):
             deliver(frame)
             return
         action = self._decide(direction, port, frame)

@@ -257,7 +257,7 @@ async def all_reduce_job(link, job: dict) -> dict:
     config = Config.load(**job.get("config", {}))
     faults = FaultSpec(drop=job.get("loss", 0.0), duplicate=job.get("duplicate", 0.0),
                        reorder=job.get("reorder", 0.0), seed=job.get("seed", 0))
-    flink = FaultyLink(link, faults)
+    flink = FaultyLink(link, faults) if faults.active else link
     dtype = job.get("dtype", "int32")
     dtype = DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in DTYPES:
@@ -332,7 +332,7 @@ async def all_reduce_job(link, job: dict) -> dict:
         "paths": sorted({c["path"] for c in world.collectives}),
         "routes": route_names,
         "ring_bytes_per_rank": ring_bytes_per_rank(itemsize * elements, ranks) * collectives,
-        "faults": dict(flink.stats),
+        "faults": dict(getattr(flink, "stats", {})),
         "counters": counters, "stats": stats, "rule_retypes": world.controller.retypes,
         "decisions": [{"time_s": t, "group": g, "op_seq": s, "offload": d.offload, "score": d.score,
                        "reason": d.reason, "kind": str(d.kind)} for t, g, s, d in world.controller.decisions],

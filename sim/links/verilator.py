@@ -78,6 +78,7 @@ class VerilatorLink(LinkBase):
             self._lib.cais_trace_open(self._h, str(vcd).encode())
         self.set_patterns(idle, backpressure)
         self._lib.cais_reset(self._h, RESET_CYCLES, params.slots + 2)
+        self._cycle = 0              # mirrors cais_cycle (asked for often: a ctypes call costs)
         self._int, self._first, self._last = _int(), _u64(), _u64()
 
     def close(self) -> None:
@@ -92,7 +93,7 @@ class VerilatorLink(LinkBase):
     # ------------------------------------------------------------------ SwitchLink
     @property
     def cycle(self) -> int:
-        return self._lib.cais_cycle(self._h)
+        return self._cycle
 
     @property
     def pending(self) -> bool:
@@ -117,22 +118,26 @@ class VerilatorLink(LinkBase):
         if cycles < 0:
             raise ValueError(f"advance({cycles}): cycles must not be negative")
         self._lib.cais_run(self._h, int(cycles))
+        self._cycle += int(cycles)
         self._check()
 
     async def _read_register(self, addr: int) -> int:
         resp = _u32()
         value = self._lib.cais_read(self._h, addr, ctypes.byref(resp))
+        self._cycle = self._lib.cais_cycle(self._h)
         self._check()
         return value
 
     async def _write_register(self, addr: int, value: int) -> int:
         resp = self._lib.cais_write(self._h, addr, value & 0xFFFF_FFFF)
+        self._cycle = self._lib.cais_cycle(self._h)
         self._check()
         return resp
 
     async def reset(self) -> None:
         """Forget queued and partial frames, reset the switch and wait for its sweep: cycle 0 again."""
         self._lib.cais_reset(self._h, RESET_CYCLES, self.params.slots + 2)
+        self._cycle = 0
 
     def set_patterns(self, idle: float | list[float] = 0.0, backpressure: float | list[float] = 0.0) -> None:
         P = self.params.ports

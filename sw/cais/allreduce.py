@@ -218,12 +218,12 @@ class SwitchAllReduce:
         if self.failed:
             return []
         out = []
-        for chunk in sorted(self._in_flight.values(), key=lambda c: c.index):
-            if now >= chunk.deadline:
-                if chunk.backoff >= self.retry_limit:
-                    self.failed = True
-                    return out
-                out.append(self._send(chunk, now))
+        due = [chunk for chunk in self._in_flight.values() if now >= chunk.deadline]
+        for chunk in sorted(due, key=lambda c: c.index) if len(due) > 1 else due:
+            if chunk.backoff >= self.retry_limit:
+                self.failed = True
+                return out
+            out.append(self._send(chunk, now))
         while (self._next < self.nchunks and len(self._in_flight) < self.window
                and self._slot_free(self._next)):
             chunk = self._chunks[self._next]
