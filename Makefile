@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 test: $(STAMP) ## Run all tests (amaranth.sim and cocotb + Verilator) on JOBS=2 pytest-xdist workers
-	$(VPY) -m pytest -n $(JOBS) $(PYTEST_ARGS) tests/
+	$(VPY) -m pytest -n $(JOBS) --durations=15 $(PYTEST_ARGS) tests/
 
 test-fast: $(STAMP) ## Run only the amaranth.sim / unit tests (no Verilator builds)
 	$(VPY) -m pytest -n $(JOBS) -m "not verilator" $(PYTEST_ARGS) tests/

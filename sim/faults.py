@@ -214,3 +214,21 @@ class FaultyLink:
             await self.inner.advance(min(deadlines) - self.cycle)
         if target > self.cycle:
             await self.inner.advance(target - self.cycle)
+
+    async def advance_to_frame(self, cycles: int) -> int:
+        """As the inner link's; a held egress frame falling due is a frame event too (take_received then
+        hands it out), and a held ingress frame falling due is sent on the way."""
+        if cycles < 0:
+            raise ValueError(f"advance_to_frame({cycles}): cycles must not be negative")
+        start = self.cycle
+        target = start + int(cycles)
+        while self.cycle < target:
+            self._release_ingress()
+            due = [d for held in self._held.values() for d, _ in held if d > self.cycle]
+            want = min([target] + due) - self.cycle
+            if await self.inner.advance_to_frame(want) < want:
+                break                                          # a frame came out of the switch
+            if any(d <= self.cycle for (direction, _), held in self._held.items() if direction == "egress"
+                   for d, _ in held):
+                break                                          # a held egress frame is due
+        return self.cycle - start

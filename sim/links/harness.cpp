@@ -304,10 +304,16 @@ void cais_send(void* hv, int port, const uint8_t* data, uint64_t len, int bad_ke
     p.queue.push_back(TxFrame{std::vector<uint8_t>(data, data + len), bad_keep != 0});
 }
 
-// Run `cycles` cycles.
-void cais_run(void* hv, uint64_t cycles) {
+// Run `cycles` cycles, or (stop_on_frame) until the end of the first cycle in which a frame finished
+// leaving the switch; return the cycles run.
+uint64_t cais_run(void* hv, uint64_t cycles, int stop_on_frame) {
     Harness* h = static_cast<Harness*>(hv);
-    for (uint64_t i = 0; i < cycles; ++i) h->step();
+    size_t before = h->received.size();
+    for (uint64_t i = 1; i <= cycles; ++i) {
+        h->step();
+        if (stop_on_frame && h->received.size() != before) return i;
+    }
+    return cycles;
 }
 
 // The bare clock loop of the same model (no wire touched), for the benchmark's comparison.

@@ -111,6 +111,26 @@ class ModelLink(LinkBase):
             raise ValueError(f"advance({cycles}): cycles must not be negative")
         self._cycle += int(cycles)
 
+    async def advance_to_frame(self, cycles: int) -> int:
+        """Advance up to ``cycles`` cycles, stopping after the first cycle in which a frame finished
+        leaving the switch (frames already out do not count); return the cycles advanced."""
+        if cycles < 0:
+            raise ValueError(f"advance_to_frame({cycles}): cycles must not be negative")
+        start, end = self._cycle, self._cycle + int(cycles)
+        self._process()
+        out_before = sum(1 for t, *_ in self._out if t <= start)
+        while self._cycle < end:
+            later = [t for t, *_ in self._out if t > self._cycle]
+            target = min([end] + later)
+            if self._arrivals:       # the next frame the core finishes may emit output: look then
+                arrived, _, _, frame, _ = self._arrivals[0]
+                target = min(target, max(arrived, self._core_free) + _beats(len(frame), self.params.beat_bytes))
+            self._cycle = max(target, self._cycle + 1)
+            self._process()
+            if sum(1 for t, *_ in self._out if t <= self._cycle) > out_before:
+                break
+        return self._cycle - start
+
     async def read(self, addr: int) -> int:
         self._process()
         if int(addr) & ~3 == self._busy_addr:

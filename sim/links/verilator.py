@@ -31,7 +31,7 @@ _SIGNATURES = {
     "cais_reset": (None, [_vp, _u64, _u64]),
     "cais_set_pattern": (None, [_vp, _int, _u64, _u64]), "cais_set_hold": (None, [_vp, _int, _int]),
     "cais_send": (None, [_vp, _int, ctypes.c_char_p, _u64, _int]),
-    "cais_run": (None, [_vp, _u64]), "cais_bare_clock": (None, [_vp, _u64]),
+    "cais_run": (_u64, [_vp, _u64, _int]), "cais_bare_clock": (None, [_vp, _u64]),
     "cais_cycle": (_u64, [_vp]), "cais_sending": (_int, [_vp]), "cais_error": (ctypes.c_char_p, [_vp]),
     "cais_rx_count": (_u64, [_vp]),
     "cais_rx_head": (_u64, [_vp, ctypes.POINTER(_int), ctypes.POINTER(_u64), ctypes.POINTER(_u64)]),
@@ -117,9 +117,19 @@ class VerilatorLink(LinkBase):
     async def advance(self, cycles: int) -> None:
         if cycles < 0:
             raise ValueError(f"advance({cycles}): cycles must not be negative")
-        self._lib.cais_run(self._h, int(cycles))
+        self._lib.cais_run(self._h, int(cycles), 0)
         self._cycle += int(cycles)
         self._check()
+
+    async def advance_to_frame(self, cycles: int) -> int:
+        """Run up to ``cycles`` cycles, stopping after the first cycle in which a frame finished leaving
+        the switch; return the cycles run."""
+        if cycles < 0:
+            raise ValueError(f"advance_to_frame({cycles}): cycles must not be negative")
+        ran = self._lib.cais_run(self._h, int(cycles), 1)
+        self._cycle += ran
+        self._check()
+        return ran
 
     async def _read_register(self, addr: int) -> int:
         resp = _u32()

@@ -161,6 +161,18 @@ class WireLink(LinkBase):
         for _ in range(int(cycles)):
             await self._step()
 
+    async def advance_to_frame(self, cycles: int) -> int:
+        """Run up to ``cycles`` cycles, stopping after the first cycle in which a frame finished leaving
+        the switch; return the cycles run."""
+        if cycles < 0:
+            raise ValueError(f"advance_to_frame({cycles}): cycles must not be negative")
+        before = len(self._received)
+        for ran in range(1, int(cycles) + 1):
+            await self._step()
+            if len(self._received) != before:
+                return ran
+        return int(cycles)
+
     async def _read_register(self, addr: int) -> int:
         self._bus_state = "read"
         self._set_bus(araddr=addr)

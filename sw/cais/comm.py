@@ -36,8 +36,9 @@ from .registers import register_map
 
 __all__ = ["World", "Communicator", "Work", "Group", "host_mac", "CollectiveError"]
 
-ACTIVE_STEP = 32        # cycles per world step while frames are moving
-IDLE_CHECK = 256        # cycles of silence before the world may jump ahead to the next timer
+ACTIVE_STEP = 32        # cycles per world step while the controller has register work waiting
+IDLE_CHECK = 256        # cycles of silence before the world may jump ahead to the next timer; also the
+                        # longest step while waiting for a frame to come out
 
 
 def host_mac(rank: int) -> int:
@@ -377,6 +378,7 @@ class World:
         for t in threads:
             t.start()
         quiet = steps = 0
+        last_state = None
         while True:
             steps += 1
             if self.progress_hook is not None and steps % 256 == 0:
@@ -393,7 +395,10 @@ class World:
             await self._serve_groups()
             sent = self._step_engines()
             await self.controller.service(self.now)
-            step = ACTIVE_STEP
+            state = self._progress_state()
+            if state != last_state:          # a collective moved on without a frame: not quiet
+                quiet, last_state = 0, state
+            step, to_frame = ACTIVE_STEP, False
             if (not sent and quiet >= IDLE_CHECK and self._nothing_in_flight()
                     and await self.link.read(self.regs["BUSY"].address()) == 0):
                 # Nothing moves: jump to the next retransmission timer, or report a hang.
@@ -402,7 +407,13 @@ class World:
                     step = max(ACTIVE_STEP, int((deadline - self.now) * self.link.clock_hz) + 1)
                 elif await self._stuck():
                     raise CollectiveError(self._stuck_report())
-            await self.link.advance(step)
+            elif not self.controller.pending:
+                # Frames are moving: nothing changes for the driver until one comes out or a timer fires.
+                step, to_frame = self._cycles_to_timer(IDLE_CHECK), True
+            if to_frame:
+                step = await self.link.advance_to_frame(step)
+            else:
+                await self.link.advance(step)
             received = self.link.take_received()
             quiet = 0 if (received or sent) else quiet + step
             self._deliver(received)
@@ -423,6 +434,22 @@ class World:
     def _nothing_in_flight(self) -> bool:
         idle = getattr(self.link, "idle", None)
         return idle() if idle else True
+
+    def _progress_state(self) -> tuple:
+        """What changes when a collective moves on (queued, decided, started, finished, fallen back)."""
+        return (len(self.controller.decisions),) + tuple(
+            (len(s.queue), len(s.background), len(s.lingering),
+             None if s.current is None else (id(s.current), s.current.path, s.current.engine is None))
+            for s in self._states)
+
+    def _cycles_to_timer(self, limit: int) -> int:
+        """Cycles until the next engine timer or controller evaluation is due (1 to ``limit``)."""
+        deadlines = [self.controller.next_evaluation]
+        deadline = self._next_deadline()
+        if deadline is not None:
+            deadlines.append(deadline)
+        cycles = int((min(deadlines) - self.now) * self.link.clock_hz) + 1
+        return max(1, min(limit, cycles))
 
     def _next_deadline(self) -> float | None:
         deadlines = []

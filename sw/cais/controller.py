@@ -356,6 +356,11 @@ class Controller:
         self.retypes += 1
         log.debug("group %d: rule %d retyped %s -> %s", group_id, info.rule_index, old, kind)
 
+    @property
+    def next_evaluation(self) -> float:
+        """When (seconds of switch time) :meth:`service` next re-evaluates the offload decisions."""
+        return self._next_eval
+
     async def service(self, now: float) -> None:
         """Pending register work, and the periodic re-evaluation when it is due."""
         while self._cleanups:

@@ -39,6 +39,11 @@ class SwitchLink(Protocol):
     async def advance(self, cycles: int) -> None:
         """Run the switch for `cycles` clock cycles."""
 
+    async def advance_to_frame(self, cycles: int) -> int:
+        """Run the switch for up to `cycles` cycles, stopping after the first cycle in which a frame
+        finished leaving it (frames already out before the call do not count); return the cycles run.
+        Lets a driver step at frame events instead of every few cycles."""
+
     async def read(self, addr: int) -> int:
         """Read a 32-bit register (byte address of docs/registers.md)."""
 
