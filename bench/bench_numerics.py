@@ -4,8 +4,9 @@ One row per (dtype, operator, mode); the modes are ``wire`` (the wire format's o
 ``saturate`` (integer SUM clamps), ``acc_fp32`` (fp16/bf16 accumulated in binary32, rounded once),
 ``reproducible`` (contributions folded in ascending port order when the set completes) and
 ``reproducible+acc_fp32``. Everything runs on the exported Verilog (``cais_switch``) under Verilator,
-through the project's cached build and the cocotb backend (``cais.sim.backends.run_backend("cocotb", ...)``,
-entry point :func:`sim_main`), at the default :class:`~cais.params.SwitchParams`. For each row:
+through the project's cached build and the C++-driven link (``cais.sim.backends.run_backend("verilator",
+...)``, entry point :func:`sim_main`; ``--backend cocotb`` runs the same through cocotb), at the default
+:class:`~cais.params.SwitchParams`. For each row:
 
 1. **Check.** ``--elements`` random result elements (default 20000) plus an edge-case catalogue, in
    all-reduce chunks of the row's full set capacity with one contribution from every port. The random
@@ -356,143 +357,55 @@ def plan_row(params: SwitchParams, row: Row, elements: int, seed: int, load_chun
     }
 
 
-# --- the simulator side (runs inside cocotb, through cais.sim.backends.run_cocotb) ----------------------------
+# --- the simulator side (an entry point for cais.sim.backends.run_backend, on any link) ------------------------
 
 
-class _Ports:
-    """The exported switch's AXI4-Stream ports, driven and watched directly by one coroutine that wakes
-    once per clock edge (the link's cocotbext-axi sinks, which read tdata once per byte lane, are stopped)."""
+async def drive(link, lanes, *, expect: int, quiet: int = 4000) -> dict:
+    """Send *lanes* and collect the egress until *expect* frames came out (and 64 cycles more), or nothing
+    came out for *quiet* cycles after the last beat was sent.
 
-    def __init__(self, dut, params: SwitchParams):
-        from cocotb.triggers import RisingEdge
+    A lane is a list of (port, frame), sent one frame after the other, the next frame's first beat right
+    after the previous one's last; lanes run in parallel on distinct ports. Cycles are counted from 1 at
+    the first edge after the call: returns per lane the cycle each frame's last beat was taken, the
+    received frames as (cycle of the last beat, port, bytes), the cycle the first egress beat was taken,
+    and the cycles run.
+    """
+    t0 = link.cycle - 1
+    todo = [list(reversed(lane)) for lane in lanes]
+    on_port: dict[int, list[int]] = {}               # port -> lanes with a frame queued there, in order
+    done: list[list[int]] = [[] for _ in lanes]
+    received = []
 
-        P = params.ports
-        self.B = params.beat_bytes
-        self.P = P
-        self.edge = RisingEdge(dut.clk)
+    def start(i: int) -> None:
+        if todo[i]:
+            port, frame = todo[i].pop()
+            link.send(port, bytes(frame))
+            on_port.setdefault(port, []).append(i)
 
-        def sig(fmt):
-            return [getattr(dut, fmt.format(p)) for p in range(P)]
+    def collect() -> int:
+        got = link.take_stamped()
+        received.extend(got)
+        return len(got)
 
-        self.tdata, self.tkeep = sig("s_axis_p{}_tdata"), sig("s_axis_p{}_tkeep")
-        self.tlast, self.tvalid, self.tready = sig("s_axis_p{}_tlast"), sig("s_axis_p{}_tvalid"), sig("s_axis_p{}_tready")
-        self.m_tdata, self.m_tkeep = sig("m_axis_p{}_tdata"), sig("m_axis_p{}_tkeep")
-        self.m_tlast, self.m_tvalid, self.m_tready = sig("m_axis_p{}_tlast"), sig("m_axis_p{}_tvalid"), sig("m_axis_p{}_tready")
-        self.shown = [None] * P                  # (tkeep, tlast) last driven per port, to skip unchanged writes
-        # One-bit reads happen several times per cycle: through the GPI handle's integer read where cocotb
-        # has it (about 10x cheaper than building a Logic value), else through .value.
-        self.bit_tready = [self._bit_reader(h) for h in self.tready]
-        self.bit_m_tvalid = [self._bit_reader(h) for h in self.m_tvalid]
-        self.bit_m_tlast = [self._bit_reader(h) for h in self.m_tlast]
-
-    @staticmethod
-    def _bit_reader(handle):
-        raw = getattr(getattr(handle, "_handle", None), "get_signal_val_long", None)
-        if raw is not None:
-            try:
-                if raw() in (0, 1) and raw() == int(handle.value):
-                    return raw
-            except Exception:
-                pass
-        return lambda: int(handle.value)
-
-    def take_over(self, link) -> None:
-        """Stop the link's AXI4-Stream sinks (this class collects the egress) and drive every tready high."""
-        for sink in link.sinks:
-            task = getattr(sink, "_run_cr", None)
-            if task is None:
-                raise RuntimeError("cocotbext-axi's AxiStreamSink has no _run_cr: cannot take over the egress")
-            task.kill()
-            sink._run_cr = None
-        for p in range(self.P):
-            self.m_tready[p].value = 1
-            self.tvalid[p].value = 0
-
-    def _show(self, port: int, beat) -> None:
-        tdata, tkeep, tlast = beat
-        self.tdata[port].value = tdata
-        if self.shown[port] != (tkeep, tlast):
-            self.tkeep[port].value = tkeep
-            self.tlast[port].value = int(tlast)
-            self.shown[port] = (tkeep, tlast)
-
-    async def drive(self, lanes, *, expect: int, quiet: int = 4000, limit: int = 10_000_000) -> dict:
-        """Send *lanes* and collect the egress until *expect* frames came out (and 64 cycles more), or
-        nothing happened for *quiet* cycles after the last beat was sent.
-
-        A lane is a list of (port, frame), sent one frame after the other, the next frame's first beat
-        right after the previous one's last; lanes run in parallel on distinct ports. Returns the edges
-        (counted from 1 at the first edge) at which each frame's last beat was taken, per lane; the
-        received frames as (edge of the last beat, port, bytes); the edge at which the first egress beat
-        was taken; and the number of edges.
-        """
-        from cais.sim.traffic import TxFrame, beats_of
-
-        B, P = self.B, self.P
-        todo = [iter(lane) for lane in lanes]
-        cur: list[list | None] = [None] * len(lanes)
-        done: list[list[int]] = [[] for _ in lanes]
-
-        def start(i: int) -> None:
-            item = next(todo[i], None)
-            if item is None:
-                cur[i] = None
-                return
-            port, frame = item
-            beats = beats_of(TxFrame(bytes(frame)), B)
-            cur[i] = [port, beats, 0]
-            self._show(port, beats[0])
-            self.tvalid[port].value = 1
-
-        for i in range(len(lanes)):
+    for i in range(len(lanes)):
+        start(i)
+    while any(on_port.values()):
+        await link.advance(1)
+        for sent in link.take_sent():
+            i = on_port[sent.port].pop(0)
+            done[i].append(sent.last - t0)
             start(i)
-        edge, last_activity, first_out, stop_at = 0, 0, None, None
-        rx = [bytearray() for _ in range(P)]
-        received: list[tuple[int, int, bytes]] = []
-        tready, tvalid = self.bit_tready, self.tvalid
-        m_tvalid, m_tlast = self.bit_m_tvalid, self.bit_m_tlast
-        m_tdata, m_tkeep = self.m_tdata, self.m_tkeep
-        ports = range(P)
-        sending = True
-        while True:
-            if not sending:
-                if stop_at is None and len(received) >= expect:
-                    stop_at = edge + 64
-                if (stop_at is not None and edge >= stop_at) or edge - last_activity > quiet:
-                    break
-            if edge >= limit:
-                raise AssertionError(f"drive: not finished after {limit} cycles")
-            await self.edge
-            edge += 1
-            for p in ports:
-                if m_tvalid[p]():
-                    last_activity = edge
-                    if first_out is None:
-                        first_out = edge
-                    if m_tlast[p]():
-                        n = m_tkeep[p].value.to_unsigned().bit_count()
-                        rx[p] += m_tdata[p].value.to_unsigned().to_bytes(B, "little")[:n]
-                        received.append((edge, p, bytes(rx[p])))
-                        rx[p] = bytearray()
-                    else:
-                        rx[p] += m_tdata[p].value.to_unsigned().to_bytes(B, "little")
-            if sending:
-                for i, c in enumerate(cur):
-                    if c is None or not tready[c[0]]():
-                        continue
-                    port, beats, k = c
-                    k += 1
-                    if k < len(beats):
-                        c[2] = k
-                        self._show(port, beats[k])
-                        continue
-                    done[i].append(edge)
-                    last_activity = edge
-                    start(i)
-                    if cur[i] is None or cur[i][0] != port:
-                        tvalid[port].value = 0
-                sending = any(c is not None for c in cur)
-        return {"done": done, "received": received, "first_out": first_out, "cycles": edge}
+        collect()
+    while quiet and len(received) < expect:
+        if await link.advance_to_frame(quiet) == quiet and not collect():
+            break
+        collect()
+    if expect and len(received) >= expect:
+        await link.advance(64)
+        collect()
+    first_out = min((r.first for r in received), default=None)
+    return {"done": done, "received": [(r.last - t0, r.port, r.data) for r in received],
+            "first_out": None if first_out is None else first_out - t0, "cycles": link.cycle - t0}
 
 
 async def _apply(link, writes) -> None:
@@ -509,7 +422,7 @@ def _frames(run: dict) -> list[tuple[int, bytes]]:
     return [(port, data) for _, port, data in sorted(run["received"], key=lambda x: (x[0], x[1]))]
 
 
-async def _run_row(link, ports: _Ports, plan: dict) -> dict:
+async def _run_row(link, plan: dict) -> dict:
     from cais.registers import register_map
 
     out = {"name": plan["name"]}
@@ -518,7 +431,7 @@ async def _run_row(link, ports: _Ports, plan: dict) -> dict:
     # 1. check: one frame at a time, in the planned order
     await _apply(link, plan["check"]["writes"])
     sequence = plan["check"]["sequence"]
-    run = await ports.drive([sequence], expect=len(sequence))
+    run = await drive(link, [sequence], expect=len(sequence))
     out["check"], out["check_cycles"] = _frames(run), run["cycles"]
     out["check_idle"] = await _idle(link)
     t1 = time.perf_counter()
@@ -526,7 +439,7 @@ async def _run_row(link, ports: _Ports, plan: dict) -> dict:
     await _apply(link, plan["load"]["writes"])
     frames = plan["load"]["frames"]
     lanes = [[(p, f) for f in frames[p]] for p in range(P)]
-    run = await ports.drive(lanes, expect=sum(map(len, lanes)))
+    run = await drive(link, lanes, expect=sum(map(len, lanes)))
     out["load"] = _frames(run)
     out["load_results"] = sorted(e for e, port, _ in run["received"] if port == 0)
     out["load_idle"] = await _idle(link)
@@ -535,12 +448,12 @@ async def _run_row(link, ports: _Ports, plan: dict) -> dict:
     lat = plan["latency"]["frames"]
     contributions = register_map(link.params)["CONTRIBUTIONS"].address()
     before = await link.read(contributions)
-    run = await ports.drive([[(p, lat[p])] for p in range(P - 1)], expect=0, quiet=0)
+    run = await drive(link, [[(p, lat[p])] for p in range(P - 1)], expect=0, quiet=0)
     for _ in range(10_000):
         if (await link.read(contributions) - before) & 0xFFFF_FFFF >= P - 1:
             break
     await link.advance(64)
-    run = await ports.drive([[(P - 1, lat[P - 1])]], expect=P)
+    run = await drive(link, [[(P - 1, lat[P - 1])]], expect=P)
     out["latency"] = _frames(run)
     out["latency_in"], out["latency_out"] = run["done"][0][0], run["first_out"]
     out["latency_idle"] = await _idle(link)
@@ -549,18 +462,16 @@ async def _run_row(link, ports: _Ports, plan: dict) -> dict:
 
 
 async def sim_main(link, job: dict) -> dict:
-    """cocotb entry point (``run_backend("cocotb", params, "bench_numerics:sim_main", job)``): run the rows
+    """Entry point (``run_backend(backend, params, "bench_numerics:sim_main", job)``): run the rows
     of the plan file ``job["plan"]`` and pickle what came back into ``job["out"]``."""
     with open(job["plan"], "rb") as handle:
         plans = pickle.load(handle)
-    ports = _Ports(link.dut, link.params)
-    ports.take_over(link)
     out = []
     for plan in plans:
         if plan.get("skip"):
             out.append({"name": plan["name"]})
             continue
-        out.append(await _run_row(link, ports, plan))
+        out.append(await _run_row(link, plan))
     tmp = job["out"] + ".tmp"
     with open(tmp, "wb") as handle:
         pickle.dump(out, handle)
@@ -739,15 +650,17 @@ def check_row(params: SwitchParams, row: Row, plan: dict, got: dict) -> dict:
 # --- running --------------------------------------------------------------------------------------------------
 
 
-def simulate(params: SwitchParams, plans: list[dict], *, jobs: int, log=print) -> dict[str, dict]:
+def simulate(params: SwitchParams, plans: list[dict], *, jobs: int, log=print,
+             backend: str = "verilator") -> dict[str, dict]:
     """Run the planned rows on the Verilated switch (``jobs`` simulator runs in parallel, rows balanced by
     their simulated cycles); returns what :func:`sim_main` collected, by row name."""
     from cais.sim.backends import run_backend
-    from cais.sim.build import build_switch
+    from cais.sim.build import build_native, build_switch
 
-    if str(HERE) not in sys.path:          # the simulator process imports this module by name
+    if str(HERE) not in sys.path:          # a cocotb simulator process imports this module by name
         sys.path.insert(0, str(HERE))
-    build = build_switch(params)           # once here, so parallel runs do not queue on the build lock
+    # once here, so parallel runs do not queue on the build lock
+    build = build_switch(params) if backend == "cocotb" else build_native(params)
     log(f"Verilator build {build.build_dir} ({'cached' if build.cached else 'built'})")
 
     def cost(plan):
@@ -770,7 +683,7 @@ def simulate(params: SwitchParams, plans: list[dict], *, jobs: int, log=print) -
                 pickle.dump(group, handle)
             start = time.monotonic()
             try:
-                run_backend("cocotb", params, ENTRY, {"plan": plan_file, "out": out_file})
+                run_backend(backend, params, ENTRY, {"plan": plan_file, "out": out_file})
             except Exception as exc:       # a failed run fails its rows, not the whole table
                 message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 log(f"  simulator run FAILED: {message}")

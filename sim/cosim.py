@@ -1,12 +1,12 @@
 """`make sim`: ranks all-reduce a tensor through the switch with the driver and controller in charge.
 
-    python -m cais.sim.cosim [--ranks 4] [--elements 262144] [--op sum] [--dtype int32] [--backend verilator]
+    python -m cais.sim.cosim [--ranks 4] [--elements 262144] [--op sum] [--dtype int32] [--backend verilator|cocotb|amaranth|model]
                              [--loss 0.0] [--seed 1] [--collectives 1] [--config cais.toml] [--waves]
                              [--float-mode native|quantize] [--accumulate fp32|wire] [--reproducible]
 
-The default runs on the Verilated switch (cocotb + Verilator): 4 ranks, 256K int32 elements each.
-`--backend model` uses the numpy reference model, `--backend amaranth` the Amaranth design under
-amaranth.sim. `--loss` drops that fraction of frames on every port, in and out (seeded). `--dtype` is int32,
+The default runs on the Verilated switch driven from C++ (cais.sim.links.verilator): 4 ranks, 256K int32
+elements each. `--backend cocotb` runs the same Verilog under cocotb (cycle-identical, slower), `--backend
+model` the numpy reference model, `--backend amaranth` the Amaranth design under amaranth.sim. `--loss` drops that fraction of frames on every port, in and out (seeded). `--dtype` is int32,
 int16, int8 (exact, checked against numpy), float32, float16, bfloat16 (bf16) (reduced by the switch's
 float units with `--float-mode native`, the default, when it has them; else quantized on the hosts) or
 float64 (always quantized) (docs/driver.md). `--accumulate fp32` (default) sums fp16/bf16 in fp32 and

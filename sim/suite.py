@@ -15,7 +15,7 @@ from __future__ import annotations
 from cais.registers import read_counters, register_map
 
 from .directed import accounting_problems, counter_problems, directed_cases, score_case
-from .links.base import Received, wait_idle
+from .links.base import Received, Sent, wait_idle
 from .traffic import TxFrame, compare, random_mix, replay
 
 __all__ = ["LinkHarness", "suite_job", "mix_backpressure", "DRAIN_LIMIT"]
@@ -39,6 +39,7 @@ class LinkHarness:
         self.params = link.params
         self.rx: list[list[bytes]] = [[] for _ in range(link.params.ports)]
         self.log: list[Received] = []
+        self.sent: list[Sent] = []
         self._regs = register_map(link.params)
 
     async def write(self, addr: int, value: int) -> None:
@@ -68,9 +69,12 @@ class LinkHarness:
         for got in self.link.take_stamped():
             self.rx[got.port].append(got.data)
             self.log.append(got)
+        self.sent += self.link.take_sent()
 
     def log_json(self) -> list[list]:
-        return [[r.port, r.data.hex(), r.first, r.last] for r in self.log]
+        """Every frame out (port, hex, first, last) and then every frame in (port, first, last)."""
+        return ([[r.port, r.data.hex(), r.first, r.last] for r in self.log]
+                + [["in", s.port, s.first, s.last] for s in self.sent])
 
 
 async def _directed(link, part: dict) -> list[dict]:

@@ -8,7 +8,8 @@ The contract all links keep (a driver cannot tell them apart):
 * ``send(port, frame)`` never blocks: the frame is queued behind the port's earlier frames and sent at
   up to one beat per cycle as soon as the port's ingress takes it.
 * ``take_received()`` returns the frames that finished leaving the switch since the last call, ordered
-  by (cycle of the last beat, port); ``take_stamped()`` the same as :class:`Received` with both stamps.
+  by (cycle of the last beat, port); ``take_stamped()`` the same as :class:`Received` with both stamps;
+  ``take_sent()`` the frames the ingress ports took since the last call, as :class:`Sent` stamps.
 * ``read(addr)``/``write(addr, value)`` are 32-bit register accesses. Reading ``BUSY`` returns 1 also while
   the link still holds frames queued for an ingress port that the switch has not taken yet, so
   ``while await link.read(BUSY): await link.advance(n)`` waits for everything sent.
@@ -25,7 +26,7 @@ from cais.params import SwitchParams
 from cais.registers import Kind, register_map
 from cais.registers import read_counters as _read_registers
 
-__all__ = ["LinkBase", "Received", "check_frame", "keep_bytes", "read_counters", "wait_idle", "LinkError"]
+__all__ = ["LinkBase", "Received", "Sent", "check_frame", "keep_bytes", "read_counters", "wait_idle", "LinkError"]
 
 
 class LinkError(AssertionError):
@@ -36,6 +37,13 @@ class Received(NamedTuple):
     """A frame that left egress ``port``: its bytes and the cycles of its first and last beat."""
     port: int
     data: bytes
+    first: int
+    last: int
+
+
+class Sent(NamedTuple):
+    """A frame ingress ``port`` took: the cycles of its first and last beat."""
+    port: int
     first: int
     last: int
 

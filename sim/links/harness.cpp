@@ -65,11 +65,17 @@ struct TxFrame {
     bool bad_keep;                            // last beat's tkeep moved up a lane (a framing error)
 };
 
+struct TxStamp {
+    int port;
+    uint64_t first, last;
+};
+
 struct Port {
     std::deque<TxFrame> queue;                // frames waiting for the ingress
     std::vector<uint8_t> frame;               // the frame being sent (empty: none)
     bool bad_keep = false;
     size_t offset = 0;                        // byte offset of its next beat
+    uint64_t tx_first = 0;                    // cycle its first beat was taken
     bool showing = false;                     // a beat is on s_axis (tvalid high)
     uint64_t idle_key = 0, idle_threshold = 0, bp_key = 0, bp_threshold = 0;
     bool hold = false;                        // the sink keeps tready low
@@ -89,6 +95,7 @@ struct Harness {
     uint64_t cycle = 0;                       // the link's cycle count (0 after reset and the sweep)
     uint64_t time = 0;                        // half-periods simulated, for the waveform
     std::deque<RxFrame> received;
+    std::deque<TxStamp> sent;                 // frames the ingress took, with their first and last beat
     uint64_t sending = 0;                     // ports with a frame queued or on the wire
     std::string error;                        // the first protocol violation seen on an egress
     // AXI4-Lite master
@@ -153,8 +160,10 @@ struct Harness {
             Port& port = ports[p];
             if (port.showing && s_ready[p]) {
                 port.showing = false;
+                if (port.offset == 0) port.tx_first = cycle;
                 port.offset += B;
                 if (port.offset >= port.frame.size()) {
+                    sent.push_back(TxStamp{p, port.tx_first, cycle});
                     port.frame.clear();
                     port.offset = 0;
                     if (port.queue.empty()) --sending;
@@ -284,6 +293,7 @@ void cais_reset(void* hv, uint64_t reset_cycles, uint64_t settle_cycles) {
     }
     h->sending = 0;
     h->received.clear();
+    h->sent.clear();
     h->top->rst = 1;
     for (uint64_t i = 0; i < reset_cycles; ++i) h->step();
     h->top->rst = 0;
@@ -344,6 +354,17 @@ void cais_rx_pop(void* hv, uint8_t* out) {
     Harness* h = static_cast<Harness*>(hv);
     std::memcpy(out, h->received.front().data.data(), h->received.front().data.size());
     h->received.pop_front();
+}
+
+// Frames the ingress took, oldest first: pop one (port and stamps); returns 0 when there is none.
+int cais_tx_pop(void* hv, int* port, uint64_t* first, uint64_t* last) {
+    Harness* h = static_cast<Harness*>(hv);
+    if (h->sent.empty()) return 0;
+    *port = h->sent.front().port;
+    *first = h->sent.front().first;
+    *last = h->sent.front().last;
+    h->sent.pop_front();
+    return 1;
 }
 
 // Register accesses: run the AXI4-Lite master to the end of the access (traffic keeps moving).

@@ -12,7 +12,7 @@ from cais.link import DEFAULT_CLOCK_HZ, run_sync
 from cais.params import SwitchParams
 
 from ..refmodel import SwitchModel
-from .base import LinkBase, Received, check_frame
+from .base import LinkBase, Received, Sent, check_frame
 
 __all__ = ["ModelLink", "run_model", "SIMULATOR_ONLY_OPTIONS"]
 
@@ -55,8 +55,9 @@ class ModelLink(LinkBase):
         self._wire_free = [0] * params.ports            # cycle each ingress wire is free again
         self._egress_free = [0] * params.ports          # cycle each egress wire is free again
         self._core_free = 0
-        self._arrivals: list[tuple[int, int, int, bytes]] = []   # heap: (arrived, port, seq, frame)
-        self._out: list[tuple[int, int, int, bytes]] = []        # heap: (delivered, port, seq, frame)
+        self._arrivals: list[tuple] = []        # heap: (arrived, port, seq, frame, bad_keep)
+        self._out: list[tuple] = []             # heap: (delivered, port, seq, first beat, frame)
+        self._sent: list[Sent] = []             # ingress stamps, handed out once in the past
 
     @property
     def cycle(self) -> int:
@@ -69,6 +70,7 @@ class ModelLink(LinkBase):
         end = start + _beats(len(frame), self.params.beat_bytes)
         self._wire_free[port] = end
         heapq.heappush(self._arrivals, (end, port, self._seq, frame, bad_keep))
+        self._sent.append(Sent(port, start, end - 1))
         self._seq += 1
 
     def _process(self) -> None:
@@ -95,6 +97,12 @@ class ModelLink(LinkBase):
             last, port, _, first, data = heapq.heappop(self._out)
             got.append(Received(port, data, first, last - 1))
         return got
+
+    def take_sent(self) -> list[Sent]:
+        """The frames the ingress wires took by now (the model's wires never stall)."""
+        due = [s for s in self._sent if s.last < self._cycle]
+        self._sent = [s for s in self._sent if s.last >= self._cycle]
+        return due
 
     @property
     def pending(self) -> bool:

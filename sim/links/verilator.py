@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable
 from cais.link import DEFAULT_CLOCK_HZ, run_sync
 from cais.params import SwitchParams
 
-from .base import LinkBase, LinkError, Received, check_frame
+from .base import LinkBase, LinkError, Received, Sent, check_frame
 from .wires import RESET_CYCLES, threshold
 
 __all__ = ["VerilatorLink", "run_verilator", "load_library"]
@@ -36,6 +36,7 @@ _SIGNATURES = {
     "cais_rx_count": (_u64, [_vp]),
     "cais_rx_head": (_u64, [_vp, ctypes.POINTER(_int), ctypes.POINTER(_u64), ctypes.POINTER(_u64)]),
     "cais_rx_pop": (None, [_vp, ctypes.c_char_p]),
+    "cais_tx_pop": (_int, [_vp, ctypes.POINTER(_int), ctypes.POINTER(_u64), ctypes.POINTER(_u64)]),
     "cais_write": (_u32, [_vp, _u32, _u32]), "cais_read": (_u32, [_vp, _u32, ctypes.POINTER(_u32)]),
     "cais_trace_open": (_int, [_vp, ctypes.c_char_p]),
 }
@@ -112,6 +113,13 @@ class VerilatorLink(LinkBase):
             buf = ctypes.create_string_buffer(n)
             lib.cais_rx_pop(h, buf)
             got.append(Received(self._int.value, buf.raw, self._first.value, self._last.value))
+        return got
+
+    def take_sent(self) -> list[Sent]:
+        got = []
+        while self._lib.cais_tx_pop(self._h, ctypes.byref(self._int), ctypes.byref(self._first),
+                                    ctypes.byref(self._last)):
+            got.append(Sent(self._int.value, self._first.value, self._last.value))
         return got
 
     async def advance(self, cycles: int) -> None:

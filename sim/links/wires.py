@@ -28,7 +28,7 @@ from collections import deque
 from cais.link import DEFAULT_CLOCK_HZ
 from cais.params import SwitchParams
 
-from .base import LinkBase, Received, check_frame, keep_bytes
+from .base import LinkBase, Received, Sent, check_frame, keep_bytes
 
 __all__ = ["splitmix64", "pause_key", "paused", "threshold", "Stream", "WireLink", "Received", "RESET_CYCLES",
            "AXIL_INPUTS", "AXIL_OUTPUTS"]
@@ -79,7 +79,7 @@ def _per_port(value, ports: int, name: str) -> list[float]:
 
 
 class _Port:
-    __slots__ = ("queue", "frame", "bad_keep", "offset", "showing", "valid", "ready", "rx", "rx_first",
+    __slots__ = ("queue", "frame", "bad_keep", "offset", "tx_first", "showing", "valid", "ready", "rx", "rx_first",
                  "idle_key", "idle_limit", "bp_key", "bp_limit", "hold")
 
     def __init__(self):
@@ -87,6 +87,7 @@ class _Port:
         self.frame = b""
         self.bad_keep = False
         self.offset = 0
+        self.tx_first = 0
         self.showing = False
         self.valid = False          # the tvalid value last driven
         self.ready = True
@@ -113,6 +114,7 @@ class WireLink(LinkBase):
         self._ports = [_Port() for _ in range(P)]
         self._sending = 0
         self._received: list[Received] = []
+        self._sent: list[Sent] = []
         self._cycle = 0
         self.set_patterns(idle, backpressure)
         # AXI4-Lite master state: None when idle, else "write", "resp", "read", "data"
@@ -143,7 +145,7 @@ class WireLink(LinkBase):
                 self._set_valid(p, False)
                 port.valid = False
         self._sending = 0
-        self._received = []
+        self._received, self._sent = [], []
         await self._reset(self.params.slots + 2)
 
     @property
@@ -153,6 +155,10 @@ class WireLink(LinkBase):
 
     def take_stamped(self) -> list[Received]:
         got, self._received = self._received, []
+        return got
+
+    def take_sent(self) -> list[Sent]:
+        got, self._sent = self._sent, []
         return got
 
     async def advance(self, cycles: int) -> None:
@@ -253,8 +259,11 @@ class WireLink(LinkBase):
         for p, port in enumerate(self._ports):
             if port.showing and self._s_ready(p):
                 port.showing = False
+                if port.offset == 0:
+                    port.tx_first = c
                 port.offset += B
                 if port.offset >= len(port.frame):
+                    self._sent.append(Sent(p, port.tx_first, c))
                     port.frame, port.offset = b"", 0
                     if not port.queue:
                         self._sending -= 1
