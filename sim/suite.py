@@ -6,17 +6,25 @@ its problems, the log of what left the switch (port, frame, first and last beat'
 the same per-cycle rules (:mod:`cais.sim.links.wires`), so two simulator links must return identical
 logs for the same job (``tests/test_link_identity.py``).
 
-``suite_job`` runs a list of parts; a part is ``{"kind": "directed" | "mix", "idle": p, "backpressure":
-p or [p per port], "seed": s, "cases": [names] (directed), "frames_per_port": n (mix)}``.
+``suite_job`` runs a list of parts; a part is ``{"kind": "directed" | "mix" | "payloads", "idle": p,
+"backpressure": p or [p per port] or "mix", "seed": s, "cases": [names] (directed), "frames_per_port": n
+(mix)}``.
 """
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
+
+from cais import protocol as proto
 from cais.registers import read_counters, register_map
+from cais.tables import Rule, rule_writes, slot_clear_writes
 
 from .directed import accounting_problems, counter_problems, directed_cases, score_case
 from .links.base import Received, Sent, wait_idle
-from .traffic import TxFrame, compare, random_mix, replay
+from .refmodel import SwitchModel
+from .traffic import TxFrame, compare, host_mac, random_mix, replay
 
 __all__ = ["LinkHarness", "suite_job", "mix_backpressure", "DRAIN_LIMIT"]
 
@@ -123,6 +131,97 @@ async def _mix(link, part: dict) -> list[dict]:
              "problems": problems, "log": harness.log_json(), "cycles": link.cycle}]
 
 
+def _reduce_int32(op: proto.ReduceOp, values: np.ndarray) -> np.ndarray:
+    """values[port, element] (int64 holding int32) reduced over the ports, as int32; SUM wraps."""
+    if op == proto.ReduceOp.SUM:
+        return (values.sum(axis=0) & 0xFFFF_FFFF).astype(np.uint32).view(np.int32)
+    return (values.max(axis=0) if op == proto.ReduceOp.MAX else values.min(axis=0)).astype(np.int32)
+
+
+async def _payloads(link, part: dict) -> list[dict]:
+    """All-reduce chunks from every port at once: random ops, full and partial payloads, numpy results.
+
+    Three rules cover every port, one per operator (a chunk's layer_id names its operator's rule); they
+    share a quota of ``count`` slots (up to 64). Round r sends the chunks r*count .. r*count+count-1, one
+    per slot, all in set r % 2; even rounds at full speed, odd rounds under idle and back-pressure
+    (``part["idle"]``, ``part["backpressure"]``, default 0.3); at least 128 chunks over at least two rounds.
+    Within a round each port sends its contributions in its own random order, and the round drains before
+    the next starts (the driver's window rule). Each port must receive exactly one result per chunk, equal
+    to the reduction numpy computes, from the programmed switch MAC.
+    """
+    params = link.params
+    P, regs = params.ports, register_map(params)
+    seed = int(part.get("seed", 0))
+    rng = np.random.default_rng(seed)
+    prng = random.Random(seed)
+    allp, group = (1 << P) - 1, 7
+    count_log2 = min(params.slots.bit_length() - 1, 6)
+    count = 1 << count_log2
+    rounds = max(2, min(8, -(-128 // count)))
+    switch_mac = 0x02_5A_00_00_00_00 | int(rng.integers(0, 1 << 32))
+    writes = []
+    for op in proto.ReduceOp:
+        writes += rule_writes(regs, int(op), Rule(group=(group, 0xFF), layer=(int(op), 0x3), contributors=allp,
+                                                  results=allp, base=0, count_log2=count_log2, red_op=op))
+    writes += slot_clear_writes(regs, 0, count)
+    writes += [(regs["SWITCH_MAC_LO"].address(), switch_mac & 0xFFFF_FFFF),
+               (regs["SWITCH_MAC_HI"].address(), switch_mac >> 32)]
+    await link.reset()
+    harness = LinkHarness(link)
+    model = SwitchModel(params)
+    for addr, value in writes:
+        model.write(addr, value)
+    await harness.apply(writes)
+    n_max = params.max_payload // 4
+    problems: list[str] = []
+    for rnd in range(rounds):
+        rough = rnd % 2 == 1
+        link.set_patterns(part.get("idle", 0.3) if rough else 0.0, part.get("backpressure", 0.3) if rough else 0.0)
+        per_port: list[list[bytes]] = [[] for _ in range(P)]
+        expected: list[list[bytes]] = [[] for _ in range(P)]
+        for i in range(count):
+            seq = rnd * count + i
+            op = proto.ReduceOp(prng.choice(list(proto.ReduceOp)))
+            n = prng.choice([n_max, n_max, 1, n_max - 1, params.beat_bytes // 4, prng.randint(1, n_max)])
+            n = max(1, min(n_max, n))
+            if prng.random() < 0.25:   # extremes: the sum wraps, MAX/MIN meet the int32 limits
+                values = rng.choice(np.array([-2**31, 2**31 - 1, -1, 0, 1], dtype=np.int64), (P, n))
+            else:
+                values = rng.integers(-2**31, 2**31, (P, n), dtype=np.int64)
+            layer = int(rng.integers(0, 1 << 16)) & ~0x3 | int(op)     # selects the rule of op
+            hdr = proto.CaisHeader(group_id=group, layer_id=layer, chunk_id=i,
+                                   total_chunks=count, seq_num=seq, payload_len=4 * n, red_op=op)
+            for p in range(P):
+                per_port[p].append(proto.build_frame(hdr, values[p].astype(">i4").tobytes(), src=host_mac(p),
+                                                     pad=True))
+            result = (proto.mac_to_bytes(proto.result_mac(group)) + proto.mac_to_bytes(switch_mac)
+                      + proto.ETHERTYPE.to_bytes(2, "big") + hdr.replace(flags=int(proto.Flags.RESULT)).pack()
+                      + _reduce_int32(op, values).astype(">i4").tobytes())
+            for p in range(P):
+                expected[p].append(result)
+        for p in range(P):
+            prng.shuffle(per_port[p])
+        before = [len(rx) for rx in harness.rx]
+        for k in range(count):
+            for p in range(P):
+                harness.send(p, per_port[p][k])
+                model.receive(p, per_port[p][k])
+        try:
+            await harness.drain()
+        except AssertionError as exc:
+            problems.append(f"round {rnd}: {exc}")
+        got = [rx[n:] for rx, n in zip(harness.rx, before)]
+        problems += [f"round {rnd}: {p}" for p in compare(expected, got)]
+    link.set_patterns(0.0, 0.0)
+    counters = await harness.counters()
+    problems += counter_problems(counters, model.counters())
+    problems += accounting_problems(counters)
+    if counters["COMPLETED"] != rounds * count:
+        problems.append(f"COMPLETED {counters['COMPLETED']}, expected {rounds * count}")
+    return [{"name": f"all_ports_random_payloads(seed={seed}, {rounds}x{count} chunks)", "problems": problems,
+             "log": harness.log_json(), "cycles": link.cycle}]
+
+
 async def suite_job(link, job: dict) -> list[dict]:
     """Run ``job["parts"]`` in order; return one record per case: name, problems, log, cycles, patterns."""
     out = []
@@ -131,7 +230,7 @@ async def suite_job(link, job: dict) -> list[dict]:
         if backpressure == "mix":
             backpressure = mix_backpressure(link.params.ports)
         link.set_patterns(idle, backpressure)
-        run = {"directed": _directed, "mix": _mix}[part["kind"]]
+        run = {"directed": _directed, "mix": _mix, "payloads": _payloads}[part["kind"]]
         for record in await run(link, part):
             record["patterns"] = {"idle": idle, "backpressure": backpressure}
             out.append(record)

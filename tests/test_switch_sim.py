@@ -4,9 +4,8 @@ against the numpy reference model (frames out of every port, and every counter).
 import pytest
 
 from cais.params import SwitchParams
-from cais.sim.amaranth_harness import SwitchSim
-from cais.sim.directed import accounting_problems, counter_problems, directed_cases, score_case
-from cais.sim.traffic import compare, random_mix, replay
+from cais.sim.backends import run_backend
+from cais.sim.directed import directed_cases
 
 # The float lanes make amaranth.sim about ten times slower per cycle, so every case runs on switches built
 # without them (their float frames are then BAD_CODE drops, on the model too), and the cases that exercise
@@ -30,50 +29,28 @@ FLOAT_PARAM_SETS = {
 }
 
 
-def run_case(params, case, **sim_kw):
-    result = {}
-
-    async def scenario(s):
-        result["problems"] = await score_case(s, params, case)
-
-    SwitchSim(params, **sim_kw).run(scenario)
-    assert not result["problems"], f"{case.name}: " + "; ".join(result["problems"])
+def run_parts(params, *parts, **link_kw):
+    """Run parts of cais.sim.suite on the amaranth.sim link; fail with every problem found."""
+    records = run_backend("amaranth", params, "cais.sim.suite:suite_job", {"parts": list(parts)}, **link_kw)
+    failed = [f"{r['name']}: " + "; ".join(r["problems"]) for r in records if r["problems"]]
+    assert records and not failed, "\n".join(failed)
+    return records
 
 
 @pytest.mark.parametrize("pname", PARAM_SETS)
 @pytest.mark.parametrize("name", [case.name for case in directed_cases(SwitchParams())])
 def test_directed(pname, name):
-    params = PARAM_SETS[pname]
-    case = next(c for c in directed_cases(params) if c.name == name)
-    run_case(params, case)
+    run_parts(PARAM_SETS[pname], {"kind": "directed", "cases": [name]})
 
 
 @pytest.mark.parametrize("pname, name", FLOAT_CASES)
 def test_directed_float_units(pname, name):
-    params = FLOAT_PARAM_SETS[pname]
-    case = next(c for c in directed_cases(params) if c.name == name)
-    run_case(params, case)
+    run_parts(FLOAT_PARAM_SETS[pname], {"kind": "directed", "cases": [name]})
 
 
 @pytest.mark.parametrize("pname", PARAM_SETS)
 def test_random_mix_with_idle_and_backpressure(pname):
-    params = PARAM_SETS[pname]
-    scen = random_mix(params, seed=7, frames_per_port=8)
-    # back-pressure differs per port: one sink mostly stalled, one always ready
-    backpressure = [0.8, 0.0] + [0.25] * (params.ports - 2)
-    sim = SwitchSim(params, idle=0.25, backpressure=backpressure, seed=11)
-    result = {}
-
-    async def scenario(s):
-        await s.apply(scen.writes)
-        for port, frames in enumerate(scen.frames):
-            for frame in frames:
-                s.send(port, frame)
-        await s.drain()
-        result["counters"] = await s.counters()
-
-    sim.run(scenario)
-    model, expected = replay(scen)
-    assert not compare(expected, sim.rx)
-    assert not counter_problems(result["counters"], model.counters())
-    assert not accounting_problems(result["counters"])
+    # back-pressure differs per port: one sink mostly stalled, one always ready (cais.sim.suite)
+    records = run_parts(PARAM_SETS[pname], {"kind": "mix", "seed": 7, "frames_per_port": 8, "idle": 0.25,
+                                            "backpressure": "mix"}, seed=11)
+    assert len(records[0]["log"]) > 8
