@@ -1,7 +1,7 @@
 """The exported switch (Verilog from ``cais.hdl.top.SwitchTop``) under Verilator and cocotb.
 
 Each (parameter set x testcase) is one simulator run of a cocotb test in
-``cais.tb.test_floats`` or ``cais.tb.test_timing``; the Verilator build of a parameter set is cached
+``cais.tb.test_timing``; the Verilator build of a parameter set is cached
 (``cais.sim.build``) and shared by its testcases and by pytest-xdist workers. Run with
 ``pytest tests/test_switch_cocotb.py -n 2``; ``-m "not verilator"`` skips them.
 ``CAIS_SEED`` overrides the cocotb random seed (default 1), which seeds the traffic of every test.
@@ -27,8 +27,6 @@ PARAM_SETS = {
 }
 
 TESTCASES = [
-    "test_floats.test_float_arrival_order",
-    "test_floats.test_reproducible_shuffled",
     "test_timing.test_result_latency",
     "test_timing.test_held_port_never_stalls_others",
     "test_timing.test_busy_register",

@@ -1,15 +1,15 @@
-"""cocotb tests of float all-reduce on the exported switch (``cais_switch``) under Verilator.
+"""Float all-reduce on the switch, bit for bit, on any link (entry point :func:`float_job`).
 
-Run through ``tests/test_switch_cocotb.py``. Every port contributes to every chunk; payloads mix ordinary
+Run on the C++-driven Verilator link by ``tests/test_switch_verilator.py``. Every port contributes to every chunk; payloads mix ordinary
 values over a wide range of magnitudes with the edge cases (signed zeros, infinities, NaN, subnormals, the
 largest finite values), so sums overflow, cancel and round.
 
-* ``test_float_arrival_order``: fp32, fp16 and bf16 (wire-format and fp32 accumulation) SUM, MAX and MIN.
+* ``arrival_order``: fp32, fp16 and bf16 (wire-format and fp32 accumulation) SUM, MAX and MIN.
   Each chunk's contributions are sent one at a time in a random port order, the next only once the switch
   has counted the previous one, so the arrival order is known; the results must equal, bit for bit, the
   reference model's for that order. Then chunks are sent from every port at once: each result must equal
   the model's for one of the orders the arbiter could have chosen (every permutation, up to 4 ports).
-* ``test_reproducible_shuffled``: reproducible rules of every float type; the same contributions are sent
+* ``reproducible``: reproducible rules of every float type; the same contributions are sent
   in several shuffled orders (one at a time, and all at once). Every result must be bit-identical to the
   others and to the reference fold in ascending port order. A switch whose sets cannot hold a reproducible
   chunk (16 ports, 128-bit beats, max_payload 256) must drop them as PAYLOAD_TOO_LONG instead.
@@ -20,18 +20,19 @@ from __future__ import annotations
 import itertools
 import random
 
-import cocotb
 import numpy as np
 
 from cais import numerics
 from cais import protocol as proto
 from cais.registers import register_map
-from cais.sim.directed import accounting_problems, counter_problems
-from cais.sim.refmodel import SwitchModel
-from cais.sim.traffic import TxFrame, host_mac
 from cais.tables import Rule, rule_writes, slot_clear_writes
 
-from .switch_tb import TB
+from .directed import accounting_problems, counter_problems
+from .refmodel import SwitchModel
+from .suite import LinkHarness
+from .traffic import TxFrame, host_mac
+
+__all__ = ["float_job", "float_values", "KINDS"]
 
 D, R = proto.DType, proto.ReduceOp
 GROUP = 9
@@ -74,27 +75,25 @@ def float_values(rng: np.random.Generator, dtype: D, n: int, special: float = 0.
 
 
 class Bench:
-    """The TB plus a reference model that sees the same register writes and frames."""
+    """A link's harness plus a reference model that sees the same register writes and frames."""
 
-    def __init__(self, tb: TB):
-        self.tb, self.params = tb, tb.params
-        self.regs = register_map(tb.params)
-        self.model = SwitchModel(tb.params)
-        self.P = tb.params.ports
+    def __init__(self, link, seed: int):
+        self.tb = LinkHarness(link)
+        self.link, self.params = link, link.params
+        self.regs = register_map(link.params)
+        self.model = SwitchModel(link.params)
+        self.P = link.params.ports
         self.allp = (1 << self.P) - 1
         self.seq = 0
-        self.seed = cocotb.RANDOM_SEED    # COCOTB_RANDOM_SEED combined with the test's name
+        self.seed = seed
         self.rng = np.random.default_rng(self.seed)
         self.prng = random.Random(self.seed)
-        self.count_log2 = min(3, tb.params.slots.bit_length() - 1)   # the group's quota
+        self.count_log2 = min(3, link.params.slots.bit_length() - 1)   # the group's quota
 
     @classmethod
-    async def start(cls, dut) -> "Bench":
-        tb = TB(dut)
-        await tb.start()
-        bench = cls(tb)
-        tb.log.info("seed %d", bench.seed)
-        return bench
+    async def start(cls, link, seed: int) -> "Bench":
+        await link.reset()
+        return cls(link, seed)
 
     async def counter_problems(self) -> list[str]:
         """Every counter against the model's, and the accounting invariant."""
@@ -121,7 +120,7 @@ class Bench:
                 for p, v in enumerate(values)]
 
     async def contributions(self) -> int:
-        return await self.tb.read_named("CONTRIBUTIONS")
+        return await self.link.read(self.regs["CONTRIBUTIONS"].address())
 
     async def send_in_order(self, frames: list[TxFrame], order: list[int]) -> list[tuple[int, bytes]]:
         """Send frames[p] for p in `order`, each once the switch has counted the one before; the model
@@ -129,7 +128,7 @@ class Bench:
         out = []
         for p in order:
             before = await self.contributions()
-            await self.tb.send(p, frames[p])
+            self.tb.send(p, frames[p])
             for _ in range(2000):
                 if await self.contributions() != before:
                     break
@@ -147,10 +146,9 @@ def result_payload(frame: bytes) -> bytes:
     return proto.parse_frame(frame).payload
 
 
-@cocotb.test()
-async def test_float_arrival_order(dut):
+async def arrival_order(link, seed: int) -> list[str]:
     """Float SUM/MAX/MIN from every port, bit-exact against the model for the arrival order."""
-    bench = await Bench.start(dut)
+    bench = await Bench.start(link, seed)
     tb, P, params, rng, prng = bench.tb, bench.P, bench.params, bench.rng, bench.prng
     count_log2 = bench.count_log2
     problems: list[str] = []
@@ -183,7 +181,7 @@ async def test_float_arrival_order(dut):
             frames = bench.frames(dtype, op, values, count_log2)
             before = [len(rx) for rx in tb.rx]
             for p in range(P):
-                await tb.send(p, frames[p])
+                tb.send(p, frames[p])
             got = await bench.collect(before)
             payloads = {result_payload(f) for rx in got for f in rx}
             candidates = {}
@@ -204,14 +202,14 @@ async def test_float_arrival_order(dut):
                     bench.model.receive(p, frames[p].data)
             checked += P
     problems += await bench.counter_problems()
-    tb.log.info("%d float results checked", checked)
-    assert not problems, f"seed {bench.seed}:\n" + "\n".join(problems[:20])
+    if checked == 0:
+        problems.append("no float result was checked")
+    return problems
 
 
-@cocotb.test()
-async def test_reproducible_shuffled(dut):
+async def reproducible(link, seed: int) -> list[str]:
     """Reproducible float rules: the same result bits whatever the arrival order."""
-    bench = await Bench.start(dut)
+    bench = await Bench.start(link, seed)
     tb, P, params, rng, prng = bench.tb, bench.P, bench.params, bench.rng, bench.prng
     count_log2 = bench.count_log2
     problems: list[str] = []
@@ -227,7 +225,7 @@ async def test_reproducible_shuffled(dut):
                 frames = bench.frames(dtype, op, [float_values(rng, dtype, 1) for _ in range(P)], count_log2)
                 before = [len(rx) for rx in tb.rx]
                 for p in range(P):
-                    await tb.send(p, frames[p])
+                    tb.send(p, frames[p])
                     bench.model.receive(p, frames[p].data)
                 got = await bench.collect(before)
                 if any(got):
@@ -255,7 +253,7 @@ async def test_reproducible_shuffled(dut):
             frames = bench.frames(dtype, op, values, count_log2)     # every port at once
             before = [len(rx) for rx in tb.rx]
             for p in range(P):
-                await tb.send(p, frames[p])
+                tb.send(p, frames[p])
             got = await bench.collect(before)
             if [[result_payload(f) for f in rx] for rx in got] != [[want]] * P:
                 problems.append(f"{label}, all at once: not the port-order fold on every port")
@@ -263,5 +261,14 @@ async def test_reproducible_shuffled(dut):
                 bench.model.receive(p, frames[p].data)
             checked += 1
     problems += await bench.counter_problems()
-    tb.log.info("%d reproducible chunks checked", checked)
-    assert not problems, f"seed {bench.seed}:\n" + "\n".join(problems[:20])
+    if checked == 0:
+        problems.append("no reproducible chunk was checked")
+    return problems
+
+
+async def float_job(link, job: dict) -> dict:
+    """Entry point: ``job["tests"]`` (default both) of ``arrival_order`` and ``reproducible``, seeded by
+    ``job["seed"]``; returns the problems found per test."""
+    tests = {"arrival_order": arrival_order, "reproducible": reproducible}
+    names = job.get("tests", list(tests))
+    return {name: await tests[name](link, int(job.get("seed", 0)) + i) for i, name in enumerate(names)}
