@@ -1,5 +1,5 @@
-"""The switch's documented cycle figures and the scenarios that check them, shared by the amaranth.sim
-tests (tests/test_switch_timing.py) and the cocotb tests (cais.tb.test_timing).
+"""The switch's documented cycle figures and the scenarios that check them: the amaranth.sim white-box tests
+(tests/test_switch_timing.py) use the figures and scenarios; :func:`timing_job` checks them on any link.
 
 The figures are docs/interface.md's, written here once: result latency ``beats + 9 + L`` cycles from the
 completing contribution's last beat to the result's first beat, plus ``rows + (n - 1) * max(rows, L)`` for
@@ -15,10 +15,10 @@ from cais.params import SwitchParams
 from cais.registers import register_map
 from cais.tables import Rule, rule_writes, slot_clear_writes
 
-from .traffic import Scenario, TxFrame, host_mac, replay
+from .traffic import Scenario, TxFrame, compare, host_mac, replay
 
 __all__ = ["alu_latency", "frame_beats", "documented_latency", "contribution", "broadcast", "group_writes",
-           "held_port_scenario"]
+           "held_port_scenario", "timing_job"]
 
 
 def alu_latency(params: SwitchParams) -> int:
@@ -81,3 +81,192 @@ def held_port_scenario(params: SwitchParams, seed: int):
             scen.frames[p].append(contribution(p, k, rng.integers(0, 256, 64, dtype=np.uint8).tobytes()))
     model, expected = replay(scen)
     return scen, model, expected
+
+
+# ----------------------------------------------------------------------------- checks on any link
+# Entry point timing_job(link, job): the cycle-level promises on a link (the C++-driven one in
+# tests/test_switch_verilator.py). Cycle stamps come from the link: a beat is stamped with the cycle in
+# which its tvalid and tready were both high, a register read with the cycle its address was accepted.
+
+
+async def measure_latency(link, payload_len: int, reproducible: bool = False) -> dict:
+    """From reset: every port but the last contributes to chunk 0 of a group of all ports, the switch
+    drains, then the last port completes the set. Returns the stamps and the problems found."""
+    from .suite import LinkHarness
+
+    params = link.params
+    P = params.ports
+    allp = (1 << P) - 1
+    rng = np.random.default_rng(payload_len + 1000 * reproducible)
+    await link.reset()
+    h = LinkHarness(link)
+    frames = [contribution(p, 0, rng.integers(0, 256, payload_len, dtype=np.uint8).tobytes()) for p in range(P)]
+    scen = Scenario(params, group_writes(params, allp, allp, reproducible=reproducible), [[f] for f in frames])
+    _, expected = replay(scen)
+    await h.apply(scen.writes)
+    for p in range(P - 1):
+        h.send(p, frames[p])
+    await h.drain()
+    before = len(h.log)
+    h.send(P - 1, frames[P - 1])
+    await h.drain()
+    problems = compare(expected, h.rx)
+    new = h.log[before:]
+    if sorted(r.port for r in new) != list(range(P)):
+        problems.append(f"egress frames after the completing contribution on ports {[r.port for r in new]}, "
+                        f"expected one result per port")
+    if not all(len(e) == 1 for e in expected):
+        problems.append(f"the model expects {[len(e) for e in expected]} results: the scenario is wrong")
+    if problems:
+        return {"problems": problems}
+    last_in = h.sent[-1].last
+    firsts = [r.first for r in new]
+    return {"problems": [], "last_in": last_in, "firsts": firsts,
+            "latency": min(firsts) - last_in, "spread": max(firsts) - min(firsts)}
+
+
+async def result_latency(link, seed: int) -> list[str]:
+    """beats + 9 + L cycles from the completing contribution's last beat to the result's first beat, on
+    every port in the same cycle; a reproducible rule adds rows + (n - 1) * max(rows, L)."""
+    params = link.params
+    B = params.beat_bytes
+    cases = [(n, False) for n in sorted({4, 64, params.max_payload})]
+    capacity = params.set_capacity(reproducible=True) if params.reproducible else 0
+    # The longest reproducible chunk, and a one-row chunk (rows < L: each pass waits for the ALU).
+    cases += [(n, True) for n in sorted({capacity, min(B, capacity)}) if n > 0]
+    failed = []
+    for payload_len, reproducible in cases:
+        got = await measure_latency(link, payload_len, reproducible)
+        name = f"payload {payload_len}{' reproducible' if reproducible else ''}"
+        if got["problems"]:
+            failed.append(f"{name}: " + "; ".join(got["problems"]))
+            continue
+        want = documented_latency(params, payload_len, reproducible)
+        if got["spread"] != 0:
+            failed.append(f"{name}: the result's first beat leaves in different cycles: {got['firsts']}")
+        if got["latency"] != want:
+            failed.append(f"{name}: latency {got['latency']} cycles, documented {want}")
+    return failed
+
+
+async def held_port(link, seed: int) -> list[str]:
+    """Port 0's sink holds tready low: frames multicast to port 0 and others leave the others whole."""
+    from .directed import accounting_problems, counter_problems
+    from .suite import LinkHarness
+
+    params = link.params
+    P = params.ports
+    scen, model, expected = held_port_scenario(params, seed)
+    await link.reset()
+    h = LinkHarness(link)
+    await h.apply(scen.writes)
+    link.set_hold(0, True)
+    for port, frames in enumerate(scen.frames):
+        for frame in frames:
+            h.send(port, frame)
+    hold = 2000 + 8 * params.max_frame_beats
+    await link.advance(hold)
+    held_frames = link.take_stamped()
+    link.set_hold(0, False)
+    await h.drain()
+    counters = await h.counters()
+    log = held_frames + h.log
+    problems = []
+    held = [sum(1 for r in held_frames if r.port == p) for p in range(P)]
+    if held[0]:
+        problems.append(f"port 0 received {held[0]} frames while its sink held tready low")
+    if sum(held[1:]) == 0:
+        problems.append("the other ports received nothing while port 0 was held: the test shows nothing")
+    # Every sink but port 0's is always ready: a whole frame of b beats spans exactly b cycles.
+    for r in log:
+        beats = -(-len(r.data) // params.beat_bytes)
+        if r.port and r.last - r.first + 1 != beats:
+            problems.append(f"port {r.port}: a frame of {beats} beats over cycles {r.first}..{r.last}")
+    rx = [[r.data for r in log if r.port == p] for p in range(P)]
+    problems += compare(expected, rx)
+    problems += counter_problems(counters, model.counters())
+    problems += accounting_problems(counters)
+    return problems
+
+
+async def busy_register(link, seed: int) -> list[str]:
+    """BUSY reads 1 from the cycle after a frame's first beat is accepted until the cycle in which the last
+    beat of the last frame it causes is accepted; 0 otherwise, also right after reset.
+
+    BUSY is read back to back while single frames pass; a read returns the value of the cycle after its
+    address was accepted. Each frame starts at every phase against the read stream (0..7 cycles into it),
+    so that reads land on both edges of every interval (checked)."""
+    from .directed import accounting_problems
+    from .suite import LinkHarness
+
+    params = link.params
+    P = params.ports
+    allp = (1 << P) - 1
+    busy = register_map(params)["BUSY"].address()
+    reads: list[tuple[int, int]] = []
+
+    async def poll(until: int) -> None:
+        while link.cycle < until:
+            value = await link.read_switch(busy)
+            reads.append((link.read_accepted, value))
+
+    await link.reset()
+    await poll(params.slots + 200)
+    problems = [f"read accepted in cycle {a} after reset (before any traffic): BUSY {v}" for a, v in reads if v]
+    h = LinkHarness(link)
+    await h.apply(group_writes(params, 0b0001, allp))                   # group 1: port 0 alone, results to all
+    held = min(2, P - 1)
+    scenarios = [       # name, port, frame factory (seq), held sink, hold cycles, egress frames expected
+        ("forwarded", 0, lambda seq: broadcast(0, bytes(200)), None, 0, P - 1),
+        ("forwarded, port held", 0, lambda seq: broadcast(0, bytes(100)), held, 80, P - 1),
+        ("result", 0, lambda seq: contribution(0, seq, bytes(params.max_payload)), None, 0, P),
+        ("result, port held", 0, lambda seq: contribution(0, seq, bytes(8)), P - 1, 50, P),
+    ]
+    reads.clear()
+    intervals = []   # (first_in, last_out, name)
+    seq = 0
+    for name, port, make, hold, hold_cycles, outs in scenarios:
+        for phase in range(8):
+            await poll(link.cycle + 20)
+            link.take_sent(), link.take_stamped()
+            # the frame starts, and a held sink is released, `phase` cycles into the read stream that
+            # goes on meanwhile
+            start = link.cycle + 1 + phase
+            if hold is not None:
+                link.set_hold(hold, until=start + hold_cycles)
+            link.send(port, make(seq).data, not_before=start)
+            seq += 1
+            await poll(link.cycle + params.max_frame_beats + 150)
+            sent, out = link.take_sent(), link.take_stamped()
+            if len(sent) != 1 or len(out) != outs:
+                problems.append(f"{name}, phase {phase}: {len(sent)} frames in, {len(out)} out "
+                                f"(expected 1 in, {outs} out)")
+                continue
+            intervals.append((sent[0].first, max(r.last for r in out), name))
+
+    def expected(cycle: int) -> int:
+        return int(any(first < cycle <= last for first, last, _ in intervals))
+
+    for accept, value in reads:
+        if value != expected(accept + 1):
+            near = [(f, last, n) for f, last, n in intervals if f - 10 <= accept <= last + 10]
+            problems.append(f"read accepted in cycle {accept}: BUSY {value}, expected {expected(accept + 1)} "
+                            f"(frames near: {near})")
+    # Every interval edge must have been sampled, or an off-by-one would pass unseen.
+    for name in dict.fromkeys(n for _, _, n in intervals):
+        mine = [(f, last) for f, last, n in intervals if n == name]
+        at_first = {a + 1 - f for a, _ in reads for f, _ in mine}
+        at_last = {a + 1 - last for a, _ in reads for _, last in mine}
+        if {0, 1} - at_first or {0, 1} - at_last:
+            problems.append(f"{name}: no read sampled the cycles first_in+{sorted({0, 1} - at_first)} / "
+                            f"last_out+{sorted({0, 1} - at_last)}: the test cannot see an off-by-one there")
+    problems += accounting_problems(await h.counters())
+    return problems
+
+
+async def timing_job(link, job: dict) -> dict:
+    """Entry point: ``job["tests"]`` (default all) of result_latency, held_port and busy_register, seeded by
+    ``job["seed"]``; returns the problems found per test."""
+    tests = {"result_latency": result_latency, "held_port": held_port, "busy_register": busy_register}
+    names = job.get("tests", list(tests))
+    return {name: await tests[name](link, int(job.get("seed", 0))) for name in names}

@@ -10,7 +10,7 @@ from cais.sim.directed import directed_cases
 # The float lanes make amaranth.sim about ten times slower per cycle, so every case runs on switches built
 # without them (their float frames are then BAD_CODE drops, on the model too), and the cases that exercise
 # the float lanes, the ALU pipeline's forwarding and stalls, and the reproducible fold also run with them.
-# The Verilator tests (test_switch_cocotb.py) run every case on switches with float units.
+# The Verilator tests (test_switch_verilator.py) run every case on switches with float units.
 PARAM_SETS = {
     "p4_w64_int": SwitchParams(float_units=False),
     "p2_w512_int": SwitchParams(ports=2, data_width=512, slots=16, float_units=False),

@@ -65,3 +65,15 @@ def test_floats(pname):
     assert set(got) == {"arrival_order", "reproducible"}
     failed = [f"{test}: {problem}" for test, problems in got.items() for problem in problems]
     assert not failed, f"seed {SEED}:\n" + "\n".join(failed[:20])
+
+
+@pytest.mark.verilator
+@pytest.mark.parametrize("pname", PARAM_SETS)
+def test_timing(pname):
+    """docs/interface.md's cycle figures on the exported Verilog: result latency (beats + 9 + L, plus the
+    reproducible fold), a held port never stalls the others mid-frame, BUSY read back to back against
+    stamped frame intervals (cais.sim.timing)."""
+    got = run_backend("verilator", PARAM_SETS[pname], "cais.sim.timing:timing_job", {"seed": SEED}, seed=SEED)
+    assert set(got) == {"result_latency", "held_port", "busy_register"}
+    failed = [f"{test}: {problem}" for test, problems in got.items() for problem in problems]
+    assert not failed, f"seed {SEED}:\n" + "\n".join(failed[:20])

@@ -10,7 +10,8 @@ The contract all links keep (a driver cannot tell them apart):
 * ``take_received()`` returns the frames that finished leaving the switch since the last call, ordered
   by (cycle of the last beat, port); ``take_stamped()`` the same as :class:`Received` with both stamps;
   ``take_sent()`` the frames the ingress ports took since the last call, as :class:`Sent` stamps.
-* ``read(addr)``/``write(addr, value)`` are 32-bit register accesses. Reading ``BUSY`` returns 1 also while
+* ``read(addr)``/``write(addr, value)`` are 32-bit register accesses; ``read_accepted`` is the cycle in
+  which the last read's address was accepted (registers.md: its value is the register's in the next cycle). Reading ``BUSY`` returns 1 also while
   the link still holds frames queued for an ingress port that the switch has not taken yet, so
   ``while await link.read(BUSY): await link.advance(n)`` waits for everything sent.
 * Timing differs only on the model (approximate, see :class:`cais.sim.links.model.ModelLink`); the
@@ -96,6 +97,10 @@ class LinkBase:
 
     async def write(self, addr: int, value: int) -> None:
         await self._write_register(int(addr), int(value))
+
+    async def read_switch(self, addr: int) -> int:
+        """The register as the switch returns it (BUSY without the link's queued frames)."""
+        return await self._read_register(int(addr))
 
 
 async def read_counters(link) -> dict[str, int | list[int]]:

@@ -63,6 +63,7 @@ struct RxFrame {
 struct TxFrame {
     std::vector<uint8_t> data;
     bool bad_keep;                            // last beat's tkeep moved up a lane (a framing error)
+    uint64_t not_before;                      // its first beat is not shown before this cycle
 };
 
 struct TxStamp {
@@ -78,7 +79,7 @@ struct Port {
     uint64_t tx_first = 0;                    // cycle its first beat was taken
     bool showing = false;                     // a beat is on s_axis (tvalid high)
     uint64_t idle_key = 0, idle_threshold = 0, bp_key = 0, bp_threshold = 0;
-    bool hold = false;                        // the sink keeps tready low
+    uint64_t hold_until = 0;                  // the sink keeps tready low while cycle < hold_until
     bool ready = true;                        // tready driven this cycle
     std::vector<uint8_t> rx;                  // the egress frame being received
     uint64_t rx_first = 0;
@@ -102,6 +103,7 @@ struct Harness {
     Bus bus = Bus::IDLE;
     bool aw_done = false, w_done = false;
     uint32_t bus_data = 0, bus_resp = 0;
+    uint64_t read_accepted = 0;               // cycle of the last read's address handshake
 #if VM_TRACE
     VerilatedVcdC* trace = nullptr;
 #endif
@@ -177,7 +179,7 @@ struct Harness {
         Port& port = ports[p];
         StreamWires& w = wires[p];
         if (!port.showing) {
-            if (port.frame.empty() && !port.queue.empty()) {
+            if (port.frame.empty() && !port.queue.empty() && port.queue.front().not_before <= cycle) {
                 port.frame = std::move(port.queue.front().data);
                 port.bad_keep = port.queue.front().bad_keep;
                 port.queue.pop_front();
@@ -202,7 +204,7 @@ struct Harness {
                 *w.s_tvalid = 0;
             }
         }
-        port.ready = !port.hold && !pause(port.bp_key, port.bp_threshold, cycle);
+        port.ready = cycle >= port.hold_until && !pause(port.bp_key, port.bp_threshold, cycle);
         *w.m_tready = port.ready;
     }
 
@@ -252,7 +254,7 @@ struct Harness {
             if (top->s_axil_bvalid) { bus_resp = top->s_axil_bresp; bus = Bus::DONE; }
             break;
         case Bus::READ_ADDR:
-            if (top->s_axil_arready) bus = Bus::READ_DATA;
+            if (top->s_axil_arready) { read_accepted = cycle; bus = Bus::READ_DATA; }
             break;
         case Bus::READ_DATA:
             if (top->s_axil_rvalid) { bus_data = top->s_axil_rdata; bus_resp = top->s_axil_rresp; bus = Bus::DONE; }
@@ -305,13 +307,14 @@ void cais_reset(void* hv, uint64_t reset_cycles, uint64_t settle_cycles) {
 void cais_set_pattern(void* hv, int port, uint64_t idle_threshold, uint64_t bp_threshold) {
     static_cast<Harness*>(hv)->set_pattern(port, idle_threshold, bp_threshold);
 }
-void cais_set_hold(void* hv, int port, int hold) { static_cast<Harness*>(hv)->ports[port].hold = hold != 0; }
+// Hold port's sink tready low until cycle `until` (0: release now; ~0: until released).
+void cais_set_hold(void* hv, int port, uint64_t until) { static_cast<Harness*>(hv)->ports[port].hold_until = until; }
 
-void cais_send(void* hv, int port, const uint8_t* data, uint64_t len, int bad_keep) {
+void cais_send(void* hv, int port, const uint8_t* data, uint64_t len, int bad_keep, uint64_t not_before) {
     Harness* h = static_cast<Harness*>(hv);
     Port& p = h->ports[port];
     if (p.queue.empty() && p.frame.empty()) ++h->sending;
-    p.queue.push_back(TxFrame{std::vector<uint8_t>(data, data + len), bad_keep != 0});
+    p.queue.push_back(TxFrame{std::vector<uint8_t>(data, data + len), bad_keep != 0, not_before});
 }
 
 // Run `cycles` cycles, or (stop_on_frame) until the end of the first cycle in which a frame finished
@@ -338,6 +341,7 @@ void cais_bare_clock(void* hv, uint64_t cycles) {
 }
 
 uint64_t cais_cycle(void* hv) { return static_cast<Harness*>(hv)->cycle; }
+uint64_t cais_read_accepted(void* hv) { return static_cast<Harness*>(hv)->read_accepted; }
 int cais_sending(void* hv) { return static_cast<Harness*>(hv)->sending != 0; }
 const char* cais_error(void* hv) { return static_cast<Harness*>(hv)->error.c_str(); }
 

@@ -63,10 +63,10 @@ class ModelLink(LinkBase):
     def cycle(self) -> int:
         return self._cycle
 
-    def send(self, port: int, frame: bytes, *, bad_keep: bool = False) -> None:
+    def send(self, port: int, frame: bytes, *, bad_keep: bool = False, not_before: int = 0) -> None:
         self.check_port(port)
         frame = check_frame(frame, self.params.beat_bytes, bad_keep)
-        start = max(self._cycle, self._wire_free[port])
+        start = max(self._cycle, self._wire_free[port], int(not_before))
         end = start + _beats(len(frame), self.params.beat_bytes)
         self._wire_free[port] = end
         heapq.heappush(self._arrivals, (end, port, self._seq, frame, bad_keep))

@@ -29,10 +29,11 @@ _SIGNATURES = {
     "cais_ports": (_int, []), "cais_beat_bytes": (_int, []), "cais_tracing": (_int, []),
     "cais_new": (_vp, [_u64]), "cais_free": (None, [_vp]),
     "cais_reset": (None, [_vp, _u64, _u64]),
-    "cais_set_pattern": (None, [_vp, _int, _u64, _u64]), "cais_set_hold": (None, [_vp, _int, _int]),
-    "cais_send": (None, [_vp, _int, ctypes.c_char_p, _u64, _int]),
+    "cais_set_pattern": (None, [_vp, _int, _u64, _u64]), "cais_set_hold": (None, [_vp, _int, _u64]),
+    "cais_send": (None, [_vp, _int, ctypes.c_char_p, _u64, _int, _u64]),
     "cais_run": (_u64, [_vp, _u64, _int]), "cais_bare_clock": (None, [_vp, _u64]),
-    "cais_cycle": (_u64, [_vp]), "cais_sending": (_int, [_vp]), "cais_error": (ctypes.c_char_p, [_vp]),
+    "cais_cycle": (_u64, [_vp]), "cais_read_accepted": (_u64, [_vp]), "cais_sending": (_int, [_vp]),
+    "cais_error": (ctypes.c_char_p, [_vp]),
     "cais_rx_count": (_u64, [_vp]),
     "cais_rx_head": (_u64, [_vp, ctypes.POINTER(_int), ctypes.POINTER(_u64), ctypes.POINTER(_u64)]),
     "cais_rx_pop": (None, [_vp, ctypes.c_char_p]),
@@ -100,10 +101,15 @@ class VerilatorLink(LinkBase):
     def pending(self) -> bool:
         return bool(self._lib.cais_sending(self._h))
 
-    def send(self, port: int, frame: bytes, *, bad_keep: bool = False) -> None:
+    @property
+    def read_accepted(self) -> int:
+        return self._lib.cais_read_accepted(self._h)
+
+    def send(self, port: int, frame: bytes, *, bad_keep: bool = False, not_before: int = 0) -> None:
+        """Queue a frame (see :meth:`cais.sim.links.wires.WireLink.send`)."""
         self.check_port(port)
         frame = check_frame(frame, self.params.beat_bytes, bad_keep)
-        self._lib.cais_send(self._h, port, frame, len(frame), int(bad_keep))
+        self._lib.cais_send(self._h, port, frame, len(frame), int(bad_keep), max(0, int(not_before)))
 
     def take_stamped(self) -> list[Received]:
         lib, h = self._lib, self._h
@@ -166,8 +172,10 @@ class VerilatorLink(LinkBase):
         for p in range(P):
             self._lib.cais_set_pattern(self._h, p, threshold(idle[p]), threshold(backpressure[p]))
 
-    def set_hold(self, port: int, hold: bool) -> None:
-        self._lib.cais_set_hold(self._h, self.check_port(port), int(bool(hold)))
+    def set_hold(self, port: int, hold: bool = True, *, until: int | None = None) -> None:
+        """See :meth:`cais.sim.links.wires.WireLink.set_hold`."""
+        end = (2**64 - 1 if hold else 0) if until is None else max(0, int(until))
+        self._lib.cais_set_hold(self._h, self.check_port(port), end)
 
     def bare_clock(self, cycles: int) -> None:
         """Toggle the clock ``cycles`` times with no wire touched: the model's own speed, for benchmarks.

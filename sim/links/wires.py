@@ -11,8 +11,9 @@ every link (``tests/test_link_identity.py`` checks it).
 The rules, per cycle ``c`` (the clock edge that takes ``cycle`` from c to c + 1):
 
 * Source of port p: a beat on the bus stays until taken (AXI4-Stream). Otherwise, if the port has a
-  frame to send, it shows the next beat unless the idle pattern pauses it in cycle c; else tvalid is low.
-* Sink of port p: ``tready = not held and not paused(c)``. A beat is taken when tvalid and tready are
+  frame to send (its first beat not before the frame's ``not_before`` cycle), it shows the next beat
+  unless the idle pattern pauses it in cycle c; else tvalid is low.
+* Sink of port p: ``tready = not held in c and not paused(c)``. A beat is taken when tvalid and tready are
   both high; a frame is stamped with the cycles of its first and last beat.
 * Pauses are a pure function of (seed, stream, port, cycle) (:func:`paused`), so they do not depend on
   when the link is called. A probability p pauses when the 53-bit draw is below ``round(p * 2**53)``.
@@ -80,10 +81,10 @@ def _per_port(value, ports: int, name: str) -> list[float]:
 
 class _Port:
     __slots__ = ("queue", "frame", "bad_keep", "offset", "tx_first", "showing", "valid", "ready", "rx", "rx_first",
-                 "idle_key", "idle_limit", "bp_key", "bp_limit", "hold")
+                 "idle_key", "idle_limit", "bp_key", "bp_limit", "hold_until")
 
     def __init__(self):
-        self.queue: deque[tuple[bytes, bool]] = deque()
+        self.queue: deque[tuple[bytes, bool, int]] = deque()     # (frame, bad_keep, not_before)
         self.frame = b""
         self.bad_keep = False
         self.offset = 0
@@ -93,7 +94,7 @@ class _Port:
         self.ready = True
         self.rx = bytearray()
         self.rx_first = 0
-        self.hold = False
+        self.hold_until = 0
 
 
 class WireLink(LinkBase):
@@ -121,20 +122,22 @@ class WireLink(LinkBase):
         self._bus_state: str | None = None
         self._aw_done = self._w_done = False
         self._bus_result = (0, 0)
+        self.read_accepted = 0          # cycle of the last read's address handshake
 
     # ------------------------------------------------------------------ SwitchLink
     @property
     def cycle(self) -> int:
         return self._cycle
 
-    def send(self, port: int, frame: bytes, *, bad_keep: bool = False) -> None:
-        """Queue a frame; ``bad_keep`` sends its last beat with tkeep moved up a lane (a framing error)."""
+    def send(self, port: int, frame: bytes, *, bad_keep: bool = False, not_before: int = 0) -> None:
+        """Queue a frame; ``bad_keep`` sends its last beat with tkeep moved up a lane (a framing error);
+        its first beat is not shown before cycle ``not_before`` (nor before the port's earlier frames)."""
         self.check_port(port)
         frame = check_frame(frame, self.params.beat_bytes, bad_keep)
         p = self._ports[port]
         if not p.queue and not p.frame:
             self._sending += 1
-        p.queue.append((frame, bad_keep))
+        p.queue.append((frame, bad_keep, int(not_before)))
 
     async def reset(self) -> None:
         """Forget queued and partial frames, reset the switch and wait for its sweep: cycle 0 again."""
@@ -203,19 +206,12 @@ class WireLink(LinkBase):
             port = self._ports[p]
             port.idle_key, port.idle_limit = pause_key(self.seed, Stream.IDLE, p), threshold(i)
             port.bp_key, port.bp_limit = pause_key(self.seed, Stream.BACKPRESSURE, p), threshold(b)
-        self._apply_patterns()
 
-    def set_hold(self, port: int, hold: bool) -> None:
-        """Keep port's sink tready low (``hold=True``) until released."""
-        self._ports[self.check_port(port)].hold = bool(hold)
-        self._apply_hold(port, bool(hold))
-
-    # ------------------------------------------------------------------ hooks for the C++ link
-    def _apply_patterns(self) -> None:
-        pass
-
-    def _apply_hold(self, port: int, hold: bool) -> None:
-        pass
+    def set_hold(self, port: int, hold: bool = True, *, until: int | None = None) -> None:
+        """Keep port's sink tready low: until released (``hold=True``; ``False`` releases it now), or
+        while ``cycle < until``."""
+        end = (float("inf") if hold else 0) if until is None else int(until)
+        self._ports[self.check_port(port)].hold_until = end
 
     # ------------------------------------------------------------------ one cycle
     async def _reset(self, settle: int) -> None:
@@ -233,8 +229,9 @@ class WireLink(LinkBase):
         B = self.params.beat_bytes
         for p, port in enumerate(self._ports):
             if not port.showing:
-                if not port.frame and port.queue:
-                    (port.frame, port.bad_keep), port.offset = port.queue.popleft(), 0
+                if not port.frame and port.queue and port.queue[0][2] <= c:
+                    port.frame, port.bad_keep, _ = port.queue.popleft()
+                    port.offset = 0
                 if port.frame and not (port.idle_limit and paused(port.idle_key, port.idle_limit, c)):
                     chunk = port.frame[port.offset:port.offset + B]
                     last = port.offset + B >= len(port.frame)
@@ -245,7 +242,7 @@ class WireLink(LinkBase):
                 if port.showing != port.valid:
                     self._set_valid(p, port.showing)
                     port.valid = port.showing
-            ready = not port.hold and not (port.bp_limit and paused(port.bp_key, port.bp_limit, c))
+            ready = c >= port.hold_until and not (port.bp_limit and paused(port.bp_key, port.bp_limit, c))
             if ready != port.ready:
                 self._set_ready(p, ready)
                 port.ready = ready
@@ -289,7 +286,7 @@ class WireLink(LinkBase):
         elif state == "resp" and bus["bvalid"]:
             self._bus_result, self._bus_state = (0, int(bus["bresp"])), "done"
         elif state == "read" and bus["arready"]:
-            self._bus_state = "data"
+            self._bus_state, self.read_accepted = "data", self._cycle
         elif state == "data" and bus["rvalid"]:
             self._bus_result, self._bus_state = (int(bus["rdata"]), int(bus["rresp"])), "done"
         if self._bus_state in ("done", None):
