@@ -1,8 +1,6 @@
 """bench/bench_numerics.py: bad arguments are refused (exit 2, one line, no traceback); the checker finds a
 wrong, missing or misordered result (fed a "switch" made of the reference model, then tampered with); and one
-small row on the Verilated switch checks clean (the cocotb-marked test; seconds once the build is cached)."""
-
-import sys
+small row on the Verilated switch checks clean (the verilator-marked test; seconds once the build is cached)."""
 
 import pytest
 
