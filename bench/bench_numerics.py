@@ -10,11 +10,11 @@ through the project's cached build and the C++-driven link (``cais.sim.backends.
 
 1. **Check.** ``--elements`` random result elements (default 20000) plus an edge-case catalogue, in
    all-reduce chunks of the row's full set capacity with one contribution from every port. The random
-   operands come from the generators of ``tests/test_slot_alu.py`` / ``tests/test_fpu.py`` (integer extremes,
+   operands come from the generators of :mod:`cais.sim.operands` (shared with the unit tests; integer extremes,
    overflowing sums; random float bits, cancellation, subnormals, the special-value catalogue) plus, for
    floats, same-scale Gaussian contributions (ordinary gradients, rounding at every addition); the edge
-   catalogue is every ordered pair of the format's special values (``catalogue``/``maxmin_catalogue`` of
-   tests/test_fpu.py, its named adder pairs, the integer extremes) on ports 0 and 1, with catalogue values
+   catalogue is every ordered pair of the format's special values (``catalogue``/``maxmin_catalogue``,
+   its named adder pairs, the integer extremes) on ports 0 and 1, with catalogue values
    on the other ports. Each chunk's contributions go in a random port order, one frame at a time over
    the ports (the next frame starts when the previous one's last beat is taken), so the core receives
    them in that order; :class:`cais.sim.refmodel.SwitchModel`, fed the same frames in the same order,
@@ -67,13 +67,13 @@ from cais import numerics
 from cais import protocol as proto
 from cais.cli import Parser, integer
 from cais.params import SwitchParams
+from cais.sim import operands
 
 __all__ = ["Row", "ROWS", "build_parser", "parse_args", "select_rows", "plan_row", "sim_main", "simulate",
            "check_row", "run_rows", "sram", "numerics_table", "mode_table", "area_results", "area_table", "main"]
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-TESTS = REPO / "tests"
 if str(HERE) not in sys.path:              # the sibling scripts: bench_area's flow and table layout
     sys.path.insert(0, str(HERE))
 from bench_area import _table  # noqa: E402
@@ -201,15 +201,6 @@ def parse_args(argv: list[str] | None = None):
 # --- operands -------------------------------------------------------------------------------------------------
 
 
-def _generators():
-    """The operand generators of tests/test_slot_alu.py and tests/test_fpu.py (imported, not copied)."""
-    if str(TESTS) not in sys.path:
-        sys.path.append(str(TESTS))
-    import test_fpu
-    import test_slot_alu
-    return test_slot_alu, test_fpu
-
-
 _INT_BITS = {D.INT32: 32, D.INT16: 16, D.INT8: 8}
 _UINT = {8: np.uint8, 16: np.uint16, 32: np.uint32}
 _SINT = {8: np.int8, 16: np.int16, 32: np.int32}
@@ -255,33 +246,31 @@ def _same_scale(dtype: proto.DType, P: int, n: int, rng) -> np.ndarray:
 
 def random_operands(row: Row, P: int, n: int, rng) -> np.ndarray:
     """(P, n) contribution bits: half edge-heavy pairs of the test generators, half (floats) same-scale."""
-    slot_alu_tests, _ = _generators()
     if row.dtype in _INT_BITS:
         bits = _INT_BITS[row.dtype]
-        return _pairs_to_ports([slot_alu_tests.int_pairs(bits, n, rng) for _ in range((P + 1) // 2)], P)
-    fmt = slot_alu_tests.FLOAT_FMT[row.dtype]
+        return _pairs_to_ports([operands.int_pairs(bits, n, rng) for _ in range((P + 1) // 2)], P)
+    fmt = operands.FLOAT_FMT[row.dtype]
     k = n // 2
-    pairs = _pairs_to_ports([slot_alu_tests.float_pairs(fmt, k, rng) for _ in range((P + 1) // 2)], P)
+    pairs = _pairs_to_ports([operands.float_pairs(fmt, k, rng) for _ in range((P + 1) // 2)], P)
     return np.concatenate([pairs, _same_scale(row.dtype, P, n - k, rng)], axis=1)
 
 
 def edge_operands(row: Row, P: int, rng) -> np.ndarray:
     """(P, m) contribution bits: every ordered pair of the catalogue on ports 0 and 1 (for float SUM also the
     named adder pairs of tests/test_fpu.py), catalogue values on the other ports."""
-    slot_alu_tests, fpu_tests = _generators()
     if row.dtype in _INT_BITS:
         w = _INT_BITS[row.dtype]
         lo, hi = -(1 << (w - 1)), (1 << (w - 1)) - 1
         cat = [lo, lo + 1, lo // 2 - 1, -2, -1, 0, 1, 2, hi // 2 + 1, hi - 1, hi]
         cat = [v & ((1 << w) - 1) for v in cat]
-        a, b = fpu_tests.all_pairs(cat)
+        a, b = operands.all_pairs(cat)
         a, b = np.tile(a, 8), np.tile(b, 8)          # 8 x 121 pairs, each with other partners
     else:
-        fmt = slot_alu_tests.FLOAT_FMT[row.dtype]
-        cat = fpu_tests.catalogue(fmt) if row.op == R.SUM else fpu_tests.maxmin_catalogue(fmt)
-        a, b = fpu_tests.all_pairs(cat)
+        fmt = operands.FLOAT_FMT[row.dtype]
+        cat = operands.catalogue(fmt) if row.op == R.SUM else operands.maxmin_catalogue(fmt)
+        a, b = operands.all_pairs(cat)
         if row.op == R.SUM:
-            named = fpu_tests.directed_add_pairs(fmt)
+            named = operands.directed_add_pairs(fmt)
             a = np.concatenate([a, np.array([x for x, _, _ in named], np.uint64)])
             b = np.concatenate([b, np.array([y for _, y, _ in named], np.uint64)])
     m = len(a)

@@ -25,12 +25,13 @@ from amaranth.sim import Simulator
 
 from cais.hdl.fpu import (BF16, FP16, FP32, NUMPY_ZERO_TIE, FloatAdder, FloatFormat, FloatMaxMin,
                           FloatNarrow, FloatWiden, MaxMinOp)
+from cais.sim.operands import (UINT, all_pairs, catalogue, directed_add_pairs, maxmin_catalogue, maxmin_random,
+                               random_pairs)
 
 VECTORS = int(os.environ.get("CAIS_FPU_VECTORS", "100000"))
 NARROW_VECTORS = max(50_000, VECTORS)
 LANES = 8
 FORMATS = (FP32, FP16, BF16)
-UINT = {32: np.uint32, 16: np.uint16}
 
 
 # ============================================================================ integer reference (exact)
@@ -260,112 +261,6 @@ def run_convert(cls, src, dst, a, k=16):
 
 
 # ============================================================================ operand generators
-def catalogue(fmt: FloatFormat) -> list[int]:
-    """Special and boundary values of a format (bits), both signs."""
-    M, E = fmt.man_bits, fmt.exp_max
-    one = fmt.bias << M
-    mags = [
-        0, 1, 2, 3, (1 << M) - 1, (1 << (M - 1)),          # zero, smallest subnormals, largest subnormal
-        1 << M, (1 << M) + 1, (2 << M) - 1,                # smallest normals, end of the first binade
-        one, one + 1, one - 1, one + (1 << (M - 1)),       # 1, 1 + ulp, 1 - ulp/2, 1.5
-        one + (1 << M) - 1, one + (1 << M),                # 2 - ulp, 2
-        (fmt.bias - M - 1) << M, (fmt.bias - M - 2) << M,  # ulp/2 and ulp/4 of 1
-        (E - 1) << M | ((1 << M) - 1), (E - 1) << M | ((1 << M) - 2), (E - 1) << M,   # largest finite
-        (E - 1 - M - 1) << M,                              # half an ulp of the largest finite
-        fmt.inf,
-        fmt.qnan, fmt.inf | 1, fmt.inf | (1 << (M - 1)) | 5, fmt.inf | ((1 << (M - 1)) - 1),   # NaNs q/s
-    ]
-    return [s << (fmt.width - 1) | v for v in mags for s in (0, 1)]
-
-
-def directed_add_pairs(fmt: FloatFormat) -> list[tuple[int, int, str]]:
-    """Named operand pairs of the adder's edge catalogue (compared with the reference like the rest)."""
-    M, W = fmt.man_bits, fmt.width
-    neg = 1 << (W - 1)
-    one = fmt.bias << M
-    ulp_half = (fmt.bias - M - 1) << M
-    max_f = (fmt.exp_max - 1) << M | ((1 << M) - 1)
-    min_n = 1 << M
-    max_s = (1 << M) - 1
-    return [
-        (min_n, neg | 1, "smallest normal - smallest subnormal = largest subnormal"),
-        (max_s, 1, "largest subnormal + smallest subnormal = smallest normal"),
-        (max_s, max_s, "subnormal + subnormal -> normal"),
-        (3, neg | 5, "subnormal - subnormal -> negative subnormal"),
-        (1, 1, "smallest subnormal doubled"),
-        (1, neg | 1, "smallest subnormal - itself = +0"),
-        (min_n | 1, neg | min_n, "normal - normal -> smallest subnormal"),
-        (one, ulp_half, "tie, even below: 1 + ulp/2 = 1"),
-        (one + 1, ulp_half, "tie, odd below: (1 + ulp) + ulp/2 = 1 + 2 ulp"),
-        (one, ulp_half + 1, "just above the tie: rounds up"),
-        (one, neg | ulp_half, "1 - ulp/2 is exact (binade below)"),
-        (one, neg | ((fmt.bias - M - 2) << M), "1 - ulp/4: tie in the binade below, rounds to 1"),
-        (one, neg | ((fmt.bias - M - 2) << M | 1), "1 - ulp/4 - tiny: sticky under a 1-bit normalization"),
-        (one, neg | 1, "1 - smallest subnormal: huge exponent difference, rounds to 1"),
-        (one + 1, neg | one, "cancellation to one ulp (large normalization shift)"),
-        (one + (1 << M) - 1, (fmt.bias - M) << M, "(2 - ulp) + ulp = 2: carry into the exponent"),
-        (one + (1 << M) - 1, ulp_half, "(2 - ulp) + ulp/2: tie, odd, rounds up into the next binade"),
-        (one | (1 << (M - 1)), one | (1 << (M - 1)), "1.5 + 1.5 = 3"),
-        (max_f, max_f, "overflow to infinity"),
-        (neg | max_f, neg | max_f, "overflow to -infinity"),
-        (max_f, (fmt.exp_max - 1 - M - 1) << M, "largest + half its ulp: tie, odd, rounds to infinity"),
-        (max_f, (fmt.exp_max - 1 - M - 2) << M, "largest + quarter ulp: stays largest"),
-        (fmt.inf, neg | fmt.inf, "inf - inf = NaN"),
-        (neg | fmt.inf, fmt.inf, "-inf + inf = NaN"),
-        (fmt.inf, fmt.inf, "inf + inf = inf"),
-        (fmt.inf, neg | max_f, "inf + finite = inf"),
-        (neg | fmt.inf, one, "-inf + finite = -inf"),
-        (fmt.qnan, one, "quiet NaN + x"),
-        (one, fmt.inf | 1, "x + signalling NaN"),
-        (neg | fmt.inf | 3, fmt.inf, "signalling NaN + inf"),
-        (neg | fmt.qnan | 1, fmt.inf | 2, "NaN + NaN"),
-        (neg, 0, "-0 + +0 = +0"),
-        (0, neg, "+0 + -0 = +0"),
-        (neg, neg, "-0 + -0 = -0"),
-        (0, 0, "+0 + +0 = +0"),
-        (neg | one, one, "x + -x = +0"),
-        (max_f, neg | max_f, "max + -max = +0"),
-        (neg | 7, 7, "subnormal -x + x = +0"),
-        (neg, 5, "-0 + subnormal"),
-        (neg | 5, 0, "-subnormal + +0"),
-    ]
-
-
-def random_pairs(fmt: FloatFormat, n: int, seed: int):
-    """Four equal parts: random bit patterns; near-equal magnitudes (mostly opposite signs: cancellation);
-    subnormal-heavy (exponent fields 0..2); exponents within a few significand widths of each other."""
-    rng = np.random.default_rng(seed)
-    W, M, E = fmt.width, fmt.man_bits, fmt.exp_bits
-    q = n // 4
-    top = 1 << W
-    sign = np.uint64(1) << np.uint64(W - 1)
-    mag_mask = np.uint64(top // 2 - 1)
-
-    def r(lo, hi, size):
-        return rng.integers(lo, hi, size, dtype=np.uint64)
-
-    a1, b1 = r(0, top, q), r(0, top, q)
-    a2 = r(0, top, q)
-    delta = rng.integers(-8, 9, q)
-    mag2 = np.clip((a2 & mag_mask).astype(np.int64) + delta, 0, int(mag_mask)).astype(np.uint64)
-    b2 = mag2 | np.where(rng.random(q) < 0.8, (a2 & sign) ^ sign, a2 & sign)
-    a3 = r(0, 3, q) << np.uint64(M) | r(0, 1 << M, q) | r(0, 2, q) * sign
-    b3 = r(0, 3, q) << np.uint64(M) | r(0, 1 << M, q) | r(0, 2, q) * sign
-    m4 = n - 3 * q
-    e4 = r(0, (1 << E) - 1, m4).astype(np.int64)
-    e4b = np.clip(e4 + rng.integers(-(M + 6), M + 7, m4), 0, (1 << E) - 2).astype(np.uint64)
-    a4 = e4.astype(np.uint64) << np.uint64(M) | r(0, 1 << M, m4) | r(0, 2, m4) * sign
-    b4 = e4b << np.uint64(M) | r(0, 1 << M, m4) | r(0, 2, m4) * sign
-    a = np.concatenate([a1, a2, a3, a4]).astype(UINT[W])
-    b = np.concatenate([b1, b2, b3, b4]).astype(UINT[W])
-    return a, b
-
-
-def all_pairs(values):
-    va, vb = np.meshgrid(np.array(values, dtype=np.uint64), np.array(values, dtype=np.uint64))
-    return va.ravel(), vb.ravel()
-
-
 # ============================================================================ the reference itself
 @pytest.mark.parametrize("fmt", (FP32, FP16), ids=str)
 def test_integer_reference_matches_numpy(fmt):
@@ -534,31 +429,6 @@ def test_numpy_signed_zero_rule_is_the_documented_one():
                 r = f(dt(x), dt(y))
                 assert np.signbit(r) == np.signbit(dt(y) if rule == "b" else dt(x)), (dt, f.__name__, x, y)
     assert NUMPY_ZERO_TIE[BF16] == NUMPY_ZERO_TIE[FP32]     # BF16 is defined through float32
-
-
-def maxmin_catalogue(fmt):
-    M = fmt.man_bits
-    return catalogue(fmt) + [s << (fmt.width - 1) | v for s in (0, 1) for v in (5 << M | 7, 5 << M | 8, 6 << M)]
-
-
-def maxmin_random(fmt, n, seed):
-    rng = np.random.default_rng(seed)
-    W = fmt.width
-    sign = 1 << (W - 1)
-    q = n // 3
-    a1 = rng.integers(0, 1 << W, q, dtype=np.uint64)
-    b1 = rng.integers(0, 1 << W, q, dtype=np.uint64)
-    # same magnitude (equal values, +x vs -x, -0 vs +0), and neighbours
-    a2 = rng.integers(0, 1 << W, q, dtype=np.uint64)
-    b2 = (a2 + rng.integers(0, 2, q, dtype=np.uint64) * sign + rng.integers(0, 2, q, dtype=np.uint64)) % (1 << W)
-    # zeros, subnormals, infinities and NaNs against everything
-    small = np.array(catalogue(fmt), np.uint64)
-    m = n - 2 * q
-    a3 = rng.choice(small, m)
-    b3 = np.where(rng.random(m) < 0.5, rng.choice(small, m), rng.integers(0, 1 << W, m, dtype=np.uint64))
-    swap = rng.random(m) < 0.5
-    a3, b3 = np.where(swap, b3, a3), np.where(swap, a3, b3)
-    return (np.concatenate([a1, a2, a3]).astype(UINT[W]), np.concatenate([b1, b2, b3]).astype(UINT[W]))
 
 
 @pytest.mark.parametrize("op", list(MaxMinOp), ids=lambda o: o.name)

@@ -28,11 +28,11 @@ from cais.hdl.fpu import BF16, FP16, FP32, NUMPY_ZERO_TIE
 from cais.hdl.slot_alu import SlotALU
 from cais.protocol import DType, ReduceOp
 
-from test_fpu import all_pairs, catalogue, maxmin_random, random_pairs, ref_add
+from cais.sim.operands import FLOAT_FMT, acc32_pairs, all_pairs, catalogue, float_pairs, int_pairs, random_pairs
+from test_fpu import ref_add
 
 VECTORS = int(os.environ.get("CAIS_SLOT_ALU_VECTORS", "1000"))
 INT_BITS = {DType.INT32: 32, DType.INT16: 16, DType.INT8: 8}
-FLOAT_FMT = {DType.FP32: FP32, DType.FP16: FP16, DType.BF16: BF16}
 HALF = (DType.FP16, DType.BF16)
 ELEM_BITS = {**INT_BITS, DType.FP32: 32, DType.FP16: 16, DType.BF16: 16}
 UINT = {8: np.uint8, 16: np.uint16, 32: np.uint32}
@@ -146,57 +146,6 @@ def describe(i, r: Row, W, got, we, want_we):
 
 
 # ============================================================================ operands
-def int_pairs(bits: int, n: int, rng):
-    """Bit patterns of signed operand pairs: random, extremes, equal, neighbours, overflowing sums."""
-    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    special = np.array([lo, lo + 1, -2, -1, 0, 1, 2, hi - 1, hi, hi // 2 + 1, lo // 2 - 1], np.int64)
-    a = rng.integers(lo, hi, n, endpoint=True)
-    b = rng.integers(lo, hi, n, endpoint=True)
-    pick = rng.random(n)
-    a = np.where(pick < 0.3, rng.choice(special, n), a)
-    b = np.where(pick > 0.7, rng.choice(special, n), b)
-    b = np.where((pick > 0.40) & (pick < 0.45), a, b)
-    b = np.where((pick > 0.45) & (pick < 0.50), np.clip(a + rng.integers(-2, 3, n), lo, hi), b)
-    mask = (1 << bits) - 1
-    return (a & mask).astype(np.uint64), (b & mask).astype(np.uint64)
-
-
-def float_pairs(fmt, n: int, rng):
-    """Bit patterns: adder edge cases (cancellation, subnormals, near exponents), max/min cases (equal
-    magnitudes), pairs of the special-value catalogue and of signed zeros, in random operand order."""
-    seed = int(rng.integers(1 << 31))
-    ra, rb = random_pairs(fmt, max(n, 4), seed)
-    ma, mb = maxmin_random(fmt, max(n, 3), seed + 1)
-    ca, cb = all_pairs(catalogue(fmt))
-    za, zb = all_pairs([0, 1 << (fmt.width - 1)])      # -0/+0: the operand max/min return on a tie
-    pool_a = [ra.astype(np.uint64), ma.astype(np.uint64), ca, za]
-    pool_b = [rb.astype(np.uint64), mb.astype(np.uint64), cb, zb]
-    src = rng.choice(4, n, p=[0.35, 0.3, 0.25, 0.1])
-    pick = [rng.integers(0, len(p), n) for p in pool_a]
-    a = np.choose(src, [p[i] for p, i in zip(pool_a, pick)])
-    b = np.choose(src, [p[i] for p, i in zip(pool_b, pick)])
-    swap = rng.random(n) < 0.5
-    return np.where(swap, b, a), np.where(swap, a, b)
-
-
-def acc32_pairs(dtype: DType, n: int, rng):
-    """(float32 accumulator, fp16/bf16 element) pairs: the accumulator is a widened element of a half-format
-    edge pair (exact cancellations and ties), that plus random low bits (rounding in float32), or any
-    float32 (random bits, the float32 catalogue)."""
-    fmt = FLOAT_FMT[dtype]
-    ha, hb = float_pairs(fmt, n, rng)
-    if dtype == DType.FP16:
-        with np.errstate(all="ignore"):
-            wa = ha.astype(np.uint16).view(np.float16).astype(np.float32).view(np.uint32).astype(np.uint64)
-    else:
-        wa = ha << np.uint64(16)
-    noisy = wa ^ rng.integers(0, 1 << 14, n, dtype=np.uint64)
-    any32 = np.where(rng.random(n) < 0.5, rng.integers(0, 1 << 32, n, dtype=np.uint64),
-                     rng.choice(np.array(catalogue(FP32), np.uint64), n))
-    src = rng.choice(3, n, p=[0.4, 0.3, 0.3])
-    return np.choose(src, [wa, noisy, any32]), hb
-
-
 def to_bytes(bits: np.ndarray, width: int) -> bytes:
     """Big-endian elements of ``width`` bits (the wire's order)."""
     return np.asarray(bits, np.uint64).astype(UINT[width]).astype(np.dtype(UINT[width]).newbyteorder(">")).tobytes()
