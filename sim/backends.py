@@ -6,125 +6,39 @@ backend ``kind``, so callers use them identically::
 
     result = run_backend("verilator", SwitchParams(), "cais.sim.backends:selftest_main", {"seed": 1})
 
-The cocotb backend runs inside a simulator process: :func:`run_cocotb` builds (cached) and runs
-``cais.tb.cosim:cosim_main``, which creates the link and awaits the entry point. The contract every
-link keeps is in :mod:`cais.sim.links.base`.
+The cocotb backend runs inside a simulator process (:func:`cais.sim.links.cocotb.run_cocotb`). The
+contract every link keeps is in :mod:`cais.sim.links.base`.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
-import os
-import shutil
-import tempfile
-from pathlib import Path
-from typing import Any, Callable
 
-from cais.link import DEFAULT_CLOCK_HZ
 from cais.params import SwitchParams
 from cais.registers import register_map
 
+from .entry import load_entry
 from .links.base import read_counters, wait_idle
 from .links.model import ModelLink, run_model
 
-__all__ = [
-    "ModelLink", "run_model", "run_cocotb", "run_backend", "load_entry",
-    "BACKENDS", "COSIM_JOB_ENV", "CosimError", "selftest_main", "read_counters", "wait_idle",
-]
+__all__ = ["ModelLink", "run_model", "run_backend", "load_entry", "BACKENDS", "selftest_main", "read_counters",
+           "wait_idle"]
 
 #: The backends :func:`run_backend` knows: the link each runs on is in cais.sim.links.<kind>.
 BACKENDS = ("model", "amaranth", "cocotb", "verilator")
-#: Environment variable naming the JSON job file that :func:`run_cocotb` hands to ``cais.tb.cosim``.
-COSIM_JOB_ENV = "CAIS_COSIM_JOB"
-
-
-class CosimError(AssertionError):
-    """The cocotb run of an entry point failed; the message ends with the simulator log's tail."""
-
-
-def _entry_sys_path(module: str) -> list[str]:
-    """The folder to put on ``sys.path`` so that ``module`` imports in the simulator process as it does
-    here (a test module collected by pytest, say); empty when its file is not laid out by its name."""
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return []
-    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
-        return []
-    origin = Path(spec.origin).resolve()
-    parts = module.split(".")
-    tail = Path(*parts, "__init__.py") if origin.name == "__init__.py" else Path(*parts[:-1], parts[-1] + ".py")
-    root = origin
-    for _ in tail.parts:
-        root = root.parent
-    return [str(root)] if (root / tail).resolve() == origin else []
-
-
-def run_cocotb(params: SwitchParams, entry: str, job: dict, *, waves: bool = False, seed: int = 0,
-               idle: float = 0.0, backpressure: float = 0.0, clock_hz: float = DEFAULT_CLOCK_HZ,
-               keep_run: bool = False):
-    """Run the entry point ``"module:function"`` (``async def main(link, job)``) on the Verilated switch.
-
-    Builds with :func:`cais.sim.build.build_switch` (cached), runs the cocotb test
-    ``cais.tb.cosim:cosim_main`` and returns main's (JSON-serialisable) result as read back from JSON.
-    Raises :class:`CosimError` with the log's tail when the run fails. The run folder is removed after a
-    successful run unless ``waves`` or ``keep_run`` is set.
-    """
-    from .build import build_switch, run_test
-
-    module = entry.partition(":")[0]
-    build = build_switch(params, waves=waves)
-    with tempfile.TemporaryDirectory(prefix="cais-cosim-") as tmp:
-        job_file, out_file = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job_file.write_text(json.dumps({
-            "params": params.as_dict(), "entry": entry, "job": job, "out": str(out_file),
-            "sys_path": _entry_sys_path(module), "seed": seed, "idle": idle, "backpressure": backpressure,
-            "clock_hz": clock_hz}))
-        try:
-            run = run_test(build, "cais.tb.cosim", "cosim_main", extra_env={COSIM_JOB_ENV: str(job_file)})
-        except AssertionError as exc:
-            raise CosimError(f"{entry} on cocotb ({params.slug()}) failed: {exc}") from None
-        if not out_file.is_file():
-            raise CosimError(f"{entry} on cocotb ({params.slug()}): the test passed but wrote no result; "
-                             f"log {run.log_file}")
-        result = json.loads(out_file.read_text())
-    if not (waves or keep_run):
-        shutil.rmtree(run.run_dir, ignore_errors=True)
-    return result
-
-
-# ====================================================================================== one entry for all
-
-
-def load_entry(entry: str | Callable) -> Callable:
-    """The function named by ``"package.module:function"`` (a callable passes through)."""
-    if callable(entry):
-        return entry
-    module, sep, name = str(entry).partition(":")
-    if not sep or not module or not name:
-        raise ValueError(f"entry={entry!r}: expected 'module:function'")
-    obj: Any = importlib.import_module(module)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise TypeError(f"entry={entry!r}: {obj!r} is not callable")
-    return obj
 
 
 def run_backend(kind: str, params: SwitchParams, entry: str, job: dict, **kw):
     """Run ``await main(link, job)`` (``entry`` = ``"module:function"``) on backend ``kind``.
 
     ``kind`` is one of :data:`BACKENDS`; ``kw`` go to :func:`run_model` (ModelLink options),
-    :func:`cais.sim.links.amaranth.run_amaranth`, :func:`run_cocotb` or
+    :func:`cais.sim.links.amaranth.run_amaranth`, :func:`cais.sim.links.cocotb.run_cocotb` or
     :func:`cais.sim.links.verilator.run_verilator` (the simulator links take ``seed``, ``idle``,
     ``backpressure``, ``waves``). The result is returned as it comes back from
     JSON on every backend (tuples become lists, dict keys strings), so results compare across backends.
     """
     if kind == "cocotb":
-        if not isinstance(entry, str):
-            raise TypeError("the cocotb backend needs the entry point as a 'module:function' string")
+        from .links.cocotb import run_cocotb
         return run_cocotb(params, entry, job, **kw)
     if kind not in BACKENDS:
         raise ValueError(f"kind={kind!r}: expected one of {', '.join(BACKENDS)}")

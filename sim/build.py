@@ -1,13 +1,13 @@
 """Cached Verilator builds of the exported switch, and a cocotb test runner on top of them.
 
-Typical use in a pytest wrapper (the ``@cocotb.test`` functions live in ``cais.tb``)::
+Typical use (the cocotb link's runner, :func:`cais.sim.links.cocotb.run_cocotb`, does this)::
 
     from cais.params import SwitchParams
     from cais.sim.build import build_switch, run_test
 
     def test_forwarding():
         build = build_switch(SwitchParams(ports=4))          # 15-25 s the first time, ~0.2 s afterwards
-        run_test(build, "cais.tb.cosim", "cosim_main", extra_env={...})   # AssertionError on failure
+        run_test(build, "cais.sim.links.cocotb", "cosim_main", extra_env={...})   # AssertionError on failure
 
 Builds live in ``build/sim/<params.slug()>[_waves]/`` (override the ``build`` root with the
 ``CAIS_BUILD_DIR`` environment variable).  A build is reused when the hash of (parameters, every
@@ -313,7 +313,7 @@ def _ports_header(params: SwitchParams) -> str:
 
 def run_test(build: BuildInfo, test_module: str, testcase: str | None = None,
              extra_env: Mapping[str, str] | None = None, seed: int | str | None = None) -> TestRun:
-    """Run the cocotb tests of *test_module* (dotted name, e.g. ``cais.tb.cosim``) on *build*.
+    """Run the cocotb tests of *test_module* (dotted name, e.g. ``cais.sim.links.cocotb``) on *build*.
 
     *testcase* selects one test (or a comma-separated list) by name; *extra_env* is added to the
     simulator's environment (it wins over the current environment); *seed* fixes cocotb's random seed.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from cais.sim.traffic import host_mac
 from cais.tables import Rule, rule_writes, slot_clear_writes
 
 PARAMS = SwitchParams()
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_splitmix64_matches_the_published_sequence():
@@ -147,3 +149,35 @@ def test_verilator_link_all_reduce_stamps_and_reset():
     received, rx0, completed = run_sync(unprogrammed())
     assert rx0 == 1 and completed == 0 and received == []   # counted from 0 again, nothing reduced
     link.close()
+
+
+def _imports(path):
+    """The absolute module names a source file imports (relative imports resolved against its package)."""
+    import ast
+
+    package = {"sw/cais": "cais", "hdl": "cais.hdl", "sim": "cais.sim", "sim/links": "cais.sim.links"}
+    rel = str(path.parent.relative_to(REPO))
+    here = package.get(rel, rel.replace("/", "."))
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.split(".")[:len(here.split(".")) - node.level + 1]
+                out.add(".".join(base + ([node.module] if node.module else [])))
+            else:
+                out.add(node.module)
+    return out
+
+
+@pytest.mark.parametrize("folder, forbidden", [
+    ("sw/cais", ("cais.hdl", "cais.sim", "amaranth", "cocotb")),   # the driver: numpy only
+    ("hdl", ("cais.sim", "cocotb")),                                # the RTL never reaches into simulation
+    ("sim/links", ("cais.tests", "bench")),
+])
+def test_imports_go_one_way(folder, forbidden):
+    bad = [f"{path.relative_to(REPO)} imports {name}"
+           for path in sorted((REPO / folder).glob("*.py")) for name in _imports(path)
+           if any(name == f or name.startswith(f + ".") for f in forbidden)]
+    assert not bad, bad
