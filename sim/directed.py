@@ -528,7 +528,7 @@ def counter_problems(got: dict, want: dict) -> list[str]:
 async def score_case(harness, params: SwitchParams, case: Case) -> list[str]:
     """Run a directed case on a harness and score it against the reference model, batch by batch.
 
-    The harness (the amaranth.sim ``SwitchSim`` or the cocotb ``TB``) offers async ``apply(writes)``,
+    The harness (:class:`cais.sim.suite.LinkHarness` on any link) offers async ``apply(writes)``,
     ``write(addr, value)``, ``send(port, frame)`` (sync is accepted too), ``drain()`` and ``counters()``,
     and ``rx``: the frames received per port so far; optionally ``context(expected, got)`` lines that
     explain a mismatch. Returns the problems found (empty: the case passed).

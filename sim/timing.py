@@ -89,9 +89,11 @@ def held_port_scenario(params: SwitchParams, seed: int):
 # which its tvalid and tready were both high, a register read with the cycle its address was accepted.
 
 
-async def measure_latency(link, payload_len: int, reproducible: bool = False) -> dict:
+async def measure_latency(link, payload_len: int, reproducible: bool = False,
+                          dtype: proto.DType = proto.DType.INT32, **kind) -> dict:
     """From reset: every port but the last contributes to chunk 0 of a group of all ports, the switch
-    drains, then the last port completes the set. Returns the stamps and the problems found."""
+    drains, then the last port completes the set. Returns the stamps and the problems found. ``dtype`` and
+    ``kind`` (acc_fp32, ...) type the rule."""
     from .suite import LinkHarness
 
     params = link.params
@@ -100,8 +102,10 @@ async def measure_latency(link, payload_len: int, reproducible: bool = False) ->
     rng = np.random.default_rng(payload_len + 1000 * reproducible)
     await link.reset()
     h = LinkHarness(link)
-    frames = [contribution(p, 0, rng.integers(0, 256, payload_len, dtype=np.uint8).tobytes()) for p in range(P)]
-    scen = Scenario(params, group_writes(params, allp, allp, reproducible=reproducible), [[f] for f in frames])
+    frames = [contribution(p, 0, rng.integers(0, 256, payload_len, dtype=np.uint8).tobytes(), dtype=dtype)
+              for p in range(P)]
+    writes = group_writes(params, allp, allp, reproducible=reproducible, dtype=dtype, **kind)
+    scen = Scenario(params, writes, [[f] for f in frames])
     _, expected = replay(scen)
     await h.apply(scen.writes)
     for p in range(P - 1):

@@ -2,15 +2,18 @@
 
 import json
 
+import pytest
+
 from cais.params import SwitchParams
 from cais.sim.timing import documented_latency
 
 from benchscripts import load_script
 
 
+@pytest.mark.verilator
 def test_json_figures(capsys):
     bench = load_script("bench_datapath")
-    assert bench.main(["--json", "--chunks", "4"]) == 0
+    assert bench.main(["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     params = SwitchParams()
     assert out["params"] == params.as_dict()

@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable
 from cais.link import DEFAULT_CLOCK_HZ
 from cais.params import SwitchParams
 
-from .wires import AXIL_INPUTS, WireLink
+from .wires import AXIL_INPUTS, RESET_CYCLES, WireLink
 
 __all__ = ["AmaranthLink", "run_amaranth", "amaranth_vcd_path"]
 
@@ -27,15 +27,22 @@ class AmaranthLink(WireLink):
     """
 
     def __init__(self, params: SwitchParams, dut, *, clock_hz: float = DEFAULT_CLOCK_HZ, seed: int = 0,
-                 idle: float | list[float] = 0.0, backpressure: float | list[float] = 0.0):
+                 idle: float | list[float] = 0.0, backpressure: float | list[float] = 0.0,
+                 trace_busy: bool = False):
         self.dut = dut
         self.ctx = None                      # the running testbench's context, set by run_amaranth
         P = params.ports
         self._sampled_signals = ([dut.s_axis[p].tready for p in range(P)]
                                  + [s for p in range(P) for s in (dut.m_axis[p].tvalid, dut.m_axis[p].tdata,
                                                                   dut.m_axis[p].tkeep, dut.m_axis[p].tlast)]
-                                 + [getattr(dut.s_axil, name) for name in AXIL_INPUTS])
+                                 + [getattr(dut.s_axil, name) for name in AXIL_INPUTS]
+                                 + ([dut.busy] if trace_busy else []))
         self._values: tuple = ()
+        #: With ``trace_busy``: the switch's BUSY signal in every cycle simulated, from the first (white-box:
+        #: cycle c of the link is ``busy_trace[start_cycle + c]``).
+        self.busy_trace: list[int] | None = [] if trace_busy else None
+        #: Cycles simulated before the link's cycle 0 (reset and the slot-state sweep).
+        self.start_cycle = 0
         super().__init__(params, clock_hz=clock_hz, seed=seed, idle=idle, backpressure=backpressure)
 
     def _set_beat(self, port: int, data: int, keep: int, last: bool) -> None:
@@ -59,6 +66,8 @@ class AmaranthLink(WireLink):
 
     async def _edge(self) -> None:
         self._values = (await self.ctx.tick().sample(*self._sampled_signals))[2:]
+        if self.busy_trace is not None:
+            self.busy_trace.append(int(self._values[-1]))
 
     def _s_ready(self, port: int) -> bool:
         return bool(self._values[port])
@@ -83,12 +92,15 @@ def amaranth_vcd_path(params: SwitchParams) -> Path:
 
 def run_amaranth(params: SwitchParams, main: Callable[[AmaranthLink], Awaitable], *, seed: int = 0,
                  vcd: str | os.PathLike | None = None, waves: bool = False, idle: float | list[float] = 0.0,
-                 backpressure: float | list[float] = 0.0, clock_hz: float = DEFAULT_CLOCK_HZ, **_ignored: Any):
+                 backpressure: float | list[float] = 0.0, clock_hz: float = DEFAULT_CLOCK_HZ,
+                 trace_busy: bool = False, settle: int | None = None, **_ignored: Any):
     """Simulate :class:`cais.hdl.switch.Switch` and run ``await main(link)``; return its result.
 
     ``idle`` and ``backpressure`` are the probabilities of an idle cycle on a source and of tready low
     on a sink (one value, or one per port; seeded by ``seed``). ``vcd`` names a waveform file to write;
-    ``waves=True`` without ``vcd`` writes :func:`amaranth_vcd_path`.
+    ``waves=True`` without ``vcd`` writes :func:`amaranth_vcd_path`. ``trace_busy`` keeps the BUSY signal
+    of every cycle in ``link.busy_trace``; ``settle`` (default ``slots + 2``, the slot-state sweep) is the
+    number of cycles after reset before the link's cycle 0 (0: the driver starts during the sweep).
     """
     from amaranth.sim import Simulator
 
@@ -98,7 +110,9 @@ def run_amaranth(params: SwitchParams, main: Callable[[AmaranthLink], Awaitable]
         vcd = amaranth_vcd_path(params)
         vcd.parent.mkdir(parents=True, exist_ok=True)
     dut = Switch(params)
-    link = AmaranthLink(params, dut, clock_hz=clock_hz, seed=seed, idle=idle, backpressure=backpressure)
+    link = AmaranthLink(params, dut, clock_hz=clock_hz, seed=seed, idle=idle, backpressure=backpressure,
+                        trace_busy=trace_busy)
+    settle = params.slots + 2 if settle is None else int(settle)
     sim = Simulator(dut)
     sim.add_clock(1 / clock_hz)
     outcome = {}
@@ -107,7 +121,8 @@ def run_amaranth(params: SwitchParams, main: Callable[[AmaranthLink], Awaitable]
         link.ctx = ctx
         for p in range(params.ports):
             ctx.set(dut.m_axis[p].tready, 1)
-        await link._reset(params.slots + 2)
+        await link._reset(settle)
+        link.start_cycle = RESET_CYCLES + settle
         outcome["result"] = await main(link)
 
     sim.add_testbench(testbench)
