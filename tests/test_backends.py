@@ -1,5 +1,5 @@
-"""The three SwitchLink backends (model, amaranth.sim, cocotb + Verilator) behave the same for a driver,
-and FaultyLink injects the same faults whatever the timing."""
+"""The SwitchLink backends (model, amaranth.sim, cocotb + Verilator, the C++-driven Verilator link) behave
+the same for a driver, and FaultyLink injects the same faults whatever the timing."""
 
 from __future__ import annotations
 
@@ -36,9 +36,15 @@ def assert_same(result, reference):
     assert result["fault_stats"] == reference["fault_stats"]
 
 
-async def faulty_entry(link, job):
-    """An entry point defined in this test module: run_cocotb must make it importable in the simulator."""
-    return await load_entry(SELFTEST)(link, job)
+async def steps_entry(link, job):
+    """Several self-tests in one simulator run, each from a reset, with its own wire patterns. Defined in
+    this test module: run_cocotb must make it importable in the simulator process."""
+    out = []
+    for step in job["steps"]:
+        await link.reset()
+        link.set_patterns(step.get("idle", 0.0), step.get("backpressure", 0.0))
+        out.append(await load_entry(SELFTEST)(link, step["job"]))
+    return out
 
 
 _cache: dict = {}
@@ -85,13 +91,6 @@ def test_amaranth_matches_model():
 
 
 @pytest.mark.verilator
-def test_cocotb_matches_model():
-    result = cached("cocotb", JOB)
-    assert result["correct"]
-    assert_same(result, cached("model", JOB))
-
-
-@pytest.mark.verilator
 def test_verilator_matches_model():
     result = cached("verilator", JOB)
     assert result["correct"]
@@ -111,13 +110,6 @@ def test_amaranth_rough_wires_match_model():
     assert_same(result, cached("model", JOB, **ROUGH_WIRES))      # the model ignores the wire options
 
 
-@pytest.mark.verilator
-def test_cocotb_rough_wires_match_model():
-    result = cached("cocotb", JOB, **ROUGH_WIRES)
-    assert result["correct"]
-    assert_same(result, cached("model", JOB))
-
-
 def test_faulty_egress_amaranth_matches_model(fault_job):
     reference = cached("model", fault_job)
     assert not reference["correct"]          # a result was dropped
@@ -125,9 +117,20 @@ def test_faulty_egress_amaranth_matches_model(fault_job):
 
 
 @pytest.mark.verilator
-def test_faulty_egress_cocotb_matches_model(fault_job):
-    # The entry point lives in this test module: it must import in the simulator process too.
-    assert_same(cached("cocotb", fault_job, entry=f"{__name__}:faulty_entry"), cached("model", fault_job))
+def test_cocotb_matches_model(fault_job):
+    """One cocotb launch: plain, under idle and back-pressure (the pause patterns of the link's seed), and
+    with egress faults; each as the model says."""
+    steps = [{"job": JOB}, {"job": JOB, "idle": ROUGH_WIRES["idle"], "backpressure": ROUGH_WIRES["backpressure"]},
+             {"job": fault_job}]
+    plain, rough, faulty = run_backend("cocotb", PARAMS, f"{__name__}:steps_entry", {"steps": steps},
+                                       seed=ROUGH_WIRES["seed"])
+    assert plain["correct"] and rough["correct"]
+    assert_same(plain, cached("model", JOB))
+    assert_same(rough, cached("model", JOB))
+    assert_same(faulty, cached("model", fault_job))
+    # the same stimulus on the C++-driven link: the same frames in the same order, the same counters
+    assert rough["received"] == cached("verilator", JOB, **ROUGH_WIRES)["received"]
+    assert rough["counters"] == cached("verilator", JOB, **ROUGH_WIRES)["counters"]
 
 
 @pytest.mark.verilator
