@@ -41,7 +41,7 @@ many SRAM bits each payload byte costs. Area (unless ``--no-area``): bench/bench
 (a whole-switch place and route takes several minutes the first time).
 
     python bench/bench_numerics.py [--elements 20000] [--seed 1] [--only ROWS] [--load-chunks 24]
-                                   [--jobs 2] [--no-area] [--list]
+                                   [--jobs 2] [--no-area] [--list] [--json]
 
 ``--only`` takes row names or shell patterns (``fp16.*``, ``*.reproducible``), repeatable or
 comma-separated; ``--list`` prints the row names.
@@ -167,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"simulator runs (and place-and-route runs) in parallel (default {DEFAULT_JOBS})")
     parser.add_argument("--no-area", action="store_true", help="skip the yosys + nextpnr area table")
     parser.add_argument("--list", action="store_true", help="list the rows and exit")
+    parser.add_argument("--json", action="store_true", help="print one JSON object with the figures, no table")
     return parser
 
 
@@ -834,6 +835,27 @@ def area_table(results: dict, skipped: dict, failed: dict) -> str:
 # --- main -----------------------------------------------------------------------------------------------------
 
 
+def _failed(r: dict) -> bool:
+    return bool(r.get("mismatches") or r.get("missing") or r.get("header") or r.get("load_bad")
+                or r.get("problems") or r.get("failed"))
+
+
+def print_json(params: SwitchParams, args) -> int:
+    """``--json``: the rows' figures (and the area table's) as one JSON object; exit 1 if a row failed."""
+    import json
+
+    results = run_rows(params, args.rows, elements=args.elements, seed=args.seed, load_chunks=args.load_chunks,
+                       jobs=args.jobs, log=lambda _: None)
+    out = {"params": params.as_dict(), "elements": args.elements, "seed": args.seed, "rows": results}
+    bad = any(_failed(r) for r in results)
+    if not args.no_area:
+        res, skipped, failed = area_results(args.jobs, log=lambda _: None)
+        out["area"] = {"results": res, "skipped": skipped, "failed": failed}
+        bad |= bool(failed)
+    print(json.dumps(out, default=str))
+    return 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     params = SwitchParams()
@@ -841,6 +863,8 @@ def main(argv: list[str] | None = None) -> int:
         for row in ROWS.values():
             print(f"{row.name:34} capacity {row.capacity(params):3} B")
         return 0
+    if args.json:
+        return print_json(params, args)
     start = time.monotonic()
     print(f"CAIS numerics benchmark: {params.ports} ports x {params.data_width}-bit beats, max_payload "
           f"{params.max_payload} B, float_units={params.float_units}, reproducible={params.reproducible}; "
@@ -875,8 +899,7 @@ def main(argv: list[str] | None = None) -> int:
                 notes.append(f"  {r['name']}: {r[key]} {what}")
         for problem in r.get("problems", []):
             notes.append(f"  {r['name']}: {problem}")
-        if (r.get("mismatches") or r.get("missing") or r.get("header") or r.get("load_bad") or r.get("problems")
-                or r.get("failed")):
+        if _failed(r):
             bad = True
     if notes:
         print()

@@ -172,3 +172,14 @@ def test_tables():
     assert lines["reproducible fold (switch - switch_nofold)"][-4:] == ["10", "0", "2", "0"]
     assert lines["switch_int"][-1] == "FAILED" and lines["slot_alu"][-2:] == ["not", "run"]
     assert "switch_int: FAILED: nextpnr failed" in area
+
+
+@pytest.mark.verilator
+def test_json_output(capsys):
+    import json
+
+    assert bench.main(["--json", "--no-area", "--only", "int8.max.wire", "--elements", "200"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (row,) = out["rows"]
+    assert row["name"] == "int8.max.wire" and row["mismatches"] == 0 and not row["problems"]
+    assert row["beats_per_cycle"] == pytest.approx(1.0, abs=0.01)    # one beat per cycle at full load
