@@ -4,15 +4,17 @@ Runs the exported switch cycle-accurately on the C++-driven Verilator link (``--
 Amaranth design under amaranth.sim) and prints one table. Every port offers a frame on every cycle (tvalid
 never drops) and every sink is always ready; the figure is the number of ingress beats the switch accepts
 per cycle, summed over ports, in the steady state after the ingress buffers have filled (the limit is 1.0:
-the core takes one beat per cycle), from the links' ingress stamps. Results are checked against numpy, so
-a fast wrong answer cannot pass.
+the core takes one beat per cycle), from the links' ingress stamps. A second table loads every port at
+once with full-size all-reduce contributions, forwarded frames, or a mix, and gives each port's ingress
+beats per cycle (line rate: 1.0 per port). Results and forwarded frames are checked (numpy), so a fast
+wrong answer cannot pass. ``--json`` prints one JSON object instead (``per_port_beats_per_cycle`` and
+``core_beats_per_cycle`` keyed by scenario).
 
     python bench/bench_datapath.py [--ports N] [--data-width W] [--chunks N] [--backend verilator|amaranth]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -24,13 +26,14 @@ from amaranth.hdl import Shape
 
 from cais import protocol as proto
 from cais.hdl.slots import entry_layout
+from cais.cli import Parser, integer
 from cais.hdl.tables import rule_layout
 from cais.params import ParamError, SwitchParams
 from cais.registers import register_map
 from cais.sim.backends import run_backend, wait_idle
 from cais.sim.timing import measure_latency
 from cais.sim.traffic import host_mac
-from cais.tables import Rule, rule_writes
+from cais.tables import MacEntry, Rule, mac_writes, rule_writes
 
 if str(Path(__file__).resolve().parent) not in sys.path:     # entry points are named "bench_datapath:..."
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,68 +44,103 @@ def contribution(port: int, seq: int, values: np.ndarray) -> bytes:
     return proto.build_frame(hdr, values.astype(">i4").tobytes(), src=host_mac(port))
 
 
+def baseline_per_port(params: SwitchParams) -> float:
+    """Per-port ingress beats per cycle before the line-rate core (measured: one shared core takes one
+    beat per cycle for all ports together, so every port gets 1/ports of its line rate)."""
+    return 1.0 / params.ports
+
+
+def forwarded(port: int, ports: int, length: int) -> bytes:
+    """An ordinary frame from the host on ``port`` to the host on the next port (a permutation: every
+    egress gets one stream), ``length`` bytes."""
+    eth = proto.EthHeader(host_mac((port + 1) % ports), host_mac(port), 0x0800).pack()
+    return eth + bytes((port + i) & 0xFF for i in range(length - len(eth)))
+
+
 async def load_job(link, job: dict) -> dict:
-    """Every port sends ``job["chunks"]`` contributions back to back (the link queues them all at once, so
-    tvalid never drops); every sink is always ready. Returns the frames' ingress stamps, the results and the
-    cycles, after checking every result against numpy."""
+    """Every port sends ``job["chunks"]`` frames back to back (the link queues them all at once, so tvalid
+    never drops); every sink is always ready. ``job["scenario"]``: ``allreduce`` (contributions of
+    ``payload`` bytes), ``forward`` (ordinary frames as long, to the next port) or ``mix`` (alternating).
+    Checks every result against numpy and every forwarded frame; returns the ingress stamps per frame
+    ([port, last beat cycle, beats]) and the cycles."""
     params = link.params
     P = params.ports
     regs = register_map(params)
-    chunks, payload = int(job["chunks"]), int(job["payload"])
+    chunks, payload, scenario = int(job["chunks"]), int(job["payload"]), job.get("scenario", "allreduce")
     rng = np.random.default_rng(int(job.get("seed", 1)))
     values = rng.integers(-2**31, 2**31, (chunks, P, payload // 4), dtype=np.int64).astype(np.int32)
     everyone = (1 << P) - 1
-    for addr, value in rule_writes(regs, 0, Rule.for_group(1, contributors=everyone, results=everyone, base=0,
-                                                           count_log2=int(job["count_log2"]))):
+    writes = rule_writes(regs, 0, Rule.for_group(1, contributors=everyone, results=everyone, base=0,
+                                                 count_log2=int(job["count_log2"])))
+    for p in range(P):
+        writes += mac_writes(regs, p, MacEntry(host_mac(p), p))
+    for addr, value in writes:
         await link.write(addr, value)
     link.take_sent()
-    start = link.cycle
+    length = len(contribution(0, 0, values[0, 0]))
+    sent_frames: dict[int, list[bytes]] = {p: [] for p in range(P)}
     for c in range(chunks):
         for p in range(P):
-            link.send(p, contribution(p, c, values[c, p]))
+            fwd = scenario == "forward" or (scenario == "mix" and (c + p) % 2 == 1)
+            if fwd:
+                frame = forwarded(p, P, length)
+                sent_frames[(p + 1) % P].append(frame)
+            else:
+                frame = contribution(p, c, values[c, p])
+            link.send(p, frame)
+    start = link.cycle
     wall = time.perf_counter()
     if not await wait_idle(link, limit=link.cycle + 100 * chunks * P * params.max_frame_beats):
         raise SystemExit("the switch did not drain")
     wall = time.perf_counter() - wall
     cycles = link.cycle - start
-    got = set()
+    got, fwd_got = set(), {p: [] for p in range(P)}
     for r in link.take_stamped():
         frame = proto.parse_frame(r.data)
+        if frame.cais is None:
+            fwd_got[r.port].append(r.data)
+            continue
         c = frame.cais.seq_num
         want = values[c].astype(np.int64).sum(axis=0)
         want = ((want + 2**31) % 2**32) - 2**31
         if not np.array_equal(np.frombuffer(frame.payload, ">i4"), want):
             raise SystemExit(f"wrong result for chunk {c} on port {r.port}")
         got.add((c, r.port))
-    if len(got) != chunks * P:
+    if scenario == "allreduce" and len(got) != chunks * P:
         raise SystemExit(f"{chunks * P - len(got)} results missing")
-    beats = -(-len(contribution(0, 0, values[0, 0])) // params.beat_bytes)     # every frame is as long
-    sent = sorted((s.last, beats) for s in link.take_sent())
+    if any(sorted(fwd_got[p]) != sorted(sent_frames[p]) for p in range(P)):
+        raise SystemExit("forwarded frames lost, duplicated or corrupted")
+    beats = -(-length // params.beat_bytes)                 # every frame is as long
+    sent = sorted((s.last, s.port, beats) for s in link.take_sent())
     return {"sent": sent, "cycles": cycles, "wall": wall}
 
 
-def steady_rate(params: SwitchParams, sent: list[tuple[int, int]]) -> float:
-    """Ingress beats accepted per cycle, summed over ports, once the ingress buffers are full: from the
-    frame after which more beats than the buffers hold were accepted, to the last frame (with every port
-    offering a beat on every cycle, the buffers then admit exactly what the core takes)."""
+def steady_rates(params: SwitchParams, sent: list[tuple[int, int, int]]) -> tuple[float, list[float]]:
+    """Ingress beats accepted per cycle, summed over ports and per port, in the steady state: from the frame
+    after which more beats than the ingress buffers hold were accepted, to the first port's last frame
+    (every port still offers a beat on every cycle there)."""
     fill = params.ports * params.ingress_depth
-    total, k0 = 0, None
-    for k, (_, beats) in enumerate(sent):
+    total, t0 = 0, None
+    for last, _, beats in sent:
         total += beats
         if total > fill:
-            k0 = k
+            t0 = last
             break
-    if k0 is None or k0 == len(sent) - 1:
+    t1 = min(max(last for last, port, _ in sent if port == p) for p in range(params.ports))
+    if t0 is None or t1 <= t0:
         raise SystemExit("too few chunks to reach the steady state: raise --chunks")
-    return sum(b for _, b in sent[k0 + 1:]) / (sent[-1][0] - sent[k0][0])
+    per_port = [sum(b for last, port, b in sent if port == p and t0 < last <= t1) / (t1 - t0)
+                for p in range(params.ports)]
+    return sum(per_port), per_port
 
 
-def run_load(params: SwitchParams, chunks: int, payload: int, count_log2: int, backend: str) -> dict:
+def run_load(params: SwitchParams, chunks: int, payload: int, count_log2: int, backend: str,
+             scenario: str = "allreduce") -> dict:
     r = run_backend(backend, params, "bench_datapath:load_job",
-                    {"chunks": chunks, "payload": payload, "count_log2": count_log2})
-    beats = sum(b for _, b in r["sent"])
-    return {"beats_per_cycle": steady_rate(params, r["sent"]), "cycles": r["cycles"], "beats": beats,
-            "wall": r["wall"], "cycles_per_s": r["cycles"] / r["wall"]}
+                    {"chunks": chunks, "payload": payload, "count_log2": count_log2, "scenario": scenario})
+    core, per_port = steady_rates(params, [tuple(x) for x in r["sent"]])
+    return {"beats_per_cycle": core, "per_port_beats_per_cycle": per_port, "cycles": r["cycles"],
+            "beats": sum(b for *_, b in r["sent"]), "wall": r["wall"], "cycles_per_s": r["cycles"] / r["wall"]}
 
 
 async def latency_job(link, job: dict) -> dict:
@@ -132,10 +170,10 @@ def sizes(params: SwitchParams) -> list[tuple[str, int]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ports", type=int, default=SwitchParams.ports)
-    ap.add_argument("--data-width", type=int, default=SwitchParams.data_width)
-    ap.add_argument("--chunks", type=int, default=128, help="contributions per port per load run")
+    ap = Parser(prog="bench/bench_datapath.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--ports", type=integer(), default=SwitchParams.ports)
+    ap.add_argument("--data-width", type=integer(), default=SwitchParams.data_width)
+    ap.add_argument("--chunks", type=integer(8), default=128, help="frames per port per load run (>= 8)")
     ap.add_argument("--backend", choices=["verilator", "amaranth"], default="verilator")
     ap.add_argument("--json", action="store_true", help="print one JSON object with the figures, no table")
     args = ap.parse_args(argv)
@@ -143,8 +181,6 @@ def main(argv=None) -> int:
         params = SwitchParams(ports=args.ports, data_width=args.data_width)
     except ParamError as e:
         ap.error(str(e))
-    if args.chunks < 8:
-        ap.error("--chunks must be at least 8")
 
     P = params
     rows = []
@@ -154,11 +190,17 @@ def main(argv=None) -> int:
             ("one-beat payloads, all to one slot (back to back)", P.beat_bytes, 0)):
         r = run_load(P, args.chunks, payload, count_log2, args.backend)
         rows.append((label, payload, r))
+    # every port loaded at once: line rate would be 1.0 beat per cycle on every port
+    scenarios = {name: run_load(P, args.chunks, P.max_payload, 5, args.backend, name)
+                 for name in ("allreduce", "forward", "mix")}
     lat = run_load_latency(P, args.backend)
     if args.json:
         print(json.dumps({
             "params": P.as_dict(),
             "loads": [{"load": label, "payload_bytes": payload, **r} for label, payload, r in rows],
+            "per_port_beats_per_cycle": {name: r["per_port_beats_per_cycle"] for name, r in scenarios.items()},
+            "core_beats_per_cycle": {name: r["beats_per_cycle"] for name, r in scenarios.items()},
+            "baseline_per_port_beats_per_cycle": baseline_per_port(P),
             "latency_cycles": lat,
             "memory_bits": dict(sizes(P)),
         }))
@@ -171,6 +213,15 @@ def main(argv=None) -> int:
     for label, payload, r in rows:
         print(f"{label:52} {payload:>9} {r['beats']:>9} {r['cycles']:>7} {r['beats_per_cycle']:>12.3f} "
               f"{r['cycles_per_s']:>10.0f}")
+    print()
+    print("every port sending full-size frames back to back; ingress beats per cycle per port (line rate 1.0)")
+    print(f"{'scenario':10} {'core':>6} {'min port':>9} {'max port':>9} {'baseline':>9}  per port")
+    for name, r in scenarios.items():
+        per = r["per_port_beats_per_cycle"]
+        print(f"{name:10} {r['beats_per_cycle']:>6.3f} {min(per):>9.3f} {max(per):>9.3f} "
+              f"{baseline_per_port(P):>9.3f}  {' '.join(f'{x:.3f}' for x in per)}")
+    print("(allreduce: contributions, each chunk its own set; forward: ordinary frames to the next port; mix: "
+          "alternating; baseline: one shared core before the line-rate core, 1/ports)")
     print()
     print(f"latency, last contribution's last beat in -> first result beat out: {lat} cycles")
     print()

@@ -7,7 +7,7 @@ import pytest
 from cais.params import SwitchParams
 from cais.sim.timing import documented_latency
 
-from benchscripts import load_script
+from benchscripts import assert_refused, load_script
 
 
 @pytest.mark.verilator
@@ -20,3 +20,15 @@ def test_json_figures(capsys):
     assert [load["beats_per_cycle"] for load in out["loads"]] == [1.0, 1.0, 1.0]   # one beat per cycle
     assert out["latency_cycles"] == documented_latency(params, params.max_payload)  # docs/interface.md: 49
     assert out["memory_bits"]["slot memory (bits)"] == params.slots * 2 * params.max_payload * 8
+    # every port loaded at once: the ports' shares add up to the core's beat per cycle
+    for name in ("allreduce", "forward", "mix"):
+        per_port = out["per_port_beats_per_cycle"][name]
+        assert len(per_port) == params.ports
+        assert sum(per_port) == pytest.approx(out["core_beats_per_cycle"][name])
+        assert out["core_beats_per_cycle"][name] <= 1.0 + 1e-9
+
+
+@pytest.mark.parametrize("argv, needle", [(["--chunks", "3"], "--chunks: 3 must be at least 8"),
+                                          (["--ports", "99"], "ports"), (["--backend", "fpga"], "invalid choice")])
+def test_bad_arguments_are_refused(argv, needle, capsys):
+    assert_refused(load_script("bench_datapath").main, argv, needle, capsys)
