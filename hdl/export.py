@@ -23,7 +23,7 @@ from dataclasses import fields
 from pathlib import Path
 
 
-from ..cli import Parser, integer
+from ..cli import Parser, boolean, integer
 from ..params import ParamError, SwitchParams
 
 __all__ = ["DEFAULT_NAME", "LINT_WAIVERS", "write_verilog", "generate_verilog", "lint_verilog", "main"]
@@ -91,9 +91,11 @@ def _build_parser() -> argparse.ArgumentParser:
     defaults = SwitchParams()
     group = parser.add_argument_group("switch parameters (see cais.params.SwitchParams)")
     for f in fields(SwitchParams):
-        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=integer(),
-                           default=getattr(defaults, f.name), metavar="N",
-                           help=f"default {getattr(defaults, f.name)}")
+        default = getattr(defaults, f.name)
+        flag = isinstance(default, bool)
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=boolean if flag else integer(),
+                           default=default, metavar="BOOL" if flag else "N",
+                           help=f"default {str(default).lower() if flag else default}")
     parser.add_argument("--out", type=Path, default=Path("build/verilog"),
                         help="output folder (default build/verilog)")
     parser.add_argument("--name", default=DEFAULT_NAME,

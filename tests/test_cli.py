@@ -21,6 +21,7 @@ CASES = [
     (["-m", "cais.sim.cosim", "--reproducible", "yes"], "unrecognized arguments: yes"),
     (["-m", "cais.hdl.export", "--ports", "17"], "ports=17"),
     (["-m", "cais.hdl.export", "--data-width", "abc"], "data-width"),
+    (["-m", "cais.hdl.export", "--float-units", "maybe"], "'maybe' is not a boolean"),
     (["bench/bench_datapath.py", "--ports", "0"], "ports=0"),
 ]
 
@@ -49,3 +50,20 @@ def test_native_types_end_to_end(tmp_path):
                            "--dtype", "int8", "--op", "min", "--offload", "never"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "equals numpy's min" in proc.stdout and "path: ring" in proc.stdout, proc.stdout
+
+
+@pytest.mark.parametrize("spelling, value", [("false", False), ("No", False), ("0", False), ("off", False),
+                                             ("true", True), ("YES", True), ("1", True), ("on", True)])
+def test_export_takes_boolean_parameters(tmp_path, monkeypatch, spelling, value):
+    """make verilog ARGS="--float-units false --reproducible false": every usual spelling of a boolean."""
+    from cais.hdl import export
+
+    built = []
+
+    def fake_generate(params, path, name):           # the parameters are what is checked, not the Verilog
+        built.append(params)
+        return path
+
+    monkeypatch.setattr(export, "generate_verilog", fake_generate)
+    assert export.main(["--float-units", spelling, "--reproducible", spelling, "--out", str(tmp_path)]) == 0
+    assert built[0].float_units is value and built[0].reproducible is value

@@ -29,6 +29,20 @@ def integer(low: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def boolean(text: str) -> bool:
+    """An argument type: true/false (also yes/no, on/off, 1/0; any case)."""
+    word = text.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true/false, yes/no, on/off, 1/0)")
+
+
 def number(low: float, high: float, *, include_low: bool = True) -> Callable[[str], float]:
     """An argument type: a number in [low, high) ((low, high) without `include_low`)."""
     def parse(text: str) -> float:
