@@ -55,3 +55,33 @@ def number(low: float, high: float, *, include_low: bool = True) -> Callable[[st
         return value
     parse.__name__ = "number"
     return parse
+
+
+def add_param_arguments(parser: argparse.ArgumentParser, title: str = "switch parameters (cais.params.SwitchParams)"):
+    """One option per field of :class:`cais.params.SwitchParams` (``--ports N``, ``--float-units BOOL``, ...),
+    defaulting to the field's default. :func:`params_from_args` builds the parameters back."""
+    from dataclasses import fields
+
+    from .params import SwitchParams
+
+    defaults = SwitchParams()
+    group = parser.add_argument_group(title)
+    for f in fields(SwitchParams):
+        default = getattr(defaults, f.name)
+        flag = isinstance(default, bool)
+        group.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=boolean if flag else integer(),
+                           default=default, metavar="BOOL" if flag else "N",
+                           help=f"default {str(default).lower() if flag else default}")
+
+
+def params_from_args(parser: argparse.ArgumentParser, args):
+    """The :class:`cais.params.SwitchParams` of parsed options; a set the switch cannot be built with is
+    refused through ``parser.error`` (one line, exit status 2)."""
+    from dataclasses import fields
+
+    from .params import ParamError, SwitchParams
+
+    try:
+        return SwitchParams(**{f.name: getattr(args, f.name) for f in fields(SwitchParams)})
+    except ParamError as exc:
+        parser.error(str(exc))
