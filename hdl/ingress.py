@@ -35,12 +35,13 @@ class IngressPort(wiring.Component):
 
     Every frame is written to a :class:`FrameFifo` as it arrives; at its last beat the frame is either
     committed, with its header and length queued on ``meta``, or taken back and reported on ``drop``
-    with the first failing check of docs/protocol.md (reasons BAD_FRAMING .. BAD_LENGTH). The core
+    with the first failing check of docs/protocol.md (reasons BAD_FCS .. BAD_LENGTH; BAD_FCS: tuser
+    on the last beat, a receiving MAC's FCS error). The core
     therefore only ever sees whole, well-formed frames, and a bad frame never touches switch state.
 
     Members
     -------
-    s_axis : In(AxisSignature)
+    s_axis : In(AxisSignature(user=True))
     meta : Out(frame_meta_layout); meta_valid : Out(1); meta_ready : In(1)
         One entry per good frame, valid once all its beats are in the FIFO.
     beat_data : Out(data_width); beat_valid : Out(1); beat_ready : In(1)
@@ -57,7 +58,7 @@ class IngressPort(wiring.Component):
         self.params = params
         self.meta_layout = frame_meta_layout(params)
         super().__init__({
-            "s_axis": In(AxisSignature(params.data_width)),
+            "s_axis": In(AxisSignature(params.data_width, user=True)),
             "meta": Out(self.meta_layout), "meta_valid": Out(1), "meta_ready": In(1),
             "beat_data": Out(params.data_width), "beat_valid": Out(1), "beat_ready": In(1),
             "drop": Out(1), "drop_reason": Out(4),
@@ -107,6 +108,7 @@ class IngressPort(wiring.Component):
         plen = hdr.payload_len
         wire_len = proto.HEADERS_BYTES + plen
         checks = [
+            (proto.DropReason.BAD_FCS, s.tuser),              # decided at the last beat, where tuser counts
             (proto.DropReason.BAD_FRAMING, bad_framing | ~keep_ok),
             (proto.DropReason.OVERSIZE, discard | (frame_len > P.max_frame)),
             (proto.DropReason.RUNT, (frame_len < proto.ETH_HEADER_BYTES)

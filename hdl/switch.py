@@ -24,7 +24,7 @@ class Switch(wiring.Component):
 
     Members
     -------
-    s_axis[p] : In(AxisSignature(data_width))
+    s_axis[p] : In(AxisSignature(data_width, user=True))
         Ingress of port p.
     m_axis[p] : Out(AxisSignature(data_width))
         Egress of port p.
@@ -36,7 +36,7 @@ class Switch(wiring.Component):
         self.params = params
         self.regmap = register_map(params)
         super().__init__({
-            "s_axis": In(AxisSignature(params.data_width)).array(params.ports),
+            "s_axis": In(AxisSignature(params.data_width, user=True)).array(params.ports),
             "m_axis": Out(AxisSignature(params.data_width)).array(params.ports),
             "s_axil": In(AXI4LiteSignature(AXIL_ADDR_WIDTH)),
         })

@@ -1,6 +1,6 @@
 """The exported top: the switch with the flat port names FPGA tools and cocotbext-axi expect.
 
-Ports (p = 0 .. ports-1): ``clk``, ``rst`` (synchronous, active high); ``s_axis_p<p>_{tdata,tkeep,tlast,
+Ports (p = 0 .. ports-1): ``clk``, ``rst`` (synchronous, active high); ``s_axis_p<p>_{tdata,tkeep,tlast,tuser,
 tvalid,tready}`` (ingress), ``m_axis_p<p>_{...}`` (egress); ``s_axil_{awaddr,awprot,awvalid,awready,wdata,
 wstrb,wvalid,wready,bresp,bvalid,bready,araddr,arprot,arvalid,arready,rdata,rresp,rvalid,rready}``.
 """
@@ -30,12 +30,11 @@ class SwitchTop(wiring.Component):
 
     def __init__(self, params: SwitchParams = SwitchParams()):
         self.params = params
-        axis = AxisSignature(params.data_width)
         members = {}
         for p in range(params.ports):
-            members.update(_flat(f"s_axis_p{p}", axis, flip=True))
+            members.update(_flat(f"s_axis_p{p}", AxisSignature(params.data_width, user=True), flip=True))
         for p in range(params.ports):
-            members.update(_flat(f"m_axis_p{p}", axis, flip=False))
+            members.update(_flat(f"m_axis_p{p}", AxisSignature(params.data_width), flip=False))
         members.update(_flat("s_axil", AXI4LiteSignature(AXIL_ADDR_WIDTH), flip=True))
         super().__init__(members)
         self.switch = Switch(params)

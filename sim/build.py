@@ -302,7 +302,7 @@ def _ports_header(params: SwitchParams) -> str:
     for p in range(params.ports):
         s, m = f"s_axis_p{p}_", f"m_axis_p{p}_"
         lines.append(f"    w[{p}] = StreamWires{{{signal(s + 'tdata')}, {signal(s + 'tkeep')}, &t->{s}tlast, "
-                     f"&t->{s}tvalid, &t->{s}tready, {signal(m + 'tdata')}, {signal(m + 'tkeep')}, "
+                     f"&t->{s}tuser, &t->{s}tvalid, &t->{s}tready, {signal(m + 'tdata')}, {signal(m + 'tkeep')}, "
                      f"&t->{m}tlast, &t->{m}tvalid, &t->{m}tready}};")
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -175,6 +175,10 @@ def directed_cases(params: SwitchParams, seed: int = 0) -> list[Case]:
     hdr = proto.CaisHeader(group_id=1, seq_num=1, payload_len=16)
     body = bytes(16)
     bad = {
+        # a frame that would aggregate (and an ordinary one that would be forwarded), but the MAC saw its
+        # FCS fail: dropped, and the good contribution after it is still the chunk's first
+        "bad_fcs": TxFrame(good(0, 1).data, bad_fcs=True),
+        "bad_fcs_ordinary": TxFrame(eth(0, proto.BROADCAST_MAC, 100).data, bad_fcs=True),
         "bad_framing": TxFrame(proto.build_frame(hdr, body)[:-1], bad_keep=True),
         "oversize": TxFrame(proto.EthHeader(0xFFFFFFFFFFFF, 1, 0x0800).pack() + bytes(params.max_frame - 13)),
         "runt": TxFrame(bytes(13)),
@@ -548,7 +552,8 @@ async def score_case(harness, params: SwitchParams, case: Case) -> list[str]:
             sent = harness.send(port, frame)
             if hasattr(sent, "__await__"):
                 await sent
-            for out_port, data in model.receive(port, frame.data, framing_ok=not frame.bad_keep):
+            for out_port, data in model.receive(port, frame.data, framing_ok=not frame.bad_keep,
+                                                fcs_ok=not frame.bad_fcs):
                 expected[out_port].append(data)
         await harness.drain()
         got = [rx[n:] for rx, n in zip(harness.rx, before)]

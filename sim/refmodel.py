@@ -227,11 +227,13 @@ class SwitchModel:
     def _ports(self, mask: int) -> list[int]:
         return [p for p in range(self.params.ports) if mask >> p & 1]
 
-    def receive(self, port: int, frame: bytes, framing_ok: bool = True) -> list[tuple[int, bytes]]:
+    def receive(self, port: int, frame: bytes, framing_ok: bool = True, fcs_ok: bool = True
+                ) -> list[tuple[int, bytes]]:
         """Process one frame arriving on ``port``; return the frames emitted as (egress_port, bytes).
 
         ``framing_ok=False`` models a frame whose tkeep broke the framing rule (BAD_FRAMING); its bytes
-        are then the bytes whose tkeep was set. The output is in ascending port order.
+        are then the bytes whose tkeep was set. ``fcs_ok=False`` models a frame the MAC flagged bad
+        (tuser on its last beat: BAD_FCS). The output is in ascending port order.
         """
         P = self.params
         if not 0 <= port < P.ports:
@@ -242,6 +244,8 @@ class SwitchModel:
         self._count("RX_BYTES", port, L)
 
         # Ingress checks, in order (the first failing one names the reason).
+        if not fcs_ok:
+            return self._drop(DropReason.BAD_FCS)
         if not framing_ok or L == 0:  # an empty frame cannot have a valid last beat
             return self._drop(DropReason.BAD_FRAMING)
         if L > P.max_frame:

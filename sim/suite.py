@@ -59,7 +59,7 @@ class LinkHarness:
 
     def send(self, port: int, frame: TxFrame | bytes) -> None:
         if isinstance(frame, TxFrame):
-            self.link.send(port, frame.data, bad_keep=frame.bad_keep)
+            self.link.send(port, frame.data, bad_keep=frame.bad_keep, bad_fcs=frame.bad_fcs)
         else:
             self.link.send(port, frame)
 

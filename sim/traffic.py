@@ -36,6 +36,7 @@ def host_mac(port: int) -> int:
 class TxFrame:
     data: bytes
     bad_keep: bool = False    # send with a gap in the last beat's tkeep (BAD_FRAMING)
+    bad_fcs: bool = False     # send with tuser high on the last beat: the MAC saw a bad FCS (BAD_FCS)
 
 
 def beats_of(frame: TxFrame, beat_bytes: int) -> list[tuple[int, int, bool]]:
@@ -237,7 +238,9 @@ def random_mix(params: SwitchParams, seed: int, frames_per_port: int = 12) -> Sc
         plen = payload_len()
         good = proto.CaisHeader(group_id=1, seq_num=rng.randrange(1 << count_log2), payload_len=plen)
         body = bytes(plen)
-        kind = rng.randrange(12)
+        kind = rng.randrange(13)
+        if kind == 12:                                                                    # BAD_FCS
+            return TxFrame(_cais(rng, good, body, p), bad_fcs=True)
         if kind == 0:
             frame = _cais(rng, good, body, p, pad=False)
             if len(frame) % params.beat_bytes == 0:
@@ -312,7 +315,8 @@ def replay(scen: Scenario, model=None):
         for p, q in enumerate(queues):
             if q:
                 frame = q.pop(0)
-                for port, data in model.receive(p, frame.data, framing_ok=not frame.bad_keep):
+                for port, data in model.receive(p, frame.data, framing_ok=not frame.bad_keep,
+                                                fcs_ok=not frame.bad_fcs):
                     out[port].append(data)
     return model, out
 

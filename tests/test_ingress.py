@@ -40,6 +40,7 @@ P256_300 = SwitchParams(data_width=256, max_frame=300)
 class Stim:
     beats: list           # per beat: list of B entries, a byte (tkeep set) or None (tkeep clear)
     label: str = ""
+    bad_fcs: bool = False  # tuser high on the last beat (the MAC saw a bad FCS)
 
     @property
     def data(self) -> bytes:
@@ -56,17 +57,20 @@ class Stim:
         return n > 0 and all(last[:n])
 
     def words(self, rng, B):
-        """(tdata, tkeep, tlast) per beat, clear lanes filled with garbage."""
+        """(tdata, tkeep, tlast, tuser) per beat, clear lanes filled with garbage; tuser is random on the
+        beats before the last (it only counts on the last)."""
         out = []
         for i, beat in enumerate(self.beats):
             raw = bytes(rng.getrandbits(8) if b is None else b for b in beat)
             keep = sum(1 << j for j, b in enumerate(beat) if b is not None)
-            out.append((int.from_bytes(raw, "little"), keep, i == len(self.beats) - 1))
+            last = i == len(self.beats) - 1
+            out.append((int.from_bytes(raw, "little"), keep, last, self.bad_fcs if last else rng.getrandbits(1)))
         return out
 
 
-def stim(data: bytes, B: int, fault: str | None = None, rng=None, label="") -> Stim:
-    """A frame as beats; ``fault`` breaks the framing rule in one of several ways."""
+def stim(data: bytes, B: int, fault: str | None = None, rng=None, label="", bad_fcs=False) -> Stim:
+    """A frame as beats; ``fault`` breaks the framing rule in one of several ways; ``bad_fcs`` raises
+    tuser on the last beat."""
     rng = rng or random.Random(0)
     data = bytes(data)
     beats = [list(data[i:i + B]) for i in range(0, len(data), B)] or [[]]
@@ -90,7 +94,7 @@ def stim(data: bytes, B: int, fault: str | None = None, rng=None, label="") -> S
         beats.append([None] * B)
     elif fault is not None:
         raise ValueError(fault)
-    s = Stim(beats, label or (fault or ""))
+    s = Stim(beats, label or (fault or ""), bad_fcs)
     assert s.framing_ok == (fault is None and len(data) > 0), (label, fault)
     return s
 
@@ -98,7 +102,7 @@ def stim(data: bytes, B: int, fault: str | None = None, rng=None, label="") -> S
 def model_verdict(params, s: Stim):
     """The parser drop reason the reference model gives the frame, or None if it passes the parser."""
     m = SwitchModel(params)
-    m.receive(0, s.data, framing_ok=s.framing_ok)
+    m.receive(0, s.data, framing_ok=s.framing_ok, fcs_ok=not s.bad_fcs)
 
     def counter(name):           # read through the model's register bus, as software would
         return m.read(m.regmap[name].address(0))
@@ -173,14 +177,16 @@ def run_ingress(params, stims, *, seed=0, idle=0.0, meta_stall=0.0, beat_stall=0
         for cycle in range(budget):
             offer = fi < len(words) and rng.random() >= idle
             if offer:
-                tdata, tkeep, tlast = words[fi][bi]
+                tdata, tkeep, tlast, tuser = words[fi][bi]
                 pins.set(s.tdata, tdata)
                 pins.set(s.tkeep, tkeep)
                 pins.set(s.tlast, tlast)
+                pins.set(s.tuser, tuser)
             elif rng.random() < 0.25:        # while idle, the bus sometimes carries garbage
                 pins.set(s.tdata, rng.getrandbits(params.data_width))
                 pins.set(s.tkeep, rng.getrandbits(B))
                 pins.set(s.tlast, rng.getrandbits(1))
+                pins.set(s.tuser, rng.getrandbits(1))
             pins.set(s.tvalid, offer)
             readers = cycle >= hold_readers
             meta_ready = readers and rng.random() >= meta_stall
@@ -259,6 +265,11 @@ def directed_cases(params, rng, huge=True):
     big = (P.ingress_depth + 3) * B + 5 if huge else P.max_frame + 3 * B   # huge: longer than the FIFO
     c = lambda **kw: cais_bytes(rng, P, **kw)  # noqa: E731
     cases = [
+        # BAD_FCS: whatever else the frame is (tuser on earlier beats is random and ignored, see Stim.words)
+        (stim(c(plen=8), B, rng=rng, label="good cais, bad FCS", bad_fcs=True), R.BAD_FCS),
+        (stim(ordinary_bytes(rng, 200), B, rng=rng, label="ordinary, bad FCS", bad_fcs=True), R.BAD_FCS),
+        (stim(c(plen=8), B, "gap_last", rng, label="bad framing and bad FCS", bad_fcs=True), R.BAD_FCS),
+        (stim(ordinary_bytes(rng, 10), B, rng=rng, label="runt, bad FCS", bad_fcs=True), R.BAD_FCS),
         # BAD_FRAMING
         (stim(c(plen=8), B, "gap_last", rng), R.BAD_FRAMING),
         (stim(c(plen=8 * B - 30 + 2 if 8 * B - 30 + 2 <= P.max_payload else 4 * B - 30 + 2), B, "gap_last", rng),
@@ -467,7 +478,9 @@ def random_frame(rng, params) -> Stim:
     if not data:
         fault = None
         data = b"\x00"
-    return stim(data, B, fault, rng, label=f"{label}{' ' + fault if fault else ''}")
+    bad_fcs = rng.random() < 0.05
+    return stim(data, B, fault, rng, label=f"{label}{' ' + fault if fault else ''}{' bad FCS' if bad_fcs else ''}",
+                bad_fcs=bad_fcs)
 
 
 @pytest.mark.parametrize("params,count", [(P64, 170), (P512, 300), (P128_406, 100), (P256_300, 100)],

@@ -26,8 +26,8 @@ SUM, MAX, MIN = 0, 1, 2              # red_op code points
 RESULT, RETRANSMIT = 0x01, 0x02      # flags
 
 INT32, INT16, INT8, FP32, FP16, BF16 = range(6)   # dtype code points
-DROP_NAMES = ["BAD_FRAMING", "OVERSIZE", "RUNT", "BAD_CODE", "BAD_PAYLOAD_LEN", "BAD_LENGTH", "NO_RULE",
-              "FOREIGN_PORT", "TYPE_MISMATCH", "PAYLOAD_TOO_LONG", "BAD_SLOT", "TAG_MISMATCH", "LENGTH_MISMATCH",
+DROP_NAMES = ["BAD_FCS", "BAD_FRAMING", "OVERSIZE", "RUNT", "BAD_CODE", "BAD_PAYLOAD_LEN", "BAD_LENGTH",
+              "NO_RULE", "FOREIGN_PORT", "TYPE_MISMATCH", "PAYLOAD_TOO_LONG", "BAD_SLOT", "TAG_MISMATCH", "LENGTH_MISMATCH",
               "NO_ROUTE"]
 
 
@@ -98,7 +98,7 @@ def check_invariant(m):
 def test_constant_registers():
     m = SwitchModel(P)
     assert m.read(0x000) == 0x43414953
-    assert m.read(0x004) == 0x00030000           # map version 3.0 (DROP_LENGTH_MISMATCH, counters after it moved)
+    assert m.read(0x004) == 0x00040000           # map version 4.0 (DROP_BAD_FCS first, every drop counter moved)
     assert m.read(0x02C) == 0b11                 # FEATURES: float units, reproducible fold
     assert m.read(0x008) == 4
     assert m.read(0x00C) == 64
@@ -384,8 +384,19 @@ MALFORMED = [
 @pytest.mark.parametrize("reason,frame,framing_ok", MALFORMED,
                          ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(MALFORMED)])
 def test_malformed_frame_then_good_frame(reason, frame, framing_ok):
+    _malformed_then_good(reason, frame, framing_ok=framing_ok)
+
+
+@pytest.mark.parametrize("frame", [GOOD_AG, _raw_cais(1600, plen=4), b"\xff" * 13, _raw_cais(34, op=RS, plen=4)],
+                         ids=["good_all_gather", "oversize", "runt", "bad_code"])
+def test_bad_fcs_comes_first(frame):
+    """A frame the MAC flagged (tuser on its last beat) is BAD_FCS whatever else is wrong or right with it."""
+    _malformed_then_good("BAD_FCS", frame, fcs_ok=False)
+
+
+def _malformed_then_good(reason, frame, **flags):
     m = model_with(Rule.for_group(1, ALL))
-    assert m.receive(1, frame, framing_ok=framing_ok) == []
+    assert m.receive(1, frame, **flags) == []
     assert drops(m) == {reason: 1}
     c = m.counters()
     assert c["RX_FRAMES"] == [0, 1, 0, 0] and c["RX_BYTES"] == [0, len(frame), 0, 0]
@@ -674,7 +685,7 @@ def test_accounting_invariant_random_mix():
                 frame = frame + b"\0" * max(0, 60 - len(frame)) if len(frame) < 60 else frame + b"\0"
             elif r < 0.12:
                 frame = frame[:rng.randrange(31)]
-        out = m.receive(port, frame, framing_ok=framing_ok)
+        out = m.receive(port, frame, framing_ok=framing_ok, fcs_ok=rng.random() > 0.02)
         rx_frames[port] += 1
         rx_bytes[port] += len(frame)
         assert [p for p, _ in out] == sorted(p for p, _ in out)

@@ -20,7 +20,7 @@ def test_only_the_chunks_are_contributions(seed, params):
             model = SwitchModel(params)
             for addr, value in scen.writes:
                 model.write(addr, value)
-            model.receive(port, frame.data, framing_ok=not frame.bad_keep)
+            model.receive(port, frame.data, framing_ok=not frame.bad_keep, fcs_ok=not frame.bad_fcs)
             c = model.counters()
             assert c["CONTRIBUTIONS"] == 0 and c["DUPLICATES"] == 0, (port, frame.data[:40].hex())
 
@@ -36,7 +36,7 @@ def _interleaved(scen, rng, model=None):
     while any(queues):
         p = rng.choice([i for i, q in enumerate(queues) if q])
         frame = queues[p].pop(0)
-        for port, data in model.receive(p, frame.data, framing_ok=not frame.bad_keep):
+        for port, data in model.receive(p, frame.data, framing_ok=not frame.bad_keep, fcs_ok=not frame.bad_fcs):
             out[port].append(data)
     return model, out
 

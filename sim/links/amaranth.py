@@ -45,11 +45,12 @@ class AmaranthLink(WireLink):
         self.start_cycle = 0
         super().__init__(params, clock_hz=clock_hz, seed=seed, idle=idle, backpressure=backpressure)
 
-    def _set_beat(self, port: int, data: int, keep: int, last: bool) -> None:
+    def _set_beat(self, port: int, data: int, keep: int, last: bool, user: bool) -> None:
         bus = self.dut.s_axis[port]
         self.ctx.set(bus.tdata, data)
         self.ctx.set(bus.tkeep, keep)
         self.ctx.set(bus.tlast, int(last))
+        self.ctx.set(bus.tuser, int(user))
 
     def _set_valid(self, port: int, valid: bool) -> None:
         self.ctx.set(self.dut.s_axis[port].tvalid, int(valid))

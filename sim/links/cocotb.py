@@ -43,7 +43,8 @@ class CocotbLink(WireLink):
         self.dut = dut
         self.period_ns = period_ns
         P = params.ports
-        self._s = [[getattr(dut, f"s_axis_p{p}_{n}") for n in ("tdata", "tkeep", "tlast", "tvalid", "tready")]
+        self._s = [[getattr(dut, f"s_axis_p{p}_{n}") for n in ("tdata", "tkeep", "tlast", "tvalid", "tready",
+                                                                "tuser")]
                    for p in range(P)]
         self._m = [[getattr(dut, f"m_axis_p{p}_{n}") for n in ("tdata", "tkeep", "tlast", "tvalid", "tready")]
                    for p in range(P)]
@@ -59,6 +60,7 @@ class CocotbLink(WireLink):
         link = cls(dut, params, **kw)
         for p in range(params.ports):
             link._s[p][3].value = 0
+            link._s[p][5].value = 0
             link._m[p][4].value = 1
         for name in AXIL_OUTPUTS:
             link._axil[name].value = 0
@@ -67,11 +69,12 @@ class CocotbLink(WireLink):
         return link
 
     # ------------------------------------------------------------------ WireLink hooks
-    def _set_beat(self, port: int, data: int, keep: int, last: bool) -> None:
+    def _set_beat(self, port: int, data: int, keep: int, last: bool, user: bool) -> None:
         tdata, tkeep, tlast = self._s[port][:3]
         tdata.value = data
         tkeep.value = keep
         tlast.value = int(last)
+        self._s[port][5].value = int(user)
 
     def _set_valid(self, port: int, valid: bool) -> None:
         self._s[port][3].value = int(valid)

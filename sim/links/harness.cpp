@@ -26,7 +26,7 @@
 
 struct StreamWires {
     void* s_tdata; size_t s_tdata_size; void* s_tkeep; size_t s_tkeep_size;
-    CData* s_tlast; CData* s_tvalid; CData* s_tready;
+    CData* s_tlast; CData* s_tuser; CData* s_tvalid; CData* s_tready;
     void* m_tdata; size_t m_tdata_size; void* m_tkeep; size_t m_tkeep_size;
     CData* m_tlast; CData* m_tvalid; CData* m_tready;
 };
@@ -63,6 +63,7 @@ struct RxFrame {
 struct TxFrame {
     std::vector<uint8_t> data;
     bool bad_keep;                            // last beat's tkeep moved up a lane (a framing error)
+    bool bad_fcs;                             // tuser high on the last beat (the MAC saw a bad FCS)
     uint64_t not_before;                      // its first beat is not shown before this cycle
 };
 
@@ -74,7 +75,7 @@ struct TxStamp {
 struct Port {
     std::deque<TxFrame> queue;                // frames waiting for the ingress
     std::vector<uint8_t> frame;               // the frame being sent (empty: none)
-    bool bad_keep = false;
+    bool bad_keep = false, bad_fcs = false;
     size_t offset = 0;                        // byte offset of its next beat
     uint64_t tx_first = 0;                    // cycle its first beat was taken
     bool showing = false;                     // a beat is on s_axis (tvalid high)
@@ -182,6 +183,7 @@ struct Harness {
             if (port.frame.empty() && !port.queue.empty() && port.queue.front().not_before <= cycle) {
                 port.frame = std::move(port.queue.front().data);
                 port.bad_keep = port.queue.front().bad_keep;
+                port.bad_fcs = port.queue.front().bad_fcs;
                 port.queue.pop_front();
                 port.offset = 0;
             }
@@ -198,6 +200,7 @@ struct Harness {
                 std::memset(w.s_tkeep, 0, w.s_tkeep_size);
                 std::memcpy(w.s_tkeep, &keep, w.s_tkeep_size < 8 ? w.s_tkeep_size : 8);
                 *w.s_tlast = last;
+                *w.s_tuser = last && port.bad_fcs;
                 *w.s_tvalid = 1;
                 port.showing = true;
             } else {
@@ -310,11 +313,12 @@ void cais_set_pattern(void* hv, int port, uint64_t idle_threshold, uint64_t bp_t
 // Hold port's sink tready low until cycle `until` (0: release now; ~0: until released).
 void cais_set_hold(void* hv, int port, uint64_t until) { static_cast<Harness*>(hv)->ports[port].hold_until = until; }
 
-void cais_send(void* hv, int port, const uint8_t* data, uint64_t len, int bad_keep, uint64_t not_before) {
+void cais_send(void* hv, int port, const uint8_t* data, uint64_t len, int bad_keep, int bad_fcs,
+               uint64_t not_before) {
     Harness* h = static_cast<Harness*>(hv);
     Port& p = h->ports[port];
     if (p.queue.empty() && p.frame.empty()) ++h->sending;
-    p.queue.push_back(TxFrame{std::vector<uint8_t>(data, data + len), bad_keep != 0, not_before});
+    p.queue.push_back(TxFrame{std::vector<uint8_t>(data, data + len), bad_keep != 0, bad_fcs != 0, not_before});
 }
 
 // Run `cycles` cycles, or (stop_on_frame) until the end of the first cycle in which a frame finished

@@ -55,7 +55,7 @@ class ModelLink(LinkBase):
         self._wire_free = [0] * params.ports            # cycle each ingress wire is free again
         self._egress_free = [0] * params.ports          # cycle each egress wire is free again
         self._core_free = 0
-        self._arrivals: list[tuple] = []        # heap: (arrived, port, seq, frame, bad_keep)
+        self._arrivals: list[tuple] = []        # heap: (arrived, port, seq, frame, (bad_keep, bad_fcs))
         self._out: list[tuple] = []             # heap: (delivered, port, seq, first beat, frame)
         self._sent: list[Sent] = []             # ingress stamps, handed out once in the past
 
@@ -63,27 +63,28 @@ class ModelLink(LinkBase):
     def cycle(self) -> int:
         return self._cycle
 
-    def send(self, port: int, frame: bytes, *, bad_keep: bool = False, not_before: int = 0) -> None:
+    def send(self, port: int, frame: bytes, *, bad_keep: bool = False, bad_fcs: bool = False,
+             not_before: int = 0) -> None:
         self.check_port(port)
         frame = check_frame(frame, self.params.beat_bytes, bad_keep)
         start = max(self._cycle, self._wire_free[port], int(not_before))
         end = start + _beats(len(frame), self.params.beat_bytes)
         self._wire_free[port] = end
-        heapq.heappush(self._arrivals, (end, port, self._seq, frame, bad_keep))
+        heapq.heappush(self._arrivals, (end, port, self._seq, frame, (bad_keep, bad_fcs)))
         self._sent.append(Sent(port, start, end - 1))
         self._seq += 1
 
     def _process(self) -> None:
         B = self.params.beat_bytes
         while self._arrivals:
-            arrived, port, _, frame, bad_keep = self._arrivals[0]
+            arrived, port, _, frame, (bad_keep, bad_fcs) = self._arrivals[0]
             done = max(arrived, self._core_free) + _beats(len(frame), B)
             # A frame sent from now on arrives after `cycle` >= done: this one is really next.
             if done > self._cycle:
                 return
             heapq.heappop(self._arrivals)
             self._core_free = done
-            for out_port, data in self.model.receive(port, frame, framing_ok=not bad_keep):
+            for out_port, data in self.model.receive(port, frame, framing_ok=not bad_keep, fcs_ok=not bad_fcs):
                 first = max(done + self.EGRESS_LATENCY, self._egress_free[out_port])
                 last = first + _beats(len(data), B)
                 self._egress_free[out_port] = last

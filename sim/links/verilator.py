@@ -30,7 +30,7 @@ _SIGNATURES = {
     "cais_new": (_vp, [_u64]), "cais_free": (None, [_vp]),
     "cais_reset": (None, [_vp, _u64, _u64]),
     "cais_set_pattern": (None, [_vp, _int, _u64, _u64]), "cais_set_hold": (None, [_vp, _int, _u64]),
-    "cais_send": (None, [_vp, _int, ctypes.c_char_p, _u64, _int, _u64]),
+    "cais_send": (None, [_vp, _int, ctypes.c_char_p, _u64, _int, _int, _u64]),
     "cais_run": (_u64, [_vp, _u64, _int]), "cais_bare_clock": (None, [_vp, _u64]),
     "cais_cycle": (_u64, [_vp]), "cais_read_accepted": (_u64, [_vp]), "cais_sending": (_int, [_vp]),
     "cais_error": (ctypes.c_char_p, [_vp]),
@@ -105,11 +105,12 @@ class VerilatorLink(LinkBase):
     def read_accepted(self) -> int:
         return self._lib.cais_read_accepted(self._h)
 
-    def send(self, port: int, frame: bytes, *, bad_keep: bool = False, not_before: int = 0) -> None:
+    def send(self, port: int, frame: bytes, *, bad_keep: bool = False, bad_fcs: bool = False,
+             not_before: int = 0) -> None:
         """Queue a frame (see :meth:`cais.sim.links.wires.WireLink.send`)."""
         self.check_port(port)
         frame = check_frame(frame, self.params.beat_bytes, bad_keep)
-        self._lib.cais_send(self._h, port, frame, len(frame), int(bad_keep), max(0, int(not_before)))
+        self._lib.cais_send(self._h, port, frame, len(frame), int(bad_keep), int(bad_fcs), max(0, int(not_before)))
 
     def take_stamped(self) -> list[Received]:
         lib, h = self._lib, self._h

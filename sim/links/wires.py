@@ -80,13 +80,14 @@ def _per_port(value, ports: int, name: str) -> list[float]:
 
 
 class _Port:
-    __slots__ = ("queue", "frame", "bad_keep", "offset", "tx_first", "showing", "valid", "ready", "rx", "rx_first",
+    __slots__ = ("queue", "frame", "bad_keep", "bad_fcs", "offset", "tx_first", "showing", "valid", "ready", "rx", "rx_first",
                  "idle_key", "idle_limit", "bp_key", "bp_limit", "hold_until")
 
     def __init__(self):
-        self.queue: deque[tuple[bytes, bool, int]] = deque()     # (frame, bad_keep, not_before)
+        self.queue: deque[tuple[bytes, bool, bool, int]] = deque()   # (frame, bad_keep, bad_fcs, not_before)
         self.frame = b""
         self.bad_keep = False
+        self.bad_fcs = False
         self.offset = 0
         self.tx_first = 0
         self.showing = False
@@ -100,7 +101,7 @@ class _Port:
 class WireLink(LinkBase):
     """A SwitchLink that runs a simulator cycle by cycle with the rules of this module.
 
-    Subclasses implement :meth:`_set_beat` (data, keep, last on port p's s_axis), :meth:`_set_valid`,
+    Subclasses implement :meth:`_set_beat` (data, keep, last, user on port p's s_axis), :meth:`_set_valid`,
     :meth:`_set_ready`, :meth:`_set_bus` (the AXI4-Lite master's outputs), :meth:`_set_reset`, and
     :meth:`_edge` (take one clock edge), and the values sampled just before that edge: :meth:`_s_ready`,
     :meth:`_m_valid`, :meth:`_beat` (port p's m_axis tdata, tkeep, tlast) and :meth:`_bus_sample` (the
@@ -129,15 +130,17 @@ class WireLink(LinkBase):
     def cycle(self) -> int:
         return self._cycle
 
-    def send(self, port: int, frame: bytes, *, bad_keep: bool = False, not_before: int = 0) -> None:
-        """Queue a frame; ``bad_keep`` sends its last beat with tkeep moved up a lane (a framing error);
-        its first beat is not shown before cycle ``not_before`` (nor before the port's earlier frames)."""
+    def send(self, port: int, frame: bytes, *, bad_keep: bool = False, bad_fcs: bool = False,
+             not_before: int = 0) -> None:
+        """Queue a frame; ``bad_keep`` sends its last beat with tkeep moved up a lane (a framing error),
+        ``bad_fcs`` with tuser high (the MAC saw a bad FCS); its first beat is not shown before cycle
+        ``not_before`` (nor before the port's earlier frames)."""
         self.check_port(port)
         frame = check_frame(frame, self.params.beat_bytes, bad_keep)
         p = self._ports[port]
         if not p.queue and not p.frame:
             self._sending += 1
-        p.queue.append((frame, bad_keep, int(not_before)))
+        p.queue.append((frame, bad_keep, bad_fcs, int(not_before)))
 
     async def reset(self) -> None:
         """Forget queued and partial frames, reset the switch and wait for its sweep: cycle 0 again."""
@@ -229,15 +232,15 @@ class WireLink(LinkBase):
         B = self.params.beat_bytes
         for p, port in enumerate(self._ports):
             if not port.showing:
-                if not port.frame and port.queue and port.queue[0][2] <= c:
-                    port.frame, port.bad_keep, _ = port.queue.popleft()
+                if not port.frame and port.queue and port.queue[0][3] <= c:
+                    port.frame, port.bad_keep, port.bad_fcs, _ = port.queue.popleft()
                     port.offset = 0
                 if port.frame and not (port.idle_limit and paused(port.idle_key, port.idle_limit, c)):
                     chunk = port.frame[port.offset:port.offset + B]
                     last = port.offset + B >= len(port.frame)
                     shift = int(last and port.bad_keep)      # as cais.sim.traffic.beats_of
                     self._set_beat(p, int.from_bytes(chunk, "little") << (8 * shift),
-                                   ((1 << len(chunk)) - 1) << shift, last)
+                                   ((1 << len(chunk)) - 1) << shift, last, last and port.bad_fcs)
                     port.showing = True
                 if port.showing != port.valid:
                     self._set_valid(p, port.showing)
@@ -293,7 +296,7 @@ class WireLink(LinkBase):
             self._set_bus(awvalid=0, wvalid=0, bready=0, arvalid=0, rready=0)
 
     # ------------------------------------------------------------------ simulator hooks
-    def _set_beat(self, port: int, data: int, keep: int, last: bool) -> None:
+    def _set_beat(self, port: int, data: int, keep: int, last: bool, user: bool) -> None:
         raise NotImplementedError
 
     def _set_valid(self, port: int, valid: bool) -> None:

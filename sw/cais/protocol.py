@@ -105,24 +105,25 @@ def numpy_dtype(dtype: DType):
 class DropReason(enum.IntEnum):
     """Why the switch dropped a frame. Each reason has its own counter.
 
-    Checks run in this order and the first that fails names the reason. The first six are decided by
+    Checks run in this order and the first that fails names the reason. The first seven are decided by
     the ingress parser from the frame alone; the rest by the switch core from its tables and slot state
     (NO_ROUTE ends either path: an ordinary frame's MAC lookup, or a forwarded collective's result ports).
     """
-    BAD_FRAMING = 0      # tkeep of a beat before tlast is not all ones, or the last beat's tkeep is not contiguous from byte 0
-    OVERSIZE = 1         # frame longer than MAX_FRAME_BYTES
-    RUNT = 2             # shorter than its headers: < 14 bytes, or a CAIS frame < 30 bytes
-    BAD_CODE = 3         # unknown or unsupported op_type, dtype, red_op, or a flag bit that must be zero is set
-    BAD_PAYLOAD_LEN = 4  # payload_len is 0, above the switch's max payload, or not a whole number of elements
-    BAD_LENGTH = 5       # frame length differs from 30 + payload_len (padding to 60 bytes allowed)
-    NO_RULE = 6          # no valid rule matches (group_id, layer_id, chunk_id)
-    FOREIGN_PORT = 7     # the ingress port is not one of the rule's contributors
-    TYPE_MISMATCH = 8    # an all-reduce frame's dtype or red_op differs from its rule's
-    PAYLOAD_TOO_LONG = 9  # payload_len exceeds the rule's set capacity: max_payload / 2 with fp32 accumulation
-    BAD_SLOT = 10        # the rule's quota maps the chunk outside the slot memory
-    TAG_MISMATCH = 11    # the slot set is busy with another chunk (its seq_num differs)
-    LENGTH_MISMATCH = 12  # the slot set holds this chunk, but the frame's payload_len differs from the set's
-    NO_ROUTE = 13        # the frame's destination set, without the ingress port, is empty
+    BAD_FCS = 0          # the MAC flagged the frame bad: tuser high on its last beat (an FCS error)
+    BAD_FRAMING = 1      # tkeep of a beat before tlast is not all ones, or the last beat's tkeep is not contiguous from byte 0
+    OVERSIZE = 2         # frame longer than MAX_FRAME_BYTES
+    RUNT = 3             # shorter than its headers: < 14 bytes, or a CAIS frame < 30 bytes
+    BAD_CODE = 4         # unknown or unsupported op_type, dtype, red_op, or a flag bit that must be zero is set
+    BAD_PAYLOAD_LEN = 5  # payload_len is 0, above the switch's max payload, or not a whole number of elements
+    BAD_LENGTH = 6       # frame length differs from 30 + payload_len (padding to 60 bytes allowed)
+    NO_RULE = 7          # no valid rule matches (group_id, layer_id, chunk_id)
+    FOREIGN_PORT = 8     # the ingress port is not one of the rule's contributors
+    TYPE_MISMATCH = 9    # an all-reduce frame's dtype or red_op differs from its rule's
+    PAYLOAD_TOO_LONG = 10  # payload_len exceeds the rule's set capacity: max_payload / 2 with fp32 accumulation
+    BAD_SLOT = 11        # the rule's quota maps the chunk outside the slot memory
+    TAG_MISMATCH = 12    # the slot set is busy with another chunk (its seq_num differs)
+    LENGTH_MISMATCH = 13  # the slot set holds this chunk, but the frame's payload_len differs from the set's
+    NO_ROUTE = 14        # the frame's destination set, without the ingress port, is empty
 
 
 PARSER_DROPS = tuple(r for r in DropReason if r <= DropReason.BAD_LENGTH)

@@ -19,7 +19,7 @@ __all__ = ["Access", "Kind", "Field", "Register", "RegisterMap", "register_map",
            "VERSION", "COUNTER_EVENTS"]
 
 MAGIC = 0x43414953  # "CAIS"
-VERSION = 0x0003_0000  # major 3: DROP_LENGTH_MISMATCH added, later counters renumbered
+VERSION = 0x0004_0000  # major 4: DROP_BAD_FCS added first, every drop counter after it moved
 
 
 class Access(enum.Enum):
