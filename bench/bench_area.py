@@ -17,7 +17,10 @@ report. The designs:
   row is the fold's cost (its sequencer and the third read port of the slot memory, for which yosys
   duplicates the block RAMs);
 * ``switch_int``: integer types only (``float_units=False, reproducible=False``); ``switch_nofold`` minus
-  this row is the cost of the float units.
+  this row is the cost of the float units;
+* ``bram_loop``: a bare registered block-RAM read-modify-write loop of the slot memory's shape, the floor a
+  pipelined slot update can reach in this flow; the table gives every Fmax as a ratio to it, and prints
+  the figures before the line-rate core and the peer's as baseline rows.
 
 The blocks are wrapped in a register rank on every input and on every output (clock domain ``sync``), so
 the path timed for a combinational block is register -> logic -> register; the wrapper's flip-flops are
@@ -34,7 +37,7 @@ the tool versions, so a rerun of unchanged designs takes seconds. The table's ``
 of the run that produced the numbers (``*``: from the cache).
 
     python bench/bench_area.py [--only NAME ...] [--device 45k] [--seed 1] [--freq 100] [--jobs 2]
-                               [--out build/area] [--force] [--list]
+                               [--out build/area] [--force] [--list] [--json]
 """
 
 from __future__ import annotations
@@ -138,6 +141,57 @@ def _slot_alu():
     return SlotALU(data_width=64), True
 
 
+def bram_loop(data_width: int, depth: int):
+    """The floor a pipelined slot update can reach in this flow: a block RAM of the slot memory's shape
+    (``data_width`` bits x ``depth`` rows) in a bare read-modify-write loop, every block-RAM output
+    registered before logic. Cycle 0: the read address is presented; 1: the RAM's synchronous read;
+    2: its output registered; 3: one 32-bit add per lane (``inc``) registered with the delayed address;
+    then written back. No hazard handling (a real pipeline forwards in-flight writes)."""
+    from amaranth.hdl import Cat, Module, Signal
+    from amaranth.lib import memory, wiring
+    from amaranth.lib.wiring import In, Out
+
+    class BramLoop(wiring.Component):
+        def __init__(self):
+            self.mem = memory.Memory(shape=data_width, depth=depth, init=[])
+            super().__init__({"addr": In(range(depth)), "inc": In(data_width), "en": In(1),
+                              "out": Out(data_width)})
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.mem = mem = self.mem
+            rd, wr = mem.read_port(), mem.write_port()
+            a1, a2, a3 = (Signal(range(depth), name=f"addr{i}") for i in (1, 2, 3))
+            e1, e2, e3 = Signal(), Signal(), Signal()
+            i1, i2 = Signal(data_width), Signal(data_width)
+            word = Signal(data_width)
+            total = Signal(data_width)
+            m.d.comb += rd.addr.eq(self.addr)
+            m.d.sync += [a1.eq(self.addr), e1.eq(self.en), i1.eq(self.inc),      # the RAM reads
+                         a2.eq(a1), e2.eq(e1), i2.eq(i1), word.eq(rd.data),       # its output registered
+                         a3.eq(a2), e3.eq(e2),
+                         total.eq(Cat(*((word[k:k + 32] + i2[k:k + 32])[:32]
+                                       for k in range(0, data_width, 32))))]
+            m.d.comb += [wr.addr.eq(a3), wr.data.eq(total), wr.en.eq(e3), self.out.eq(total)]
+            return m
+
+    return BramLoop()
+
+
+def _bram_loop():
+    from cais.params import SwitchParams
+    P = SwitchParams()
+    return bram_loop(P.data_width, P.slots * 2 * P.rows_per_set), True
+
+
+#: Figures the table prints beside the measured ones (MHz, ECP5, this flow unless said otherwise).
+BASELINES = {
+    "switch before the line-rate core (float units, 45k)": 19.4,
+    "switch_int before the line-rate core (45k)": 23.1,
+    "peer: the only other open RTL aggregation switch (smaller ECP5)": 32.6,
+}
+
+
 def _switch(**kw):
     def build():
         from cais.hdl.top import SwitchTop
@@ -161,6 +215,9 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            _switch(reproducible=False)),
     Design("switch_int", "SwitchTop(SwitchParams(float_units=False, reproducible=False)): integer types only",
            _switch(float_units=False, reproducible=False)),
+    Design("bram_loop", "a bare registered block-RAM read-modify-write loop of the slot memory's shape "
+                        "(64 bits x 4096 rows, 32-bit adds): the flow's floor for a pipelined slot update",
+           _bram_loop),
 )}
 
 
@@ -225,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cache folder, one subfolder per design (default build/area)")
     parser.add_argument("--force", action="store_true", help="ignore cached results and run the tools again")
     parser.add_argument("--list", action="store_true", help="list the designs and exit")
+    parser.add_argument("--json", action="store_true", help="print one JSON object with the figures, no table")
     return parser
 
 
@@ -462,17 +520,22 @@ def _memory_summary(memories: dict) -> str:
 def report(results: dict[str, dict], skipped: dict[str, str], failed: dict[str, str], order: list[str],
            opts: FlowOptions) -> str:
     rows = []
+    floor = results.get("bram_loop", {}).get("fmax_mhz")
     for name in order:
         if name in results:
             r = results[name]
             fmax = f"{r['fmax_mhz']:.1f}" if r["fmax_mhz"] is not None else "-"
-            rows.append([name, r["lut4"], r["ff"], r["bram"], r["dsp"], fmax, r["part"].split()[0],
+            ratio = f"{r['fmax_mhz'] / floor:.2f}" if floor and r["fmax_mhz"] is not None else "-"
+            rows.append([name, r["lut4"], r["ff"], r["bram"], r["dsp"], fmax, ratio, r["part"].split()[0],
                          f"{r['wall_s']:.1f}{'*' if r['cached'] else ''}"])
         elif name in skipped:
-            rows.append([name, "-", "-", "-", "-", "-", "skipped", "-"])
+            rows.append([name, "-", "-", "-", "-", "-", "-", "skipped", "-"])
         elif name in failed:
-            rows.append([name, "-", "-", "-", "-", "-", "FAILED", "-"])
-    out = [_table(rows, ["design", "LUT4", "FF", "BRAM", "DSP", "Fmax MHz", "device", "time s"]), ""]
+            rows.append([name, "-", "-", "-", "-", "-", "-", "FAILED", "-"])
+    rows += [[f"baseline: {what}", "-", "-", "-", "-", f"{mhz:.1f}",
+              f"{mhz / floor:.2f}" if floor else "-", "-", "-"] for what, mhz in BASELINES.items()]
+    out = [_table(rows, ["design", "LUT4", "FF", "BRAM", "DSP", "Fmax MHz", "/bram_loop", "device", "time s"]),
+           ""]
     out.append(f"device {opts.part}, speed grade 6, nextpnr --out-of-context --seed {opts.seed} "
                f"--freq {opts.freq:g} (target; the table shows the achieved Fmax); * = cached result")
     out.append("LUT4 = TRELLIS_COMB cells (logic LUT4s, two per CCU2C carry cell, LUT RAM); "
@@ -550,9 +613,22 @@ def main(argv: list[str] | None = None) -> int:
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         list(pool.map(one, jobs))
 
-    print()
-    print(report(results, skipped, failed, order, opts))
+    if args.json:
+        print(json.dumps(figures(results, skipped, failed, opts)))
+    else:
+        print()
+        print(report(results, skipped, failed, order, opts))
     return 1 if failed else 0
+
+
+def figures(results: dict[str, dict], skipped: dict[str, str], failed: dict[str, str], opts: FlowOptions) -> dict:
+    """The JSON object of ``--json``: ``fmax_mhz`` keyed by design, the ratios to ``bram_loop``, the
+    baselines, and every result."""
+    fmax = {name: r["fmax_mhz"] for name, r in results.items()}
+    floor = fmax.get("bram_loop")
+    return {"part": opts.part, "seed": opts.seed, "freq_target_mhz": opts.freq, "fmax_mhz": fmax,
+            "ratio_to_bram_loop": {name: f / floor for name, f in fmax.items() if floor and f is not None},
+            "baselines_mhz": BASELINES, "results": results, "skipped": skipped, "failed": failed}
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def test_report_parsing():
                                          "top.$rom$1": "FF"}
 
 
-def test_real_run_of_the_alu_lane(tmp_path):
+def test_real_run_of_the_alu_lane(tmp_path, capsys):
     """yosys + nextpnr on the registered int32 ALU lane (a few seconds once YoWASP has compiled its tools;
     the very first use of each tool on a machine compiles the WebAssembly, about a minute more)."""
     ok, why = bench.tools_available()
@@ -88,6 +88,13 @@ def test_real_run_of_the_alu_lane(tmp_path):
     again = bench.run_design(bench.prepare(bench.DESIGNS["alu_int32"], tmp_path), opts)
     assert again["cached"] and again["key"] == result["key"] and again["lut4"] == result["lut4"]
 
+    # --json: one object with fmax_mhz keyed by design (from the cache now), and the baselines
+    import json
+    assert bench.main(["--only", "alu_int32", "--out", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert out["fmax_mhz"] == {"alu_int32": result["fmax_mhz"]} and out["part"] == opts.part
+    assert out["baselines_mhz"] == bench.BASELINES and out["ratio_to_bram_loop"] == {}
+
 
 def test_float_rows_skipped_when_fpu_does_not_import(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "cais.hdl.fpu", None)       # makes `import cais.hdl.fpu` fail
@@ -106,3 +113,42 @@ def test_tool_failure_reported_with_its_error_line(tmp_path):
     failing = [sys.executable, "-c", "print('Info: placing'); print('ERROR: Unable to place cell x'); exit(1)"]
     with pytest.raises(RuntimeError, match="ERROR: Unable to place cell x"):
         bench._run(failing, tmp_path, tmp_path / "tool.log")
+
+
+def test_bram_loop_adds_into_memory():
+    """The bram_loop design really is a read-modify-write loop: after increments to distinct rows (no two
+    to the same row within the pipeline's depth), every row holds the lane-wise 32-bit sums."""
+    import random
+
+    from amaranth.sim import Simulator
+
+    dut = bench.bram_loop(64, 64)
+    rng = random.Random(3)
+    want = [0] * 64
+    plan = []
+    for _ in range(4):
+        rows = rng.sample(range(64), 64)              # each row once per round: no hazard inside a round
+        for row in rows:
+            inc = rng.getrandbits(64)
+            plan.append((row, inc))
+            lo = ((want[row] & 0xFFFF_FFFF) + (inc & 0xFFFF_FFFF)) & 0xFFFF_FFFF
+            hi = ((want[row] >> 32) + (inc >> 32)) & 0xFFFF_FFFF
+            want[row] = hi << 32 | lo
+        plan.append(None)                              # a bubble between rounds drains the pipeline
+        plan += [None] * 4
+
+    async def tb(ctx):
+        for item in plan:
+            ctx.set(dut.en, item is not None)
+            if item is not None:
+                ctx.set(dut.addr, item[0])
+                ctx.set(dut.inc, item[1])
+            await ctx.tick()
+        ctx.set(dut.en, 0)
+        await ctx.tick().repeat(5)
+        assert [ctx.get(dut.mem.data[i]) for i in range(64)] == want
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run()
