@@ -32,6 +32,7 @@ from cais import protocol as proto
 from cais.params import SwitchParams
 from cais.registers import RegisterMap
 
+from .enums import Action, DropReason
 from .header import FrameHeader
 from .ingress import frame_meta_layout
 from .results import ResultGenerator, ResultRow, header_split, result_job_layout
@@ -42,12 +43,6 @@ from .tables import MacTable, RuleTable
 __all__ = ["SwitchCore", "Action"]
 
 JOB_DEPTH = 16
-
-
-class Action:
-    DROP = 0
-    FORWARD = 1
-    AGGREGATE = 2
 
 
 class SwitchCore(wiring.Component):
@@ -65,7 +60,7 @@ class SwitchCore(wiring.Component):
     rule_*, mac_*, slot_clear_* : In
         Table programming from the register bank (words of the register map).
     switch_mac : In(48)
-    ev_* : Out(1); ev_drop_reason : Out(4); slots_in_use : Out(32)
+    ev_* : Out(1); ev_drop_reason : Out(DropReason); slots_in_use : Out(32)
         One pulse per frame decided, for the counters; the number of non-empty sets.
     busy : Out(1)
         A frame is queued or in flight anywhere in the core (not the slot-state sweep after reset).
@@ -87,7 +82,7 @@ class SwitchCore(wiring.Component):
             "mac_write_stb": In(1), "mac_write": In(32), "mac_addr_lo": In(32), "mac_addr_hi": In(32),
             "slot_clear_stb": In(1), "slot_clear": In(32),
             "switch_mac": In(48),
-            "ev_drop": Out(1), "ev_drop_reason": Out(4), "ev_forwarded": Out(1), "ev_contribution": Out(1),
+            "ev_drop": Out(1), "ev_drop_reason": Out(DropReason), "ev_forwarded": Out(1), "ev_contribution": Out(1),
             "ev_duplicate": Out(1), "ev_completed": Out(1), "ev_resent": Out(1),
             "slots_in_use": Out(32),
             "busy": Out(1),
@@ -215,9 +210,9 @@ class SwitchCore(wiring.Component):
         ]
 
         # The decision for the frame in B, valid on its first beat.
-        d_action = Signal(2)
+        d_action = Signal(Action)
         d_mask = Signal(P)        # forward: egress ports; aggregate: result ports of a job
-        d_reason = Signal(4)
+        d_reason = Signal(DropReason)
         d_write = Signal()        # aggregate: write the payload rows
         d_store = Signal()        # ... overwriting (first contribution) rather than reducing
         d_job = Signal()          # aggregate: send a result when the frame's rows are written
@@ -273,7 +268,7 @@ class SwitchCore(wiring.Component):
                     m.d.comb += [ev["duplicate"].eq(1), ev["resent"].eq(1), d_job.eq(1), d_mask.eq(me)]
 
         # Context of the frame in B, latched on its first beat.
-        c_action = Signal(2)
+        c_action = Signal(Action)
         c_mask = Signal(P)
         c_write = Signal()
         c_store = Signal()

@@ -9,6 +9,7 @@ from cais import protocol as proto
 from cais.params import SwitchParams
 
 from .axis import AxisSignature
+from .enums import DropReason
 from .frame_fifo import FrameFifo
 from .header import HEADER_BITS, FrameHeader
 
@@ -46,7 +47,7 @@ class IngressPort(wiring.Component):
         One entry per good frame, valid once all its beats are in the FIFO.
     beat_data : Out(data_width); beat_valid : Out(1); beat_ready : In(1)
         The beats of the good frames, in order.
-    drop : Out(1); drop_reason : Out(4)
+    drop : Out(1); drop_reason : Out(DropReason)
         Pulses once per dropped frame.
     rx_frame : Out(1); rx_bytes : Out(8)
         Per-cycle increments of the port's receive counters (every frame, good or bad).
@@ -61,7 +62,7 @@ class IngressPort(wiring.Component):
             "s_axis": In(AxisSignature(params.data_width, user=True)),
             "meta": Out(self.meta_layout), "meta_valid": Out(1), "meta_ready": In(1),
             "beat_data": Out(params.data_width), "beat_valid": Out(1), "beat_ready": In(1),
-            "drop": Out(1), "drop_reason": Out(4),
+            "drop": Out(1), "drop_reason": Out(DropReason),
             "rx_frame": Out(1), "rx_bytes": Out(8),
             "busy": Out(1),
         })
@@ -123,7 +124,7 @@ class IngressPort(wiring.Component):
         ]
         assert [r for r, _ in checks] == list(proto.PARSER_DROPS)
         bad = Cat(*(c for _, c in checks)).any()
-        reason = Signal(4)
+        reason = Signal(DropReason)
         for r, c in reversed(checks):       # the first failing check wins
             with m.If(c):
                 m.d.comb += reason.eq(r)

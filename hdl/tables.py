@@ -7,6 +7,8 @@ from amaranth.lib.wiring import In, Out
 from cais.params import SwitchParams
 from cais.registers import RegisterMap
 
+from .enums import DType, ReduceOp
+
 __all__ = ["RuleTable", "MacTable", "rule_layout"]
 
 
@@ -22,7 +24,7 @@ def rule_layout(params: SwitchParams) -> data.StructLayout:
         "chunk_value": 16, "chunk_mask": 16,
         "contributors": params.ports, "results": params.ports,
         "base": 16, "count_log2": 5,
-        "dtype": 4, "red_op": 4, "acc_fp32": 1, "saturate": 1, "reproducible": 1,
+        "dtype": DType, "red_op": ReduceOp, "acc_fp32": 1, "saturate": 1, "reproducible": 1,
     })
 
 
