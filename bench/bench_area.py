@@ -18,6 +18,8 @@ report. The designs:
   duplicates the block RAMs);
 * ``switch_int``: integer types only (``float_units=False, reproducible=False``); ``switch_nofold`` minus
   this row is the cost of the float units;
+* ``fold_chain``: the fold chain of the per-port-bank core (``cais.hdl.fold.FoldChain``, docs/core-design.md),
+  4 ports x 64 bits, not yet part of the switch;
 * ``bram_loop``: a bare registered block-RAM read-modify-write loop of the slot memory's shape, the floor a
   pipelined slot update can reach in this flow; the table gives every Fmax as a ratio to it, and prints
   the figures before the line-rate core and the peer's as baseline rows.
@@ -178,6 +180,13 @@ def bram_loop(data_width: int, depth: int):
     return BramLoop()
 
 
+def _fold_chain():
+    from cais.hdl.fold import FoldChain
+    from cais.params import SwitchParams
+    P = SwitchParams()
+    return FoldChain(P.ports, P.data_width), True
+
+
 def _bram_loop():
     from cais.params import SwitchParams
     P = SwitchParams()
@@ -215,6 +224,8 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
            _switch(reproducible=False)),
     Design("switch_int", "SwitchTop(SwitchParams(float_units=False, reproducible=False)): integer types only",
            _switch(float_units=False, reproducible=False)),
+    Design("fold_chain", "FoldChain(4, 64): the per-port-bank core's port-order fold (docs/core-design.md), "
+                         "four SlotALU stages, registered in and out", _fold_chain),
     Design("bram_loop", "a bare registered block-RAM read-modify-write loop of the slot memory's shape "
                         "(64 bits x 4096 rows, 32-bit adds): the flow's floor for a pipelined slot update",
            _bram_loop),

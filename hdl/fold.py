@@ -1,0 +1,95 @@
+"""The fold chain of the per-port-bank core (docs/core-design.md, candidate B): one row of every port's
+contribution, folded in ascending port order, one row per cycle.
+
+Not yet part of the switch: it is the first stage of the line-rate core, built and tested on its own and
+measured by bench/bench_area.py (``fold_chain``).
+"""
+
+from amaranth.hdl import Module, Mux, Signal, Value
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .enums import DType, ReduceOp
+from .slot_alu import SlotALU
+
+__all__ = ["FoldChain"]
+
+
+class FoldChain(wiring.Component):
+    """``rows[0..P-1]`` folded as ``acc = x[p0]; acc = acc (op) x[p1]; ...`` over the ports in ``mask``
+    (ascending), with the arithmetic of :class:`cais.hdl.slot_alu.SlotALU`: bit-exact with
+    ``numerics.accumulate`` applied in port order (docs/numerics.md section 11).
+
+    One :class:`SlotALU` per port in a pipeline: stage p takes the accumulator of stages 0..p-1 and port p's
+    row (delayed to meet it), and either stores the row (no earlier contributor), combines it, or passes
+    the accumulator on (port p not in ``mask``). A new set of rows may enter every cycle; the result
+    leaves :attr:`latency` cycles later, registered.
+
+    Members
+    -------
+    i_valid : In(1)
+    rows : In(data_width).array(ports)
+        Row r of every port's contribution (AXI byte order, big-endian elements).
+    mask : In(ports)
+        The contributors; at least one.
+    dtype : In(DType); op : In(ReduceOp); acc_fp32 : In(1); saturate : In(1)
+        The rule's arithmetic.
+    o_valid : Out(1)
+    result : Out(2 * data_width)
+        The accumulator word as the slot memory holds it: the row in the low ``data_width`` bits in the
+        wire-format modes; ``data_width / 16`` float32 accumulators with ``acc_fp32`` (rounded to the wire
+        format by the result generator).
+    """
+
+    def __init__(self, ports: int, data_width: int, float_units: bool = True, fadd_stages: int = 3):
+        self.ports, self.data_width = ports, data_width
+        self.float_units, self.fadd_stages = float_units, fadd_stages
+        W = data_width
+        super().__init__({
+            "i_valid": In(1), "rows": In(W).array(ports), "mask": In(ports),
+            "dtype": In(DType), "op": In(ReduceOp), "acc_fp32": In(1), "saturate": In(1),
+            "o_valid": Out(1), "result": Out(2 * W),
+        })
+
+    @property
+    def stage_latency(self) -> int:
+        return self.fadd_stages + 1 if self.float_units else 0
+
+    @property
+    def latency(self) -> int:
+        """Clock edges from the rows to their result: one SlotALU per port, and the output register."""
+        return self.ports * self.stage_latency + 1
+
+    def elaborate(self, platform):
+        m = Module()
+        P, W, L = self.ports, self.data_width, self.stage_latency
+
+        def delay(value, cycles, name):
+            value = Value.cast(value)
+            for k in range(cycles):
+                reg = Signal(value.shape(), name=f"{name}_d{k + 1}", reset_less=True)
+                m.d.sync += reg.eq(value)
+                value = reg
+            return value
+
+        # What travels down the chain with a set of rows: valid, the rule, the mask, "a contributor seen".
+        valid, mask = Value.cast(self.i_valid), Value.cast(self.mask)
+        kind = [self.dtype, self.op, self.acc_fp32, self.saturate]
+        acc, seen = Signal(2 * W, name="acc_in"), Signal(name="seen_in")   # nothing before port 0
+        for p in range(P):
+            m.submodules[f"stage{p}"] = alu = SlotALU(W, float_units=self.float_units, fadd_stages=self.fadd_stages)
+            take = mask[p]
+            m.d.comb += [
+                alu.i_valid.eq(valid), alu.acc.eq(acc), alu.row.eq(delay(self.rows[p], p * L, f"row{p}")),
+                alu.granule.eq(0), alu.store.eq(~seen),
+                alu.dtype.eq(kind[0]), alu.op.eq(kind[1]), alu.acc_fp32.eq(kind[2]), alu.saturate.eq(kind[3]),
+            ]
+            # the rest of the chain's state follows the ALU's latency
+            take_d, acc_d = delay(take, L, f"take{p}"), delay(acc, L, f"acc{p}")
+            seen_d, valid = delay(seen, L, f"seen{p}"), delay(valid, L, f"valid{p}")
+            mask, kind = delay(mask, L, f"mask{p}"), [delay(k, L, f"kind{p}_{i}") for i, k in enumerate(kind)]
+            nxt_acc, nxt_seen = Signal(2 * W, name=f"acc{p + 1}"), Signal(name=f"seen{p + 1}")
+            m.d.comb += [nxt_acc.eq(Mux(take_d, alu.result, acc_d)), nxt_seen.eq(seen_d | take_d)]
+            acc, seen = nxt_acc, nxt_seen
+        m.d.sync += [self.o_valid.eq(valid), self.result.eq(acc)]        # registered out
+        return m
