@@ -38,7 +38,7 @@ from .ingress import frame_meta_layout
 from .results import ResultGenerator, ResultRow, header_split, result_job_layout
 from .slot_alu import SlotALU
 from .slots import SlotOutcome, SlotUpdate, entry_layout
-from .tables import MacTable, RuleTable
+from .tables import MacTable, RuleTable, TableProgramSignature
 
 __all__ = ["SwitchCore", "Action"]
 
@@ -57,7 +57,7 @@ class SwitchCore(wiring.Component):
         ``o_beats`` is its length in beats; once ``o_ready`` took a first beat it must take every further
         beat of that frame the cycle it is offered (the egress admits whole frames), and the core offers
         them back to back.
-    rule_*, mac_*, slot_clear_* : In
+    program : In(TableProgramSignature)
         Table programming from the register bank (words of the register map).
     switch_mac : In(48)
     ev_* : Out(1); ev_drop_reason : Out(DropReason); slots_in_use : Out(32)
@@ -77,10 +77,7 @@ class SwitchCore(wiring.Component):
             "beat_data": In(W).array(P), "beat_valid": In(1).array(P), "beat_ready": Out(1).array(P),
             "o_data": Out(W), "o_keep": Out(B), "o_last": Out(1), "o_mask": Out(P),
             "o_valid": Out(1), "o_ready": In(1), "o_first": Out(1), "o_beats": Out(range(params.max_frame_beats + 1)),
-            "rule_write_stb": In(1), "rule_write": In(32), "rule_group": In(32), "rule_layer": In(32),
-            "rule_chunk": In(32), "rule_ports": In(32), "rule_slots": In(32), "rule_type": In(32),
-            "mac_write_stb": In(1), "mac_write": In(32), "mac_addr_lo": In(32), "mac_addr_hi": In(32),
-            "slot_clear_stb": In(1), "slot_clear": In(32),
+            "program": In(TableProgramSignature(regmap)),
             "switch_mac": In(48),
             "ev_drop": Out(1), "ev_drop_reason": Out(DropReason), "ev_forwarded": Out(1), "ev_contribution": Out(1),
             "ev_duplicate": Out(1), "ev_completed": Out(1), "ev_resent": Out(1),
@@ -163,14 +160,9 @@ class SwitchCore(wiring.Component):
         hdr = FrameHeader(b_meta.hdr)
         m.submodules.rules = rules = RuleTable(prm, self.regmap)
         m.submodules.macs = macs = MacTable(prm, self.regmap)
+        wiring.connect(m, wiring.flipped(self.program), rules.program, macs.program)
         m.d.comb += [
-            rules.write_stb.eq(self.rule_write_stb), rules.write_cmd.eq(self.rule_write),
-            rules.stage_group.eq(self.rule_group), rules.stage_layer.eq(self.rule_layer),
-            rules.stage_chunk.eq(self.rule_chunk), rules.stage_ports.eq(self.rule_ports),
-            rules.stage_slots.eq(self.rule_slots), rules.stage_type.eq(self.rule_type),
             rules.group_id.eq(hdr.group_id), rules.layer_id.eq(hdr.layer_id), rules.chunk_id.eq(hdr.chunk_id),
-            macs.write_stb.eq(self.mac_write_stb), macs.write_cmd.eq(self.mac_write),
-            macs.stage_lo.eq(self.mac_addr_lo), macs.stage_hi.eq(self.mac_addr_hi),
             macs.mac.eq(hdr.dst_mac),
         ]
         rule = rules.rule
@@ -302,8 +294,8 @@ class SwitchCore(wiring.Component):
         # A pending SLOT_CLEAR owns the state memory's write port for one cycle.
         clear_pending = Signal()
         clear_slot = Signal(16)
-        with m.If(self.slot_clear_stb):
-            m.d.sync += [clear_pending.eq(1), clear_slot.eq(self.slot_clear[:16])]
+        with m.If(self.program.slot_clear_stb):
+            m.d.sync += [clear_pending.eq(1), clear_slot.eq(self.program.slot_clear_data[:16])]
 
         job_layout = result_job_layout(prm, self.addr_bits)
         m.submodules.jobs = jobs = SyncFIFOBuffered(width=Shape.cast(job_layout).width, depth=JOB_DEPTH)
@@ -346,7 +338,7 @@ class SwitchCore(wiring.Component):
                          st_wr.en.eq(clear_slot < prm.slots)]
             with m.If(clear_slot < prm.slots):
                 m.d.sync += in_use.eq(in_use - (clr_rd.data[0].bitmap != 0) - (clr_rd.data[1].bitmap != 0))
-            m.d.sync += clear_pending.eq(self.slot_clear_stb)
+            m.d.sync += clear_pending.eq(self.program.slot_clear_stb)
         with m.Elif(decide & d_state_write):
             m.d.comb += [st_wr.addr.eq(slot[:self.slot_bits]), st_wr.data.eq(upd.new_state), st_wr.en.eq(1)]
             m.d.sync += in_use.eq(in_use + upd.in_use_delta)

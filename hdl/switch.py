@@ -56,13 +56,8 @@ class Switch(wiring.Component):
 
         m.submodules.core = core = self.core
         m.d.comb += [
-            core.rule_write_stb.eq(regs.rule_write_stb), core.rule_write.eq(regs.rule_write_data),
-            core.rule_group.eq(regs.rule_group), core.rule_layer.eq(regs.rule_layer),
-            core.rule_chunk.eq(regs.rule_chunk), core.rule_ports.eq(regs.rule_ports),
-            core.rule_slots.eq(regs.rule_slots), core.rule_type.eq(regs.rule_type),
-            core.mac_write_stb.eq(regs.mac_write_stb), core.mac_write.eq(regs.mac_write_data),
-            core.mac_addr_lo.eq(regs.mac_addr_lo), core.mac_addr_hi.eq(regs.mac_addr_hi),
-            core.slot_clear_stb.eq(regs.slot_clear_stb), core.slot_clear.eq(regs.slot_clear_data),
+            # the bank's members of the table registers, by the names both derive from the register map
+            *(getattr(core.program, name).eq(getattr(regs, name)) for name in core.program.signature.members),
             core.switch_mac.eq(Cat(regs.switch_mac_lo, regs.switch_mac_hi[:16])),
             regs.slots_in_use_value.eq(core.slots_in_use),
         ]

@@ -9,7 +9,30 @@ from cais.registers import RegisterMap
 
 from .enums import DType, ReduceOp
 
-__all__ = ["RuleTable", "MacTable", "rule_layout"]
+__all__ = ["RuleTable", "MacTable", "rule_layout", "TableProgramSignature", "TABLE_REGISTERS"]
+
+#: The registers that program the tables and the slot memory, as the register bank presents them.
+TABLE_REGISTERS = ("RULE_GROUP", "RULE_LAYER", "RULE_CHUNK", "RULE_PORTS", "RULE_SLOTS", "RULE_TYPE", "RULE_WRITE",
+                   "MAC_ADDR_LO", "MAC_ADDR_HI", "MAC_WRITE", "SLOT_CLEAR")
+
+
+class TableProgramSignature(wiring.Signature):
+    """Table programming, from the register bank's side: the members :class:`cais.hdl.csr.RegisterBank`
+    has for :data:`TABLE_REGISTERS`, named as it names them (``rule_group`` : Out(32) for a CONFIG
+    register; ``rule_write_stb`` : Out(1) and ``rule_write_data`` : Out(32) for a COMMAND register).
+    Derived from the register map, so the bank, the core and the tables agree by construction."""
+
+    def __init__(self, regmap: RegisterMap):
+        from cais.registers import Kind
+
+        members = {}
+        for name in TABLE_REGISTERS:
+            reg, base = regmap[name], name.lower()
+            if reg.kind is Kind.COMMAND:
+                members[f"{base}_stb"], members[f"{base}_data"] = Out(1), Out(32)
+            else:
+                members[base] = Out(32, init=reg.reset)
+        super().__init__(members)
 
 
 def _get(word, field):
@@ -36,9 +59,9 @@ class RuleTable(wiring.Component):
 
     Members
     -------
-    write_stb : In(1); write_cmd, stage_group, stage_layer, stage_chunk, stage_ports, stage_slots,
-    stage_type : In(32)
-        The RULE_WRITE strobe and data, and the staging registers, as words of the register map.
+    program : In(TableProgramSignature)
+        The RULE_WRITE strobe and data and the staging registers, as words of the register map (the MAC
+        and slot members are not used here).
     group_id : In(8); layer_id : In(16); chunk_id : In(16)
         The key to look up.
     hit : Out(1); rule : Out(rule_layout)
@@ -49,9 +72,7 @@ class RuleTable(wiring.Component):
         self.params, self.regmap = params, regmap
         self.layout = rule_layout(params)
         super().__init__({
-            "write_stb": In(1), "write_cmd": In(32),
-            "stage_group": In(32), "stage_layer": In(32), "stage_chunk": In(32),
-            "stage_ports": In(32), "stage_slots": In(32), "stage_type": In(32),
+            "program": In(TableProgramSignature(regmap)),
             "group_id": In(8), "layer_id": In(16), "chunk_id": In(16),
             "hit": Out(1), "rule": Out(self.layout),
         })
@@ -63,9 +84,10 @@ class RuleTable(wiring.Component):
         entries = [Signal(self.layout, name=f"rule{i}") for i in range(self.params.rules)]
 
         new = Signal(self.layout)
-        f = lambda reg, name: _get(getattr(self, "stage_" + reg.lower().split("_")[1]), R[reg].field(name))
+        prog = self.program
+        f = lambda reg, name: _get(getattr(prog, reg.lower()), R[reg].field(name))  # noqa: E731
         m.d.comb += [
-            new.valid.eq(_get(self.write_cmd, R["RULE_WRITE"].field("valid"))),
+            new.valid.eq(_get(prog.rule_write_data, R["RULE_WRITE"].field("valid"))),
             new.group_value.eq(f("RULE_GROUP", "value")), new.group_mask.eq(f("RULE_GROUP", "mask")),
             new.layer_value.eq(f("RULE_LAYER", "value")), new.layer_mask.eq(f("RULE_LAYER", "mask")),
             new.chunk_value.eq(f("RULE_CHUNK", "value")), new.chunk_mask.eq(f("RULE_CHUNK", "mask")),
@@ -76,9 +98,9 @@ class RuleTable(wiring.Component):
             new.acc_fp32.eq(f("RULE_TYPE", "acc_fp32")), new.saturate.eq(f("RULE_TYPE", "saturate")),
             new.reproducible.eq(f("RULE_TYPE", "reproducible")),
         ]
-        index = _get(self.write_cmd, R["RULE_WRITE"].field("index"))
+        index = _get(prog.rule_write_data, R["RULE_WRITE"].field("index"))
         for i, e in enumerate(entries):
-            with m.If(self.write_stb & (index == i)):
+            with m.If(prog.rule_write_stb & (index == i)):
                 m.d.sync += e.eq(new)
 
         def matches(e):
@@ -100,8 +122,9 @@ class MacTable(wiring.Component):
 
     Members
     -------
-    write_stb : In(1); write_cmd, stage_lo, stage_hi : In(32)
-        MAC_WRITE strobe and data, and the staged address registers.
+    program : In(TableProgramSignature)
+        MAC_WRITE strobe and data, and the staged address registers (the rule and slot members are not
+        used here).
     mac : In(48)
         The address to look up.
     hit : Out(1); port : Out(range(ports))
@@ -110,7 +133,7 @@ class MacTable(wiring.Component):
     def __init__(self, params: SwitchParams, regmap: RegisterMap):
         self.params, self.regmap = params, regmap
         super().__init__({
-            "write_stb": In(1), "write_cmd": In(32), "stage_lo": In(32), "stage_hi": In(32),
+            "program": In(TableProgramSignature(regmap)),
             "mac": In(48), "hit": Out(1), "port": Out(range(params.ports)),
         })
 
@@ -119,15 +142,15 @@ class MacTable(wiring.Component):
         R = self.regmap
         layout = data.StructLayout({"valid": 1, "mac": 48, "port": range(self.params.ports)})
         entries = [Signal(layout, name=f"mac{i}") for i in range(self.params.mac_entries)]
-        cmd = R["MAC_WRITE"]
-        index = _get(self.write_cmd, cmd.field("index"))
-        port = _get(self.write_cmd, cmd.field("port"))
+        prog, cmd = self.program, R["MAC_WRITE"]
+        index = _get(prog.mac_write_data, cmd.field("index"))
+        port = _get(prog.mac_write_data, cmd.field("port"))
         for i, e in enumerate(entries):
-            with m.If(self.write_stb & (index == i)):
+            with m.If(prog.mac_write_stb & (index == i)):
                 m.d.sync += [
-                    e.valid.eq(_get(self.write_cmd, cmd.field("valid")) & (port < self.params.ports)),
-                    e.mac.eq(Cat(_get(self.stage_lo, R["MAC_ADDR_LO"].field("mac")),
-                                 _get(self.stage_hi, R["MAC_ADDR_HI"].field("mac")))),
+                    e.valid.eq(_get(prog.mac_write_data, cmd.field("valid")) & (port < self.params.ports)),
+                    e.mac.eq(Cat(_get(prog.mac_addr_lo, R["MAC_ADDR_LO"].field("mac")),
+                                 _get(prog.mac_addr_hi, R["MAC_ADDR_HI"].field("mac")))),
                     e.port.eq(port),
                 ]
         hits = Cat(*(e.valid & (e.mac == self.mac) for e in entries))

@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """RuleTable and MacTable against Python references of docs/protocol.md sections 5, 6 and 9.
 
 Rules: a valid entry matches when ``(field & mask) == (value & mask)`` for group, layer and chunk; the
@@ -58,20 +59,20 @@ class RuleBench:
 
     def stage(self, stage):
         ctx, dut, rm = self.ctx, self.dut, self.rm
-        ctx.set(dut.stage_group, rm["RULE_GROUP"].pack(value=stage["group"][0], mask=stage["group"][1]))
-        ctx.set(dut.stage_layer, rm["RULE_LAYER"].pack(value=stage["layer"][0], mask=stage["layer"][1]))
-        ctx.set(dut.stage_chunk, rm["RULE_CHUNK"].pack(value=stage["chunk"][0], mask=stage["chunk"][1]))
-        ctx.set(dut.stage_ports, rm["RULE_PORTS"].pack(contributors=stage["contributors"],
+        ctx.set(dut.program.rule_group, rm["RULE_GROUP"].pack(value=stage["group"][0], mask=stage["group"][1]))
+        ctx.set(dut.program.rule_layer, rm["RULE_LAYER"].pack(value=stage["layer"][0], mask=stage["layer"][1]))
+        ctx.set(dut.program.rule_chunk, rm["RULE_CHUNK"].pack(value=stage["chunk"][0], mask=stage["chunk"][1]))
+        ctx.set(dut.program.rule_ports, rm["RULE_PORTS"].pack(contributors=stage["contributors"],
                                                        results=stage["results"]))
-        ctx.set(dut.stage_slots, rm["RULE_SLOTS"].pack(base=stage["base"], count_log2=stage["count_log2"]))
+        ctx.set(dut.program.rule_slots, rm["RULE_SLOTS"].pack(base=stage["base"], count_log2=stage["count_log2"]))
 
     async def write(self, index, valid, stage):
         ctx, dut = self.ctx, self.dut
         self.stage(stage)
-        ctx.set(dut.write_cmd, self.rm["RULE_WRITE"].pack(index=index, valid=valid))
-        ctx.set(dut.write_stb, 1)
+        ctx.set(dut.program.rule_write_data, self.rm["RULE_WRITE"].pack(index=index, valid=valid))
+        ctx.set(dut.program.rule_write_stb, 1)
         await ctx.tick()
-        ctx.set(dut.write_stb, 0)
+        ctx.set(dut.program.rule_write_stb, 0)
         self.ref.write(index, valid, stage)
 
     def check(self, g, l_, c):
@@ -209,12 +210,12 @@ class MacBench:
 
     async def write(self, index, mac, port, valid):
         ctx, dut, rm = self.ctx, self.dut, self.rm
-        ctx.set(dut.stage_lo, rm["MAC_ADDR_LO"].pack(mac=mac & 0xFFFF_FFFF))
-        ctx.set(dut.stage_hi, rm["MAC_ADDR_HI"].pack(mac=mac >> 32))
-        ctx.set(dut.write_cmd, rm["MAC_WRITE"].pack(index=index, port=port, valid=valid))
-        ctx.set(dut.write_stb, 1)
+        ctx.set(dut.program.mac_addr_lo, rm["MAC_ADDR_LO"].pack(mac=mac & 0xFFFF_FFFF))
+        ctx.set(dut.program.mac_addr_hi, rm["MAC_ADDR_HI"].pack(mac=mac >> 32))
+        ctx.set(dut.program.mac_write_data, rm["MAC_WRITE"].pack(index=index, port=port, valid=valid))
+        ctx.set(dut.program.mac_write_stb, 1)
         await ctx.tick()
-        ctx.set(dut.write_stb, 0)
+        ctx.set(dut.program.mac_write_stb, 0)
         if index < self.params.mac_entries:
             self.entries[index] = (bool(valid) and port < self.params.ports, mac, port)
 
@@ -255,7 +256,7 @@ def test_mac_directed(params):
         b.check(A ^ (1 << 47))                   # the high word is compared
         b.check(A ^ (1 << 32))
         # staging changes alone do nothing
-        ctx.set(dut.stage_lo, 0x1234)
+        ctx.set(dut.program.mac_addr_lo, 0x1234)
         await ctx.tick()
         b.check(A)
         b.check(0x1234)
@@ -306,3 +307,17 @@ def test_mac_random(params, seed):
                 b.check(mac)
         assert b.hits > 300 and b.lookups - b.hits > 200, (b.hits, b.lookups)
     mac_test(params, body)
+
+
+def test_table_program_signature_is_the_register_banks():
+    """The core and the tables take their programming by the register bank's own member names and shapes,
+    so the switch connects them by name (hdl/switch.py) and nothing is copied by hand."""
+    from cais.hdl.csr import RegisterBank
+    from cais.hdl.tables import TABLE_REGISTERS, TableProgramSignature
+
+    rm = register_map(SwitchParams())
+    program = TableProgramSignature(rm).members
+    bank = RegisterBank(rm).signature.members
+    assert program and all(bank[name] == member for name, member in program.items())
+    assert {"rule_write_stb", "rule_write_data", "rule_group", "mac_addr_hi", "slot_clear_stb"} <= set(program)
+    assert len(program) == len(TABLE_REGISTERS) + sum(rm[n].kind.name == "COMMAND" for n in TABLE_REGISTERS)
