@@ -10,6 +10,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .enums import DType, ReduceOp
+from .pipeline import delay_line
 from .slot_alu import SlotALU
 
 __all__ = ["FoldChain"]
@@ -65,12 +66,8 @@ class FoldChain(wiring.Component):
         P, W, L = self.ports, self.data_width, self.stage_latency
 
         def delay(value, cycles, name):
-            value = Value.cast(value)
-            for k in range(cycles):
-                reg = Signal(value.shape(), name=f"{name}_d{k + 1}", reset_less=True)
-                m.d.sync += reg.eq(value)
-                value = reg
-            return value
+            # only the valid bits are cleared by a reset (the rows in flight are dropped)
+            return delay_line(m, value, cycles, name, reset_less=not name.startswith("valid"))
 
         # What travels down the chain with a set of rows: valid, the rule, the mask, "a contributor seen".
         valid, mask = Value.cast(self.i_valid), Value.cast(self.mask)

@@ -1,12 +1,13 @@
 """The slot ALU: the read-modify-write arithmetic between the slot memory's read and its write."""
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from cais import protocol as proto
 
 from .alu import ReduceALU, byteswap
+from .pipeline import delay_line
 from .fpu import BF16, FP16, FP32, NUMPY_ZERO_TIE, FloatAdder, FloatMaxMin, FloatNarrow, FloatWiden, MaxMinOp
 
 __all__ = ["SlotALU"]
@@ -98,12 +99,7 @@ class SlotALU(wiring.Component):
 
         def delay(value, name, reset_less=True):
             # A chain of L registers (none when L == 0): one write point whatever the path.
-            value = Value.cast(value)
-            for k in range(L):
-                reg = Signal(value.shape(), name=f"{name}_d{k + 1}", reset_less=reset_less)
-                m.d.sync += reg.eq(value)
-                value = reg
-            return value
+            return delay_line(m, value, L, name, reset_less=reset_less)
 
         is_half = (self.dtype == DT.FP16) | (self.dtype == DT.BF16)
         acc32 = Signal()

@@ -1,0 +1,17 @@
+"""Small pipeline helpers shared by the RTL blocks."""
+
+from amaranth.hdl import Signal, Value
+
+__all__ = ["delay_line"]
+
+
+def delay_line(m, value, cycles: int, name: str, *, reset_less: bool = True):
+    """``value`` delayed by ``cycles`` registers on ``m.d.sync`` (``value`` itself for 0): a chain with one
+    write point per register, named ``<name>_d1 ..``. ``reset_less=False`` for what a reset must clear
+    (valid bits)."""
+    value = Value.cast(value)
+    for k in range(cycles):
+        reg = Signal(value.shape(), name=f"{name}_d{k + 1}", reset_less=reset_less)
+        m.d.sync += reg.eq(value)
+        value = reg
+    return value
