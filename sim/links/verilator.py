@@ -20,7 +20,7 @@ from cais.link import DEFAULT_CLOCK_HZ, run_sync
 from cais.params import SwitchParams
 
 from .base import LinkBase, LinkError, Received, Sent, check_frame
-from .wires import RESET_CYCLES, threshold
+from .wires import RESET_CYCLES, per_port, threshold
 
 __all__ = ["VerilatorLink", "run_verilator", "load_library"]
 
@@ -166,10 +166,7 @@ class VerilatorLink(LinkBase):
 
     def set_patterns(self, idle: float | list[float] = 0.0, backpressure: float | list[float] = 0.0) -> None:
         P = self.params.ports
-        idle = list(idle) if isinstance(idle, (list, tuple)) else [idle] * P
-        backpressure = list(backpressure) if isinstance(backpressure, (list, tuple)) else [backpressure] * P
-        if len(idle) != P or len(backpressure) != P:
-            raise ValueError(f"idle/backpressure: one probability, or one per port ({P})")
+        idle, backpressure = per_port(idle, P, "idle"), per_port(backpressure, P, "backpressure")
         for p in range(P):
             self._lib.cais_set_pattern(self._h, p, threshold(idle[p]), threshold(backpressure[p]))
 

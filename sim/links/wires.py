@@ -72,7 +72,8 @@ def paused(key: int, limit: int, cycle: int) -> bool:
     return bool(limit) and (splitmix64((key + cycle) & MASK64) >> 11) < limit
 
 
-def _per_port(value, ports: int, name: str) -> list[float]:
+def per_port(value, ports: int, name: str) -> list[float]:
+    """One probability, or one per port, as a list of ``ports`` floats."""
     values = list(value) if isinstance(value, (list, tuple)) else [value] * ports
     if len(values) != ports:
         raise ValueError(f"{name}: {len(values)} values for {ports} ports")
@@ -205,7 +206,7 @@ class WireLink(LinkBase):
     def set_patterns(self, idle: float | list[float] = 0.0, backpressure: float | list[float] = 0.0) -> None:
         """Per-port (or common) probabilities of an idle cycle on a source and of tready low on a sink."""
         P = self.params.ports
-        for p, (i, b) in enumerate(zip(_per_port(idle, P, "idle"), _per_port(backpressure, P, "backpressure"))):
+        for p, (i, b) in enumerate(zip(per_port(idle, P, "idle"), per_port(backpressure, P, "backpressure"))):
             port = self._ports[p]
             port.idle_key, port.idle_limit = pause_key(self.seed, Stream.IDLE, p), threshold(i)
             port.bp_key, port.bp_limit = pause_key(self.seed, Stream.BACKPRESSURE, p), threshold(b)
