@@ -180,11 +180,13 @@ def bram_loop(data_width: int, depth: int):
     return BramLoop()
 
 
-def _fold_chain():
-    from cais.hdl.fold import FoldChain
-    from cais.params import SwitchParams
-    P = SwitchParams()
-    return FoldChain(P.ports, P.data_width), True
+def _fold_chain(**kw):
+    def build():
+        from cais.hdl.fold import FoldChain
+        from cais.params import SwitchParams
+        P = SwitchParams()
+        return FoldChain(P.ports, P.data_width, **kw), True
+    return build
 
 
 def _bram_loop():
@@ -225,7 +227,9 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
     Design("switch_int", "SwitchTop(SwitchParams(float_units=False, reproducible=False)): integer types only",
            _switch(float_units=False, reproducible=False)),
     Design("fold_chain", "FoldChain(4, 64): the per-port-bank core's port-order fold (docs/core-design.md), "
-                         "four SlotALU stages, registered in and out", _fold_chain),
+                         "four SlotALU stages, registered in and out", _fold_chain()),
+    Design("fold_chain_fadd6", "the same with 6-stage float adders (FloatAdder.CUTS[6])",
+           _fold_chain(fadd_stages=6)),
     Design("bram_loop", "a bare registered block-RAM read-modify-write loop of the slot memory's shape "
                         "(64 bits x 4096 rows, 32-bit adds): the flow's floor for a pipelined slot update",
            _bram_loop),
