@@ -407,7 +407,7 @@ class World:
                     step = max(ACTIVE_STEP, int((deadline - self.now) * self.link.clock_hz) + 1)
                 elif await self._stuck():
                     raise CollectiveError(self._stuck_report())
-            elif not self.controller.pending:
+            elif not self.controller.pending and hasattr(self.link, "advance_to_frame"):
                 # Frames are moving: nothing changes for the driver until one comes out or a timer fires.
                 step, to_frame = self._cycles_to_timer(IDLE_CHECK), True
             if to_frame:
