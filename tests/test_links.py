@@ -181,3 +181,49 @@ def test_imports_go_one_way(folder, forbidden):
            for path in sorted((REPO / folder).glob("*.py")) for name in _imports(path)
            if any(name == f or name.startswith(f + ".") for f in forbidden)]
     assert not bad, bad
+
+
+class _PlainLink:
+    """A SwitchLink with only the original methods (no advance_to_frame), over the model."""
+
+    def __init__(self, inner):
+        self.inner, self.params, self.clock_hz = inner, inner.params, inner.clock_hz
+        self.advances = 0
+
+    @property
+    def cycle(self):
+        return self.inner.cycle
+
+    def send(self, port, frame):
+        self.inner.send(port, frame)
+
+    def take_received(self):
+        return self.inner.take_received()
+
+    async def advance(self, cycles):
+        self.advances += 1
+        await self.inner.advance(cycles)
+
+    async def read(self, addr):
+        return await self.inner.read(addr)
+
+    async def write(self, addr, value):
+        await self.inner.write(addr, value)
+
+
+@pytest.mark.parametrize("loss", [0.0, 0.05])
+def test_world_runs_on_a_link_without_advance_to_frame(loss):
+    """The world (and a FaultyLink around the link) fall back to advance() in fixed steps."""
+    from cais.comm import World
+    from cais.config import Config
+    from cais.sim.faults import FaultSpec, FaultyLink
+
+    plain = _PlainLink(ModelLink(PARAMS))
+    link = FaultyLink(plain, FaultSpec(drop=loss, seed=3)) if loss else plain
+
+    def train(comm):
+        return comm.all_reduce(np.arange(3000, dtype=np.int32) * (comm.rank + 1))
+
+    results = run_sync(World(link, ranks=4, config=Config(timeout_ms=0.05, offload="always")).run(train))
+    assert all(np.array_equal(r, np.arange(3000, dtype=np.int32) * 10) for r in results)
+    assert plain.advances > 0
