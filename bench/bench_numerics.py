@@ -361,8 +361,10 @@ async def drive(link, lanes, *, expect: int, quiet: int = 4000) -> dict:
     and the cycles run.
     """
     t0 = link.cycle - 1
+    B = link.params.beat_bytes
     todo = [list(reversed(lane)) for lane in lanes]
     on_port: dict[int, list[int]] = {}               # port -> lanes with a frame queued there, in order
+    earliest: dict[int, int] = {}                    # lane -> first cycle its frame can have been taken by
     done: list[list[int]] = [[] for _ in lanes]
     received = []
 
@@ -371,6 +373,7 @@ async def drive(link, lanes, *, expect: int, quiet: int = 4000) -> dict:
             port, frame = todo[i].pop()
             link.send(port, bytes(frame))
             on_port.setdefault(port, []).append(i)
+            earliest[i] = link.cycle + -(-len(frame) // B)    # one beat per cycle at best
 
     def collect() -> int:
         got = link.take_stamped()
@@ -379,10 +382,12 @@ async def drive(link, lanes, *, expect: int, quiet: int = 4000) -> dict:
 
     for i in range(len(lanes)):
         start(i)
-    while any(on_port.values()):
-        await link.advance(1)
+    while earliest:
+        # no frame can have gone in before the earliest of them could: skip there, then cycle by cycle
+        await link.advance(max(1, min(earliest.values()) - link.cycle))
         for sent in link.take_sent():
             i = on_port[sent.port].pop(0)
+            del earliest[i]
             done[i].append(sent.last - t0)
             start(i)
         collect()

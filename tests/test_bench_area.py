@@ -120,7 +120,7 @@ def test_bram_loop_adds_into_memory():
     to the same row within the pipeline's depth), every row holds the lane-wise 32-bit sums."""
     import random
 
-    from amaranth.sim import Simulator
+    from blocksim import run as simulate
 
     dut = bench.bram_loop(64, 64)
     rng = random.Random(3)
@@ -148,7 +148,4 @@ def test_bram_loop_adds_into_memory():
         await ctx.tick().repeat(5)
         assert [ctx.get(dut.mem.data[i]) for i in range(64)] == want
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(tb)
-    sim.run()
+    simulate(dut, tb)

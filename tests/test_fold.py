@@ -7,12 +7,13 @@ import random
 
 import numpy as np
 import pytest
-from amaranth.sim import Simulator
 
 from cais import numerics
 from cais.hdl.fold import FoldChain
 from cais.protocol import DType, ReduceOp
 from cais.sim.operands import FLOAT_FMT, catalogue
+
+from blocksim import run as simulate
 
 INT_BITS = {DType.INT32: 32, DType.INT16: 16, DType.INT8: 8}
 
@@ -83,10 +84,7 @@ def run(dut: FoldChain, items: list[dict], gaps: float, seed: int) -> list[int]:
             if valid:
                 got.append(result)
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(tb)
-    sim.run()
+    simulate(dut, tb)
     return got
 
 
@@ -123,9 +121,6 @@ def test_latency_and_one_row_per_cycle():
             if valid:
                 out_cycles.append(cycle)
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(tb)
-    sim.run()
+    simulate(dut, tb)
     # a row entering before edge c is out after edge c + latency - 1, sampled before edge c + latency
     assert out_cycles == list(range(dut.latency, dut.latency + 20))

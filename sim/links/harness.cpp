@@ -98,7 +98,6 @@ struct Harness {
     uint64_t time = 0;                        // half-periods simulated, for the waveform
     std::deque<RxFrame> received;
     std::deque<TxStamp> sent;                 // frames the ingress took, with their first and last beat
-    uint64_t sending = 0;                     // ports with a frame queued or on the wire
     std::string error;                        // the first protocol violation seen on an egress
     // AXI4-Lite master
     Bus bus = Bus::IDLE;
@@ -169,7 +168,6 @@ struct Harness {
                     sent.push_back(TxStamp{p, port.tx_first, cycle});
                     port.frame.clear();
                     port.offset = 0;
-                    if (port.queue.empty()) --sending;
                 }
             }
         }
@@ -278,7 +276,6 @@ extern "C" {
 
 int cais_ports() { return P; }
 int cais_beat_bytes() { return static_cast<int>(B); }
-int cais_tracing() { return VM_TRACE; }
 
 void* cais_new(uint64_t seed) { return new Harness(seed); }
 void cais_free(void* h) { delete static_cast<Harness*>(h); }
@@ -296,7 +293,6 @@ void cais_reset(void* hv, uint64_t reset_cycles, uint64_t settle_cycles) {
         port.rx.clear();
         *h->wires[p].s_tvalid = 0;
     }
-    h->sending = 0;
     h->received.clear();
     h->sent.clear();
     h->top->rst = 1;
@@ -317,7 +313,6 @@ void cais_send(void* hv, int port, const uint8_t* data, uint64_t len, int bad_ke
                uint64_t not_before) {
     Harness* h = static_cast<Harness*>(hv);
     Port& p = h->ports[port];
-    if (p.queue.empty() && p.frame.empty()) ++h->sending;
     p.queue.push_back(TxFrame{std::vector<uint8_t>(data, data + len), bad_keep != 0, bad_fcs != 0, not_before});
 }
 
@@ -346,22 +341,30 @@ void cais_bare_clock(void* hv, uint64_t cycles) {
 
 uint64_t cais_cycle(void* hv) { return static_cast<Harness*>(hv)->cycle; }
 uint64_t cais_read_accepted(void* hv) { return static_cast<Harness*>(hv)->read_accepted; }
-int cais_sending(void* hv) { return static_cast<Harness*>(hv)->sending != 0; }
+// A frame is queued for, or on the way into, an ingress port.
+int cais_sending(void* hv) {
+    Harness* h = static_cast<Harness*>(hv);
+    for (const Port& port : h->ports)
+        if (!port.queue.empty() || !port.frame.empty()) return 1;
+    return 0;
+}
 const char* cais_error(void* hv) { return static_cast<Harness*>(hv)->error.c_str(); }
 
-// Received frames, oldest first: the head's size and stamps, then pop it into a buffer of that size.
-uint64_t cais_rx_count(void* hv) { return static_cast<Harness*>(hv)->received.size(); }
-uint64_t cais_rx_head(void* hv, int* port, uint64_t* first, uint64_t* last) {
-    const RxFrame& f = static_cast<Harness*>(hv)->received.front();
+// The oldest received frame: its size (0: none), port and stamps; its bytes are copied to `out` and the
+// frame is popped when it fits in `capacity` (else the caller retries with a larger buffer).
+uint64_t cais_rx_pop(void* hv, uint8_t* out, uint64_t capacity, int* port, uint64_t* first, uint64_t* last) {
+    Harness* h = static_cast<Harness*>(hv);
+    if (h->received.empty()) return 0;
+    const RxFrame& f = h->received.front();
+    uint64_t n = f.data.size();
     *port = f.port;
     *first = f.first;
     *last = f.last;
-    return f.data.size();
-}
-void cais_rx_pop(void* hv, uint8_t* out) {
-    Harness* h = static_cast<Harness*>(hv);
-    std::memcpy(out, h->received.front().data.data(), h->received.front().data.size());
-    h->received.pop_front();
+    if (n <= capacity) {
+        std::memcpy(out, f.data.data(), n);
+        h->received.pop_front();
+    }
+    return n;
 }
 
 // Frames the ingress took, oldest first: pop one (port and stamps); returns 0 when there is none.

@@ -74,15 +74,21 @@ class ModelLink(LinkBase):
         self._sent.append(Sent(port, start, end - 1))
         self._seq += 1
 
+    def _next_done(self) -> int | None:
+        """The cycle the core finishes the next arrived frame (None: nothing arrives)."""
+        if not self._arrivals:
+            return None
+        arrived, _, _, frame, _ = self._arrivals[0]
+        return max(arrived, self._core_free) + _beats(len(frame), self.params.beat_bytes)
+
     def _process(self) -> None:
         B = self.params.beat_bytes
         while self._arrivals:
-            arrived, port, _, frame, (bad_keep, bad_fcs) = self._arrivals[0]
-            done = max(arrived, self._core_free) + _beats(len(frame), B)
+            done = self._next_done()
             # A frame sent from now on arrives after `cycle` >= done: this one is really next.
             if done > self._cycle:
                 return
-            heapq.heappop(self._arrivals)
+            _, port, _, frame, (bad_keep, bad_fcs) = heapq.heappop(self._arrivals)
             self._core_free = done
             for out_port, data in self.model.receive(port, frame, framing_ok=not bad_keep, fcs_ok=not bad_fcs):
                 first = max(done + self.EGRESS_LATENCY, self._egress_free[out_port])
@@ -131,9 +137,9 @@ class ModelLink(LinkBase):
         while self._cycle < end:
             later = [t for t, *_ in self._out if t > self._cycle]
             target = min([end] + later)
-            if self._arrivals:       # the next frame the core finishes may emit output: look then
-                arrived, _, _, frame, _ = self._arrivals[0]
-                target = min(target, max(arrived, self._core_free) + _beats(len(frame), self.params.beat_bytes))
+            done = self._next_done()
+            if done is not None:     # the next frame the core finishes may emit output: look then
+                target = min(target, done)
             self._cycle = max(target, self._cycle + 1)
             self._process()
             if sum(1 for t, *_ in self._out if t <= self._cycle) > out_before:

@@ -26,7 +26,7 @@ __all__ = ["VerilatorLink", "run_verilator", "load_library"]
 
 _u64, _u32, _int, _vp = ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p
 _SIGNATURES = {
-    "cais_ports": (_int, []), "cais_beat_bytes": (_int, []), "cais_tracing": (_int, []),
+    "cais_ports": (_int, []), "cais_beat_bytes": (_int, []),
     "cais_new": (_vp, [_u64]), "cais_free": (None, [_vp]),
     "cais_reset": (None, [_vp, _u64, _u64]),
     "cais_set_pattern": (None, [_vp, _int, _u64, _u64]), "cais_set_hold": (None, [_vp, _int, _u64]),
@@ -34,9 +34,8 @@ _SIGNATURES = {
     "cais_run": (_u64, [_vp, _u64, _int]), "cais_bare_clock": (None, [_vp, _u64]),
     "cais_cycle": (_u64, [_vp]), "cais_read_accepted": (_u64, [_vp]), "cais_sending": (_int, [_vp]),
     "cais_error": (ctypes.c_char_p, [_vp]),
-    "cais_rx_count": (_u64, [_vp]),
-    "cais_rx_head": (_u64, [_vp, ctypes.POINTER(_int), ctypes.POINTER(_u64), ctypes.POINTER(_u64)]),
-    "cais_rx_pop": (None, [_vp, ctypes.c_char_p]),
+    "cais_rx_pop": (_u64, [_vp, ctypes.c_char_p, _u64, ctypes.POINTER(_int), ctypes.POINTER(_u64),
+                           ctypes.POINTER(_u64)]),
     "cais_tx_pop": (_int, [_vp, ctypes.POINTER(_int), ctypes.POINTER(_u64), ctypes.POINTER(_u64)]),
     "cais_write": (_u32, [_vp, _u32, _u32]), "cais_read": (_u32, [_vp, _u32, ctypes.POINTER(_u32)]),
     "cais_trace_open": (_int, [_vp, ctypes.c_char_p]),
@@ -82,6 +81,7 @@ class VerilatorLink(LinkBase):
         self._lib.cais_reset(self._h, RESET_CYCLES, params.slots + 2)
         self._cycle = 0              # mirrors cais_cycle (asked for often: a ctypes call costs)
         self._int, self._first, self._last = _int(), _u64(), _u64()
+        self._rx_buf = ctypes.create_string_buffer(params.max_frame)    # grown if a frame is longer
 
     def close(self) -> None:
         """Free the model (and close the waveform); the link is unusable afterwards."""
@@ -113,13 +113,15 @@ class VerilatorLink(LinkBase):
         self._lib.cais_send(self._h, port, frame, len(frame), int(bad_keep), int(bad_fcs), max(0, int(not_before)))
 
     def take_stamped(self) -> list[Received]:
-        lib, h = self._lib, self._h
+        pop, h, stamps = self._lib.cais_rx_pop, self._h, (ctypes.byref(self._int), ctypes.byref(self._first),
+                                                          ctypes.byref(self._last))
         got = []
-        for _ in range(lib.cais_rx_count(h)):
-            n = lib.cais_rx_head(h, ctypes.byref(self._int), ctypes.byref(self._first), ctypes.byref(self._last))
-            buf = ctypes.create_string_buffer(n)
-            lib.cais_rx_pop(h, buf)
-            got.append(Received(self._int.value, buf.raw, self._first.value, self._last.value))
+        while n := pop(h, self._rx_buf, len(self._rx_buf), *stamps):
+            if n > len(self._rx_buf):
+                self._rx_buf = ctypes.create_string_buffer(n)
+                continue
+            got.append(Received(self._int.value, ctypes.string_at(self._rx_buf, n), self._first.value,
+                                self._last.value))
         return got
 
     def take_sent(self) -> list[Sent]:

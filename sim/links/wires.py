@@ -115,7 +115,6 @@ class WireLink(LinkBase):
         self.seed = int(seed)
         P = params.ports
         self._ports = [_Port() for _ in range(P)]
-        self._sending = 0
         self._received: list[Received] = []
         self._sent: list[Sent] = []
         self._cycle = 0
@@ -138,10 +137,7 @@ class WireLink(LinkBase):
         ``not_before`` (nor before the port's earlier frames)."""
         self.check_port(port)
         frame = check_frame(frame, self.params.beat_bytes, bad_keep)
-        p = self._ports[port]
-        if not p.queue and not p.frame:
-            self._sending += 1
-        p.queue.append((frame, bad_keep, bad_fcs, int(not_before)))
+        self._ports[port].queue.append((frame, bad_keep, bad_fcs, int(not_before)))
 
     async def reset(self) -> None:
         """Forget queued and partial frames, reset the switch and wait for its sweep: cycle 0 again."""
@@ -151,14 +147,13 @@ class WireLink(LinkBase):
             if port.valid:
                 self._set_valid(p, False)
                 port.valid = False
-        self._sending = 0
         self._received, self._sent = [], []
         await self._reset(self.params.slots + 2)
 
     @property
     def pending(self) -> bool:
         """A frame is queued for, or on the way into, an ingress port."""
-        return self._sending > 0
+        return any(port.queue or port.frame for port in self._ports)
 
     def take_stamped(self) -> list[Received]:
         got, self._received = self._received, []
@@ -188,7 +183,7 @@ class WireLink(LinkBase):
 
     async def _read_register(self, addr: int) -> int:
         self._bus_state = "read"
-        self._set_bus(araddr=addr)
+        self._set_bus(araddr=addr, arvalid=1, rready=1)
         while self._bus_state != "done":
             await self._step()
         self._bus_state = None
@@ -197,7 +192,7 @@ class WireLink(LinkBase):
     async def _write_register(self, addr: int, value: int) -> int:
         self._bus_state = "write"
         self._aw_done = self._w_done = False
-        self._set_bus(awaddr=addr, wdata=value, wstrb=0xF)
+        self._set_bus(awaddr=addr, wdata=value, wstrb=0xF, awvalid=1, wvalid=1, bready=1)
         while self._bus_state != "done":
             await self._step()
         self._bus_state = None
@@ -251,11 +246,6 @@ class WireLink(LinkBase):
                 self._set_ready(p, ready)
                 port.ready = ready
         state = self._bus_state
-        if state is not None:
-            self._set_bus(awvalid=int(state == "write" and not self._aw_done),
-                          wvalid=int(state == "write" and not self._w_done),
-                          bready=int(state in ("write", "resp")), arvalid=int(state == "read"),
-                          rready=int(state in ("read", "data")))
         await self._edge()
         for p, port in enumerate(self._ports):
             if port.showing and self._s_ready(p):
@@ -266,8 +256,6 @@ class WireLink(LinkBase):
                 if port.offset >= len(port.frame):
                     self._sent.append(Sent(p, port.tx_first, c))
                     port.frame, port.offset = b"", 0
-                    if not port.queue:
-                        self._sending -= 1
             if port.ready and self._m_valid(p):
                 data, keep, last = self._beat(p)
                 n = keep_bytes(keep, B, last, p)
@@ -282,19 +270,25 @@ class WireLink(LinkBase):
         self._cycle = c + 1
 
     def _update_bus(self, state: str, bus: dict) -> None:
+        """The master after an edge: a valid drops after its handshake, the ready after the response."""
         if state == "write":
-            self._aw_done |= bool(bus["awready"])
-            self._w_done |= bool(bus["wready"])
+            if bus["awready"] and not self._aw_done:
+                self._aw_done = True
+                self._set_bus(awvalid=0)
+            if bus["wready"] and not self._w_done:
+                self._w_done = True
+                self._set_bus(wvalid=0)
             if self._aw_done and self._w_done:
                 self._bus_state = "resp"
         elif state == "resp" and bus["bvalid"]:
             self._bus_result, self._bus_state = (0, int(bus["bresp"])), "done"
+            self._set_bus(bready=0)
         elif state == "read" and bus["arready"]:
             self._bus_state, self.read_accepted = "data", self._cycle
+            self._set_bus(arvalid=0)
         elif state == "data" and bus["rvalid"]:
             self._bus_result, self._bus_state = (int(bus["rdata"]), int(bus["rresp"])), "done"
-        if self._bus_state in ("done", None):
-            self._set_bus(awvalid=0, wvalid=0, bready=0, arvalid=0, rready=0)
+            self._set_bus(rready=0)
 
     # ------------------------------------------------------------------ simulator hooks
     def _set_beat(self, port: int, data: int, keep: int, last: bool, user: bool) -> None:
