@@ -872,7 +872,7 @@ def main(argv: list[str] | None = None) -> int:
         return print_json(params, args)
     start = time.monotonic()
     print(f"CAIS numerics benchmark: {params.ports} ports x {params.data_width}-bit beats, max_payload "
-          f"{params.max_payload} B, float_units={params.float_units}, reproducible={params.reproducible}; "
+          f"{params.max_payload} B, float_units={params.float_units}; "
           f"{len(args.rows)} rows, {args.elements} random elements per row, seed {args.seed}, "
           f"{args.jobs} parallel run(s)", flush=True)
     results = run_rows(params, args.rows, elements=args.elements, seed=args.seed, load_chunks=args.load_chunks,

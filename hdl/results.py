@@ -11,7 +11,7 @@ from .alu import byteswap
 from .fpu import BF16, FP16, FP32, FloatNarrow
 from .header import cais_field
 
-__all__ = ["ResultGenerator", "ResultRow", "result_job_layout", "header_split"]
+__all__ = ["ResultGenerator", "ResultRow", "result_frame_layout", "header_split"]
 
 
 def header_split(beat_bytes: int):
@@ -19,13 +19,11 @@ def header_split(beat_bytes: int):
     return divmod(proto.HEADERS_BYTES, beat_bytes)
 
 
-def result_job_layout(params: SwitchParams, addr_bits: int) -> data.StructLayout:
+def result_frame_layout(params: SwitchParams) -> data.StructLayout:
+    """A result frame to send: the header of the frame that triggered it, and its egress ports."""
     return data.StructLayout({
         "cais": proto.CAIS_HEADER_BYTES * 8,   # header of the triggering frame, wire order
         "mask": params.ports,                  # egress ports
-        "row_base": addr_bits,                 # first slot-memory granule of the set
-        "acc_fp32": 1,                         # the set holds fp32 accumulators of fp16/bf16 elements
-        "dtype": 4,                            # the element type (which format to round to)
     })
 
 
@@ -76,31 +74,36 @@ class ResultRow(wiring.Component):
 class ResultGenerator(wiring.Component):
     """Turns result jobs into frames: Ethernet header, CAIS header with the RESULT flag, payload.
 
-    The payload rows are read from the slot memory one per beat and shifted behind the 30 header bytes,
-    so a frame leaves at one beat per cycle after one cycle to load the job.
+    The payload rows come as a stream, in order, and are shifted behind the 30 header bytes. A frame asks
+    the egress for its ports (``req``, ``o_mask``, ``o_beats``) while the previous frame's last beat
+    leaves, so with rows waiting frames follow each other without a bubble.
 
     Members
     -------
-    job : In(result_job_layout); job_valid : In(1); job_ready : Out(1)
+    job : In(result_frame_layout); job_valid : In(1); job_ready : Out(1)
     switch_mac : In(48)
         Source MAC of the result frames.
-    rd_addr : Out(addr_bits); rd_en : Out(1); rd_data : In(data_width)
-        A synchronous read port of the slot memory (data the cycle after an enabled address).
-    o_data, o_keep, o_last, o_mask, o_valid, o_first, o_beats : Out; o_ready : In(1)
-        The frame, the ports it goes to, its first beat and its length in beats. Once started, the beats
-        follow back to back whenever ``o_ready`` is high.
+    row : In(data_width); row_valid : In(1); row_ready : Out(1)
+        The payload rows of the jobs, in order: ``ceil(payload_len / B)`` per job.
+    req : Out(1); o_mask : Out(ports); o_beats : Out; grant : In(1)
+        The next frame asks for its egress ports; granted, it starts in the next cycle.
+    o_data, o_keep, o_last, o_valid : Out
+        The frame's beats; the egress takes each the cycle it is offered.
+    busy : Out(1)
     """
 
-    def __init__(self, params: SwitchParams, addr_bits: int):
+    def __init__(self, params: SwitchParams):
         self.params = params
-        self.layout = result_job_layout(params, addr_bits)
+        self.layout = result_frame_layout(params)
         W, B = params.data_width, params.beat_bytes
         super().__init__({
             "job": In(self.layout), "job_valid": In(1), "job_ready": Out(1),
             "switch_mac": In(48),
-            "rd_addr": Out(addr_bits), "rd_en": Out(1), "rd_data": In(W),
-            "o_data": Out(W), "o_keep": Out(B), "o_last": Out(1), "o_mask": Out(params.ports),
-            "o_valid": Out(1), "o_ready": In(1), "o_first": Out(1), "o_beats": Out(range(params.max_frame_beats + 1)),
+            "row": In(W), "row_valid": In(1), "row_ready": Out(1),
+            "req": Out(1), "o_mask": Out(params.ports), "o_beats": Out(range(params.max_frame_beats + 1)),
+            "grant": In(1),
+            "o_data": Out(W), "o_keep": Out(B), "o_last": Out(1), "o_valid": Out(1),
+            "busy": Out(1),
         })
 
     def elaborate(self, platform):
@@ -110,6 +113,7 @@ class ResultGenerator(wiring.Component):
         h, o = header_split(B)
         lb = (B - 1).bit_length()
 
+        active = Signal()
         job = Signal(self.layout)
         rows = Signal(range(P.rows_per_set + 1))               # payload beats
         beats = Signal(range(P.max_frame_beats + 1))           # frame beats
@@ -129,15 +133,11 @@ class ResultGenerator(wiring.Component):
         )
         assert len(hdr) == 8 * proto.HEADERS_BYTES
 
+        # Beat k carries payload row k - h (from its byte o on), if that row exists.
         # (Comparisons with h are left out when h is 0: an always-true unsigned compare is a lint error.)
-        def row_of(beat):
-            """Payload row whose bytes start in frame beat ``beat``, clamped to the rows that exist."""
-            row = beat - h
-            clamped = Mux(row >= rows, rows - 1, row)
-            return (Mux(beat < h, 0, clamped) if h else clamped)[:len(job.row_base)]
-
-        cur_valid = ((k >= h) & (k - h < rows)) if h else (k < rows)
-        cur = Mux(cur_valid, self.rd_data, 0)
+        needs_row = ((k >= h) & (k - h < rows)) if h else (k < rows)
+        m.d.comb += self.o_valid.eq(active & (~needs_row | self.row_valid))
+        cur = Mux(needs_row, self.row, 0)
         hdr_part = Signal(W)
         with m.Switch(k):
             for beat in range(h + 1):
@@ -145,39 +145,35 @@ class ResultGenerator(wiring.Component):
                     chunk = hdr[8 * B * beat:min(8 * B * (beat + 1), len(hdr))]
                     m.d.comb += hdr_part.eq(chunk)
         payload = (prev >> (8 * (B - o))) | (cur << (8 * o))
-        fire = self.o_valid & self.o_ready
-
+        is_last = k == beats - 1
+        fire = self.o_valid
         m.d.comb += [
             self.o_data.eq(hdr_part | payload[:W]),
-            self.o_last.eq(k == beats - 1),
-            self.o_keep.eq(Mux(self.o_last, (Const(1, B + 1) << tail) - 1, (1 << B) - 1)),
-            self.o_mask.eq(job.mask),
-            self.o_first.eq(k == 0),
-            self.o_beats.eq(beats),
+            self.o_last.eq(is_last),
+            self.o_keep.eq(Mux(is_last, (Const(1, B + 1) << tail) - 1, (1 << B) - 1)),
+            self.row_ready.eq(fire & needs_row),
         ]
+        with m.If(fire):
+            m.d.sync += [k.eq(k + 1), prev.eq(cur)]
 
-        with m.FSM():
-            with m.State("IDLE"):
-                m.d.comb += self.job_ready.eq(1)
-                with m.If(self.job_valid):
-                    job_plen = cais_field(self.job.cais, "payload_len")
-                    job_len = proto.HEADERS_BYTES + job_plen
-                    m.d.sync += [
-                        job.eq(self.job),
-                        rows.eq((job_plen + B - 1) >> lb),
-                        beats.eq((job_len + B - 1) >> lb),
-                        tail.eq(((job_len - 1) & (B - 1)) + 1),
-                    ]
-                    m.next = "LOAD"
-            with m.State("LOAD"):
-                m.d.comb += [self.rd_en.eq(1), self.rd_addr.eq(job.row_base + row_of(Const(0)))]
-                m.d.sync += [k.eq(0), prev.eq(0)]
-                m.next = "RUN"
-            with m.State("RUN"):
-                m.d.comb += self.o_valid.eq(1)
-                with m.If(fire):
-                    m.d.comb += [self.rd_en.eq(1), self.rd_addr.eq(job.row_base + row_of(k + 1))]
-                    m.d.sync += [k.eq(k + 1), prev.eq(cur)]
-                    with m.If(self.o_last):
-                        m.next = "IDLE"
+        # The next job asks for the egress while this frame's last beat leaves.
+        job_plen = cais_field(self.job.cais, "payload_len")
+        job_len = proto.HEADERS_BYTES + job_plen
+        can_start = ~active | (fire & is_last)
+        m.d.comb += [
+            self.req.eq(can_start & self.job_valid),
+            self.o_mask.eq(self.job.mask), self.o_beats.eq((job_len + B - 1) >> lb),
+        ]
+        start = self.req & self.grant
+        m.d.comb += self.job_ready.eq(start)
+        with m.If(start):
+            m.d.sync += [
+                active.eq(1), job.eq(self.job), k.eq(0), prev.eq(0),
+                rows.eq((job_plen + B - 1) >> lb),
+                beats.eq(self.o_beats),
+                tail.eq(((job_len - 1) & (B - 1)) + 1),
+            ]
+        with m.Elif(fire & is_last):
+            m.d.sync += active.eq(0)
+        m.d.comb += self.busy.eq(active)
         return m

@@ -1,6 +1,6 @@
 """The CAIS switch: ingress ports, switch core, egress ports and control/status registers."""
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect
 
@@ -62,7 +62,6 @@ class Switch(wiring.Component):
             regs.slots_in_use_value.eq(core.slots_in_use),
         ]
         busy = [core.busy]
-        egress = {}
 
         # Core events -> counters. Drops come from every ingress port and from the core, so a reason's
         # counter may advance by several in one cycle.
@@ -88,13 +87,13 @@ class Switch(wiring.Component):
             for r in proto.PARSER_DROPS:
                 drops[r].append(ing.drop & (ing.drop_reason == r))
 
-            # Egress: a FIFO per port fed by the core's frames, each beat to every port of its mask. Every
-            # beat is committed as it is written (the FIFO's frame commit is not needed here).
-            m.submodules[f"egress{p}"] = fifo = egress[p] = FrameFifo(P.data_width + B + 1, P.egress_depth)
-            write = core.o_valid & core.o_ready & core.o_mask[p]
+            # Egress: a FIFO per port fed by the core's crossbar. Every beat is committed as it is written
+            # (the FIFO's frame commit is not needed here).
+            m.submodules[f"egress{p}"] = fifo = FrameFifo(P.data_width + B + 1, P.egress_depth)
             m.d.comb += [
-                fifo.w_data.eq(Cat(core.o_data, core.o_keep, core.o_last)),
-                fifo.w_en.eq(write), fifo.commit.eq(write),
+                fifo.w_data.eq(Cat(core.e_data[p], core.e_keep[p], core.e_last[p])),
+                fifo.w_en.eq(core.e_valid[p]), fifo.commit.eq(core.e_valid[p]),
+                core.e_room[p].eq(P.egress_depth - fifo.level),
             ]
             busy.append(fifo.level != 0)
             out = self.m_axis[p]
@@ -108,13 +107,6 @@ class Switch(wiring.Component):
                 regs.tx_bytes_inc[p].eq(sent * sum(out.tkeep[i] for i in range(B))),
             ]
 
-        # Whole-frame admission: a frame starts only when every port it goes to has room for all its beats,
-        # so once started it is written to every port back to back and a slow port never holds the others
-        # mid-frame (it holds the whole switch at the next frame boundary instead: no frame is lost).
-        room = Cat(*(~core.o_mask[p] | Mux(core.o_first, P.egress_depth - egress[p].level >= core.o_beats,
-                                           egress[p].w_rdy)
-                     for p in range(P.ports)))
-        m.d.comb += core.o_ready.eq(room.all())
         for r, events in drops.items():
             m.d.comb += getattr(regs, f"drop_{r.name.lower()}_inc").eq(sum(events))
         m.d.comb += [self.busy.eq(Cat(*busy).any()), regs.busy_value.eq(self.busy)]

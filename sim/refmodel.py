@@ -10,12 +10,14 @@ The element arithmetic is :mod:`cais.numerics`. Each rule carries the element ty
 all-reduce frames must have (``RULE_TYPE``: dtype, red_op) and how its slots accumulate (acc_fp32,
 saturate, reproducible). A shadow set's values are an accumulator of ``max_payload`` bytes: the wire
 type's values, or float32 for fp16/bf16 with acc_fp32. A frame longer than the rule's set capacity
-(:meth:`SwitchParams.set_capacity`: ``max_payload / 2`` with fp32 accumulation) is PAYLOAD_TOO_LONG.
+(:meth:`SwitchParams.set_capacity`, ``max_payload`` for every kind) is PAYLOAD_TOO_LONG.
 A set's first contribution fixes its payload_len: a later frame of the same chunk with another
 payload_len is LENGTH_MISMATCH, so every contribution of a chunk carries the same ``n`` elements. The
 first is stored as it came (widened with acc_fp32), each further one combines into those ``n``
-accumulator elements, and a result carries them (rounded once to the wire type with acc_fp32). A reproducible rule keeps the contributions aside and, when the set completes, folds
-them in ascending port order: the accumulator is then what arrival in port order would have given.
+accumulator elements, and a result carries them (rounded once to the wire type with acc_fp32). Every
+rule keeps the contributions aside, as the switch's per-port banks do, and, when the set completes, folds
+them in ascending port order: the accumulator is what arrival in port order would have given, whatever
+the order of arrival (docs/numerics.md section 11).
 """
 
 from __future__ import annotations
@@ -315,7 +317,7 @@ class SwitchModel:
             return self._drop(DropReason.BAD_SLOT)
         w = 1 << port
         bitmap, tag, done = int(self._bitmap[slot, s]), int(self._tag[slot, s]), bool(self._done[slot, s])
-        dtype, op = DType(hdr.dtype), ReduceOp(hdr.red_op)
+        dtype = DType(hdr.dtype)
         n = hdr.payload_len // ELEMENT_BYTES[dtype]
         same_length = int(self._length[slot, s]) == hdr.payload_len
         out: list[tuple[int, bytes]] = []
@@ -328,7 +330,7 @@ class SwitchModel:
         elif bitmap == 0:                                       # b. first contribution
             self._values[slot, s] = np.zeros(P.max_payload // rule.acc_type.itemsize, dtype=rule.acc_type)
             self._parts[slot, s] = {}
-            self._add(rule, slot, s, port, dtype, op, self._payload(frame, dtype, n), first=True)
+            self._add(slot, s, port, self._payload(frame, dtype, n))
             self._tag[slot, s] = t
             self._length[slot, s] = hdr.payload_len
             self._bitmap[slot, s] = w
@@ -343,7 +345,7 @@ class SwitchModel:
         elif bitmap & w:                                        # d. repeat before completion
             self._count("DUPLICATES")
         else:                                                   # e. a further contribution
-            self._add(rule, slot, s, port, dtype, op, self._payload(frame, dtype, n), first=False)
+            self._add(slot, s, port, self._payload(frame, dtype, n))
             bitmap |= w
             self._bitmap[slot, s] = bitmap
             self._count("CONTRIBUTIONS")
@@ -354,21 +356,13 @@ class SwitchModel:
         self._bitmap[slot, 1 - s] &= ~np.uint32(w)
         return out
 
-    def _add(self, rule: _Rule, slot: int, s: int, port: int, dtype: DType, op: ReduceOp, values: np.ndarray,
-             first: bool) -> None:
-        """One accepted contribution: into the accumulator, or, for a reproducible rule, kept aside until
-        the set completes (then :meth:`_fold` combines the contributions in ascending port order)."""
-        if rule.reproducible:
-            self._parts.setdefault((slot, s), {})[port] = values
-            return
-        acc = self._accumulator(rule, slot, s)
-        n = len(values)
-        acc[:n] = numerics.accumulate(dtype, op, None if first else acc[:n], values, acc_fp32=rule.acc_fp32,
-                                      saturate=rule.saturate)
+    def _add(self, slot: int, s: int, port: int, values: np.ndarray) -> None:
+        """One accepted contribution, kept aside until the set completes (then :meth:`_fold` combines the
+        contributions in ascending port order)."""
+        self._parts.setdefault((slot, s), {})[port] = values
 
     def _fold(self, rule: _Rule, hdr: CaisHeader, slot: int, s: int) -> None:
-        """A reproducible set completes: its accumulator becomes what arrival in ascending port order
-        would have given (the lowest port's contribution as it came, then each further one combined)."""
+        """A set completes: its accumulator becomes what arrival in ascending port order would have given (the lowest port's contribution as it came, then each further one combined)."""
         parts = self._parts.pop((slot, s), {})
         acc = self._accumulator(rule, slot, s)
         dtype, op = DType(hdr.dtype), ReduceOp(hdr.red_op)
@@ -398,8 +392,7 @@ class SwitchModel:
 
     def _complete(self, rule: _Rule, hdr: CaisHeader, slot: int, s: int) -> list[tuple[int, bytes]]:
         self._count("COMPLETED")
-        if rule.reproducible:
-            self._fold(rule, hdr, slot, s)
+        self._fold(rule, hdr, slot, s)
         res = self._result_frame(rule, hdr, slot, s)
         return [(p, res) for p in self._ports(rule.results)]
 

@@ -135,7 +135,7 @@ async def result_latency(link, seed: int) -> list[str]:
     params = link.params
     B = params.beat_bytes
     cases = [(n, False) for n in sorted({4, 64, params.max_payload})]
-    capacity = params.set_capacity(reproducible=True) if params.reproducible else 0
+    capacity = params.set_capacity(reproducible=True)
     # The longest reproducible chunk, and a one-row chunk (rows < L: each pass waits for the ALU).
     cases += [(n, True) for n in sorted({capacity, min(B, capacity)}) if n > 0]
     failed = []

@@ -133,7 +133,7 @@ class Controller:
         self._retypes: dict[int, CollectiveKind] = {}   # group -> kind its rule must get before it goes on
         self.retypes = 0                                 # rule rewrites done (statistics, tests)
         self.float_units = bool(self.params.float_units)  # read from FEATURES by start()
-        self.reproducible = bool(self.params.reproducible)  # read from FEATURES by start()
+        self.reproducible = True                          # read from FEATURES by start()
 
     @property
     def dtypes(self):

@@ -23,7 +23,6 @@ class SwitchParams:
     mac_entries: int = 16      # MAC-table entries for ordinary frames
     max_frame: int = MAX_FRAME_BYTES  # longest frame accepted on any port, bytes
     float_units: bool = True   # fp32/fp16/bf16 reduction lanes; without them floats are quantized on the hosts
-    reproducible: bool = True  # the fold that makes reproducible rules order-independent (docs/numerics.md)
 
     def __post_init__(self):
         def need(ok, name, what):
@@ -41,10 +40,6 @@ class SwitchParams:
         need(self.max_payload >= 256, "max_payload", "must be at least 256 bytes")
         need(self.max_payload % self.beat_bytes == 0, "max_payload",
              f"must be a multiple of the beat width ({self.beat_bytes} bytes)")
-        # Slot-memory words hold two rows, and an fp32-accumulating or reproducible set needs its rows
-        # word-aligned: every set must start on a word, so a set has an even number of rows.
-        need(self.max_payload % (2 * self.beat_bytes) == 0, "max_payload",
-             f"must be a multiple of twice the beat width ({2 * self.beat_bytes} bytes)")
         need(self.max_payload + 30 <= self.max_frame, "max_payload", "plus the 30 header bytes must fit max_frame")
         need(1 <= self.rules <= 256, "rules", "must be between 1 and 256")
         need(1 <= self.mac_entries <= 256, "mac_entries", "must be between 1 and 256")
@@ -64,24 +59,14 @@ class SwitchParams:
         """Beats of slot memory per shadow set."""
         return self.max_payload // self.beat_bytes
 
-    def area_rows(self, acc_fp32: bool, reproducible: bool) -> int:
-        """Rows (of data_width bits) of payload one contribution may occupy in a set of this layout.
-
-        A set has rows_per_set rows. With fp32 accumulation (fp16/bf16) a row of payload takes two.
-        A reproducible set keeps every port's contribution in its own area of ``area_rows`` rows and
-        an accumulator area (first, twice as large with fp32 accumulation) where the result is folded
-        in port order: rows_per_set // (ports + 1), or // (ports + 2) with fp32 accumulation (0 on a
-        switch built without the fold).
-        """
-        if reproducible:
-            if not self.reproducible:
-                return 0
-            return self.rows_per_set // (self.ports + (2 if acc_fp32 else 1))
-        return self.rows_per_set // (2 if acc_fp32 else 1)
-
     def set_capacity(self, acc_fp32: bool = False, reproducible: bool = False) -> int:
-        """The longest payload (bytes) a rule of this kind accepts; longer frames are PAYLOAD_TOO_LONG."""
-        return self.area_rows(acc_fp32, reproducible) * self.beat_bytes
+        """The longest payload (bytes) a rule of this kind accepts: ``max_payload`` for every kind.
+
+        Each port's contribution has a bank of its own, in the wire format, and the fold accumulates in
+        its pipeline (fp32 for fp16/bf16 with acc_fp32), so no kind of rule needs more room than another
+        (docs/core-design.md). The arguments remain so that callers can ask about a kind."""
+        del acc_fp32, reproducible
+        return self.max_payload
 
     @property
     def max_frame_beats(self) -> int:

@@ -19,7 +19,7 @@ __all__ = ["Access", "Kind", "Field", "Register", "RegisterMap", "register_map",
            "VERSION", "COUNTER_EVENTS"]
 
 MAGIC = 0x43414953  # "CAIS"
-VERSION = 0x0004_0000  # major 4: DROP_BAD_FCS added first, every drop counter after it moved
+VERSION = 0x0004_0001  # minor 1: every rule folds in port order (FEATURES.reproducible always 1)
 
 
 class Access(enum.Enum):
@@ -152,8 +152,9 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
 
     add("FEATURES", 0x02C, Access.RO, Kind.CONST, "What this build of the switch can reduce.",
         [Field("float_units", 0, 1, "fp32/fp16/bf16 reduction (without: integers only)"),
-         Field("reproducible", 1, 1, "reproducible rules (RULE_TYPE.reproducible) can be served")],
-        reset=int(P.float_units) | int(P.area_rows(False, True) > 0) << 1)
+         Field("reproducible", 1, 1, "every all-reduce result is the fold of the contributions in ascending "
+               "port order, whatever their arrival order (always 1 since the per-port banks)")],
+        reset=int(P.float_units) | 1 << 1)
 
     # 0x040: rule table, written through staging registers and committed by RULE_WRITE
     add("RULE_GROUP", 0x040, Access.RW, Kind.CONFIG, "Staging: group_id match value and mask (1 = compare bit).",
@@ -174,13 +175,12 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         "header differs is dropped as TYPE_MISMATCH), and how its slots accumulate (docs/numerics.md).",
         [Field("dtype", 0, 4, "DType code"), Field("red_op", 4, 4, "ReduceOp code"),
          Field("acc_fp32", 8, 1, "fp16/bf16 (SUM, MAX, MIN): accumulate in fp32, round to the wire format "
-               "once at egress (a set then holds max_payload / 2 bytes of payload); 0: round after every "
-               "addition. Ignored for int32/int16/int8/fp32"),
+               "once at the end of the fold; 0: round after every addition. Ignored for int32/int16/int8/fp32"),
          Field("saturate", 9, 1, "integer SUM (int32, int16, int8): clamp to the type's range instead of "
                "wrapping. Ignored for MAX, MIN and the float types"),
-         Field("reproducible", 10, 1, "keep each port's contribution and fold them in ascending port order "
-               "when the last arrives: the result does not depend on the arrival order (a set then holds "
-               "SwitchParams.set_capacity bytes of payload)")])
+         Field("reproducible", 10, 1, "the driver asked for results that do not depend on the arrival "
+               "order; stored and read back. Every rule is folded in ascending port order (FEATURES."
+               "reproducible), so it changes nothing in the switch")])
     add("RULE_WRITE", 0x054, Access.WO, Kind.COMMAND,
         "Copies the staging registers into rule `index` and sets its valid bit to `valid`. "
         "Entry 0 has the highest priority.",

@@ -1,0 +1,191 @@
+"""From a completed set to its result rows: the job queue, which holds each job until the contributions
+it folds are written, and the fold reader, which reads one row of every contributor's bank per cycle and
+folds it in ascending port order (docs/core-design.md, candidate B)."""
+
+from amaranth.hdl import Array, Cat, Module, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from cais.params import SwitchParams
+
+from .decision import bank_addr_bits, job_layout
+from .fold import FoldChain
+from .header import cais_field
+from .pipeline import delay_line
+from .results import ResultRow, result_frame_layout
+
+__all__ = ["JobQueue", "FoldReader", "JOB_DEPTH", "OPEN_BITS"]
+
+JOB_DEPTH = 8
+#: Bits of a lane's count of decided, unfinished frames (at most LANE_DECISIONS + 1 are open).
+OPEN_BITS = 3
+
+
+class JobQueue(wiring.Component):
+    """Result jobs in decision order, each released once every frame decided before it has finished.
+
+    A job folds rows that frames of several ports wrote, and those frames may still be streaming into
+    their banks when the job is decided (a long frame decided first, a short one completing the set).
+    Each job therefore records, per port, how many frames of that port were decided and unfinished when
+    it was queued (``open_after``), and counts them down as the lanes finish frames (``finished``); the
+    head leaves when its counts are all zero.
+
+    Members
+    -------
+    push : In(1); job : In(job_layout); open_after : In(OPEN_BITS).array(ports)
+    finished : In(ports)
+        Per port: a frame finished this cycle (its bank writes are done).
+    level : Out(range(JOB_DEPTH + 1))
+    head : Out(job_layout); head_ready : Out(1); pop : In(1)
+    """
+
+    def __init__(self, params: SwitchParams):
+        self.params = params
+        P = params.ports
+        self.layout = job_layout(params)
+        super().__init__({
+            "push": In(1), "job": In(self.layout), "open_after": In(OPEN_BITS).array(P), "finished": In(P),
+            "level": Out(range(JOB_DEPTH + 1)),
+            "head": Out(self.layout), "head_ready": Out(1), "pop": In(1),
+        })
+        self._mem = Memory(shape=self.layout, depth=JOB_DEPTH, init=[])
+
+    def elaborate(self, platform):
+        m = Module()
+        P = self.params.ports
+        m.submodules.mem = mem = self._mem
+        wr, rd = mem.write_port(), mem.read_port(domain="comb")
+        wp, rp = Signal(range(JOB_DEPTH)), Signal(range(JOB_DEPTH))
+        counts = [[Signal(OPEN_BITS, name=f"open{i}_{p}") for p in range(P)] for i in range(JOB_DEPTH)]
+        pop = self.pop & self.head_ready
+        m.d.comb += [wr.addr.eq(wp), wr.data.eq(self.job), wr.en.eq(self.push), rd.addr.eq(rp),
+                     self.head.eq(rd.data)]
+        m.d.sync += self.level.eq(self.level + self.push - pop)
+        with m.If(self.push):
+            m.d.sync += wp.eq(wp + 1)
+        with m.If(pop):
+            m.d.sync += rp.eq(rp + 1)
+        for i in range(JOB_DEPTH):
+            for p in range(P):
+                c = counts[i][p]
+                with m.If(self.push & (wp == i)):
+                    m.d.sync += c.eq(self.open_after[p])
+                with m.Elif(self.finished[p] & (c != 0)):
+                    m.d.sync += c.eq(c - 1)
+        zero = Array(Cat(*(c == 0 for c in row)).all() for row in counts)
+        m.d.comb += self.head_ready.eq((self.level != 0) & zero[rp])
+        return m
+
+
+class FoldReader(wiring.Component):
+    """Reads each job's rows from every bank at once and folds them into result rows.
+
+    Row ``j`` of a job is read from address ``row_base + j`` of all banks in one cycle; the rows of the
+    contributors go through a :class:`~cais.hdl.fold.FoldChain` in ascending port order, fp32 accumulators
+    are rounded to the wire format (:class:`~cais.hdl.results.ResultRow`), and the row is queued for the
+    result generator. A read is issued only when the queue is sure to have room for it, so the reader runs
+    at one row per cycle while the generator keeps up, across jobs without a bubble.
+
+    Members
+    -------
+    job : In(job_layout); job_valid : In(1); job_ready : Out(1)
+        The head of the :class:`JobQueue`.
+    frame : Out(result_frame_layout); frame_valid : Out(1); frame_ready : In(1)
+        The job's frame, for the result generator, queued as its first row is read.
+    rd_addr : Out(bank_addr_bits); rd_en : Out(1); rd_data[p] : In(data_width)
+        The banks' read ports (synchronous: data the cycle after an enabled address).
+    row : Out(data_width); row_valid : Out(1); row_ready : In(1)
+        Result rows in job order.
+    busy : Out(1)
+    """
+
+    def __init__(self, params: SwitchParams):
+        self.params = params
+        W, P = params.data_width, params.ports
+        self.chain = FoldChain(P, W, float_units=params.float_units)
+        # Rows in flight (chain and bank read) plus what the generator may not yet have taken.
+        self.row_depth = 1 << ceil_log2(self.chain.latency + 4)
+        super().__init__({
+            "job": In(job_layout(params)), "job_valid": In(1), "job_ready": Out(1),
+            "frame": Out(result_frame_layout(params)), "frame_valid": Out(1), "frame_ready": In(1),
+            "rd_addr": Out(bank_addr_bits(params)), "rd_en": Out(1), "rd_data": In(W).array(P),
+            "row": Out(W), "row_valid": Out(1), "row_ready": In(1),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        prm = self.params
+        W, B = prm.data_width, prm.beat_bytes
+        lb = ceil_log2(B)
+        depth = self.row_depth
+
+        m.submodules.frames = frames = SyncFIFOBuffered(
+            width=data.Layout.cast(result_frame_layout(prm)).size, depth=4)
+        m.submodules.rows = rows_q = SyncFIFOBuffered(width=W, depth=depth)
+        m.d.comb += [
+            self.frame.eq(frames.r_data), self.frame_valid.eq(frames.r_rdy), frames.r_en.eq(self.frame_ready),
+            self.row.eq(rows_q.r_data), self.row_valid.eq(rows_q.r_rdy), rows_q.r_en.eq(self.row_ready),
+        ]
+
+        kind = Signal(data.StructLayout({"contributors": prm.ports, "dtype": 4, "op": 4, "acc_fp32": 1,
+                                         "saturate": 1}))
+        active = Signal()
+        base = Signal(len(self.rd_addr))
+        rows = Signal(range(prm.rows_per_set + 1))
+        j = Signal(range(prm.rows_per_set + 1))
+
+        # Rows read and not yet in the queue: a read is issued only if the queue will have room.
+        in_flight = Signal(range(depth + 1))
+        wrote = Signal()
+        room = (rows_q.level + in_flight) < depth
+        issue = active & room
+        last_row = j == rows - 1
+        m.d.sync += in_flight.eq(in_flight + issue - wrote)
+        m.d.comb += [self.rd_en.eq(issue), self.rd_addr.eq(base + j)]
+        with m.If(issue):
+            m.d.sync += j.eq(j + 1)
+
+        # The next job starts as the current one reads its last row.
+        can_start = ~active | (issue & last_row)
+        start = can_start & self.job_valid & frames.w_rdy
+        job = self.job
+        plen = cais_field(job.cais, "payload_len")
+        m.d.comb += [
+            self.job_ready.eq(start),
+            frames.w_en.eq(start),
+            frames.w_data.eq(Cat(job.cais, job.mask)),
+        ]
+        with m.If(start):
+            m.d.sync += [
+                active.eq(1), base.eq(job.row_base), rows.eq((plen + B - 1) >> lb), j.eq(0),
+                kind.contributors.eq(job.contributors), kind.dtype.eq(job.dtype), kind.op.eq(job.op),
+                kind.acc_fp32.eq(job.acc_fp32), kind.saturate.eq(job.saturate),
+            ]
+        with m.Elif(issue & last_row):
+            m.d.sync += active.eq(0)
+
+        # The chain takes the rows the cycle after their read, with the job's kind as it was then.
+        m.submodules.chain = chain = self.chain
+        read_kind = Signal.like(kind)
+        read_valid = Signal()
+        m.d.sync += [read_kind.eq(kind), read_valid.eq(issue)]
+        m.d.comb += [
+            chain.i_valid.eq(read_valid), chain.mask.eq(read_kind.contributors),
+            chain.dtype.eq(read_kind.dtype), chain.op.eq(read_kind.op), chain.acc_fp32.eq(read_kind.acc_fp32),
+            chain.saturate.eq(read_kind.saturate),
+            *(chain.rows[p].eq(self.rd_data[p]) for p in range(prm.ports)),
+        ]
+        out_acc = delay_line(m, read_kind.acc_fp32, chain.latency, "out_acc")
+        out_dtype = delay_line(m, read_kind.dtype, chain.latency, "out_dtype")
+        m.submodules.narrow = narrow = ResultRow(W, prm.float_units)
+        m.d.comb += [
+            narrow.word.eq(chain.result), narrow.granule.eq(0), narrow.acc_fp32.eq(out_acc),
+            narrow.dtype.eq(out_dtype),
+            wrote.eq(chain.o_valid), rows_q.w_en.eq(chain.o_valid), rows_q.w_data.eq(narrow.row),
+        ]
+        m.d.comb += self.busy.eq(active | (in_flight != 0) | rows_q.r_rdy | frames.r_rdy | (rows_q.level != 0))
+        return m

@@ -1,0 +1,109 @@
+"""The egress crossbar: whole frames from several sources (the lanes' forwarded frames, the result
+generator) to the egress FIFOs, every port at its own line rate."""
+
+from amaranth.hdl import Array, Cat, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["EgressCrossbar"]
+
+
+class EgressCrossbar(wiring.Component):
+    """Gives each frame all of its egress ports at once, then copies its beats to them.
+
+    A source asks with ``req[s]``, ``mask[s]`` (its frame's ports) and ``beats[s]``. A frame is granted
+    when each of its ports is free (or freed by its owner's last beat in this cycle) and has room for the
+    whole frame (``room``, beats the egress FIFO can still take), so once started it is written to every
+    port back to back and no port waits on another mid-frame. ``grant[s]`` is combinational; the ports
+    are the source's from the next cycle, whose beats (``s_valid`` ..) go to each of them the cycle they
+    are offered, until the beat with ``s_last``.
+
+    Sources are considered in rotating order from a pointer. The first requester in that order, if it
+    cannot be granted, keeps the pointer and reserves its ports, so that a multicast frame is not starved
+    by unicast frames taking its ports one at a time; the others take what is left.
+
+    Members
+    -------
+    req, mask[s], beats[s] : In; grant : Out(sources)
+    s_data[s], s_keep[s], s_last[s], s_valid[s] : In
+    room[p] : In
+    w_data[p], w_keep[p], w_last[p], w_en[p] : Out
+        Beats for egress FIFO p.
+    busy : Out(1)
+        Some port is owned by a frame not yet finished.
+    """
+
+    def __init__(self, sources: int, ports: int, data_width: int, max_beats: int, depth: int):
+        self.sources, self.ports = sources, ports
+        B = data_width // 8
+        super().__init__({
+            "req": In(sources), "mask": In(ports).array(sources), "beats": In(range(max_beats + 1)).array(sources),
+            "grant": Out(sources),
+            "s_data": In(data_width).array(sources), "s_keep": In(B).array(sources),
+            "s_last": In(1).array(sources), "s_valid": In(1).array(sources),
+            "room": In(range(depth + 1)).array(ports),
+            "w_data": Out(data_width).array(ports), "w_keep": Out(B).array(ports),
+            "w_last": Out(1).array(ports), "w_en": Out(1).array(ports),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        S, P = self.sources, self.ports
+        owner = [Signal(range(S), name=f"owner{p}") for p in range(P)]
+        owned = Signal(P)
+        ptr = Signal(range(S))
+
+        # Per port: the owner's beat this cycle, and whether it is the owner's last.
+        releasing = Signal(P)
+        w_en = Signal(P)
+        for p in range(P):
+            sel = lambda arr: Array(arr)[owner[p]]  # noqa: E731
+            m.d.comb += [
+                self.w_data[p].eq(sel(self.s_data)), self.w_keep[p].eq(sel(self.s_keep)),
+                self.w_last[p].eq(sel(self.s_last)),
+                w_en[p].eq(owned[p] & sel(self.s_valid)),
+                self.w_en[p].eq(w_en[p]),
+                releasing[p].eq(w_en[p] & sel(self.s_last)),
+            ]
+
+        # Room of each port for a frame starting next cycle: this cycle's write still lands.
+        fits = Signal(S)
+        for s in range(S):
+            m.d.comb += fits[s].eq(Cat(*(~self.mask[s][p] | (self.room[p] - w_en[p] >= self.beats[s])
+                                          for p in range(P))).all())
+
+        # Allocation in rotating order: positions 0 .. 2S-1, source i % S, live in the first lap for
+        # sources >= ptr and in the second for sources < ptr.
+        claimed = owned & ~releasing
+        first_seen = Signal(name="first_seen_0")
+        top, top_blocked = Signal(range(S)), Signal()
+        for i in range(2 * S):
+            s = i % S
+            live = (s >= ptr) if i < S else (s < ptr)
+            asking = live & self.req[s]
+            ok = asking & ((self.mask[s] & claimed) == 0) & fits[s]
+            is_first = asking & ~first_seen
+            with m.If(is_first):
+                m.d.comb += [top.eq(s), top_blocked.eq(~ok)]
+            nxt_claimed = Signal(P, name=f"claimed_{i + 1}")
+            nxt_seen = Signal(name=f"first_seen_{i + 1}")
+            m.d.comb += [
+                nxt_claimed.eq(claimed | Mux(ok | is_first, self.mask[s], 0)),
+                nxt_seen.eq(first_seen | asking),
+            ]
+            with m.If(ok):
+                m.d.comb += self.grant[s].eq(1)
+            claimed, first_seen = nxt_claimed, nxt_seen
+        with m.If(first_seen & ~top_blocked):
+            m.d.sync += ptr.eq(Mux(top == S - 1, 0, top + 1))
+
+        new_owned = Signal(P)
+        for s in range(S):
+            for p in range(P):
+                with m.If(self.grant[s] & self.mask[s][p]):
+                    m.d.sync += owner[p].eq(s)
+                    m.d.comb += new_owned[p].eq(1)
+        m.d.sync += owned.eq((owned & ~releasing) | new_owned)
+        m.d.comb += self.busy.eq(owned.any())
+        return m

@@ -1,0 +1,140 @@
+"""A port's lane: streams each decided frame out of the ingress FIFO at one beat per cycle, into the egress
+(forwarded frames), into the port's contribution bank (all-reduce payload rows) or nowhere (drops)."""
+
+from amaranth.hdl import Const, Module, Mux, Shape, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from cais.params import SwitchParams
+
+from .decision import bank_addr_bits, decision_layout
+from .enums import Action
+from .results import header_split
+
+__all__ = ["IngressLane", "LANE_DECISIONS"]
+
+#: Decisions a lane holds (queued or in the decision pipeline): enough to hide the pipeline's latency.
+LANE_DECISIONS = 4
+
+
+class IngressLane(wiring.Component):
+    """Port p's frames, decided in order, streamed back to back.
+
+    A frame starts when its decision is at the head of the lane's queue and the lane is idle or sending
+    its previous frame's last beat; a forwarded frame also needs the egress grant (``fwd_grant``), asked
+    for in that same cycle (``fwd_req``), so frames follow each other without a bubble. Payload row ``j``
+    (frame bytes ``30 + jB .. 30 + jB + B - 1``) is complete with beat ``j + h + 1`` and written to the
+    bank then; a row that ends in the frame's last beat is written in the next cycle, when the next
+    frame's first beat (which never completes a row) is read.
+
+    Members
+    -------
+    credit : Out(1); taken : In(1)
+        The lane has room for one more decision; the decision pipeline took a header of this port.
+    push : In(1); decision : In(decision_layout)
+        A decision for this port's oldest undecided frame.
+    beat_data : In(W); beat_valid : In(1); beat_ready : Out(1)
+        The port's frames (ingress FIFO, whole frames only).
+    fwd_req : Out(1); fwd_mask : Out(ports); fwd_beats : Out
+        The next frame is forwarded to ``fwd_mask``; asking for all of those egress ports.
+    fwd_grant : In(1)
+        The egress ports are the lane's from the next cycle until its frame's last beat.
+    o_data, o_keep, o_last, o_valid : Out
+        The forwarded frame's beats (the egress takes each beat the cycle it is offered).
+    bank_addr, bank_data, bank_en : Out
+        Payload rows for the port's bank.
+    finished : Out(1)
+        A frame is done: its rows, if any, are written by the end of this cycle.
+    busy : Out(1)
+    """
+
+    def __init__(self, params: SwitchParams):
+        self.params = params
+        W, B, P = params.data_width, params.beat_bytes, params.ports
+        self.layout = decision_layout(params)
+        super().__init__({
+            "credit": Out(1), "taken": In(1),
+            "push": In(1), "decision": In(self.layout),
+            "beat_data": In(W), "beat_valid": In(1), "beat_ready": Out(1),
+            "fwd_req": Out(1), "fwd_mask": Out(P), "fwd_beats": Out(range(params.max_frame_beats + 1)),
+            "fwd_grant": In(1),
+            "o_data": Out(W), "o_keep": Out(B), "o_last": Out(1), "o_valid": Out(1),
+            "bank_addr": Out(bank_addr_bits(params)), "bank_data": Out(W), "bank_en": Out(1),
+            "finished": Out(1),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        prm = self.params
+        W, B = prm.data_width, prm.beat_bytes
+        h, o = header_split(B)
+        lb = ceil_log2(B)
+
+        m.submodules.queue = queue = SyncFIFO(width=Shape.cast(self.layout).width, depth=LANE_DECISIONS)
+        m.d.comb += [queue.w_en.eq(self.push), queue.w_data.eq(self.decision)]
+        head = data.View(self.layout, queue.r_data)
+
+        # Decisions held: queued, plus headers taken and not yet decided (the pipeline never stalls).
+        held = Signal(range(LANE_DECISIONS + 1))
+        m.d.sync += held.eq(held + self.taken - (queue.r_en & queue.r_rdy))
+        m.d.comb += self.credit.eq(held < LANE_DECISIONS)
+
+        active = Signal()
+        cur = Signal(self.layout)
+        idx = Signal(range(prm.max_frame_beats))
+        prev = Signal(W)
+        is_last = idx == cur.beats - 1
+        take = active & self.beat_valid
+        ending = take & is_last
+        m.d.comb += self.beat_ready.eq(active)
+
+        # The next frame: starts when the current one ends (or none is active).
+        can_start = ~active | ending
+        forward_next = head.action == Action.FORWARD
+        m.d.comb += [
+            self.fwd_req.eq(can_start & queue.r_rdy & forward_next),
+            self.fwd_mask.eq(head.mask), self.fwd_beats.eq(head.beats),
+        ]
+        start = can_start & queue.r_rdy & (~forward_next | self.fwd_grant)
+        m.d.comb += queue.r_en.eq(start)
+        with m.If(start):
+            m.d.sync += [cur.eq(head), idx.eq(0), active.eq(1)]
+        with m.Elif(ending):
+            m.d.sync += active.eq(0)
+        with m.If(take & ~is_last):
+            m.d.sync += idx.eq(idx + 1)
+
+        # Forwarded beats.
+        tail = cur.length[:lb]
+        m.d.comb += [
+            self.o_data.eq(self.beat_data), self.o_last.eq(is_last),
+            self.o_keep.eq(Mux(is_last & (tail != 0), (Const(1, B + 1) << tail) - 1, (1 << B) - 1)),
+            self.o_valid.eq(take & (cur.action == Action.FORWARD)),
+        ]
+
+        # Payload rows into the bank.
+        writing = cur.action == Action.AGGREGATE
+        with m.If(take & writing):
+            m.d.sync += prev.eq(self.beat_data)
+        row = (idx - (h + 1))[:len(cur.rows)]
+        row_now = take & writing & cur.write & (idx >= h + 1) & (row < cur.rows)
+        flush = Signal()                          # the last row ends in the last beat: write it next cycle
+        flush_addr = Signal.like(self.bank_addr)
+        with m.If(ending & writing & cur.write & (cur.beats == cur.rows + h)):
+            m.d.sync += [flush.eq(1), flush_addr.eq(cur.row_base + cur.rows - 1)]
+        with m.Else():
+            m.d.sync += flush.eq(0)
+        with m.If(flush):
+            m.d.comb += [self.bank_en.eq(1), self.bank_addr.eq(flush_addr), self.bank_data.eq(prev >> (8 * o))]
+        with m.Else():
+            m.d.comb += [
+                self.bank_en.eq(row_now), self.bank_addr.eq(cur.row_base + row),
+                self.bank_data.eq(((prev >> (8 * o)) | (self.beat_data << (8 * (B - o))))[:W]),
+            ]
+        m.d.comb += self.finished.eq(flush | (ending & ~(writing & cur.write & (cur.beats == cur.rows + h))))
+
+        m.d.comb += self.busy.eq(active | flush | queue.r_rdy | (held != 0))
+        return m
