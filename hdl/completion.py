@@ -2,7 +2,7 @@
 it folds are written, and the fold reader, which reads one row of every contributor's bank per cycle and
 folds it in ascending port order (docs/core-design.md, candidate B)."""
 
-from amaranth.hdl import Array, Cat, Module, Signal
+from amaranth.hdl import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
@@ -36,8 +36,8 @@ class JobQueue(wiring.Component):
     Members
     -------
     push : In(1); job : In(job_layout); open_after : In(OPEN_BITS).array(ports)
-    finished : In(ports)
-        Per port: a frame finished this cycle (its bank writes are done).
+    finished[p] : In(range(3))
+        Per port: frames finished this cycle (their bank writes are done).
     level : Out(range(JOB_DEPTH + 1))
     head : Out(job_layout); head_ready : Out(1); pop : In(1)
     """
@@ -47,7 +47,7 @@ class JobQueue(wiring.Component):
         P = params.ports
         self.layout = job_layout(params)
         super().__init__({
-            "push": In(1), "job": In(self.layout), "open_after": In(OPEN_BITS).array(P), "finished": In(P),
+            "push": In(1), "job": In(self.layout), "open_after": In(OPEN_BITS).array(P), "finished": In(range(3)).array(P),
             "level": Out(range(JOB_DEPTH + 1)),
             "head": Out(self.layout), "head_ready": Out(1), "pop": In(1),
         })
@@ -73,8 +73,8 @@ class JobQueue(wiring.Component):
                 c = counts[i][p]
                 with m.If(self.push & (wp == i)):
                     m.d.sync += c.eq(self.open_after[p])
-                with m.Elif(self.finished[p] & (c != 0)):
-                    m.d.sync += c.eq(c - 1)
+                with m.Elif(self.finished[p] != 0):
+                    m.d.sync += c.eq(Mux(c > self.finished[p], c - self.finished[p], 0))
         zero = Array(Cat(*(c == 0 for c in row)).all() for row in counts)
         m.d.comb += self.head_ready.eq((self.level != 0) & zero[rp])
         return m

@@ -100,9 +100,11 @@ class SwitchCore(wiring.Component):
         # Headers in the decision pipeline may each queue a job: take one only if they all fit.
         m.d.comb += dec.hold.eq(jobs.level > JOB_DEPTH - (DECISION_LATENCY + 1))
 
-        finished = Signal(P)
+        self._lanes = []
+        self._jobs, self._reader, self._res, self._xbar = jobs, reader, res, xbar
         for p in range(P):
             m.submodules[f"lane{p}"] = lane = IngressLane(prm)
+            self._lanes.append(lane)
             m.submodules[f"bank{p}"] = bank = self.banks[p]
             wr, rd = bank.write_port(), bank.read_port()
             m.d.comb += [
@@ -113,7 +115,7 @@ class SwitchCore(wiring.Component):
                 self.beat_ready[p].eq(lane.beat_ready),
                 wr.addr.eq(lane.bank_addr), wr.data.eq(lane.bank_data), wr.en.eq(lane.bank_en),
                 rd.addr.eq(reader.rd_addr), rd.en.eq(reader.rd_en), reader.rd_data[p].eq(rd.data),
-                finished[p].eq(lane.finished),
+                jobs.finished[p].eq(lane.finished),
                 xbar.req[p].eq(lane.fwd_req), xbar.mask[p].eq(lane.fwd_mask), xbar.beats[p].eq(lane.fwd_beats),
                 lane.fwd_grant.eq(xbar.grant[p]),
                 xbar.s_data[p].eq(lane.o_data), xbar.s_keep[p].eq(lane.o_keep), xbar.s_last[p].eq(lane.o_last),
@@ -123,12 +125,12 @@ class SwitchCore(wiring.Component):
 
             # Frames of this port decided and not yet finished; what a job queued now waits for.
             open_ = Signal(OPEN_BITS, name=f"open{p}")
-            open_next = (open_ + dec.push[p] - finished[p])[:OPEN_BITS]
+            open_next = (open_ + dec.push[p] - lane.finished)[:OPEN_BITS]
             m.d.sync += open_.eq(open_next)
             m.d.comb += jobs.open_after[p].eq(open_next)
 
         m.d.comb += [
-            jobs.push.eq(dec.job_valid), jobs.job.eq(dec.job), jobs.finished.eq(finished),
+            jobs.push.eq(dec.job_valid), jobs.job.eq(dec.job),
             reader.job.eq(jobs.head), reader.job_valid.eq(jobs.head_ready), jobs.pop.eq(reader.job_ready),
             res.job.eq(reader.frame), res.job_valid.eq(reader.frame_valid), reader.frame_ready.eq(res.job_ready),
             res.row.eq(reader.row), res.row_valid.eq(reader.row_valid), reader.row_ready.eq(res.row_ready),

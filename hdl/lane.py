@@ -45,8 +45,9 @@ class IngressLane(wiring.Component):
         The forwarded frame's beats (the egress takes each beat the cycle it is offered).
     bank_addr, bank_data, bank_en : Out
         Payload rows for the port's bank.
-    finished : Out(1)
-        A frame is done: its rows, if any, are written by the end of this cycle.
+    finished : Out(range(3))
+        Frames done in this cycle (their rows, if any, written by its end): a frame whose last row is
+        written now and a one-beat frame that ends now make two.
     busy : Out(1)
     """
 
@@ -62,7 +63,7 @@ class IngressLane(wiring.Component):
             "fwd_grant": In(1),
             "o_data": Out(W), "o_keep": Out(B), "o_last": Out(1), "o_valid": Out(1),
             "bank_addr": Out(bank_addr_bits(params)), "bank_data": Out(W), "bank_en": Out(1),
-            "finished": Out(1),
+            "finished": Out(range(3)),
             "busy": Out(1),
         })
 
@@ -134,7 +135,7 @@ class IngressLane(wiring.Component):
                 self.bank_en.eq(row_now), self.bank_addr.eq(cur.row_base + row),
                 self.bank_data.eq(((prev >> (8 * o)) | (self.beat_data << (8 * (B - o))))[:W]),
             ]
-        m.d.comb += self.finished.eq(flush | (ending & ~(writing & cur.write & (cur.beats == cur.rows + h))))
+        m.d.comb += self.finished.eq(flush + (ending & ~(writing & cur.write & (cur.beats == cur.rows + h))))
 
         m.d.comb += self.busy.eq(active | flush | queue.r_rdy | (held != 0))
         return m

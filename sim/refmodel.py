@@ -196,7 +196,7 @@ class SwitchModel:
                      for s in (0, 1))
 
     def values(self, slot: int, set: int) -> np.ndarray:  # noqa: A002 - the spec's name
-        """A copy of the set's accumulator (native values, max_payload bytes).
+        """A copy of the set's accumulator: as many native values as a frame of its type carries at most.
 
         Its type is the accumulator type of the rule that used the set: int32 for an int32 rule (as it
         always was), int16, int8, float32, float16, bf16 as uint16 bits, or float32 for fp16/bf16 with
@@ -328,7 +328,7 @@ class SwitchModel:
             self._count("RESULTS_RESENT")
             out.append((port, self._result_frame(rule, hdr, slot, s)))
         elif bitmap == 0:                                       # b. first contribution
-            self._values[slot, s] = np.zeros(P.max_payload // rule.acc_type.itemsize, dtype=rule.acc_type)
+            self._values[slot, s] = np.zeros(P.max_payload // ELEMENT_BYTES[dtype], dtype=rule.acc_type)
             self._parts[slot, s] = {}
             self._add(slot, s, port, self._payload(frame, dtype, n))
             self._tag[slot, s] = t
@@ -384,7 +384,7 @@ class SwitchModel:
         """
         acc = self._values.get((slot, s))
         if acc is None:   # pragma: no cover - a set with contributors always has values
-            acc = self._values[slot, s] = np.zeros(self.params.max_payload // rule.acc_type.itemsize,
+            acc = self._values[slot, s] = np.zeros(self.params.max_payload // ELEMENT_BYTES[DType(rule.dtype)],
                                                    dtype=rule.acc_type)
         elif acc.dtype != rule.acc_type:
             acc = self._values[slot, s] = acc.view(rule.acc_type)
