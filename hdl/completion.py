@@ -97,8 +97,8 @@ class FoldReader(wiring.Component):
         The job's frame, for the result generator, queued as its first row is read.
     rd_addr : Out(bank_addr_bits); rd_en : Out(1); rd_data[p] : In(data_width)
         The banks' read ports (synchronous: data the cycle after an enabled address).
-    row : Out(data_width); row_valid : Out(1); row_ready : In(1)
-        Result rows in job order.
+    row : Out(data_width); row_valid : Out(1); row_ready : In(1); rows_held : Out(16)
+        Result rows in job order; how many are queued.
     busy : Out(1)
     """
 
@@ -106,13 +106,14 @@ class FoldReader(wiring.Component):
         self.params = params
         W, P = params.data_width, params.ports
         self.chain = FoldChain(P, W, float_units=params.float_units)
-        # Rows in flight (chain and bank read) plus what the generator may not yet have taken.
-        self.row_depth = 1 << ceil_log2(self.chain.latency + 4)
+        # Two jobs' rows (the generator sends a frame once all its rows are in, while the next job's are
+        # read) and the rows in flight (bank read and chain).
+        self.row_depth = 1 << ceil_log2(2 * params.rows_per_set + self.chain.latency + 4)
         super().__init__({
             "job": In(job_layout(params)), "job_valid": In(1), "job_ready": Out(1),
             "frame": Out(result_frame_layout(params)), "frame_valid": Out(1), "frame_ready": In(1),
             "rd_addr": Out(bank_addr_bits(params)), "rd_en": Out(1), "rd_data": In(W).array(P),
-            "row": Out(W), "row_valid": Out(1), "row_ready": In(1),
+            "row": Out(W), "row_valid": Out(1), "row_ready": In(1), "rows_held": Out(16),
             "busy": Out(1),
         })
 
@@ -129,6 +130,7 @@ class FoldReader(wiring.Component):
         m.d.comb += [
             self.frame.eq(frames.r_data), self.frame_valid.eq(frames.r_rdy), frames.r_en.eq(self.frame_ready),
             self.row.eq(rows_q.r_data), self.row_valid.eq(rows_q.r_rdy), rows_q.r_en.eq(self.row_ready),
+            self.rows_held.eq(rows_q.level),
         ]
 
         kind = Signal(data.StructLayout({"contributors": prm.ports, "dtype": 4, "op": 4, "acc_fp32": 1,

@@ -134,6 +134,7 @@ class SwitchCore(wiring.Component):
             reader.job.eq(jobs.head), reader.job_valid.eq(jobs.head_ready), jobs.pop.eq(reader.job_ready),
             res.job.eq(reader.frame), res.job_valid.eq(reader.frame_valid), reader.frame_ready.eq(res.job_ready),
             res.row.eq(reader.row), res.row_valid.eq(reader.row_valid), reader.row_ready.eq(res.row_ready),
+            res.rows_held.eq(reader.rows_held),
             res.switch_mac.eq(self.switch_mac),
             xbar.req[P].eq(res.req), xbar.mask[P].eq(res.o_mask), xbar.beats[P].eq(res.o_beats),
             res.grant.eq(xbar.grant[P]),

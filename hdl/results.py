@@ -75,16 +75,17 @@ class ResultGenerator(wiring.Component):
     """Turns result jobs into frames: Ethernet header, CAIS header with the RESULT flag, payload.
 
     The payload rows come as a stream, in order, and are shifted behind the 30 header bytes. A frame asks
-    the egress for its ports (``req``, ``o_mask``, ``o_beats``) while the previous frame's last beat
-    leaves, so with rows waiting frames follow each other without a bubble.
+    the egress for its ports (``req``, ``o_mask``, ``o_beats``) once all of its rows are waiting
+    (``rows_held``), so its beats leave back to back (a MAC's transmitter must not run dry mid-frame), and
+    it may ask while the previous frame's last beat leaves, so frames follow each other without a bubble.
 
     Members
     -------
     job : In(result_frame_layout); job_valid : In(1); job_ready : Out(1)
     switch_mac : In(48)
         Source MAC of the result frames.
-    row : In(data_width); row_valid : In(1); row_ready : Out(1)
-        The payload rows of the jobs, in order: ``ceil(payload_len / B)`` per job.
+    row : In(data_width); row_valid : In(1); row_ready : Out(1); rows_held : In(16)
+        The payload rows of the jobs, in order: ``ceil(payload_len / B)`` per job; how many are waiting.
     req : Out(1); o_mask : Out(ports); o_beats : Out; grant : In(1)
         The next frame asks for its egress ports; granted, it starts in the next cycle.
     o_data, o_keep, o_last, o_valid : Out
@@ -99,7 +100,7 @@ class ResultGenerator(wiring.Component):
         super().__init__({
             "job": In(self.layout), "job_valid": In(1), "job_ready": Out(1),
             "switch_mac": In(48),
-            "row": In(W), "row_valid": In(1), "row_ready": Out(1),
+            "row": In(W), "row_valid": In(1), "row_ready": Out(1), "rows_held": In(16),
             "req": Out(1), "o_mask": Out(params.ports), "o_beats": Out(range(params.max_frame_beats + 1)),
             "grant": In(1),
             "o_data": Out(W), "o_keep": Out(B), "o_last": Out(1), "o_valid": Out(1),
@@ -160,8 +161,10 @@ class ResultGenerator(wiring.Component):
         job_plen = cais_field(self.job.cais, "payload_len")
         job_len = proto.HEADERS_BYTES + job_plen
         can_start = ~active | (fire & is_last)
+        job_rows = (job_plen + B - 1) >> lb
+        rows_waiting = self.rows_held - self.row_ready          # not counting one taken this cycle
         m.d.comb += [
-            self.req.eq(can_start & self.job_valid),
+            self.req.eq(can_start & self.job_valid & (rows_waiting >= job_rows)),
             self.o_mask.eq(self.job.mask), self.o_beats.eq((job_len + B - 1) >> lb),
         ]
         start = self.req & self.grant
@@ -169,7 +172,7 @@ class ResultGenerator(wiring.Component):
         with m.If(start):
             m.d.sync += [
                 active.eq(1), job.eq(self.job), k.eq(0), prev.eq(0),
-                rows.eq((job_plen + B - 1) >> lb),
+                rows.eq(job_rows),
                 beats.eq(self.o_beats),
                 tail.eq(((job_len - 1) & (B - 1)) + 1),
             ]

@@ -1,9 +1,10 @@
 """The switch's documented cycle figures and the scenarios that check them: the amaranth.sim white-box tests
 (tests/test_switch_timing.py) use the figures and scenarios; :func:`timing_job` checks them on any link.
 
-The figures are docs/interface.md's, written here once: result latency ``beats + 9 + L`` cycles from the
-completing contribution's last beat to the result's first beat, plus ``rows + (n - 1) * max(rows, L)`` for
-a reproducible rule's fold.
+The figures are docs/interface.md's, written here once: result latency ``beats + rows + F + 11`` cycles
+(one more when the last payload row ends in the frame's last beat) from the completing contribution's
+last beat to the result's first beat, where ``F`` is the fold chain's latency (:func:`fold_latency`), the
+same for every kind of rule.
 """
 
 from __future__ import annotations
@@ -17,13 +18,18 @@ from cais.tables import Rule, rule_writes, slot_clear_writes
 
 from .traffic import Scenario, TxFrame, compare, host_mac, replay
 
-__all__ = ["alu_latency", "frame_beats", "documented_latency", "contribution", "broadcast", "group_writes",
+__all__ = ["alu_latency", "fold_latency", "frame_beats", "documented_latency", "contribution", "broadcast", "group_writes",
            "held_port_scenario", "timing_job"]
 
 
 def alu_latency(params: SwitchParams) -> int:
-    """L of docs/interface.md: the slot ALU's pipeline, 4 with float units, 0 without."""
+    """L of docs/interface.md: one fold stage's pipeline, 4 with float units, 0 without."""
     return 4 if params.float_units else 0
+
+
+def fold_latency(params: SwitchParams) -> int:
+    """F of docs/interface.md: the fold chain, one stage per port and its output register."""
+    return params.ports * alu_latency(params) + 1
 
 
 def frame_beats(params: SwitchParams, payload_len: int) -> int:
@@ -32,15 +38,14 @@ def frame_beats(params: SwitchParams, payload_len: int) -> int:
     return -(-length // params.beat_bytes)
 
 
-def documented_latency(params: SwitchParams, payload_len: int, reproducible: bool = False) -> int:
-    """Cycles from the completing contribution's last beat to the result's first beat (docs/interface.md),
-    for a rule whose contributors are every port."""
-    L = alu_latency(params)
-    latency = frame_beats(params, payload_len) + 9 + L
-    if reproducible:
-        rows = -(-payload_len // params.beat_bytes)
-        latency += rows + (params.ports - 1) * max(rows, L)
-    return latency
+def documented_latency(params: SwitchParams, payload_len: int) -> int:
+    """Cycles from the completing contribution's last beat to the result's first beat (docs/interface.md):
+    the lane streams the frame into its bank, the fold reads every row, then the frame leaves. One cycle
+    more when the last payload row ends in the frame's last beat (it is written in the next cycle)."""
+    rows = -(-payload_len // params.beat_bytes)
+    beats = frame_beats(params, payload_len)
+    flush = beats == rows + proto.HEADERS_BYTES // params.beat_bytes
+    return beats + rows + fold_latency(params) + 11 + int(flush)
 
 
 def contribution(port: int, seq: int, payload: bytes, group: int = 1,
@@ -130,14 +135,13 @@ async def measure_latency(link, payload_len: int, reproducible: bool = False,
 
 
 async def result_latency(link, seed: int) -> list[str]:
-    """beats + 9 + L cycles from the completing contribution's last beat to the result's first beat, on
-    every port in the same cycle; a reproducible rule adds rows + (n - 1) * max(rows, L)."""
+    """beats + rows + F + 11 cycles from the completing contribution's last beat to the result's first
+    beat, on every port in the same cycle, for reproducible rules as for the others."""
     params = link.params
     B = params.beat_bytes
     cases = [(n, False) for n in sorted({4, 64, params.max_payload})]
     capacity = params.set_capacity(reproducible=True)
-    # The longest reproducible chunk, and a one-row chunk (rows < L: each pass waits for the ALU).
-    cases += [(n, True) for n in sorted({capacity, min(B, capacity)}) if n > 0]
+    cases += [(n, True) for n in sorted({capacity, B})]
     failed = []
     for payload_len, reproducible in cases:
         got = await measure_latency(link, payload_len, reproducible)
@@ -145,7 +149,7 @@ async def result_latency(link, seed: int) -> list[str]:
         if got["problems"]:
             failed.append(f"{name}: " + "; ".join(got["problems"]))
             continue
-        want = documented_latency(params, payload_len, reproducible)
+        want = documented_latency(params, payload_len)
         if got["spread"] != 0:
             failed.append(f"{name}: the result's first beat leaves in different cycles: {got['firsts']}")
         if got["latency"] != want:
