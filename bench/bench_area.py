@@ -11,15 +11,12 @@ report. The designs:
 * ``fmaxmin_fp32``: one ``FloatMaxMin`` lane;
 * ``slot_alu``: the slot ALU at ``data_width=64``, ``SlotALU(64)`` (one beat: ``64/16 = 4`` float32 lanes, each a
   ``FloatAdder`` + ``FloatMaxMin`` + widen/narrow, and the 64-bit integer ALU; per float lane divide by 4);
-* ``switch``: the whole exported switch, ``SwitchTop(SwitchParams())`` (4 ports, 64-bit beats; float units
-  and the reproducible fold, the defaults);
-* ``switch_nofold``: the same without the reproducible fold (``reproducible=False``); ``switch`` minus this
-  row is the fold's cost (its sequencer and the third read port of the slot memory, for which yosys
-  duplicates the block RAMs);
-* ``switch_int``: integer types only (``float_units=False, reproducible=False``); ``switch_nofold`` minus
-  this row is the cost of the float units;
-* ``fold_chain``: the fold chain of the per-port-bank core (``cais.hdl.fold.FoldChain``, docs/core-design.md),
-  4 ports x 64 bits, not yet part of the switch;
+* ``switch``: the whole exported switch, ``SwitchTop(SwitchParams())`` (4 ports, 64-bit beats, float units:
+  the defaults);
+* ``switch_int``: integer types only (``float_units=False``); ``switch`` minus this row is the cost of the
+  float units;
+* ``fold_chain``: the port-order fold of the switch's result path (``cais.hdl.fold.FoldChain``,
+  docs/core-design.md), 4 ports x 64 bits;
 * ``bram_loop``: a bare registered block-RAM read-modify-write loop of the slot memory's shape, the floor a
   pipelined slot update can reach in this flow; the table gives every Fmax as a ratio to it, and prints
   the figures before the line-rate core and the peer's as baseline rows.
@@ -38,7 +35,7 @@ Results are cached in ``<out>/<design>/result.json`` keyed by a hash of the Veri
 the tool versions, so a rerun of unchanged designs takes seconds. The table's ``time s`` is the wall time
 of the run that produced the numbers (``*``: from the cache).
 
-    python bench/bench_area.py [--only NAME ...] [--device 45k] [--seed 1] [--freq 100] [--jobs 2]
+    python bench/bench_area.py [--only NAME ...] [--device 85k] [--seed 1] [--freq 100] [--jobs 2]
                                [--out build/area] [--force] [--list] [--json]
 """
 
@@ -73,9 +70,8 @@ DEVICES = {
     "um-25k": "LFE5UM-25F", "um-45k": "LFE5UM-45F", "um-85k": "LFE5UM-85F",
     "um5g-25k": "LFE5UM5G-25F", "um5g-45k": "LFE5UM5G-45F", "um5g-85k": "LFE5UM5G-85F",
 }
-#: The smallest part the whole switch fits at default parameters: with the float units and the reproducible
-#: fold it no longer fits the 25k (24288 LUT4s; without the fold it already takes 99% of them).
-DEFAULT_DEVICE = "45k"
+#: The part the whole switch is placed on by default.
+DEFAULT_DEVICE = "85k"   # the issue's part: the default build's banks take 64 of its 208 DP16KD
 DEFAULT_PACKAGE = "CABGA381"
 DEFAULT_SEED = 1
 DEFAULT_FREQ = 100.0
@@ -221,12 +217,10 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
     Design("slot_alu", "SlotALU(data_width=64): one beat, 4 float32 lanes (FloatAdder + FloatMaxMin + "
                        "widen/narrow each) and the 64-bit integer ALU, registered in and out", _slot_alu),
     Design("switch", "SwitchTop(SwitchParams()): the whole switch, 4 ports x 64 bit, as exported (float "
-                     "units and reproducible fold)", _switch()),
-    Design("switch_nofold", "SwitchTop(SwitchParams(reproducible=False)): float units, no reproducible fold",
-           _switch(reproducible=False)),
-    Design("switch_int", "SwitchTop(SwitchParams(float_units=False, reproducible=False)): integer types only",
-           _switch(float_units=False, reproducible=False)),
-    Design("fold_chain", "FoldChain(4, 64): the per-port-bank core's port-order fold (docs/core-design.md), "
+                     "units)", _switch()),
+    Design("switch_int", "SwitchTop(SwitchParams(float_units=False)): integer types only",
+           _switch(float_units=False)),
+    Design("fold_chain", "FoldChain(4, 64): the result path's port-order fold (docs/core-design.md), "
                          "four SlotALU stages, registered in and out", _fold_chain()),
     Design("fold_chain_fadd6", "the same with 6-stage float adders (FloatAdder.CUTS[6])",
            _fold_chain(fadd_stages=6)),

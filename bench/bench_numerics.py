@@ -2,8 +2,8 @@
 
 One row per (dtype, operator, mode); the modes are ``wire`` (the wire format's own arithmetic),
 ``saturate`` (integer SUM clamps), ``acc_fp32`` (fp16/bf16 accumulated in binary32, rounded once),
-``reproducible`` (contributions folded in ascending port order when the set completes) and
-``reproducible+acc_fp32``. Everything runs on the exported Verilog (``cais_switch``) under Verilator,
+``reproducible`` and ``reproducible+acc_fp32`` (the driver's request for arrival-order independent results;
+the switch folds every rule in ascending port order, so these rows must give the same bits as the others). Everything runs on the exported Verilog (``cais_switch``) under Verilator,
 through the project's cached build and the C++-driven link (``cais.sim.backends.run_backend("verilator",
 ...)``, entry point :func:`sim_main`; ``--backend cocotb`` runs the same through cocotb), at the default
 :class:`~cais.params.SwitchParams`. For each row:
@@ -18,26 +18,24 @@ through the project's cached build and the C++-driven link (``cais.sim.backends.
    on the other ports. Each chunk's contributions go in a random port order, one frame at a time over
    the ports (the next frame starts when the previous one's last beat is taken), so the core receives
    them in that order; :class:`cais.sim.refmodel.SwitchModel`, fed the same frames in the same order,
-   gives the expected result frames, and every port's result frame must equal them byte for byte.
-   A result that differs but equals the reference for another arrival order is counted apart
-   ("reordered"), not as a numeric mismatch.
+   gives the expected result frames (the port-order fold), and every port's result frame must equal them
+   byte for byte, whatever the order of arrival.
 2. **Throughput.** Every port offers ``--load-chunks`` full-capacity contributions back to back
    (tvalid never drops, every sink ready), all to one slot (``count_log2 = 0``, so consecutive chunks
    alternate the slot's two sets and each chunk's contributions are back-to-back frames to one set).
    beats/cycle is the ingress beats (headers included) the core consumes per cycle in the steady state:
    ``P * beats per frame`` per chunk, over the spacing of the chunks' results on port 0 from the first
-   quarter of the chunks to the last (limit 1.0: the core takes one beat per cycle). For reproducible
-   rows this includes the fold, during which the core takes nothing. The results are checked too
-   (against every arrival order's reference; reproducible rows against the port-order fold only).
+   quarter of the chunks to the last (limit ``P``: every port at line rate). The results are checked too,
+   against the port-order fold.
 3. **Latency.** Ports 0..P-2 send one full-capacity contribution; once the switch has counted them and
    gone quiet, port P-1 sends the last. Latency is the number of clock edges from the one that takes
    its last beat to the one after which the first result beat shows on an egress port (as
-   bench/bench_datapath.py counts it). Reproducible rows include the fold.
+   bench/bench_datapath.py counts it).
 
-SRAM: a chunk in flight occupies one shadow set, ``max_payload * 8`` bits of slot memory, whatever the
-mode; the row's set capacity (payload bytes a chunk may carry, ``SwitchParams.set_capacity``) decides how
-many SRAM bits each payload byte costs. Area (unless ``--no-area``): bench/bench_area.py's designs
-``slot_alu``, ``switch``, ``switch_nofold`` and ``switch_int``, through its functions and its cache
+SRAM: a chunk in flight occupies one shadow set in every port's bank, ``ports * max_payload * 8`` bits,
+whatever the mode; a chunk carries ``max_payload`` bytes (``SwitchParams.set_capacity``). Area (unless
+``--no-area``): bench/bench_area.py's designs ``slot_alu``, ``switch`` and ``switch_int``, through its
+functions and its cache
 (a whole-switch place and route takes several minutes the first time).
 
     python bench/bench_numerics.py [--elements 20000] [--seed 1] [--only ROWS] [--load-chunks 24]
@@ -51,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import itertools
 import os
 import pickle
 import sys
@@ -86,7 +83,7 @@ DEFAULT_ELEMENTS = 20_000
 DEFAULT_SEED = 1
 DEFAULT_LOAD_CHUNKS = 24
 DEFAULT_JOBS = 2
-AREA_DESIGNS = ("slot_alu", "switch", "switch_nofold", "switch_int")
+AREA_DESIGNS = ("slot_alu", "switch", "switch_int")
 ENTRY = "bench_numerics:sim_main"
 
 
@@ -114,11 +111,6 @@ class Row:
     @property
     def reproducible(self) -> bool:
         return self.mode.startswith("reproducible")
-
-    @property
-    def order_matters(self) -> bool:
-        """Whether the result of a non-reproducible set depends on the arrival order."""
-        return self.dtype in proto.FLOAT_DTYPES or self.saturate
 
     def capacity(self, params: SwitchParams) -> int:
         return params.set_capacity(self.acc_fp32, self.reproducible)
@@ -489,13 +481,9 @@ def _fold(row: Row, contributions: list[np.ndarray]) -> bytes:
     return numerics.encode(row.dtype, numerics.result_values(row.dtype, acc, acc_fp32=row.acc_fp32))
 
 
-def _candidates(row: Row, frames: list[bytes]) -> set[bytes]:
-    """Result payloads the switch may give for one chunk (frames[p] = port p's contribution): the port-order
-    fold for a reproducible rule, else the fold of every arrival order."""
-    values = [numerics.decode(row.dtype, proto.parse_frame(f).payload) for f in frames]
-    if row.reproducible or not row.order_matters:
-        return {_fold(row, values)}
-    return {_fold(row, [values[p] for p in order]) for order in itertools.permutations(range(len(values)))}
+def _port_order_fold(row: Row, frames: list[bytes]) -> bytes:
+    """The result payload of one chunk (frames[p] = port p's contribution): the port-order fold."""
+    return _fold(row, [numerics.decode(row.dtype, proto.parse_frame(f).payload) for f in frames])
 
 
 def _by_seq(received) -> dict[int, dict[int, list[bytes]]]:
@@ -532,15 +520,14 @@ def check_row(params: SwitchParams, row: Row, plan: dict, got: dict) -> dict:
     contributions = {}
     for port, frame in plan["check"]["sequence"]:
         contributions.setdefault(proto.parse_frame(frame).cais.seq_num, {})[port] = frame
-    mismatches = reordered = missing = header = 0
+    mismatches = missing = header = 0
     random_bad = edge_bad = 0
     for seq in range(chunks):
         want = expected.get(seq, {})
         if sorted(want) != list(range(P)):
             problems.append(f"chunk {seq}: the reference model sent results to ports {sorted(want)}")
-        frames_in = [contributions[seq][p] for p in range(P)]
         bad = np.zeros(n, dtype=bool)
-        frames_bad = header_bad = False
+        frames_bad = False
         for p in range(P):
             frames = received.get(seq, {}).get(p, [])
             if len(frames) != 1:
@@ -556,7 +543,7 @@ def check_row(params: SwitchParams, row: Row, plan: dict, got: dict) -> dict:
             frames_bad = True
             if frame[:proto.HEADERS_BYTES] != ref[:proto.HEADERS_BYTES] or len(frame) != len(ref):
                 header += 1
-                header_bad = bad[:] = True
+                bad[:] = True
                 if len(problems) < 20:
                     problems.append(f"chunk {seq}: port {p}: result frame header or length differs "
                                     f"({len(frame)} B, want {len(ref)} B)")
@@ -564,13 +551,6 @@ def check_row(params: SwitchParams, row: Row, plan: dict, got: dict) -> dict:
             diff = _payload_bits(row, frame) != _payload_bits(row, ref)
             bad |= diff
         if not frames_bad:
-            continue
-        # Not the reference for the order sent: is it the reference for another order?
-        payloads = {proto.parse_frame(f).payload for f in
-                    (x for p in range(P) for x in received.get(seq, {}).get(p, []))}
-        if len(payloads) == 1 and all(len(received.get(seq, {}).get(p, [])) == 1 for p in range(P)) \
-                and not header_bad and next(iter(payloads)) in _candidates(row, frames_in):
-            reordered += 1
             continue
         count = int(bad.sum())
         mismatches += count
@@ -594,18 +574,18 @@ def check_row(params: SwitchParams, row: Row, plan: dict, got: dict) -> dict:
         problems.append(f"result frames of chunks never sent (seq_num {unexpected[:5]})")
     res.update(random_elements=plan["random_chunks"] * n, edge_elements=plan["edge_chunks"] * n,
                mismatches=mismatches, random_mismatches=random_bad, edge_mismatches=edge_bad,
-               reordered=reordered, missing=missing, header=header)
+               missing=missing, header=header)
     for phase in ("check", "load", "latency"):
         if not got.get(f"{phase}_idle", True):
             problems.append(f"the switch did not go idle after the {phase} run")
 
-    # 2. load phase: every chunk's result on every port, one of the allowed arrival orders
+    # 2. load phase: every chunk's result on every port, the port-order fold
     load = plan["load"]["frames"]
     K = len(load[0])
     received = _by_seq(got["load"])
     load_bad = 0
     for c in range(K):
-        allowed = _candidates(row, [load[p][c] for p in range(P)])
+        allowed = {_port_order_fold(row, [load[p][c] for p in range(P)])}
         first = None
         for p in range(P):
             frames = received.get(c, {}).get(p, [])
@@ -627,7 +607,7 @@ def check_row(params: SwitchParams, row: Row, plan: dict, got: dict) -> dict:
 
     # 3. latency
     lat = plan["latency"]["frames"]
-    allowed = _candidates(row, lat)
+    allowed = {_port_order_fold(row, lat)}
     rx = _by_seq(got["latency"]).get(0, {})
     if sorted(rx) != list(range(P)) or any(len(f) != 1 or proto.parse_frame(f[0]).payload not in allowed
                                           for f in rx.values()):
@@ -716,7 +696,7 @@ def run_rows(params: SwitchParams, rows: list[Row], *, elements: int, seed: int,
 def sram(params: SwitchParams, row: Row) -> tuple[int, int, float | None]:
     """(set capacity in payload bytes, SRAM bits a chunk in flight occupies, SRAM bits per payload byte)."""
     cap = row.capacity(params)
-    bits = params.rows_per_set * params.data_width
+    bits = params.ports * params.rows_per_set * params.data_width
     return cap, bits, (bits / cap if cap else None)
 
 
@@ -815,8 +795,7 @@ def area_table(results: dict, skipped: dict, failed: dict) -> str:
         r = results["slot_alu"]
         body.append(["slot_alu / 4 (per float lane)", round(r["lut4"] / 4), round((r["ff"] - r["wrapper_ffs"]) / 4),
                      r["bram"], r["dsp"], "", ""])
-    diff("float units (switch_nofold - switch_int)", "switch_nofold", "switch_int")
-    diff("reproducible fold (switch - switch_nofold)", "switch", "switch_nofold")
+    diff("float units (switch - switch_int)", "switch", "switch_int")
     out = [_table(body, ["design", "LUT4", "FF", "BRAM", "DSP", "Fmax MHz", "time s"])]
     parts = sorted({r["part"] for r in results.values()})
     out.append(f"ECP5 {', '.join(parts) or '-'} (yosys synth_ecp5 + nextpnr-ecp5 --out-of-context, bench/bench_area.py's "
@@ -885,11 +864,11 @@ def main(argv: list[str] | None = None) -> int:
           f"port); mismatches: elements whose bits differ from cais.sim.refmodel.SwitchModel fed the same frames "
           f"in the same order.")
     print("beats/cycle: ingress beats (headers included) the switch consumes per cycle at full offered load "
-          f"({args.load_chunks} chunks per port to one slot; limit 1.0).")
+          f"({args.load_chunks} chunks per port to one slot; limit {params.ports}: every port at line rate).")
     print("latency: clock edges from the one taking the last contribution's last beat to the one after which the "
-          "first result beat is on an egress port (full-capacity chunk; reproducible rows include the fold).")
-    print("cap B: set capacity (payload bytes per chunk); SRAM b/chunk: slot-memory bits one chunk in flight "
-          "occupies (one shadow set); b per B: SRAM bits per payload byte (8.0 = no overhead).")
+          "first result beat is on an egress port (full-capacity chunk).")
+    print("cap B: set capacity (payload bytes per chunk); SRAM b/chunk: bank bits one chunk in flight occupies "
+          f"(one shadow set in each of the {params.ports} ports' banks); b per B: SRAM bits per payload byte.")
     print()
     print(mode_table(params, args.rows, results))
     bad = False
@@ -897,8 +876,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         if r.get("skip"):
             notes.append(f"  {r['name']}: {r['skip']}")
-        for key, what in (("reordered", "chunks matched another arrival order, not the order sent"),
-                          ("missing", "result frames missing or duplicated"),
+        for key, what in (("missing", "result frames missing or duplicated"),
                           ("header", "result frames with a wrong header or length")):
             if r.get(key):
                 notes.append(f"  {r['name']}: {r[key]} {what}")

@@ -158,8 +158,6 @@ def test_features_read_at_start():
         _, ctl = make(SwitchParams(float_units=units))
         assert ctl.float_units is units and ctl.reproducible
         assert (proto.DType.FP32 in ctl.dtypes) is units and proto.DType.INT8 in ctl.dtypes
-    _, ctl = make(SwitchParams(reproducible=False))
-    assert not ctl.reproducible
 
 
 def test_the_switch_features_win_over_the_configured_parameters():
@@ -195,11 +193,10 @@ def test_rule_retyped_before_a_collective_of_another_kind():
     assert writes.count(regs["SLOT_CLEAR"].address()) == g.slot_count     # new accumulator layout
     d = ctl.decide(g.group_id, 1, 4000, 0.0, fp16)
     assert d.offload and not ctl.pending and d.kind == fp16 and ctl.retypes == 1
-    # chunks: a reproducible set of the default switch (rows_per_set 32, 8-byte rows, 4 ports) holds
-    # 32 // (4 + 2) = 5 rows = 40 bytes with fp32 accumulation (an accumulator area of two), else
-    # 32 // (4 + 1) = 6 rows = 48 bytes; seq after op 0's
-    assert d.chunk_bytes == 40
-    assert ctl.capacity(CollectiveKind.make(proto.DType.FP16, proto.ReduceOp.SUM, reproducible=True)) == 48
+    # chunks: every kind's set holds max_payload (256) bytes, each port's contribution in its own bank;
+    # seq after op 0's
+    assert d.chunk_bytes == 256
+    assert ctl.capacity(CollectiveKind.make(proto.DType.FP16, proto.ReduceOp.SUM, reproducible=True)) == 256
     assert d.seq_base == -(-4000 // 256)
     # the switch takes the new kind and refuses the old one
     link.model.receive(0, _frame(g.group_id, fp16, seq=d.seq_base))
@@ -263,21 +260,6 @@ def test_kinds_the_switch_cannot_reduce_stay_on_the_hosts():
     g = run_sync(ctl.create_group([0, 1]))
     d = ctl.decide(g.group_id, 0, 100, 0.0, CollectiveKind.make(proto.DType.FP32, proto.ReduceOp.SUM))
     assert not d.offload and "float units" in d.reason and not ctl.pending
-    # a reproducible set that holds less than an element (4 ports + accumulator area in 4 rows of 64 bytes)
-    params = SwitchParams(data_width=512)
-    assert params.set_capacity(False, True) == 0
-    _, ctl = make(params, offload="always")
-    g = run_sync(ctl.create_group([0, 1, 2, 3]))
-    d = ctl.decide(g.group_id, 0, 100, 0.0, CollectiveKind.make(proto.DType.FP32, proto.ReduceOp.SUM,
-                                                                reproducible=True))
-    assert not d.offload and "0 bytes" in d.reason
-    for r in range(4):
-        ctl.finished(r, g.group_id, 0)
-    fp32 = CollectiveKind.make(proto.DType.FP32, proto.ReduceOp.SUM)
-    assert ctl.decide(g.group_id, 1, 100, 0.0, fp32) is None      # retyped first
-    run_sync(ctl.service(0.0))
-    d = ctl.decide(g.group_id, 1, 100, 0.0, fp32)
-    assert d.offload and d.seq_base == 0      # sequence numbers count offloaded chunks only
 
 
 def test_kind_normalisation():

@@ -342,16 +342,18 @@ def test_float_mode_and_switches_without_float_units():
     assert all(r[2] == "native" for r in native)
 
 
-def test_reproducible_stays_on_the_hosts_where_a_set_holds_no_element():
-    params = SwitchParams(ports=4, data_width=512)          # 4 rows of 64 bytes: 5 areas do not fit
+def test_reproducible_on_the_switch_with_four_rows_per_set():
+    """4 x 512 bits: a set is 4 rows, and each port's contribution has a bank of its own, so reproducible
+    collectives run on the switch with whole 256-byte chunks (the port-order fold, bit for bit)."""
+    params = SwitchParams(ports=4, data_width=512)
     data = typed_data(T.FP16, 4, 700, 9)
     results, c, world = run_world(three_ops(data, T.FP16, shape=(-1,)), params=params, offload="always",
                                   reproducible=True)
     for k, op in enumerate(OPS):
         want = fold(data, op, T.FP16, acc_fp32=op == "sum")
-        assert all(results[r][k][1] == "ring" and same_bits(results[r][k][0], want) for r in range(4))
-    assert all("0 bytes" in d.reason for _, _, _, d in world.controller.decisions)
-    assert c["CONTRIBUTIONS"] == 0
+        assert all(results[r][k][1] == "switch" and same_bits(results[r][k][0], want) for r in range(4))
+    assert all(d.offload and d.chunk_bytes == 256 for _, _, _, d in world.controller.decisions)
+    assert c["CONTRIBUTIONS"] == 4 * 3 * -(-700 * 2 // 256)
 
 
 def test_bf16_and_dtype_argument():

@@ -342,11 +342,13 @@ class Controller:
         return await self.link.read(self.regs["BUSY"].address()) == 0
 
     async def retype(self, group_id: int, kind: CollectiveKind) -> None:
-        """Program the group's rule for collectives of `kind` (emptying its slots first when the
-        accumulator layout changes: element type, acc_fp32 or reproducible)."""
+        """Program the group's rule for collectives of `kind`, emptying its slots first when the fold
+        changes in a way a frame's header does not show (element type, acc_fp32, saturate): a result
+        resent for a late retransmission is folded again from the contributions the sets keep, with the
+        rule as it is then."""
         info = self.groups[group_id]
         old = info.kind
-        if (old.dtype, old.acc_fp32, old.reproducible) != (kind.dtype, kind.acc_fp32, kind.reproducible):
+        if (old.dtype, old.acc_fp32, old.saturate) != (kind.dtype, kind.acc_fp32, kind.saturate):
             await self._apply(slot_clear_writes(self.regs, info.base, info.slot_count))
         mask = sum(1 << p for p in info.ports)
         await self._apply(rule_writes(self.regs, info.rule_index, Rule.for_group(
