@@ -110,7 +110,7 @@ class Decision(wiring.Component):
         all_ports = (1 << P) - 1
 
         # After reset the slot state is swept to empty, one slot per cycle (memories do not reset). A
-        # SLOT_CLEAR waits for stage C to be empty and then owns the state memory for one cycle.
+        # SLOT_CLEAR owns the state memory's write port in the first cycle stage C does not write it.
         sweep = Signal(range(prm.slots + 1))
         sweeping = sweep != prm.slots
         with m.If(sweeping):
@@ -124,7 +124,12 @@ class Decision(wiring.Component):
         a_valid, a_port = Signal(), Signal(range(P))
         a_meta = Signal(self.meta_layout)
         last = Signal(range(P))
-        req = Mux(self.hold | sweeping | clear_pending, 0, self.request)
+        # During the sweep after reset and while a SLOT_CLEAR waits, only frames that need no slot state
+        # are taken.
+        stateless = Cat(*(~(FrameHeader(self.meta[p].hdr).is_cais
+                            & (FrameHeader(self.meta[p].hdr).op_type == proto.OpType.ALL_REDUCE))
+                          for p in range(P)))
+        req = Mux(self.hold, 0, self.request & Mux(sweeping | clear_pending, stateless, (1 << P) - 1))
         above = Signal(P)
         m.d.comb += above.eq(req & ~((Const(2, P + 1) << last) - 1)[:P])
         grant = Signal(range(P))
@@ -260,7 +265,7 @@ class Decision(wiring.Component):
         with m.Elif(agg & ~refused):
             m.d.comb += [st_wr.addr.eq(b_slot), st_wr.data.eq(upd.new_state), st_wr.en.eq(1)]
             m.d.sync += in_use.eq(in_use + upd.in_use_delta)
-        with m.Elif(clear_pending & ~b_valid & ~a_valid):
+        with m.Elif(clear_pending):          # (the sweep empties every slot: a clear during it has no work)
             in_range = clear_slot < prm.slots
             m.d.comb += [clr_rd.addr.eq(clear_slot[:slot_bits]),
                          st_wr.addr.eq(clear_slot[:slot_bits]), st_wr.data.eq(0), st_wr.en.eq(in_range)]
