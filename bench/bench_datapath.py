@@ -3,8 +3,8 @@
 Runs the exported switch cycle-accurately on the C++-driven Verilator link (``--backend amaranth``: the
 Amaranth design under amaranth.sim) and prints one table. Every port offers a frame on every cycle (tvalid
 never drops) and every sink is always ready; the figure is the number of ingress beats the switch accepts
-per cycle, summed over ports, in the steady state after the ingress buffers have filled (the limit is 1.0:
-the core takes one beat per cycle), from the links' ingress stamps. A second table loads every port at
+per cycle, summed over ports, in the steady state after the ingress buffers have filled (the limit is the
+number of ports: every port at line rate), from the links' ingress stamps. A second table loads every port at
 once with full-size all-reduce contributions, forwarded frames, or a mix, and gives each port's ingress
 beats per cycle (line rate: 1.0 per port). Results and forwarded frames are checked (numpy), so a fast
 wrong answer cannot pass. ``--json`` prints one JSON object instead (``per_port_beats_per_cycle`` and
@@ -41,7 +41,12 @@ if str(Path(__file__).resolve().parent) not in sys.path:     # entry points are 
 
 def contribution(port: int, seq: int, values: np.ndarray) -> bytes:
     hdr = proto.CaisHeader(group_id=1, chunk_id=seq, seq_num=seq, payload_len=values.nbytes)
-    return proto.build_frame(hdr, values.astype(">i4").tobytes(), src=host_mac(port))
+    return proto.build_frame(hdr, values.astype(">i4").tobytes(), src=host_mac(port), pad=True)
+
+
+#: Result latency of a full-size (256-byte) contribution at 4 x 64 bits with float units, before the
+#: line-rate core (beats + 9 + L = 36 + 9 + 4).
+BASELINE_LATENCY_4X64 = 49
 
 
 def baseline_per_port(params: SwitchParams) -> float:
@@ -156,11 +161,17 @@ def run_load_latency(params: SwitchParams, backend: str) -> int:
     return got["latency"]
 
 
+def decision_oversubscription(params: SwitchParams, frame_bytes: int) -> float:
+    """Headers per cycle every port at line rate asks of the decision pipeline (which takes one per cycle),
+    for frames of ``frame_bytes``: above 1.0 the ports share it and get 1/ratio of line rate each."""
+    return params.ports / -(-frame_bytes // params.beat_bytes)
+
+
 def sizes(params: SwitchParams) -> list[tuple[str, int]]:
     P = params
     state_bits = Shape.cast(entry_layout(P.ports, P.slot_len_bits)).width * P.slots
     return [
-        ("slot memory (bits)", P.slots * 2 * P.max_payload * 8),
+        ("contribution banks (bits)", P.ports * P.slots * 2 * P.rows_per_set * P.data_width),
         ("slot state (bits)", state_bits),
         ("rule table (bits)", P.rules * Shape.cast(rule_layout(P)).width),
         ("MAC table (bits)", P.mac_entries * (1 + 48 + (P.ports - 1).bit_length())),
@@ -184,10 +195,13 @@ def main(argv=None) -> int:
 
     P = params
     rows = []
+    # Chunk c uses set c % 64 (32 slots): hosts keep the protocol's window, the result of a chunk leaves
+    # long before its set is used again. (A host that reused a set before its result left would have its
+    # contribution overwrite one the fold has still to read: the switch relies on the window rule, as
+    # SwitchML's does.)
     for label, payload, count_log2 in (
             ("full-size chunks, each its own set", P.max_payload, 5),
-            ("full-size chunks, all to one slot (back to back)", P.max_payload, 0),
-            ("one-beat payloads, all to one slot (back to back)", P.beat_bytes, 0)):
+            ("one-beat payloads (60-byte frames), each its own set", P.beat_bytes, 5)):
         r = run_load(P, args.chunks, payload, count_log2, args.backend)
         rows.append((label, payload, r))
     # every port loaded at once: line rate would be 1.0 beat per cycle on every port
@@ -201,7 +215,11 @@ def main(argv=None) -> int:
             "per_port_beats_per_cycle": {name: r["per_port_beats_per_cycle"] for name, r in scenarios.items()},
             "core_beats_per_cycle": {name: r["beats_per_cycle"] for name, r in scenarios.items()},
             "baseline_per_port_beats_per_cycle": baseline_per_port(P),
+            "baseline_latency_cycles": BASELINE_LATENCY_4X64 if P == SwitchParams() else None,
             "latency_cycles": lat,
+            "decision_oversubscription": {
+                "min_frames": decision_oversubscription(P, proto.MIN_FRAME_BYTES),
+                "max_payload_frames": decision_oversubscription(P, proto.HEADERS_BYTES + P.max_payload)},
             "memory_bits": dict(sizes(P)),
         }))
         return 0
@@ -209,7 +227,7 @@ def main(argv=None) -> int:
           f"max payload {P.max_payload} B ({args.backend}, cycle-accurate)")
     print()
     print(f"{'load':52} {'payload B':>9} {'beats in':>9} {'cycles':>7} {'beats/cycle':>12} {'sim cyc/s':>10}")
-    print(f"{'':52} {'':>9} {'':>9} {'':>7} {'(limit 1.0)':>12}")
+    print(f"{'':52} {'':>9} {'':>9} {'':>7} {f'(limit {P.ports})':>12}")
     for label, payload, r in rows:
         print(f"{label:52} {payload:>9} {r['beats']:>9} {r['cycles']:>7} {r['beats_per_cycle']:>12.3f} "
               f"{r['cycles_per_s']:>10.0f}")
@@ -223,7 +241,13 @@ def main(argv=None) -> int:
     print("(allreduce: contributions, each chunk its own set; forward: ordinary frames to the next port; mix: "
           "alternating; baseline: one shared core before the line-rate core, 1/ports)")
     print()
-    print(f"latency, last contribution's last beat in -> first result beat out: {lat} cycles")
+    before = (f" (before the line-rate core: {BASELINE_LATENCY_4X64})"
+              if P == SwitchParams() else "")
+    print(f"latency, last contribution's last beat in -> first result beat out: {lat} cycles{before}")
+    print(f"decision pipeline (one header per cycle) asked for, every port at line rate: "
+          f"{decision_oversubscription(P, proto.MIN_FRAME_BYTES):.2f} headers/cycle with 60-byte frames, "
+          f"{decision_oversubscription(P, proto.HEADERS_BYTES + P.max_payload):.2f} with full-size "
+          f"contributions (above 1.00 the ports share it: oversubscribed by that ratio)")
     print()
     print(f"{'memory':28} {'bits':>10} {'KiB':>8}")
     for name, bits in sizes(P):

@@ -9,19 +9,31 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
+from cais import protocol as proto
 from cais.params import SwitchParams
 
-from .decision import bank_addr_bits, job_layout
-from .fold import FoldChain
+from .decision import DECISION_LATENCY, bank_addr_bits, job_layout
+from .fold import FoldChain, chain_latency
+from .lane import LANE_DECISIONS
 from .header import cais_field
 from .pipeline import delay_line
 from .results import ResultRow, result_frame_layout
 
-__all__ = ["JobQueue", "FoldReader", "JOB_DEPTH", "OPEN_BITS"]
+__all__ = ["JobQueue", "FoldReader", "job_depth", "OPEN_BITS"]
 
-JOB_DEPTH = 8
 #: Bits of a lane's count of decided, unfinished frames (at most LANE_DECISIONS + 1 are open).
 OPEN_BITS = 3
+
+
+def job_depth(params: SwitchParams) -> int:
+    """Result jobs the queue holds. A job waits for the frames decided before it (up to LANE_DECISIONS + 1
+    per lane), then for the fold chain; in the shortest frames (60 bytes) that many jobs are in flight at
+    once when every port sends at line rate, and the decision pipeline holds back when the queue is full
+    (its own depth of headers may each add one)."""
+    shortest = -(-proto.MIN_FRAME_BYTES // params.beat_bytes)
+    chain = chain_latency(params.ports, params.float_units)
+    in_flight = ((LANE_DECISIONS + 1) * shortest + chain + 8) // shortest + DECISION_LATENCY + 1
+    return 1 << ceil_log2(in_flight)
 
 
 class JobQueue(wiring.Component):
@@ -38,7 +50,7 @@ class JobQueue(wiring.Component):
     push : In(1); job : In(job_layout); open_after : In(OPEN_BITS).array(ports)
     finished[p] : In(range(3))
         Per port: frames finished this cycle (their bank writes are done).
-    level : Out(range(JOB_DEPTH + 1))
+    level : Out(range(depth + 1))
     head : Out(job_layout); head_ready : Out(1); pop : In(1)
     """
 
@@ -46,20 +58,22 @@ class JobQueue(wiring.Component):
         self.params = params
         P = params.ports
         self.layout = job_layout(params)
+        self.depth = job_depth(params)
         super().__init__({
             "push": In(1), "job": In(self.layout), "open_after": In(OPEN_BITS).array(P), "finished": In(range(3)).array(P),
-            "level": Out(range(JOB_DEPTH + 1)),
+            "level": Out(range(self.depth + 1)),
             "head": Out(self.layout), "head_ready": Out(1), "pop": In(1),
         })
-        self._mem = Memory(shape=self.layout, depth=JOB_DEPTH, init=[])
+        self._mem = Memory(shape=self.layout, depth=self.depth, init=[])
 
     def elaborate(self, platform):
         m = Module()
         P = self.params.ports
         m.submodules.mem = mem = self._mem
         wr, rd = mem.write_port(), mem.read_port(domain="comb")
-        wp, rp = Signal(range(JOB_DEPTH)), Signal(range(JOB_DEPTH))
-        counts = [[Signal(OPEN_BITS, name=f"open{i}_{p}") for p in range(P)] for i in range(JOB_DEPTH)]
+        D = self.depth
+        wp, rp = Signal(range(D)), Signal(range(D))
+        counts = [[Signal(OPEN_BITS, name=f"open{i}_{p}") for p in range(P)] for i in range(D)]
         pop = self.pop & self.head_ready
         m.d.comb += [wr.addr.eq(wp), wr.data.eq(self.job), wr.en.eq(self.push), rd.addr.eq(rp),
                      self.head.eq(rd.data)]
@@ -68,7 +82,7 @@ class JobQueue(wiring.Component):
             m.d.sync += wp.eq(wp + 1)
         with m.If(pop):
             m.d.sync += rp.eq(rp + 1)
-        for i in range(JOB_DEPTH):
+        for i in range(D):
             for p in range(P):
                 c = counts[i][p]
                 with m.If(self.push & (wp == i)):
@@ -109,6 +123,10 @@ class FoldReader(wiring.Component):
         # Two jobs' rows (the generator sends a frame once all its rows are in, while the next job's are
         # read) and the rows in flight (bank read and chain).
         self.row_depth = 1 << ceil_log2(2 * params.rows_per_set + self.chain.latency + 4)
+        # Frames the reader may run ahead of the generator: enough for the chain's latency in the shortest
+        # frames (60 bytes), so a stream of short results does not wait on the fold.
+        shortest = -(-proto.MIN_FRAME_BYTES // params.beat_bytes)
+        self.frame_depth = 1 << ceil_log2((self.chain.latency + 8) // shortest + 2)
         super().__init__({
             "job": In(job_layout(params)), "job_valid": In(1), "job_ready": Out(1),
             "frame": Out(result_frame_layout(params)), "frame_valid": Out(1), "frame_ready": In(1),
@@ -125,7 +143,7 @@ class FoldReader(wiring.Component):
         depth = self.row_depth
 
         m.submodules.frames = frames = SyncFIFOBuffered(
-            width=data.Layout.cast(result_frame_layout(prm)).size, depth=4)
+            width=data.Layout.cast(result_frame_layout(prm)).size, depth=self.frame_depth)
         m.submodules.rows = rows_q = SyncFIFOBuffered(width=W, depth=depth)
         m.d.comb += [
             self.frame.eq(frames.r_data), self.frame_valid.eq(frames.r_rdy), frames.r_en.eq(self.frame_ready),

@@ -24,7 +24,7 @@ from amaranth.lib.wiring import In, Out
 from cais.params import SwitchParams
 from cais.registers import RegisterMap
 
-from .completion import JOB_DEPTH, OPEN_BITS, FoldReader, JobQueue
+from .completion import OPEN_BITS, FoldReader, JobQueue
 from .decision import DECISION_LATENCY, Decision
 from .egress import EgressCrossbar
 from .enums import Action, DropReason
@@ -98,7 +98,7 @@ class SwitchCore(wiring.Component):
         m.submodules.results = res = ResultGenerator(prm)
         m.submodules.egress = xbar = EgressCrossbar(P + 1, P, prm.data_width, prm.max_frame_beats, prm.egress_depth)
         # Headers in the decision pipeline may each queue a job: take one only if they all fit.
-        m.d.comb += dec.hold.eq(jobs.level > JOB_DEPTH - (DECISION_LATENCY + 1))
+        m.d.comb += dec.hold.eq(jobs.level > jobs.depth - (DECISION_LATENCY + 1))
 
         self._lanes = []
         self._jobs, self._reader, self._res, self._xbar = jobs, reader, res, xbar

@@ -13,7 +13,7 @@ from .enums import DType, ReduceOp
 from .pipeline import delay_line
 from .slot_alu import SlotALU
 
-__all__ = ["FoldChain"]
+__all__ = ["FoldChain", "chain_latency"]
 
 
 class FoldChain(wiring.Component):
@@ -59,7 +59,8 @@ class FoldChain(wiring.Component):
     @property
     def latency(self) -> int:
         """Clock edges from the rows to their result: one SlotALU per port, and the output register."""
-        return self.ports * self.stage_latency + 1
+        return chain_latency(self.ports, self.float_units, self.fadd_stages)
+
 
     def elaborate(self, platform):
         m = Module()
@@ -90,3 +91,8 @@ class FoldChain(wiring.Component):
             acc, seen = nxt_acc, nxt_seen
         m.d.sync += [self.o_valid.eq(valid), self.result.eq(acc)]        # registered out
         return m
+
+
+def chain_latency(ports: int, float_units: bool, fadd_stages: int = 3) -> int:
+    """:attr:`FoldChain.latency` of a chain so built, without building it."""
+    return ports * (fadd_stages + 1 if float_units else 0) + 1

@@ -17,14 +17,16 @@ def test_json_figures(capsys):
     out = json.loads(capsys.readouterr().out)
     params = SwitchParams()
     assert out["params"] == params.as_dict()
-    assert [load["beats_per_cycle"] for load in out["loads"]] == [1.0, 1.0, 1.0]   # one beat per cycle
-    assert out["latency_cycles"] == documented_latency(params, params.max_payload)  # docs/interface.md: 49
-    assert out["memory_bits"]["slot memory (bits)"] == params.slots * 2 * params.max_payload * 8
-    # every port loaded at once: one shared core takes one beat per cycle (docs/interface.md) and its
-    # round-robin arbiter shares it evenly, 1/ports of line rate each (until the line-rate core)
+    P = params.ports
+    # every port at line rate: the bar is 0.98 of a beat per cycle on every port
+    assert all(load["beats_per_cycle"] >= 0.98 * P for load in out["loads"]), out["loads"]
+    assert out["latency_cycles"] == documented_latency(params, params.max_payload)  # docs/interface.md: 96
+    banks = P * params.slots * 2 * params.max_payload * 8            # one bank per port, two sets per slot
+    assert out["memory_bits"]["contribution banks (bits)"] == banks
     for name in ("allreduce", "forward", "mix"):
-        assert out["core_beats_per_cycle"][name] == pytest.approx(1.0, abs=0.01)
-        assert out["per_port_beats_per_cycle"][name] == pytest.approx([1 / params.ports] * params.ports, abs=0.01)
+        assert all(x >= 0.98 for x in out["per_port_beats_per_cycle"][name]), name
+        assert out["core_beats_per_cycle"][name] == pytest.approx(sum(out["per_port_beats_per_cycle"][name]))
+    assert out["baseline_per_port_beats_per_cycle"] == 1 / P
 
 
 @pytest.mark.parametrize("argv, needle", [(["--chunks", "3"], "--chunks: 3 must be at least 8"),
