@@ -229,22 +229,20 @@ def _docs_cases(params: SwitchParams, regs, rng, setup, contribution, eth) -> li
     cases: list[Case] = []
     vals = [rand32(rng, 4) for _ in range(P)]
 
-    # ---------------------------------------------------------------- forwarding behind a reproducible fold
-    # Every port completes a reproducible set and then sends a broadcast, an all-gather and an ordinary
-    # frame: whichever the core takes next, it runs while the fold of the completed set is in progress.
+    # ---------------------------------------------------------------- forwarding beside a fold
+    # Every port completes a set and then sends a broadcast, an all-gather and an ordinary frame: they are
+    # forwarded while the completed set's rows are read and folded.
     def ag(port, seq, n, op_type=proto.OpType.ALL_GATHER):
         return contribution(port, seq, payload=bytes(rng.integers(0, 256, n, dtype=np.uint8)), op_type=op_type)
-    cap = params.set_capacity(False, True)
-    if cap:
-        repro = [rand32(rng, cap // 4) for _ in range(P)]
-        follow = lambda p, seq: [(p, ag(p, seq, 4, proto.OpType.BROADCAST)), (p, ag(p, seq + 1, 64)),
-                                 (p, eth(p, proto.BROADCAST_MAC, 60)), (p, eth(p, host_mac((p + 1) % P), 200))]
-        cases.append(Case("reproducible_fold_then_forward", setup(reproducible=True), [
-            [(p, contribution(p, 0, repro[p])) for p in range(P)]
-            + [f for p in range(P) for f in follow(p, 20)],
-            [(p, contribution(p, 1, repro[(p + 1) % P][:1])) for p in range(P)]
-            + [f for p in range(P) for f in follow(p, 30)],
-        ]))
+    repro = [rand32(rng, params.max_payload // 4) for _ in range(P)]
+    follow = lambda p, seq: [(p, ag(p, seq, 4, proto.OpType.BROADCAST)), (p, ag(p, seq + 1, 64)),  # noqa: E731
+                             (p, eth(p, proto.BROADCAST_MAC, 60)), (p, eth(p, host_mac((p + 1) % P), 200))]
+    cases.append(Case("reproducible_fold_then_forward", setup(reproducible=True), [
+        [(p, contribution(p, 0, repro[p])) for p in range(P)]
+        + [f for p in range(P) for f in follow(p, 20)],
+        [(p, contribution(p, 1, repro[(p + 1) % P][:1])) for p in range(P)]
+        + [f for p in range(P) for f in follow(p, 30)],
+    ]))
 
     # ---------------------------------------------------------------- quotas of 2**17 .. 2**31 slots
     # Rule 0: group 1, count_log2 17; rule 1: group 2 (int32 SUM, ports 0 and 1) in slot 3; rule 2: group 3,
@@ -290,7 +288,7 @@ def _docs_cases(params: SwitchParams, regs, rng, setup, contribution, eth) -> li
 
 
 def _typed_cases(params: SwitchParams, regs, rng, setup, contribution) -> list[Case]:
-    """The cases of the element types: rule types (TYPE_MISMATCH, PAYLOAD_TOO_LONG), float sums with
+    """The cases of the element types: rule types (TYPE_MISMATCH, full-size sets for every kind), float sums with
     special values, narrow integer sums (wrap and saturate), float MAX/MIN of signed zeros."""
     P = params.ports
     allp = (1 << P) - 1
@@ -342,8 +340,9 @@ def _typed_cases(params: SwitchParams, regs, rng, setup, contribution) -> list[C
          (0, contribution(0, 0, vals[0], op=OP.MAX, flags=int(proto.Flags.RETRANSMIT)))],   # resent
     ]))
 
-    # ---------------------------------------------------------------- PAYLOAD_TOO_LONG
-    # fp16/bf16 accumulated in fp32 use 4 bytes of a set per element: a frame may carry max_payload / 2 bytes.
+    # ---------------------------------------------------------------- capacities
+    # Every kind of rule takes max_payload bytes (fp16/bf16 accumulated in fp32 included: the binary32
+    # accumulators live in the fold chain, the banks hold the wire format).
     half, full = params.max_payload // 2, params.max_payload
     def fp16(nbytes):
         return dict(dtype=DT.FP16, payload=_wire(DT.FP16, float_rand(DT.FP16, nbytes // 2)))
@@ -444,9 +443,9 @@ def _typed_cases(params: SwitchParams, regs, rng, setup, contribution) -> list[C
     cases.append(Case("narrow_int_max_min", w + slot_clear_writes(regs, 0, 4), [batch]))
 
     # ---------------------------------------------------------------- reproducible rules
-    # A reproducible rule folds the contributions in ascending port order when the set completes, so two
-    # chunks with the same contributions arriving in different orders give the same bits. Its set holds
-    # SwitchParams.set_capacity(acc_fp32, reproducible) bytes per frame: longer frames are PAYLOAD_TOO_LONG.
+    # Every rule folds the contributions in ascending port order when the set completes, so two chunks with
+    # the same contributions arriving in different orders give the same bits (here with reproducible=True,
+    # the driver's request for it, which must change nothing).
     scrambled = [list(range(P))[::-1], [p for p in range(P) if p % 2] + [p for p in range(P) if not p % 2]]
     kinds = [(DT.FP32, False, False), (DT.FP16, True, False), (DT.INT8, False, True)][:params.rules]
     w, per_group = [], []

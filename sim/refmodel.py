@@ -9,8 +9,9 @@ arbiter serves the ports is the order of the calls).
 The element arithmetic is :mod:`cais.numerics`. Each rule carries the element type and operator its
 all-reduce frames must have (``RULE_TYPE``: dtype, red_op) and how its slots accumulate (acc_fp32,
 saturate, reproducible). A shadow set's values are an accumulator of ``max_payload`` bytes: the wire
-type's values, or float32 for fp16/bf16 with acc_fp32. A frame longer than the rule's set capacity
-(:meth:`SwitchParams.set_capacity`, ``max_payload`` for every kind) is PAYLOAD_TOO_LONG.
+type's values, or float32 for fp16/bf16 with acc_fp32. Every kind of rule takes payloads up to
+``max_payload`` (:meth:`SwitchParams.set_capacity`; longer ones are BAD_PAYLOAD_LEN at ingress, so
+PAYLOAD_TOO_LONG is never counted).
 A set's first contribution fixes its payload_len: a later frame of the same chunk with another
 payload_len is LENGTH_MISMATCH, so every contribution of a chunk carries the same ``n`` elements. The
 first is stored as it came (widened with acc_fp32), each further one combines into those ``n``
@@ -307,8 +308,6 @@ class SwitchModel:
         # ALL_REDUCE
         if hdr.dtype != rule.dtype or hdr.red_op != rule.red_op:
             return self._drop(DropReason.TYPE_MISMATCH)
-        if hdr.payload_len > P.set_capacity(rule.wide, rule.reproducible):
-            return self._drop(DropReason.PAYLOAD_TOO_LONG)
         count = 1 << rule.count_log2
         t = hdr.seq_num
         slot = rule.base + (t % count)

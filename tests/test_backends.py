@@ -161,9 +161,9 @@ def test_model_link_time_model():
         return seen
 
     seen = run_model(PARAMS, main)
-    # wire 8 beats, core 8, first beat out EGRESS_LATENCY later, last beat 8 later; the second frame
-    # follows on the wire, in the core and on each egress port 8 cycles behind the first
-    first = 8 + 8 + ModelLink.EGRESS_LATENCY + 8
+    # wire 8 beats, then the lane starts it: first beat out FORWARD_LATENCY later, last beat 8 later; the
+    # second frame follows on the wire, in the lane and on each egress port 8 cycles behind the first
+    first = 8 + ModelLink.FORWARD_LATENCY + 8
     assert seen == [(first, 1), (first, 2), (first, 3), (first + 8, 1), (first + 8, 2), (first + 8, 3)]
 
 

@@ -10,6 +10,7 @@ from typing import Any, Awaitable, Callable
 
 from cais.link import DEFAULT_CLOCK_HZ, run_sync
 from cais.params import SwitchParams
+from cais.protocol import Flags, parse_frame
 
 from ..refmodel import SwitchModel
 from .base import LinkBase, Received, Sent, check_frame
@@ -28,22 +29,23 @@ class ModelLink(LinkBase):
 
     * Ingress: each port is a wire of one beat per cycle. A frame sent at cycle ``c`` starts when the
       port's earlier frames have gone (not before ``c``) and has fully arrived ``beats`` cycles later.
-    * Core: frames are processed one at a time in order of full arrival (ties: lower port first, then
-      order of sending), one beat per cycle, so frames from different ports serialise. The model's
-      ``receive`` runs when the core has finished the frame (registers read afterwards see its effect).
-    * Egress: an output frame's first beat leaves ``EGRESS_LATENCY`` cycles after the core finished the
-      input frame, or when the egress port finished its previous frame, whichever is later; it is
-      received once its last beat has left (``+ beats``). docs/interface.md: the RTL's first result
-      beat leaves ``beats + 9 + L`` cycles after the last input beat, L being the slot ALU's latency (4
-      with float units, 0 without); the model uses 9 for every frame (a timing approximation: results
-      leave up to 4 cycles early, forwarded frames do not pass the ALU).
+    * Lanes: each port's frames are decided in order of full arrival (ties: lower port first, then order
+      of sending; the model's ``receive`` runs then, so registers read afterwards see its effect) and
+      streamed by the port's lane, one beat per cycle: a frame starts when it has arrived and the lane
+      finished the port's previous frame. Ports do not wait for each other (docs/interface.md).
+    * Egress: a forwarded frame's first beat leaves ``FORWARD_LATENCY`` cycles after its lane started it;
+      a result's first beat leaves ``rows + F + RESULT_LATENCY`` cycles after the lane finished the
+      completing frame (docs/interface.md: ``beats + rows + F + 11`` after its last beat, F the fold
+      chain's latency); either waits for the egress port's previous frame. An output frame is received
+      once its last beat has left (``+ beats``).
     * Registers: each access takes ``reg_cycles`` cycles (the RTL's AXI4-Lite takes about as many).
 
     Work is done lazily: whenever the link is used, every frame whose core pass ended by ``cycle`` is
     processed first, so the outcome does not depend on how ``advance`` calls are split.
     """
 
-    EGRESS_LATENCY = 9
+    FORWARD_LATENCY = 5      # decision, lane start and egress grant
+    RESULT_LATENCY = 11
 
     def __init__(self, params: SwitchParams = SwitchParams(), clock_hz: float = DEFAULT_CLOCK_HZ, *,
                  reg_cycles: int = 4, model: SwitchModel | None = None):
@@ -54,7 +56,8 @@ class ModelLink(LinkBase):
         self._seq = 0                                   # tie-breaker: order of sending / emitting
         self._wire_free = [0] * params.ports            # cycle each ingress wire is free again
         self._egress_free = [0] * params.ports          # cycle each egress wire is free again
-        self._core_free = 0
+        self._lane_free = [0] * params.ports            # cycle each lane finished its last frame
+        self._fold = params.ports * (4 if params.float_units else 0) + 1    # F of docs/interface.md
         self._arrivals: list[tuple] = []        # heap: (arrived, port, seq, frame, (bad_keep, bad_fcs))
         self._out: list[tuple] = []             # heap: (delivered, port, seq, first beat, frame)
         self._sent: list[Sent] = []             # ingress stamps, handed out once in the past
@@ -75,23 +78,22 @@ class ModelLink(LinkBase):
         self._seq += 1
 
     def _next_done(self) -> int | None:
-        """The cycle the core finishes the next arrived frame (None: nothing arrives)."""
-        if not self._arrivals:
-            return None
-        arrived, _, _, frame, _ = self._arrivals[0]
-        return max(arrived, self._core_free) + _beats(len(frame), self.params.beat_bytes)
+        """The cycle the next arrived frame is decided (None: nothing arrives)."""
+        return self._arrivals[0][0] if self._arrivals else None
 
     def _process(self) -> None:
         B = self.params.beat_bytes
-        while self._arrivals:
-            done = self._next_done()
-            # A frame sent from now on arrives after `cycle` >= done: this one is really next.
-            if done > self._cycle:
-                return
-            _, port, _, frame, (bad_keep, bad_fcs) = heapq.heappop(self._arrivals)
-            self._core_free = done
+        while self._arrivals and self._arrivals[0][0] <= self._cycle:
+            arrived, port, _, frame, (bad_keep, bad_fcs) = heapq.heappop(self._arrivals)
+            start = max(arrived, self._lane_free[port])
+            done = self._lane_free[port] = start + _beats(len(frame), B)
             for out_port, data in self.model.receive(port, frame, framing_ok=not bad_keep, fcs_ok=not bad_fcs):
-                first = max(done + self.EGRESS_LATENCY, self._egress_free[out_port])
+                hdr = parse_frame(data).cais
+                if hdr is not None and hdr.flags & Flags.RESULT:
+                    ready = done + -(-hdr.payload_len // B) + self._fold + self.RESULT_LATENCY
+                else:
+                    ready = start + self.FORWARD_LATENCY
+                first = max(ready, self._egress_free[out_port])
                 last = first + _beats(len(data), B)
                 self._egress_free[out_port] = last
                 heapq.heappush(self._out, (last, out_port, self._seq, first, data))
@@ -117,9 +119,10 @@ class ModelLink(LinkBase):
 
     @property
     def busy(self) -> bool:
-        """A frame is on an ingress wire, in the core, or not yet out of an egress port."""
+        """A frame is on an ingress wire, in its lane, or not yet out of an egress port."""
         self._process()
-        return bool(self._arrivals) or any(t > self._cycle for t, *_ in self._out)
+        return (bool(self._arrivals) or any(t > self._cycle for t in self._lane_free)
+                or any(t > self._cycle for t, *_ in self._out))
 
     async def advance(self, cycles: int) -> None:
         if cycles < 0:
@@ -138,7 +141,7 @@ class ModelLink(LinkBase):
             later = [t for t, *_ in self._out if t > self._cycle]
             target = min([end] + later)
             done = self._next_done()
-            if done is not None:     # the next frame the core finishes may emit output: look then
+            if done is not None:     # the next frame decided may emit output: look then
                 target = min(target, done)
             self._cycle = max(target, self._cycle + 1)
             self._process()

@@ -119,7 +119,7 @@ class DropReason(enum.IntEnum):
     NO_RULE = 7          # no valid rule matches (group_id, layer_id, chunk_id)
     FOREIGN_PORT = 8     # the ingress port is not one of the rule's contributors
     TYPE_MISMATCH = 9    # an all-reduce frame's dtype or red_op differs from its rule's
-    PAYLOAD_TOO_LONG = 10  # payload_len exceeds the rule's set capacity: max_payload / 2 with fp32 accumulation
+    PAYLOAD_TOO_LONG = 10  # never counted: every set holds max_payload (kept so codes and counters stay put)
     BAD_SLOT = 11        # the rule's quota maps the chunk outside the slot memory
     TAG_MISMATCH = 12    # the slot set is busy with another chunk (its seq_num differs)
     LENGTH_MISMATCH = 13  # the slot set holds this chunk, but the frame's payload_len differs from the set's
