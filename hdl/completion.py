@@ -13,7 +13,7 @@ from cais import protocol as proto
 from cais.params import SwitchParams
 
 from .decision import DECISION_LATENCY, bank_addr_bits, job_layout
-from .fold import FoldChain, chain_latency
+from .fold import FoldChain
 from .lane import LANE_DECISIONS
 from .header import cais_field
 from .pipeline import delay_line
@@ -31,7 +31,7 @@ def job_depth(params: SwitchParams) -> int:
     once when every port sends at line rate, and the decision pipeline holds back when the queue is full
     (its own depth of headers may each add one)."""
     shortest = -(-proto.MIN_FRAME_BYTES // params.beat_bytes)
-    chain = chain_latency(params.ports, params.float_units)
+    chain = params.fold_latency
     in_flight = ((LANE_DECISIONS + 1) * shortest + chain + 8) // shortest + DECISION_LATENCY + 1
     return 1 << ceil_log2(in_flight)
 
@@ -120,6 +120,7 @@ class FoldReader(wiring.Component):
         self.params = params
         W, P = params.data_width, params.ports
         self.chain = FoldChain(P, W, float_units=params.float_units)
+        assert self.chain.latency == params.fold_latency, "SwitchParams.fold_latency is the chain's"
         # Two jobs' rows (the generator sends a frame once all its rows are in, while the next job's are
         # read) and the rows in flight (bank read and chain).
         self.row_depth = 1 << ceil_log2(2 * params.rows_per_set + self.chain.latency + 4)

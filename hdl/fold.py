@@ -11,9 +11,9 @@ from amaranth.lib.wiring import In, Out
 
 from .enums import DType, ReduceOp
 from .pipeline import delay_line
-from .slot_alu import SlotALU
+from .slot_alu import SlotALU, slot_alu_latency
 
-__all__ = ["FoldChain", "chain_latency"]
+__all__ = ["FoldChain"]
 
 
 class FoldChain(wiring.Component):
@@ -54,12 +54,12 @@ class FoldChain(wiring.Component):
 
     @property
     def stage_latency(self) -> int:
-        return self.fadd_stages + 1 if self.float_units else 0
+        return slot_alu_latency(self.float_units, self.fadd_stages)
 
     @property
     def latency(self) -> int:
         """Clock edges from the rows to their result: one SlotALU per port, and the output register."""
-        return chain_latency(self.ports, self.float_units, self.fadd_stages)
+        return self.ports * self.stage_latency + 1
 
 
     def elaborate(self, platform):
@@ -92,7 +92,3 @@ class FoldChain(wiring.Component):
         m.d.sync += [self.o_valid.eq(valid), self.result.eq(acc)]        # registered out
         return m
 
-
-def chain_latency(ports: int, float_units: bool, fadd_stages: int = 3) -> int:
-    """:attr:`FoldChain.latency` of a chain so built, without building it."""
-    return ports * (fadd_stages + 1 if float_units else 0) + 1

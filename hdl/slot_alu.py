@@ -10,7 +10,7 @@ from .alu import ReduceALU, byteswap
 from .pipeline import delay_line
 from .fpu import BF16, FP16, FP32, NUMPY_ZERO_TIE, FloatAdder, FloatMaxMin, FloatNarrow, FloatWiden, MaxMinOp
 
-__all__ = ["SlotALU"]
+__all__ = ["SlotALU", "slot_alu_latency"]
 
 
 class SlotALU(wiring.Component):
@@ -39,9 +39,11 @@ class SlotALU(wiring.Component):
 
     Every result appears :attr:`latency` clock edges after its inputs, whatever the dtype and op (the
     integer, max/min and store results are delayed to match the adder), and a new row may enter every
-    cycle. ``latency`` is ``fadd_stages + 1`` with ``float_units`` (the adder, then an output register that
-    keeps the narrowing out of the memory write and the core's forwarding path), else 0: without float
-    units only the integer ALU is built, purely combinational, and float dtypes give don't-care results.
+    cycle. With ``float_units`` the pipeline is: the operands, widened and formatted, registered; the
+    adder's ``fadd_stages`` (max/min and the integer ALU beside it); the lane results registered; the
+    narrowing to the wire format and the packing, into the output register: ``latency = fadd_stages + 3``.
+    Without float units only the integer ALU is built, between the inputs and the output register
+    (``latency = 1``), and float dtypes give don't-care results.
 
     Members
     -------
@@ -89,17 +91,12 @@ class SlotALU(wiring.Component):
     @property
     def latency(self) -> int:
         """Clock edges from the inputs to their ``result``, ``we`` and ``o_valid``."""
-        return self.fadd_stages + 1 if self.float_units else 0
+        return slot_alu_latency(self.float_units, self.fadd_stages)
 
     def elaborate(self, platform):
         m = Module()
         W = self.data_width
-        L = self.fadd_stages if self.float_units else 0    # the delay lines match the adder
         DT = proto.DType
-
-        def delay(value, name, reset_less=True):
-            # A chain of L registers (none when L == 0): one write point whatever the path.
-            return delay_line(m, value, L, name, reset_less=reset_less)
 
         is_half = (self.dtype == DT.FP16) | (self.dtype == DT.BF16)
         acc32 = Signal()
@@ -117,12 +114,21 @@ class SlotALU(wiring.Component):
         wire_result = Mux(self.store, self.row, int_alu.result)
 
         if not self.float_units:
-            m.d.comb += [
+            m.d.sync += [
                 self.o_valid.eq(self.i_valid),
                 self.result.eq(Cat(wire_result, wire_result)),
                 self.we.eq(Mux(self.i_valid, we, 0)),
             ]
             return m
+
+        L = self.fadd_stages
+
+        def reg(value, name, reset_less=True):
+            return delay_line(m, value, 1, name, reset_less=reset_less)
+
+        def delay(value, name, reset_less=True):
+            # A chain of L registers (none when L == 0) beside the adder: one write point whatever the path.
+            return delay_line(m, value, L, name, reset_less=reset_less)
 
         is_fp32 = self.dtype == DT.FP32
         is_bf16 = self.dtype == DT.BF16
@@ -143,7 +149,8 @@ class SlotALU(wiring.Component):
             m.d.comb += [w16.a.eq(bits16), wbf.a.eq(bits16)]
             return Mux(is_bf16, wbf.result, w16.result)
 
-        bypass_lanes, adders = [], []
+        # Stage 1: the operands of every lane as float32, the integer result and the controls, registered.
+        operands = []
         for i in range(W // 16):
             # Operands of lane i as float32: a from the word, b from the row. Lanes W/32 .. W/16-1 only
             # serve fp16/bf16 (a 32-bit element i of the word lies in granule 1 there).
@@ -151,44 +158,52 @@ class SlotALU(wiring.Component):
             b16 = byteswap(self.row[16 * i:16 * i + 16], 2)
             a32 = byteswap((self.acc if i >= W // 32 else a_gran)[32 * i:32 * i + 32], 4)
             b32 = byteswap(self.row[32 * i:32 * i + 32], 4) if i < W // 32 else Const(0, 32)
-            a = Signal(32, name=f"lane{i}_a")
-            b = Signal(32, name=f"lane{i}_b")
-            m.d.comb += [a.eq(Mux(half_wire, widened(a16, f"lane{i}_a"), a32)),
-                         b.eq(Mux(is_half, widened(b16, f"lane{i}_b"), b32))]
+            operands.append((reg(Mux(half_wire, widened(a16, f"lane{i}_a"), a32), f"lane{i}_a"),
+                             reg(Mux(is_half, widened(b16, f"lane{i}_b"), b32), f"lane{i}_b")))
+        r_wire = reg(wire_result, "wire")
+        r_valid = reg(self.i_valid, "valid", reset_less=False)
+        r_store, r_fix_tie = reg(self.store, "store"), reg(fix_tie, "fix_tie")
+        r_min = reg(self.op == proto.ReduceOp.MIN, "min")
+        r_lane_form, r_use_adder = reg(lane_form, "lane_form"), reg(use_adder, "use_adder")
+        r_acc32, r_fp32, r_bf16, r_we = reg(acc32, "acc32"), reg(is_fp32, "fp32"), reg(is_bf16, "bf16"), reg(we, "we")
 
+        # Stages 2 .. L+1: the adders; max/min and store beside them, delayed to meet their results.
+        bypass_lanes, adders = [], []
+        for i, (a, b) in enumerate(operands):
             m.submodules[f"lane{i}_fadd"] = add = FloatAdder(FP32, self.fadd_stages)
-            m.d.comb += [add.a.eq(a), add.b.eq(b), add.i_valid.eq(self.i_valid)]
+            m.d.comb += [add.a.eq(a), add.b.eq(b), add.i_valid.eq(r_valid)]
             adders.append(add)
 
             m.submodules[f"lane{i}_maxmin"] = mm = FloatMaxMin(FP32, NUMPY_ZERO_TIE[FP32])
-            m.d.comb += [mm.a.eq(a), mm.b.eq(b),
-                         mm.op.eq(Mux(self.op == proto.ReduceOp.MIN, MaxMinOp.MIN, MaxMinOp.MAX))]
+            m.d.comb += [mm.a.eq(a), mm.b.eq(b), mm.op.eq(Mux(r_min, MaxMinOp.MIN, MaxMinOp.MAX))]
             # A -0/+0 tie differs only in the sign bit, so the float16 rule patches just that bit.
             tie_operand = a if tie16 == "a" else b
-            tie = fix_tie & (a[:31] == 0) & (b[:31] == 0)
+            tie = r_fix_tie & (a[:31] == 0) & (b[:31] == 0)
             mm_result = Cat(mm.result[:31], Mux(tie, tie_operand[31], mm.result[31]))
             # store with fp32 accumulation: the widened row is lane b.
-            bypass_lanes.append(Mux(self.store, b, mm_result))
+            bypass_lanes.append(Mux(r_store, b, mm_result))
 
         # The non-adder results travel through one delay line, lanes (float32, native bit order) or the
         # wire-format row in the low W bits.
         bypass = Signal(2 * W)
-        m.d.comb += bypass.eq(Mux(lane_form, Cat(*bypass_lanes), wire_result))
+        m.d.comb += bypass.eq(Mux(r_lane_form, Cat(*bypass_lanes), r_wire))
         d_bypass = delay(bypass, "bypass")
-        d_lane_form = delay(lane_form, "lane_form")
-        d_use_adder = delay(use_adder, "use_adder")
-        d_acc32 = delay(acc32, "acc32")
-        d_fp32 = delay(is_fp32, "fp32")
-        d_bf16 = delay(is_bf16, "bf16")
-        d_we = delay(we, "we")
-        d_valid = delay(self.i_valid, "valid", reset_less=False)
+        d_use_adder = delay(r_use_adder, "use_adder")
+        d_ctl = [delay(v, n) for v, n in ((r_lane_form, "lane_form"), (r_acc32, "acc32"), (r_fp32, "fp32"),
+                                          (r_bf16, "bf16"), (r_we, "we"))]
+        d_valid = delay(r_valid, "valid", reset_less=False)
 
-        # Lane results, then packed back in the wire or accumulator layout. The narrowing sits after the
-        # adder's output register: one pair of FloatNarrow per lane serves the sums and max/min alike.
+        # Stage L+2: each lane's result (the adder's, or what came beside it), registered.
+        lanes = [reg(Mux(d_use_adder, add.result, d_bypass[32 * i:32 * i + 32]), f"lane{i}_result")
+                 for i, add in enumerate(adders)]
+        wire_row = reg(d_bypass[:W], "wire_row")
+        lane_form_r, acc32_r, fp32_r, bf16_r, we_r = (reg(v, f"out_{k}") for k, v in enumerate(d_ctl))
+        valid_r = reg(d_valid, "out_valid", reset_less=False)
+
+        # Stage L+3: narrowed to the wire format and packed back in the wire or accumulator layout, into
+        # the output register.
         word32, row16, rowbf = [], [], []
-        for i, add in enumerate(adders):
-            lane = Signal(32, name=f"lane{i}_result")
-            m.d.comb += lane.eq(Mux(d_use_adder, add.result, d_bypass[32 * i:32 * i + 32]))
+        for i, lane in enumerate(lanes):
             word32.append(byteswap(lane, 4))
             n16, nbf = FloatNarrow(FP32, FP16), FloatNarrow(FP32, BF16)
             m.submodules[f"lane{i}_narrow16"] = n16
@@ -197,21 +212,22 @@ class SlotALU(wiring.Component):
             row16.append(byteswap(n16.result, 2))
             rowbf.append(byteswap(nbf.result, 2))
         new_gran = Signal(W)
-        with m.If(~d_lane_form):
-            m.d.comb += new_gran.eq(d_bypass[:W])
-        with m.Elif(d_fp32):
+        with m.If(~lane_form_r):
+            m.d.comb += new_gran.eq(wire_row)
+        with m.Elif(fp32_r):
             m.d.comb += new_gran.eq(Cat(*word32[:W // 32]))
-        with m.Elif(d_bf16):
+        with m.Elif(bf16_r):
             m.d.comb += new_gran.eq(Cat(*rowbf))
         with m.Else():
             m.d.comb += new_gran.eq(Cat(*row16))
-        # Output register: the narrowing and packing above end here rather than in the memory write and
-        # the core's forwarding path back into the lanes (the accumulation loop is the long path).
         m.d.sync += [
-            self.result.eq(Mux(d_acc32, Cat(*word32), Cat(new_gran, new_gran))),
-            self.we.eq(Mux(d_valid, d_we, 0)),
+            self.result.eq(Mux(acc32_r, Cat(*word32), Cat(new_gran, new_gran))),
+            self.we.eq(Mux(valid_r, we_r, 0)),
+            self.o_valid.eq(valid_r),
         ]
-        valid = Signal()
-        m.d.sync += valid.eq(d_valid)
-        m.d.comb += self.o_valid.eq(valid)
         return m
+
+
+def slot_alu_latency(float_units: bool, fadd_stages: int = 3) -> int:
+    """:attr:`SlotALU.latency` of a slot ALU so built, without building it."""
+    return fadd_stages + 3 if float_units else 1

@@ -3,8 +3,8 @@
 
 The figures are docs/interface.md's, written here once: result latency ``beats + rows + F + 11`` cycles
 (one more when the last payload row ends in the frame's last beat) from the completing contribution's
-last beat to the result's first beat, where ``F`` is the fold chain's latency (:func:`fold_latency`), the
-same for every kind of rule.
+last beat to the result's first beat, where ``F`` is the fold chain's latency
+(:attr:`SwitchParams.fold_latency`), the same for every kind of rule.
 """
 
 from __future__ import annotations
@@ -18,18 +18,10 @@ from cais.tables import Rule, rule_writes, slot_clear_writes
 
 from .traffic import Scenario, TxFrame, compare, host_mac, replay
 
-__all__ = ["alu_latency", "fold_latency", "frame_beats", "documented_latency", "contribution", "broadcast", "group_writes",
+__all__ = ["frame_beats", "documented_latency", "contribution", "broadcast", "group_writes",
            "held_port_scenario", "timing_job"]
 
 
-def alu_latency(params: SwitchParams) -> int:
-    """L of docs/interface.md: one fold stage's pipeline, 4 with float units, 0 without."""
-    return 4 if params.float_units else 0
-
-
-def fold_latency(params: SwitchParams) -> int:
-    """F of docs/interface.md: the fold chain, one stage per port and its output register."""
-    return params.ports * alu_latency(params) + 1
 
 
 def frame_beats(params: SwitchParams, payload_len: int) -> int:
@@ -45,7 +37,7 @@ def documented_latency(params: SwitchParams, payload_len: int) -> int:
     rows = -(-payload_len // params.beat_bytes)
     beats = frame_beats(params, payload_len)
     flush = beats == rows + proto.HEADERS_BYTES // params.beat_bytes
-    return beats + rows + fold_latency(params) + 11 + int(flush)
+    return beats + rows + params.fold_latency + 11 + int(flush)
 
 
 def contribution(port: int, seq: int, payload: bytes, group: int = 1,

@@ -57,7 +57,6 @@ class ModelLink(LinkBase):
         self._wire_free = [0] * params.ports            # cycle each ingress wire is free again
         self._egress_free = [0] * params.ports          # cycle each egress wire is free again
         self._lane_free = [0] * params.ports            # cycle each lane finished its last frame
-        self._fold = params.ports * (4 if params.float_units else 0) + 1    # F of docs/interface.md
         self._arrivals: list[tuple] = []        # heap: (arrived, port, seq, frame, (bad_keep, bad_fcs))
         self._out: list[tuple] = []             # heap: (delivered, port, seq, first beat, frame)
         self._sent: list[Sent] = []             # ingress stamps, handed out once in the past
@@ -90,7 +89,7 @@ class ModelLink(LinkBase):
             for out_port, data in self.model.receive(port, frame, framing_ok=not bad_keep, fcs_ok=not bad_fcs):
                 hdr = parse_frame(data).cais
                 if hdr is not None and hdr.flags & Flags.RESULT:
-                    ready = done + -(-hdr.payload_len // B) + self._fold + self.RESULT_LATENCY
+                    ready = done + -(-hdr.payload_len // B) + self.params.fold_latency + self.RESULT_LATENCY
                 else:
                     ready = start + self.FORWARD_LATENCY
                 first = max(ready, self._egress_free[out_port])
