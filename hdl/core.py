@@ -100,11 +100,8 @@ class SwitchCore(wiring.Component):
         # Headers in the decision pipeline may each queue a job: take one only if they all fit.
         m.d.comb += dec.hold.eq(jobs.level > jobs.depth - (DECISION_LATENCY + 1))
 
-        self._lanes = []
-        self._jobs, self._reader, self._res, self._xbar = jobs, reader, res, xbar
         for p in range(P):
             m.submodules[f"lane{p}"] = lane = IngressLane(prm)
-            self._lanes.append(lane)
             m.submodules[f"bank{p}"] = bank = self.banks[p]
             wr, rd = bank.write_port(), bank.read_port()
             m.d.comb += [

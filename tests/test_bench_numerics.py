@@ -139,8 +139,9 @@ def test_one_small_row_on_the_verilated_switch():
     got = bench.simulate(PARAMS, [plan], jobs=1, log=lambda _: None)[row.name]
     res = bench.check_row(PARAMS, row, plan, got)
     assert res["problems"] == [] and res["mismatches"] == 0
-    assert res["random_elements"] == 64 and res["edge_elements"] >= 2744
-    assert 0.9 < res["beats_per_cycle"] <= 1.0
+    # 64 random elements asked for: one chunk, which holds max_payload / 2 = 128 bf16 elements
+    assert res["random_elements"] == 128 and res["edge_elements"] >= 2744
+    assert 0.9 * PARAMS.ports < res["beats_per_cycle"] <= PARAMS.ports      # every port at line rate
     assert res["latency"] > res["frame_beats"]
     # The same received frames with one bit flipped must fail the check.
     got["check"][0] = (got["check"][0][0], _tamper(got["check"][0][1]))
@@ -174,4 +175,4 @@ def test_json_output(capsys):
     out = json.loads(capsys.readouterr().out)
     (row,) = out["rows"]
     assert row["name"] == "int8.max.wire" and row["mismatches"] == 0 and not row["problems"]
-    assert row["beats_per_cycle"] == pytest.approx(1.0, abs=0.01)    # one beat per cycle at full load
+    assert row["beats_per_cycle"] >= 0.98 * PARAMS.ports             # every port at line rate
