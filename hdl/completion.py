@@ -21,6 +21,8 @@ from .results import ResultRow, result_frame_layout
 
 __all__ = ["JobQueue", "FoldReader", "job_depth", "OPEN_BITS"]
 
+#: Pipeline stages of the fold chain's float adders (FloatAdder.CUTS): the most, for the clock.
+FOLD_FADD_STAGES = 6
 #: Bits of a lane's count of decided, unfinished frames (at most LANE_DECISIONS + 1 are open).
 OPEN_BITS = 3
 
@@ -119,7 +121,7 @@ class FoldReader(wiring.Component):
     def __init__(self, params: SwitchParams):
         self.params = params
         W, P = params.data_width, params.ports
-        self.chain = FoldChain(P, W, float_units=params.float_units)
+        self.chain = FoldChain(P, W, float_units=params.float_units, fadd_stages=FOLD_FADD_STAGES)
         assert self.chain.latency == params.fold_latency, "SwitchParams.fold_latency is the chain's"
         # Two jobs' rows (the generator sends a frame once all its rows are in, while the next job's are
         # read) and the rows in flight (bank read and chain).

@@ -1,7 +1,7 @@
 """The egress crossbar: whole frames from several sources (the lanes' forwarded frames, the result
 generator) to the egress FIFOs, every port at its own line rate."""
 
-from amaranth.hdl import Array, Cat, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -18,9 +18,9 @@ class EgressCrossbar(wiring.Component):
     are the source's from the next cycle, whose beats (``s_valid`` ..) go to each of them the cycle they
     are offered, until the beat with ``s_last``.
 
-    Sources are considered in rotating order from a pointer. The first requester in that order, if it
-    cannot be granted, keeps the pointer and reserves its ports, so that a multicast frame is not starved
-    by unicast frames taking its ports one at a time; the others take what is left.
+    Sources are ranked in rotating order from a pointer, all at once: a request reserves its ports for
+    the requests ranked behind it, and the first requester keeps the pointer until it is granted, so a
+    multicast frame is not starved by unicast frames taking its ports one at a time.
 
     Members
     -------
@@ -73,30 +73,25 @@ class EgressCrossbar(wiring.Component):
             m.d.comb += fits[s].eq(Cat(*(~self.mask[s][p] | (self.room[p] - w_en[p] >= self.beats[s])
                                           for p in range(P))).all())
 
-        # Allocation in rotating order: positions 0 .. 2S-1, source i % S, live in the first lap for
-        # sources >= ptr and in the second for sources < ptr.
+        # Allocation, all sources at once: source s is granted when it asks, its frame fits, none of its
+        # ports is owned (or being released in this cycle), and no source ahead of it in the rotating order
+        # asks for any of them. A request reserves its ports for the sources behind it, granted or not, so
+        # a multicast frame is not starved by unicast frames taking its ports one at a time.
         claimed = owned & ~releasing
-        first_seen = Signal(name="first_seen_0")
-        top, top_blocked = Signal(range(S)), Signal()
-        for i in range(2 * S):
-            s = i % S
-            live = (s >= ptr) if i < S else (s < ptr)
-            asking = live & self.req[s]
-            ok = asking & ((self.mask[s] & claimed) == 0) & fits[s]
-            is_first = asking & ~first_seen
-            with m.If(is_first):
-                m.d.comb += [top.eq(s), top_blocked.eq(~ok)]
-            nxt_claimed = Signal(P, name=f"claimed_{i + 1}")
-            nxt_seen = Signal(name=f"first_seen_{i + 1}")
-            m.d.comb += [
-                nxt_claimed.eq(claimed | Mux(ok | is_first, self.mask[s], 0)),
-                nxt_seen.eq(first_seen | asking),
-            ]
-            with m.If(ok):
-                m.d.comb += self.grant[s].eq(1)
-            claimed, first_seen = nxt_claimed, nxt_seen
-        with m.If(first_seen & ~top_blocked):
-            m.d.sync += ptr.eq(Mux(top == S - 1, 0, top + 1))
+        rank = [Signal(range(S), name=f"rank{s}") for s in range(S)]      # place in the order from ptr
+        for s in range(S):
+            m.d.comb += rank[s].eq(Mux(s >= ptr, s - ptr, s + S - ptr))
+        ahead = [Cat(Const(0, 1), *(self.req[t] & (rank[t] < rank[s]) for t in range(S) if t != s))
+                 for s in range(S)]
+        for s in range(S):
+            overlap = Cat(Const(0, 1), *(self.req[t] & (rank[t] < rank[s]) & (self.mask[t] & self.mask[s]).any()
+                                         for t in range(S) if t != s)).any()
+            m.d.comb += self.grant[s].eq(self.req[s] & fits[s] & ((self.mask[s] & claimed) == 0) & ~overlap)
+        # The pointer moves past the first requester in the order once it is granted, and stays on it
+        # while it waits.
+        for s in range(S):
+            with m.If(self.req[s] & ~ahead[s].any() & self.grant[s]):
+                m.d.sync += ptr.eq(s + 1 if s + 1 < S else 0)
 
         new_owned = Signal(P)
         for s in range(S):

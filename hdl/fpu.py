@@ -392,10 +392,12 @@ class FloatWiden(wiring.Component):
 
 
 class FloatNarrow(wiring.Component):
-    """Conversion to a format with less precision (and possibly less range), RNE, combinational.
+    """Conversion to a format with less precision (and possibly less range), RNE.
 
     Values beyond the destination's largest finite value round to infinity, tiny values to subnormals or
     signed zeros (gradual underflow, a single rounding), NaN gives the canonical quiet NaN of ``dst_fmt``.
+    Combinational with ``stages=0``; with ``stages=1`` a register rank sits between the alignment shift
+    and the rounding (``result`` one clock edge after ``a``).
 
     Members
     -------
@@ -403,10 +405,12 @@ class FloatNarrow(wiring.Component):
     result : Out(dst_fmt.width)
     """
 
-    def __init__(self, src_fmt: FloatFormat, dst_fmt: FloatFormat):
+    def __init__(self, src_fmt: FloatFormat, dst_fmt: FloatFormat, stages: int = 0):
         if dst_fmt.man_bits > src_fmt.man_bits or dst_fmt.exp_bits > src_fmt.exp_bits:
             raise ValueError(f"{dst_fmt} is not narrower than {src_fmt}")
-        self.src_fmt, self.dst_fmt = src_fmt, dst_fmt
+        if stages not in (0, 1):
+            raise ValueError(f"stages must be 0 or 1, not {stages}")
+        self.src_fmt, self.dst_fmt, self.stages = src_fmt, dst_fmt, stages
         super().__init__({"a": In(src_fmt.width), "result": Out(dst_fmt.width)})
 
     def elaborate(self, platform):
@@ -425,17 +429,28 @@ class FloatNarrow(wiring.Component):
             m.d.comb += under.eq(Mux(1 - t > R, R, 1 - t))
         r = Mux(under + (S.man_bits - Md) > R, R, under + (S.man_bits - Md))
         shifted = (Cat(Const(0, R), u.sig) >> r)[:R + Md + 1]
-        kept = shifted[R:R + Md + 1]                     # hidden bit and Md fraction bits
-        guard, sticky = shifted[R - 1], shifted[:R - 1] != 0
+        # What the rounding needs, registered with stages=1: the kept bits (hidden bit and Md fraction
+        # bits), guard and sticky, the exponent base and the special cases.
+        kept, guard, sticky = shifted[R:R + Md + 1], shifted[R - 1], shifted[:R - 1] != 0
+        base = Mux(t >= 1, t - 1, 0)[:tw]
+        nan, inf, sign = u.nan, u.inf, u.sign
+        if self.stages:
+            regs = []
+            for value, name in ((kept, "kept"), (guard, "guard"), (sticky, "sticky"), (base, "base"),
+                                (nan, "nan"), (inf, "inf"), (sign, "sign")):
+                r_ = Signal(len(value), name=f"{name}_r")
+                m.d.sync += r_.eq(value)
+                regs.append(r_)
+            kept, guard, sticky, base, nan, inf, sign = regs
         inc = guard & (sticky | kept[0])
         # Exponent field: t for a normal, 0 for a subnormal (kept's hidden bit is then 0).
-        exp = Mux(t >= 1, t - 1, 0) + kept[Md]
+        exp = base + kept[Md]
         packed = Signal(tw + Md + 1, name="packed")
         m.d.comb += packed.eq(Cat(kept[:Md], exp[:tw]) + inc)
-        with m.If(u.nan):
+        with m.If(nan):
             m.d.comb += self.result.eq(D.qnan)
-        with m.Elif(u.inf | (packed >= D.inf)):
-            m.d.comb += self.result.eq(Cat(Const(D.inf, D.width - 1), u.sign))
+        with m.Elif(inf | (packed >= D.inf)):
+            m.d.comb += self.result.eq(Cat(Const(D.inf, D.width - 1), sign))
         with m.Else():
-            m.d.comb += self.result.eq(Cat(packed[:D.width - 1], u.sign))
+            m.d.comb += self.result.eq(Cat(packed[:D.width - 1], sign))
         return m

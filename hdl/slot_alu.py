@@ -41,7 +41,8 @@ class SlotALU(wiring.Component):
     integer, max/min and store results are delayed to match the adder), and a new row may enter every
     cycle. With ``float_units`` the pipeline is: the operands, widened and formatted, registered; the
     adder's ``fadd_stages`` (max/min and the integer ALU beside it); the lane results registered; the
-    narrowing to the wire format and the packing, into the output register: ``latency = fadd_stages + 3``.
+    narrowing to the wire format in two stages (alignment, then rounding and packing into the output
+    register): ``latency = fadd_stages + 4``.
     Without float units only the integer ALU is built, between the inputs and the output register
     (``latency = 1``), and float dtypes give don't-care results.
 
@@ -200,12 +201,15 @@ class SlotALU(wiring.Component):
         lane_form_r, acc32_r, fp32_r, bf16_r, we_r = (reg(v, f"out_{k}") for k, v in enumerate(d_ctl))
         valid_r = reg(d_valid, "out_valid", reset_less=False)
 
-        # Stage L+3: narrowed to the wire format and packed back in the wire or accumulator layout, into
-        # the output register.
+        # Stages L+3 and L+4: narrowed to the wire format (the narrowing has a register rank of its own,
+        # which the rest meets) and packed back in the wire or accumulator layout, into the output register.
+        lane_form_r, acc32_r, fp32_r, bf16_r, we_r, valid_r, wire_row = (
+            reg(v, f"narrow_{k}", reset_less=k != 5)
+            for k, v in enumerate((lane_form_r, acc32_r, fp32_r, bf16_r, we_r, valid_r, wire_row)))
         word32, row16, rowbf = [], [], []
         for i, lane in enumerate(lanes):
-            word32.append(byteswap(lane, 4))
-            n16, nbf = FloatNarrow(FP32, FP16), FloatNarrow(FP32, BF16)
+            word32.append(byteswap(reg(lane, f"lane{i}_wide"), 4))
+            n16, nbf = FloatNarrow(FP32, FP16, stages=1), FloatNarrow(FP32, BF16, stages=1)
             m.submodules[f"lane{i}_narrow16"] = n16
             m.submodules[f"lane{i}_narrowbf"] = nbf
             m.d.comb += [n16.a.eq(lane), nbf.a.eq(lane)]
@@ -230,4 +234,4 @@ class SlotALU(wiring.Component):
 
 def slot_alu_latency(float_units: bool, fadd_stages: int = 3) -> int:
     """:attr:`SlotALU.latency` of a slot ALU so built, without building it."""
-    return fadd_stages + 3 if float_units else 1
+    return fadd_stages + 4 if float_units else 1
