@@ -159,7 +159,8 @@ def report(params: SwitchParams, args, s: dict) -> None:
     in_beats = sum(-(-b // params.beat_bytes) for b in c["RX_BYTES"])
     print()
     print(f"cycles to completion: {s['cycles']} ({s['cycles'] / s['clock_hz'] * 1e6:.1f} us at "
-          f"{s['clock_hz'] / 1e6:.2f} MHz); ingress beats per cycle: {in_beats / max(1, s['cycles']):.3f} (limit 1.0)")
+          f"{s['clock_hz'] / 1e6:.2f} MHz); ingress beats per cycle: {in_beats / max(1, s['cycles']):.3f} "
+          f"(limit {params.ports}: every port at line rate)")
     print(f"simulated cycles per wall second: {s['cycles'] / max(s['wall_s'], 1e-9):.0f}")
     injected = {k: v for k, v in s['faults'].items() if v and not k.endswith('_frames')}
     print(f"faults injected: {injected or 'none'}")
