@@ -21,8 +21,8 @@ through the project's cached build and the C++-driven link (``cais.sim.backends.
    gives the expected result frames (the port-order fold), and every port's result frame must equal them
    byte for byte, whatever the order of arrival.
 2. **Throughput.** Every port offers ``--load-chunks`` full-capacity contributions back to back
-   (tvalid never drops, every sink ready), all to one slot (``count_log2 = 0``, so consecutive chunks
-   alternate the slot's two sets and each chunk's contributions are back-to-back frames to one set).
+   (tvalid never drops, every sink ready), chunk c to set c of the group's quota (``LOAD_COUNT_LOG2``:
+   the hosts keep the protocol's window, a set is used again long after its result left).
    beats/cycle is the ingress beats (headers included) the core consumes per cycle in the steady state:
    ``P * beats per frame`` per chunk, over the spacing of the chunks' results on port 0 from the first
    quarter of the chunks to the last (limit ``P``: every port at line rate). The results are checked too,
@@ -79,6 +79,7 @@ D, R = proto.DType, proto.ReduceOp
 GROUP = 5
 SWITCH_MAC = 0x02_5A_0F_00_00_01
 CHECK_COUNT_LOG2 = 3          # the check phase spreads chunks over 8 slots
+LOAD_COUNT_LOG2 = 5           # the throughput run: 32 slots, chunk c in set c % 64 (the default switch has 64)
 DEFAULT_ELEMENTS = 20_000
 DEFAULT_SEED = 1
 DEFAULT_LOAD_CHUNKS = 24
@@ -326,14 +327,14 @@ def plan_row(params: SwitchParams, row: Row, elements: int, seed: int, load_chun
         orders.append(order)
         sequence += [(p, frames[p]) for p in order]
     load_bits = random_operands(row, P, load_chunks * n, rng)
-    load = [_chunk_frames(row, c, 0, _values(row.dtype, load_bits[:, c * n:(c + 1) * n]))
+    load = [_chunk_frames(row, c, LOAD_COUNT_LOG2, _values(row.dtype, load_bits[:, c * n:(c + 1) * n]))
             for c in range(load_chunks)]
     lat_frames = _chunk_frames(row, 0, 0, _values(row.dtype, random_operands(row, P, n, rng)))
     return {
         "name": row.name, "capacity": row.capacity(params), "n": n,
         "random_chunks": n_random, "edge_chunks": len(chunks) - n_random, "edge_elements": edge.shape[1],
         "check": {"writes": _rule_writes(params, row, CHECK_COUNT_LOG2), "sequence": sequence, "orders": orders},
-        "load": {"writes": _rule_writes(params, row, 0), "frames": [[load[c][p] for c in range(load_chunks)]
+        "load": {"writes": _rule_writes(params, row, LOAD_COUNT_LOG2), "frames": [[load[c][p] for c in range(load_chunks)]
                                                                     for p in range(P)]},
         "latency": {"writes": _rule_writes(params, row, 0), "frames": lat_frames},
     }
@@ -864,7 +865,7 @@ def main(argv: list[str] | None = None) -> int:
           f"port); mismatches: elements whose bits differ from cais.sim.refmodel.SwitchModel fed the same frames "
           f"in the same order.")
     print("beats/cycle: ingress beats (headers included) the switch consumes per cycle at full offered load "
-          f"({args.load_chunks} chunks per port to one slot; limit {params.ports}: every port at line rate).")
+          f"({args.load_chunks} chunks per port, each to its own set; limit {params.ports}: every port at line rate).")
     print("latency: clock edges from the one taking the last contribution's last beat to the one after which the "
           "first result beat is on an egress port (full-capacity chunk).")
     print("cap B: set capacity (payload bytes per chunk); SRAM b/chunk: bank bits one chunk in flight occupies "
