@@ -113,11 +113,8 @@ class SwitchCore(wiring.Component):
                 wr.addr.eq(lane.bank_addr), wr.data.eq(lane.bank_data), wr.en.eq(lane.bank_en),
                 rd.addr.eq(reader.rd_addr), rd.en.eq(reader.rd_en), reader.rd_data[p].eq(rd.data),
                 jobs.finished[p].eq(lane.finished),
-                xbar.req[p].eq(lane.fwd_req), xbar.mask[p].eq(lane.fwd_mask), xbar.beats[p].eq(lane.fwd_beats),
-                lane.fwd_grant.eq(xbar.grant[p]),
-                xbar.s_data[p].eq(lane.o_data), xbar.s_keep[p].eq(lane.o_keep), xbar.s_last[p].eq(lane.o_last),
-                xbar.s_valid[p].eq(lane.o_valid),
             ]
+            wiring.connect(m, lane.fwd, xbar.sources[p])
             busy.append(lane.busy)
 
             # Frames of this port decided and not yet finished; what a job queued now waits for.
@@ -133,11 +130,8 @@ class SwitchCore(wiring.Component):
             res.row.eq(reader.row), res.row_valid.eq(reader.row_valid), reader.row_ready.eq(res.row_ready),
             res.rows_held.eq(reader.rows_held),
             res.switch_mac.eq(self.switch_mac),
-            xbar.req[P].eq(res.req), xbar.mask[P].eq(res.o_mask), xbar.beats[P].eq(res.o_beats),
-            res.grant.eq(xbar.grant[P]),
-            xbar.s_data[P].eq(res.o_data), xbar.s_keep[P].eq(res.o_keep), xbar.s_last[P].eq(res.o_last),
-            xbar.s_valid[P].eq(res.o_valid),
         ]
+        wiring.connect(m, res.out, xbar.sources[P])
         busy += [jobs.level != 0, reader.busy, res.busy, xbar.busy]
 
         for p in range(P):

@@ -10,6 +10,7 @@ from amaranth.utils import ceil_log2
 from cais.params import SwitchParams
 
 from .decision import bank_addr_bits, decision_layout
+from .egress import FrameSourceSignature
 from .enums import Action
 from .results import header_split
 
@@ -23,8 +24,8 @@ class IngressLane(wiring.Component):
     """Port p's frames, decided in order, streamed back to back.
 
     A frame starts when its decision is at the head of the lane's queue and the lane is idle or sending
-    its previous frame's last beat; a forwarded frame also needs the egress grant (``fwd_grant``), asked
-    for in that same cycle (``fwd_req``), so frames follow each other without a bubble. Payload row ``j``
+    its previous frame's last beat; a forwarded frame also needs the egress grant (``fwd.grant``), asked
+    for in that same cycle (``fwd.req``), so frames follow each other without a bubble. Payload row ``j``
     (frame bytes ``30 + jB .. 30 + jB + B - 1``) is complete with beat ``j + h + 1`` and written to the
     bank then; a row that ends in the frame's last beat is written in the next cycle, when the next
     frame's first beat (which never completes a row) is read.
@@ -37,12 +38,8 @@ class IngressLane(wiring.Component):
         A decision for this port's oldest undecided frame.
     beat_data : In(W); beat_valid : In(1); beat_ready : Out(1)
         The port's frames (ingress FIFO, whole frames only).
-    fwd_req : Out(1); fwd_mask : Out(ports); fwd_beats : Out
-        The next frame is forwarded to ``fwd_mask``; asking for all of those egress ports.
-    fwd_grant : In(1)
-        The egress ports are the lane's from the next cycle until its frame's last beat.
-    o_data, o_keep, o_last, o_valid : Out
-        The forwarded frame's beats (the egress takes each beat the cycle it is offered).
+    fwd : Out(FrameSourceSignature)
+        Forwarded frames, to the egress crossbar.
     bank_addr, bank_data, bank_en : Out
         Payload rows for the port's bank.
     finished : Out(range(3))
@@ -53,15 +50,13 @@ class IngressLane(wiring.Component):
 
     def __init__(self, params: SwitchParams):
         self.params = params
-        W, B, P = params.data_width, params.beat_bytes, params.ports
+        W, P = params.data_width, params.ports
         self.layout = decision_layout(params)
         super().__init__({
             "credit": Out(1), "taken": In(1),
             "push": In(1), "decision": In(self.layout),
             "beat_data": In(W), "beat_valid": In(1), "beat_ready": Out(1),
-            "fwd_req": Out(1), "fwd_mask": Out(P), "fwd_beats": Out(range(params.max_frame_beats + 1)),
-            "fwd_grant": In(1),
-            "o_data": Out(W), "o_keep": Out(B), "o_last": Out(1), "o_valid": Out(1),
+            "fwd": Out(FrameSourceSignature(P, W, params.max_frame_beats)),
             "bank_addr": Out(bank_addr_bits(params)), "bank_data": Out(W), "bank_en": Out(1),
             "finished": Out(range(3)),
             "busy": Out(1),
@@ -95,11 +90,12 @@ class IngressLane(wiring.Component):
         # The next frame: starts when the current one ends (or none is active).
         can_start = ~active | ending
         forward_next = head.action == Action.FORWARD
+        fwd = self.fwd
         m.d.comb += [
-            self.fwd_req.eq(can_start & queue.r_rdy & forward_next),
-            self.fwd_mask.eq(head.mask), self.fwd_beats.eq(head.beats),
+            fwd.req.eq(can_start & queue.r_rdy & forward_next),
+            fwd.mask.eq(head.mask), fwd.beats.eq(head.beats),
         ]
-        start = can_start & queue.r_rdy & (~forward_next | self.fwd_grant)
+        start = can_start & queue.r_rdy & (~forward_next | fwd.grant)
         m.d.comb += queue.r_en.eq(start)
         with m.If(start):
             m.d.sync += [cur.eq(head), idx.eq(0), active.eq(1)]
@@ -111,9 +107,9 @@ class IngressLane(wiring.Component):
         # Forwarded beats.
         tail = cur.length[:lb]
         m.d.comb += [
-            self.o_data.eq(self.beat_data), self.o_last.eq(is_last),
-            self.o_keep.eq(Mux(is_last & (tail != 0), (Const(1, B + 1) << tail) - 1, (1 << B) - 1)),
-            self.o_valid.eq(take & (cur.action == Action.FORWARD)),
+            fwd.data.eq(self.beat_data), fwd.last.eq(is_last),
+            fwd.keep.eq(Mux(is_last & (tail != 0), (Const(1, B + 1) << tail) - 1, (1 << B) - 1)),
+            fwd.valid.eq(take & (cur.action == Action.FORWARD)),
         ]
 
         # Payload rows into the bank.

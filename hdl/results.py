@@ -9,6 +9,7 @@ from cais.params import SwitchParams
 
 from .alu import byteswap
 from .fpu import BF16, FP16, FP32, FloatNarrow
+from .egress import FrameSourceSignature
 from .header import cais_field
 
 __all__ = ["ResultGenerator", "ResultRow", "result_frame_layout", "header_split"]
@@ -75,7 +76,7 @@ class ResultGenerator(wiring.Component):
     """Turns result jobs into frames: Ethernet header, CAIS header with the RESULT flag, payload.
 
     The payload rows come as a stream, in order, and are shifted behind the 30 header bytes. A frame asks
-    the egress for its ports (``req``, ``o_mask``, ``o_beats``) once all of its rows are waiting
+    the egress for its ports (``out.req``, ``out.mask``, ``out.beats``) once all of its rows are waiting
     (``rows_held``), so its beats leave back to back (a MAC's transmitter must not run dry mid-frame), and
     it may ask while the previous frame's last beat leaves, so frames follow each other without a bubble.
 
@@ -86,24 +87,21 @@ class ResultGenerator(wiring.Component):
         Source MAC of the result frames.
     row : In(data_width); row_valid : In(1); row_ready : Out(1); rows_held : In(16)
         The payload rows of the jobs, in order: ``ceil(payload_len / B)`` per job; how many are waiting.
-    req : Out(1); o_mask : Out(ports); o_beats : Out; grant : In(1)
-        The next frame asks for its egress ports; granted, it starts in the next cycle.
-    o_data, o_keep, o_last, o_valid : Out
-        The frame's beats; the egress takes each the cycle it is offered.
+    out : Out(FrameSourceSignature)
+        The result frames, to the egress crossbar: a frame asks for its ports; granted, it starts in the
+        next cycle, and the egress takes each beat the cycle it is offered.
     busy : Out(1)
     """
 
     def __init__(self, params: SwitchParams):
         self.params = params
         self.layout = result_frame_layout(params)
-        W, B = params.data_width, params.beat_bytes
+        W = params.data_width
         super().__init__({
             "job": In(self.layout), "job_valid": In(1), "job_ready": Out(1),
             "switch_mac": In(48),
             "row": In(W), "row_valid": In(1), "row_ready": Out(1), "rows_held": In(16),
-            "req": Out(1), "o_mask": Out(params.ports), "o_beats": Out(range(params.max_frame_beats + 1)),
-            "grant": In(1),
-            "o_data": Out(W), "o_keep": Out(B), "o_last": Out(1), "o_valid": Out(1),
+            "out": Out(FrameSourceSignature(params.ports, W, params.max_frame_beats)),
             "busy": Out(1),
         })
 
@@ -113,6 +111,7 @@ class ResultGenerator(wiring.Component):
         B, W = P.beat_bytes, P.data_width
         h, o = header_split(B)
         lb = (B - 1).bit_length()
+        out = self.out
 
         active = Signal()
         job = Signal(self.layout)
@@ -137,7 +136,7 @@ class ResultGenerator(wiring.Component):
         # Beat k carries payload row k - h (from its byte o on), if that row exists.
         # (Comparisons with h are left out when h is 0: an always-true unsigned compare is a lint error.)
         needs_row = ((k >= h) & (k - h < rows)) if h else (k < rows)
-        m.d.comb += self.o_valid.eq(active & (~needs_row | self.row_valid))
+        m.d.comb += out.valid.eq(active & (~needs_row | self.row_valid))
         cur = Mux(needs_row, self.row, 0)
         hdr_part = Signal(W)
         with m.Switch(k):
@@ -147,11 +146,11 @@ class ResultGenerator(wiring.Component):
                     m.d.comb += hdr_part.eq(chunk)
         payload = (prev >> (8 * (B - o))) | (cur << (8 * o))
         is_last = k == beats - 1
-        fire = self.o_valid
+        fire = out.valid
         m.d.comb += [
-            self.o_data.eq(hdr_part | payload[:W]),
-            self.o_last.eq(is_last),
-            self.o_keep.eq(Mux(is_last, (Const(1, B + 1) << tail) - 1, (1 << B) - 1)),
+            out.data.eq(hdr_part | payload[:W]),
+            out.last.eq(is_last),
+            out.keep.eq(Mux(is_last, (Const(1, B + 1) << tail) - 1, (1 << B) - 1)),
             self.row_ready.eq(fire & needs_row),
         ]
         with m.If(fire):
@@ -164,16 +163,16 @@ class ResultGenerator(wiring.Component):
         job_rows = (job_plen + B - 1) >> lb
         rows_waiting = self.rows_held - self.row_ready          # not counting one taken this cycle
         m.d.comb += [
-            self.req.eq(can_start & self.job_valid & (rows_waiting >= job_rows)),
-            self.o_mask.eq(self.job.mask), self.o_beats.eq((job_len + B - 1) >> lb),
+            out.req.eq(can_start & self.job_valid & (rows_waiting >= job_rows)),
+            out.mask.eq(self.job.mask), out.beats.eq((job_len + B - 1) >> lb),
         ]
-        start = self.req & self.grant
+        start = out.req & out.grant
         m.d.comb += self.job_ready.eq(start)
         with m.If(start):
             m.d.sync += [
                 active.eq(1), job.eq(self.job), k.eq(0), prev.eq(0),
                 rows.eq(job_rows),
-                beats.eq(self.o_beats),
+                beats.eq(out.beats),
                 tail.eq(((job_len - 1) & (B - 1)) + 1),
             ]
         with m.Elif(fire & is_last):

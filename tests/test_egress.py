@@ -53,24 +53,24 @@ def simulate(sources, ports, depth, frames, *, room_rate=0.8, seed=0, drain_rate
                 ending = sending[s] is not None and sending[s][1] == len(frames[s][sending[s][0]][1]) - 1
                 asking = (sending[s] is None or ending) and nxt[s] < len(frames[s])
                 mask, beats = frames[s][nxt[s]] if asking else (0, [0])
-                ctx.set(dut.req[s], asking)
-                ctx.set(dut.mask[s], mask)
-                ctx.set(dut.beats[s], len(beats))
+                ctx.set(dut.sources[s].req, asking)
+                ctx.set(dut.sources[s].mask, mask)
+                ctx.set(dut.sources[s].beats, len(beats))
                 if sending[s] is not None:
                     k, b = sending[s]
                     data = frames[s][k][1]
-                    ctx.set(dut.s_valid[s], 1)
-                    ctx.set(dut.s_data[s], data[b])
-                    ctx.set(dut.s_last[s], b == len(data) - 1)
-                    ctx.set(dut.s_keep[s], 0xFF)
+                    ctx.set(dut.sources[s].valid, 1)
+                    ctx.set(dut.sources[s].data, data[b])
+                    ctx.set(dut.sources[s].last, b == len(data) - 1)
+                    ctx.set(dut.sources[s].keep, 0xFF)
                 else:
-                    ctx.set(dut.s_valid[s], 0)
+                    ctx.set(dut.sources[s].valid, 0)
             drains = [level[p] > 0 and rng.random() < drain_rate for p in range(ports)]
             room = [depth - level[p] for p in range(ports)]
             for p in range(ports):
                 ctx.set(dut.room[p], room[p])
             await ctx.delay(1e-9)
-            grant = ctx.get(dut.grant)
+            grant = sum(ctx.get(dut.sources[s].grant) << s for s in range(sources))
             w_en = [ctx.get(dut.w_en[p]) for p in range(ports)]
             w_data = [ctx.get(dut.w_data[p]) for p in range(ports)]
             for s in range(sources):

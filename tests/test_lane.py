@@ -59,13 +59,13 @@ def test_frames_streamed_once_in_order(width):
                 ctx.set(dut.decision, frames[pending.pop(0)][1])
             ctx.set(dut.beat_valid, beat_i < len(beats))
             ctx.set(dut.beat_data, beats[beat_i][0] if beat_i < len(beats) else 0)
-            ctx.set(dut.fwd_grant, ctx.get(dut.fwd_req))          # the egress always grants
+            ctx.set(dut.fwd.grant, ctx.get(dut.fwd.req))          # the egress always grants
             await ctx.delay(1e-9)
             if ctx.get(dut.beat_ready) and beat_i < len(beats):
                 beat_i += 1
-            if ctx.get(dut.o_valid):
-                current.append((ctx.get(dut.o_data), ctx.get(dut.o_keep)))
-                if ctx.get(dut.o_last):
+            if ctx.get(dut.fwd.valid):
+                current.append((ctx.get(dut.fwd.data), ctx.get(dut.fwd.keep)))
+                if ctx.get(dut.fwd.last):
                     got_fwd.append(b"".join(from_word(d, B)[:bin(k).count("1")] for d, k in current))
                     current = []
             if ctx.get(dut.bank_en):

@@ -71,10 +71,11 @@ def run_results(params, jobs, *, seed, switch_mac, refuse=0.3, job_gap=0.3, row_
             ctx.set(dut.row_valid, int(bool(released)))
             ctx.set(dut.row, released[0] if released else rng.getrandbits(W))
             grant = int(rng.random() >= refuse)
-            ctx.set(dut.grant, grant)
+            ctx.set(dut.out.grant, grant)
+            out = dut.out
             (_, _, job_valid, job_ready, row_ready, req, o_mask, o_beats, o_valid, o_data, o_keep, o_last
-             ) = await ctx.tick().sample(dut.job_valid, dut.job_ready, dut.row_ready, dut.req, dut.o_mask,
-                                         dut.o_beats, dut.o_valid, dut.o_data, dut.o_keep, dut.o_last)
+             ) = await ctx.tick().sample(dut.job_valid, dut.job_ready, dut.row_ready, out.req, out.mask,
+                                         out.beats, out.valid, out.data, out.keep, out.last)
             stats["cycles"] += 1
             if row_ready:
                 assert released, "a row taken that was not offered"
@@ -122,7 +123,7 @@ def run_results(params, jobs, *, seed, switch_mac, refuse=0.3, job_gap=0.3, row_
         ctx.set(dut.row_valid, 0)
         ctx.set(dut.rows_held, 0)
         for _ in range(5):
-            _, _, o_valid, req = await ctx.tick().sample(dut.o_valid, dut.req)
+            _, _, o_valid, req = await ctx.tick().sample(dut.out.valid, dut.out.req)
             assert not o_valid and not req, "an extra beat or request after the last frame"
 
     dut = ResultGenerator(params)
