@@ -1,0 +1,184 @@
+"""The decision pipeline (cais.hdl.decision.Decision) under amaranth.sim against the reference model.
+
+Good frames (all-reduce chunks of several rules with repeats, tag and length mismatches, resends,
+all-gathers, ordinary frames to known and unknown MACs) are offered one header at a time on their ports;
+the reference model ``cais.sim.refmodel.SwitchModel`` is fed the same frames in the order the block takes
+them. For every frame the block's one-cycle events must equal the model's counter changes (the drop
+reason, forwarded, contribution, duplicate, completed, resent), a forwarded frame's port mask the ports the
+model sends it to, and a result job's mask the ports the model sends the result to; the decision goes to
+the lane of the frame's port, and exactly when the decision says "aggregate and write" did the model take
+the payload.
+"""
+
+import random
+
+import pytest
+
+from cais import protocol as proto
+from cais.hdl.decision import DECISION_LATENCY, Decision
+from cais.hdl.enums import Action
+from cais.params import SwitchParams
+from cais.registers import Kind, register_map
+from cais.sim.refmodel import SwitchModel
+from cais.sim.traffic import host_mac
+from cais.tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
+
+from blocksim import run, to_word
+
+PARAMS = SwitchParams(ports=4, slots=8)
+EVENTS = {"FORWARDED": "ev_forwarded", "CONTRIBUTIONS": "ev_contribution", "DUPLICATES": "ev_duplicate",
+          "COMPLETED": "ev_completed", "RESULTS_RESENT": "ev_resent"}
+
+
+def setup_writes(regs):
+    P = PARAMS.ports
+    allp = (1 << P) - 1
+    writes = rule_writes(regs, 0, Rule.for_group(1, allp, allp, base=0, count_log2=1))
+    writes += rule_writes(regs, 1, Rule.for_group(2, 0b0011, 0b1100, base=2, count_log2=0,
+                                                  dtype=proto.DType.INT16, red_op=proto.ReduceOp.MAX))
+    writes += rule_writes(regs, 2, Rule.for_group(3, allp, allp, base=PARAMS.slots))      # BAD_SLOT
+    for p in range(P - 1):                                                                   # port 3 unknown
+        writes += mac_writes(regs, p, MacEntry(host_mac(p), p))
+    return writes + slot_clear_writes(regs, 0, PARAMS.slots)
+
+
+def random_frames(rng, chunks):
+    """Group 1's chunks in order, two at a time with their contributions shuffled (a window of two), some
+    repeated (before and after completion) or with another length; group 2's int16 MAX chunks; and noise:
+    other types, all-gathers, BAD_SLOT and NO_RULE groups, ordinary frames."""
+    P = PARAMS.ports
+
+    def cais(port, group, seq, plen=8, dtype=proto.DType.INT32, op=proto.ReduceOp.SUM,
+             op_type=proto.OpType.ALL_REDUCE):
+        hdr = proto.CaisHeader(op_type=op_type, group_id=group, seq_num=seq, payload_len=plen, dtype=dtype,
+                               red_op=op)
+        return port, proto.build_frame(hdr, bytes(plen), src=host_mac(port), pad=True)
+
+    frames = []
+    for t in range(0, chunks, 2):
+        window = [cais(p, 1, t + k) for k in range(2) for p in range(P)]
+        window += [cais(p, 2, t // 2, dtype=proto.DType.INT16, op=proto.ReduceOp.MAX) for p in (0, 1)]
+        for _ in range(rng.randint(1, 4)):
+            port = rng.randrange(P)
+            kind = rng.randrange(7)
+            if kind == 0:
+                dst = rng.choice([host_mac(rng.randrange(P)), proto.BROADCAST_MAC, 0x02_00_00_00_09_99])
+                window.append((port, proto.EthHeader(dst, host_mac(port), 0x0800).pack() + bytes(60)))
+            elif kind == 1:
+                window.append(cais(port, 1, t + rng.randrange(2), plen=12))               # LENGTH_MISMATCH
+            elif kind == 2:
+                window.append(cais(port, 1, t, op_type=proto.OpType.ALL_GATHER))
+            elif kind == 3:
+                window.append(cais(port, rng.choice([3, 9]), t))                            # BAD_SLOT, NO_RULE
+            elif kind == 4:
+                window.append(cais(port, 1, t + rng.randrange(2), dtype=proto.DType.INT16))  # TYPE_MISMATCH
+            else:
+                window.append(cais(port, 1, max(0, t - rng.randrange(3))))                 # repeats
+        rng.shuffle(window)
+        frames += window
+    return frames
+
+
+def program(ctx, dut, regs, writes):
+    """Drive the table-programming members as the register bank would, one write per call."""
+    async def apply():
+        for addr, value in writes:
+            reg = next(r for r in regs if r.address() == addr)
+            name = reg.name.lower()
+            if reg.kind is Kind.COMMAND:
+                ctx.set(getattr(dut.program, f"{name}_data"), value)
+                ctx.set(getattr(dut.program, f"{name}_stb"), 1)
+                await ctx.tick()
+                ctx.set(getattr(dut.program, f"{name}_stb"), 0)
+            else:
+                ctx.set(getattr(dut.program, name), value)
+                await ctx.tick()
+    return apply()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_decisions_match_the_reference_model(seed):
+    rng = random.Random(seed)
+    regs = register_map(PARAMS)
+    dut = Decision(PARAMS, regs)
+    frames = random_frames(rng, 40)
+    model = SwitchModel(PARAMS)
+    writes = setup_writes(regs)
+    for addr, value in writes:
+        model.write(addr, value)
+    problems, seen = [], {"jobs": 0, "forwards": 0, "writes": 0, "drops": 0}
+    B = PARAMS.beat_bytes
+
+    async def tb(ctx):
+        await program(ctx, dut, regs, writes)
+        for _ in range(PARAMS.slots + 4):                       # the slot-state sweep after reset
+            await ctx.tick()
+        expected = {}                                           # cycle the outputs are due -> what
+        i = cycle = 0
+        while i < len(frames) or expected:
+            offered = None
+            if i < len(frames) and rng.random() < 0.7:
+                port, frame = frames[i]
+                offered = port
+                ctx.set(dut.meta[port], {"hdr": to_word(frame[:proto.HEADERS_BYTES]), "length": len(frame),
+                                         "beats": -(-len(frame) // B)})
+            ctx.set(dut.request, 0 if offered is None else 1 << offered)
+            await ctx.delay(1e-9)
+            # outputs of the frame taken DECISION_LATENCY cycles ago (events one cycle before the outputs)
+            ev = {k: ctx.get(getattr(dut, v)) for k, v in EVENTS.items()}
+            ev_drop, reason = ctx.get(dut.ev_drop), ctx.get(dut.ev_drop_reason)
+            push, dec, job_valid, job = (ctx.get(dut.push), ctx.get(dut.decision), ctx.get(dut.job_valid),
+                                         ctx.get(dut.job))
+            due_ev = expected.pop(("ev", cycle), None)
+            due_out = expected.pop(("out", cycle), None)
+            if due_ev is not None:
+                counts = due_ev
+                want_drop = next((r for r in proto.DropReason if counts.get(f"DROP_{r.name}")), None)
+                if bool(ev_drop) != (want_drop is not None) or (want_drop is not None and reason != want_drop):
+                    problems.append(f"cycle {cycle}: drop {ev_drop}/{reason}, model {want_drop}")
+                for k in EVENTS:
+                    if ev[k] != counts.get(k, 0):
+                        problems.append(f"cycle {cycle}: {k} {ev[k]}, model {counts.get(k, 0)}")
+            elif any(ev.values()) or ev_drop:
+                problems.append(f"cycle {cycle}: events with no frame decided")
+            if due_out is not None:
+                port, outs, counts = due_out
+                if push != 1 << port:
+                    problems.append(f"cycle {cycle}: decision pushed to {push:#x}, frame of port {port}")
+                action = dec["action"]
+                if counts.get("FORWARDED"):
+                    seen["forwards"] += 1
+                    if action != Action.FORWARD or dec["mask"] != sum(1 << p for p, _ in outs):
+                        problems.append(f"cycle {cycle}: forward {action}/{dec['mask']:#x}, model {outs}")
+                elif any(k.startswith("DROP_") for k in counts):
+                    seen["drops"] += 1
+                    if action != Action.DROP:
+                        problems.append(f"cycle {cycle}: action {action}, model drops")
+                else:
+                    if action != Action.AGGREGATE or dec["write"] != bool(counts.get("CONTRIBUTIONS")):
+                        problems.append(f"cycle {cycle}: {action} write {dec['write']}, model {counts}")
+                    seen["writes"] += dec["write"]
+                result_ports = sum(1 << p for p, _ in outs) if counts.get("COMPLETED") or counts.get("RESULTS_RESENT") else 0
+                if job_valid != bool(result_ports) or (job_valid and job["mask"] != result_ports):
+                    problems.append(f"cycle {cycle}: job {job_valid}/{job['mask']:#x}, model to {result_ports:#x}")
+                seen["jobs"] += job_valid
+            elif push or job_valid:
+                problems.append(f"cycle {cycle}: a decision with no frame")
+            if offered is not None and ctx.get(dut.take) == 1 << offered:
+                before = model.counters()
+                outs = model.receive(offered, frames[i][1])
+                after = model.counters()
+                counts = {k: after[k] - before[k] for k in after
+                          if not isinstance(after[k], list) and after[k] != before[k]}
+                expected[("ev", cycle + DECISION_LATENCY - 1)] = counts
+                expected[("out", cycle + DECISION_LATENCY)] = (offered, outs, counts)
+                i += 1
+            await ctx.tick()
+            cycle += 1
+            if cycle > 20 * len(frames):
+                problems.append("the block stopped taking headers")
+                return
+
+    run(dut, tb)
+    assert not problems, problems[:8]
+    assert min(seen.values()) > 5, seen                     # every kind of outcome happened
