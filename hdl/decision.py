@@ -3,13 +3,14 @@ for the port's lane and, for a set that completes or a resend, a result job.
 
 Stages (one header per cycle, no stall; the arbiter holds headers back instead)::
 
-    A: round-robin pick of a port with a header waiting and room in its lane   (registered: a_*)
-    B: rule match, MAC lookup, slot and set, every drop that needs no state    (registered: b_*)
-    C: slot-state read, SlotUpdate, the state-dependent outcome, state write   (outputs registered)
+    A:  round-robin pick of a port with a header waiting and room in its lane  (registered: a_*)
+    B1: rule match (the winning entry, one-hot), MAC lookup                     (registered: m_*)
+    B2: the rule's fields, slot and set, every drop that needs no state         (registered: b_*)
+    C:  slot-state read, SlotUpdate, the state-dependent outcome, state write  (outputs registered)
 
 The slot state is a small memory read asynchronously in C and written at the end of C, so the next
 header in C sees the new state: the state loop is one stage, and everything before it (the ternary match,
-the priority mux, the slot address add) is in A and B. The decision leaves registered, three clock edges
+the one-hot pick, the slot address add) is in A and B. The decision leaves registered, four clock edges
 after the arbiter took the header.
 """
 
@@ -32,7 +33,7 @@ from .tables import MacTable, RuleTable, TableProgramSignature
 __all__ = ["Decision", "decision_layout", "job_layout", "bank_addr_bits", "DECISION_LATENCY"]
 
 #: Clock edges from the arbiter taking a header to its decision on ``push``/``decision``.
-DECISION_LATENCY = 3
+DECISION_LATENCY = 4
 
 
 def bank_addr_bits(params: SwitchParams) -> int:
@@ -149,18 +150,30 @@ class Decision(wiring.Component):
                     with m.Case(p):
                         m.d.sync += a_meta.eq(self.meta[p])
 
-        # ------------------------------------------------------------ B: tables and stateless checks
-        hdr = FrameHeader(a_meta.hdr)
+        # ------------------------------------------------------------ B1: table lookups
+        key = FrameHeader(a_meta.hdr)
         m.submodules.rules = rules = RuleTable(prm, self.regmap)
         m.submodules.macs = macs = MacTable(prm, self.regmap)
         wiring.connect(m, wiring.flipped(self.program), rules.program, macs.program)
         m.d.comb += [
-            rules.group_id.eq(hdr.group_id), rules.layer_id.eq(hdr.layer_id), rules.chunk_id.eq(hdr.chunk_id),
-            macs.mac.eq(hdr.dst_mac),
+            rules.group_id.eq(key.group_id), rules.layer_id.eq(key.layer_id), rules.chunk_id.eq(key.chunk_id),
+            macs.mac.eq(key.dst_mac),
         ]
-        rule = rules.rule
+        m_valid, m_port, m_meta = Signal(), Signal(range(P)), Signal(self.meta_layout)
+        m_pick, m_mac_hit, m_mac_port = Signal(prm.rules), Signal(), Signal(range(P))
+        m.d.sync += [
+            m_valid.eq(a_valid), m_port.eq(a_port), m_meta.eq(a_meta),
+            m_pick.eq(rules.hits & -rules.hits),            # the lowest matching entry wins, one-hot
+            m_mac_hit.eq(macs.hit), m_mac_port.eq(macs.port),
+        ]
+
+        # ------------------------------------------------------------ B2: the rule and stateless checks
+        hdr = FrameHeader(m_meta.hdr)
+        m.d.comb += rules.pick.eq(m_pick)
+        rule = rules.picked
+        rule_hit = m_pick.any()
         me = Signal(P)
-        m.d.comb += me.eq(1 << a_port)
+        m.d.comb += me.eq(1 << m_port)
         # Slot and set from seq_num within the group's quota, at full width: with count_log2 up to 31 the
         # offset can be any 32-bit value, and every slot >= slots is BAD_SLOT.
         seq = hdr.seq_num
@@ -175,7 +188,7 @@ class Decision(wiring.Component):
         b_tag, b_plen = Signal(32), Signal(prm.slot_len_bits)
         b_cais = Signal(proto.CAIS_HEADER_BYTES * 8)
         b_rows = Signal(range(prm.rows_per_set + 1))
-        b_beats, b_length = Signal.like(a_meta.beats), Signal.like(a_meta.length)
+        b_beats, b_length = Signal.like(m_meta.beats), Signal.like(m_meta.length)
         b_contributors, b_results = Signal(P), Signal(P)
         b_kind = Signal(data.StructLayout({"dtype": DType, "op": ReduceOp, "acc_fp32": 1, "saturate": 1}))
 
@@ -189,8 +202,8 @@ class Decision(wiring.Component):
                     s_mask.eq(dest)]
 
         with m.If(~hdr.is_cais):
-            m.d.comb += forward(Mux(hdr.dst_is_group | ~macs.hit, all_ports, Const(1, P) << macs.port) & ~me)
-        with m.Elif(~rules.hit):
+            m.d.comb += forward(Mux(hdr.dst_is_group | ~m_mac_hit, all_ports, Const(1, P) << m_mac_port) & ~me)
+        with m.Elif(~rule_hit):
             m.d.comb += drop(DropReason.NO_RULE)
         with m.Elif(~(rule.contributors & me).any()):
             m.d.comb += drop(DropReason.FOREIGN_PORT)
@@ -204,11 +217,11 @@ class Decision(wiring.Component):
             m.d.comb += s_action.eq(Action.AGGREGATE)
 
         m.d.sync += [
-            b_valid.eq(a_valid), b_port.eq(a_port), b_me.eq(me),
+            b_valid.eq(m_valid), b_port.eq(m_port), b_me.eq(me),
             b_action.eq(s_action), b_reason.eq(s_reason), b_mask.eq(s_mask),
             b_slot.eq(slot[:slot_bits]), b_set.eq(set_sel), b_tag.eq(seq), b_plen.eq(hdr.payload_len),
             b_cais.eq(hdr.cais_bytes()), b_rows.eq((hdr.payload_len + B - 1) >> lb),
-            b_beats.eq(a_meta.beats), b_length.eq(a_meta.length),
+            b_beats.eq(m_meta.beats), b_length.eq(m_meta.length),
             b_contributors.eq(rule.contributors), b_results.eq(rule.results),
             b_kind.dtype.eq(rule.dtype), b_kind.op.eq(rule.red_op), b_kind.saturate.eq(rule.saturate),
             # fp16/bf16 accumulated in fp32 inside the fold (the flag means nothing for other types)
@@ -273,5 +286,5 @@ class Decision(wiring.Component):
                 m.d.sync += in_use.eq(in_use - (clr_rd.data[0].bitmap != 0) - (clr_rd.data[1].bitmap != 0))
             m.d.sync += clear_pending.eq(self.program.slot_clear_stb)
 
-        m.d.comb += self.busy.eq(a_valid | b_valid)
+        m.d.comb += self.busy.eq(a_valid | m_valid | b_valid)
         return m

@@ -1,6 +1,6 @@
 """The rule table and the MAC table: small match tables the control plane writes over AXI4-Lite."""
 
-from amaranth.hdl import Cat, Module, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -64,6 +64,10 @@ class RuleTable(wiring.Component):
         The key to look up.
     hit : Out(1); rule : Out(rule_layout)
         Whether a rule matched, and that rule.
+    hits : Out(rules)
+        Every entry that matches (for a pipelined lookup: register ``hits & -hits``, the winner, one-hot).
+    pick : In(rules); picked : Out(rule_layout)
+        The entries in the one-hot ``pick``, OR-ed (an AND-OR mux: the second half of a pipelined lookup).
     """
 
     def __init__(self, params: SwitchParams, regmap: RegisterMap):
@@ -73,6 +77,7 @@ class RuleTable(wiring.Component):
             "program": In(TableProgramSignature(regmap)),
             "group_id": In(8), "layer_id": In(16), "chunk_id": In(16),
             "hit": Out(1), "rule": Out(self.layout),
+            "hits": Out(params.rules), "pick": In(params.rules), "picked": Out(self.layout),
         })
 
     def elaborate(self, platform):
@@ -108,7 +113,11 @@ class RuleTable(wiring.Component):
                     & (((self.chunk_id ^ e.chunk_value) & e.chunk_mask) == 0))
 
         hits = Cat(*(matches(e) for e in entries))
-        m.d.comb += self.hit.eq(hits.any())
+        m.d.comb += [self.hit.eq(hits.any()), self.hits.eq(hits)]
+        picked = 0
+        for i, e in enumerate(entries):
+            picked = picked | Mux(self.pick[i], e.as_value(), 0)
+        m.d.comb += self.picked.eq(picked)
         for i, e in reversed(list(enumerate(entries))):   # lowest index has priority
             with m.If(hits[i]):
                 m.d.comb += self.rule.eq(e)

@@ -35,7 +35,7 @@ class ModelLink(LinkBase):
       finished the port's previous frame. Ports do not wait for each other (docs/interface.md).
     * Egress: a forwarded frame's first beat leaves ``FORWARD_LATENCY`` cycles after its lane started it;
       a result's first beat leaves ``rows + F + RESULT_LATENCY`` cycles after the lane finished the
-      completing frame (docs/interface.md: ``beats + rows + F + 11`` after its last beat, F the fold
+      completing frame (docs/interface.md: ``beats + rows + F + 12`` after its last beat, F the fold
       chain's latency); either waits for the egress port's previous frame. An output frame is received
       once its last beat has left (``+ beats``).
     * Registers: each access takes ``reg_cycles`` cycles (the RTL's AXI4-Lite takes about as many).
@@ -44,8 +44,8 @@ class ModelLink(LinkBase):
     processed first, so the outcome does not depend on how ``advance`` calls are split.
     """
 
-    FORWARD_LATENCY = 5      # decision, lane start and egress grant
-    RESULT_LATENCY = 11
+    FORWARD_LATENCY = 6      # decision, lane start and egress grant
+    RESULT_LATENCY = 12
 
     def __init__(self, params: SwitchParams = SwitchParams(), clock_hz: float = DEFAULT_CLOCK_HZ, *,
                  reg_cycles: int = 4, model: SwitchModel | None = None):
