@@ -181,7 +181,7 @@ class Decision(wiring.Component):
         m.d.comb += slot.eq(rule.base + (seq & ((Const(1, 33) << rule.count_log2) - 1)))
         set_sel = (seq >> rule.count_log2)[0]
 
-        # What B found: a drop (reason), a forward (mask), or an all-reduce contribution for C.
+        # What B2 found: a drop (reason), a forward (mask), or an all-reduce contribution for C.
         b_valid, b_port, b_me = Signal(), Signal(range(P)), Signal(P)
         b_action, b_reason, b_mask = Signal(Action), Signal(DropReason), Signal(P)
         b_slot, b_set = Signal(slot_bits), Signal()
