@@ -476,9 +476,7 @@ def _payload_bits(row: Row, frame: bytes) -> np.ndarray:
 
 def _fold(row: Row, contributions: list[np.ndarray]) -> bytes:
     """The result payload for contributions arriving in the given order (numerics, as the model does)."""
-    acc = None
-    for v in contributions:
-        acc = numerics.accumulate(row.dtype, row.op, acc, v, acc_fp32=row.acc_fp32, saturate=row.saturate)
+    acc = numerics.fold(row.dtype, row.op, contributions, acc_fp32=row.acc_fp32, saturate=row.saturate)
     return numerics.encode(row.dtype, numerics.result_values(row.dtype, acc, acc_fp32=row.acc_fp32))
 
 

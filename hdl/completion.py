@@ -14,17 +14,14 @@ from cais.params import SwitchParams
 
 from .decision import DECISION_LATENCY, bank_addr_bits, job_layout
 from .fold import FoldChain
-from .lane import LANE_DECISIONS
-from .header import cais_field
+from .lane import LANE_DECISIONS, OPEN_BITS
 from .pipeline import delay_line
 from .results import ResultRow, result_frame_layout
 
-__all__ = ["JobQueue", "FoldReader", "job_depth", "OPEN_BITS"]
+__all__ = ["JobQueue", "FoldReader", "job_depth"]
 
 #: Pipeline stages of the fold chain's float adders (FloatAdder.CUTS): the most, for the clock.
 FOLD_FADD_STAGES = 6
-#: Bits of a lane's count of decided, unfinished frames (at most LANE_DECISIONS + 1 are open).
-OPEN_BITS = 3
 
 
 def job_depth(params: SwitchParams) -> int:
@@ -74,25 +71,23 @@ class JobQueue(wiring.Component):
         m.submodules.mem = mem = self._mem
         wr, rd = mem.write_port(), mem.read_port(domain="comb")
         D = self.depth
-        wp, rp = Signal(range(D)), Signal(range(D))
+        abits = ceil_log2(D)
+        # Pointers with one extra bit, so that full and empty differ and the level is their difference.
+        wp, rp = Signal(abits + 1), Signal(abits + 1)
         counts = [[Signal(OPEN_BITS, name=f"open{i}_{p}") for p in range(P)] for i in range(D)]
         pop = self.pop & self.head_ready
-        m.d.comb += [wr.addr.eq(wp), wr.data.eq(self.job), wr.en.eq(self.push), rd.addr.eq(rp),
-                     self.head.eq(rd.data)]
-        m.d.sync += self.level.eq(self.level + self.push - pop)
-        with m.If(self.push):
-            m.d.sync += wp.eq(wp + 1)
-        with m.If(pop):
-            m.d.sync += rp.eq(rp + 1)
+        m.d.comb += [wr.addr.eq(wp[:abits]), wr.data.eq(self.job), wr.en.eq(self.push), rd.addr.eq(rp[:abits]),
+                     self.head.eq(rd.data), self.level.eq(wp - rp)]
+        m.d.sync += [wp.eq(wp + self.push), rp.eq(rp + pop)]
         for i in range(D):
             for p in range(P):
                 c = counts[i][p]
-                with m.If(self.push & (wp == i)):
+                with m.If(self.push & (wp[:abits] == i)):
                     m.d.sync += c.eq(self.open_after[p])
                 with m.Elif(self.finished[p] != 0):
                     m.d.sync += c.eq(Mux(c > self.finished[p], c - self.finished[p], 0))
         zero = Array(Cat(*(c == 0 for c in row)).all() for row in counts)
-        m.d.comb += self.head_ready.eq((self.level != 0) & zero[rp])
+        m.d.comb += self.head_ready.eq((self.level != 0) & zero[rp[:abits]])
         return m
 
 
@@ -141,8 +136,7 @@ class FoldReader(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         prm = self.params
-        W, B = prm.data_width, prm.beat_bytes
-        lb = ceil_log2(B)
+        W = prm.data_width
         depth = self.row_depth
 
         m.submodules.frames = frames = SyncFIFOBuffered(
@@ -176,15 +170,16 @@ class FoldReader(wiring.Component):
         can_start = ~active | (issue & last_row)
         start = can_start & self.job_valid & frames.w_rdy
         job = self.job
-        plen = cais_field(job.cais, "payload_len")
+        frame = data.View(result_frame_layout(prm), frames.w_data)
         m.d.comb += [
             self.job_ready.eq(start),
             frames.w_en.eq(start),
-            frames.w_data.eq(Cat(job.cais, job.mask)),
+            frame.cais.eq(job.cais), frame.mask.eq(job.mask), frame.rows.eq(job.rows),
+
         ]
         with m.If(start):
             m.d.sync += [
-                active.eq(1), base.eq(job.row_base), rows.eq((plen + B - 1) >> lb), j.eq(0),
+                active.eq(1), base.eq(job.row_base), rows.eq(job.rows), j.eq(0),
                 kind.contributors.eq(job.contributors), kind.dtype.eq(job.dtype), kind.op.eq(job.op),
                 kind.acc_fp32.eq(job.acc_fp32), kind.saturate.eq(job.saturate),
             ]
@@ -206,7 +201,7 @@ class FoldReader(wiring.Component):
         out_dtype = delay_line(m, read_kind.dtype, chain.latency, "out_dtype")
         m.submodules.narrow = narrow = ResultRow(W, prm.float_units)
         m.d.comb += [
-            narrow.word.eq(chain.result), narrow.granule.eq(0), narrow.acc_fp32.eq(out_acc),
+            narrow.word.eq(chain.result), narrow.acc_fp32.eq(out_acc),
             narrow.dtype.eq(out_dtype),
             wrote.eq(chain.o_valid), rows_q.w_en.eq(chain.o_valid), rows_q.w_data.eq(narrow.row),
         ]

@@ -16,7 +16,7 @@ chain, one row per cycle, so every result is the port-order fold of docs/numeric
 of arrival. The decision pipeline takes one header per cycle from all ports together.
 """
 
-from amaranth.hdl import Cat, Module, Signal
+from amaranth.hdl import Cat, Module
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -24,7 +24,7 @@ from amaranth.lib.wiring import In, Out
 from cais.params import SwitchParams
 from cais.registers import RegisterMap
 
-from .completion import OPEN_BITS, FoldReader, JobQueue
+from .completion import FoldReader, JobQueue
 from .decision import DECISION_LATENCY, Decision
 from .egress import EgressCrossbar
 from .enums import Action, DropReason
@@ -112,16 +112,10 @@ class SwitchCore(wiring.Component):
                 self.beat_ready[p].eq(lane.beat_ready),
                 wr.addr.eq(lane.bank_addr), wr.data.eq(lane.bank_data), wr.en.eq(lane.bank_en),
                 rd.addr.eq(reader.rd_addr), rd.en.eq(reader.rd_en), reader.rd_data[p].eq(rd.data),
-                jobs.finished[p].eq(lane.finished),
+                jobs.finished[p].eq(lane.finished), jobs.open_after[p].eq(lane.open_after),
             ]
             wiring.connect(m, lane.fwd, xbar.sources[p])
             busy.append(lane.busy)
-
-            # Frames of this port decided and not yet finished; what a job queued now waits for.
-            open_ = Signal(OPEN_BITS, name=f"open{p}")
-            open_next = (open_ + dec.push[p] - lane.finished)[:OPEN_BITS]
-            m.d.sync += open_.eq(open_next)
-            m.d.comb += jobs.open_after[p].eq(open_next)
 
         m.d.comb += [
             jobs.push.eq(dec.job_valid), jobs.job.eq(dec.job),

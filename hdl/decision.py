@@ -61,6 +61,7 @@ def job_layout(params: SwitchParams) -> data.StructLayout:
         "mask": params.ports,                       # egress ports of the result
         "contributors": params.ports,               # banks folded, in ascending port order
         "row_base": bank_addr_bits(params),
+        "rows": range(params.rows_per_set + 1),     # ceil(payload_len / B)
         "dtype": DType, "op": ReduceOp, "acc_fp32": 1, "saturate": 1,
     })
 
@@ -127,9 +128,8 @@ class Decision(wiring.Component):
         last = Signal(range(P))
         # During the sweep after reset and while a SLOT_CLEAR waits, only frames that need no slot state
         # are taken.
-        stateless = Cat(*(~(FrameHeader(self.meta[p].hdr).is_cais
-                            & (FrameHeader(self.meta[p].hdr).op_type == proto.OpType.ALL_REDUCE))
-                          for p in range(P)))
+        offered = [FrameHeader(self.meta[p].hdr) for p in range(P)]
+        stateless = Cat(*(~(h.is_cais & (h.op_type == proto.OpType.ALL_REDUCE)) for h in offered))
         req = Mux(self.hold, 0, self.request & Mux(sweeping | clear_pending, stateless, (1 << P) - 1))
         above = Signal(P)
         m.d.comb += above.eq(req & ~((Const(2, P + 1) << last) - 1)[:P])
@@ -163,7 +163,7 @@ class Decision(wiring.Component):
         m_pick, m_mac_hit, m_mac_port = Signal(prm.rules), Signal(), Signal(range(P))
         m.d.sync += [
             m_valid.eq(a_valid), m_port.eq(a_port), m_meta.eq(a_meta),
-            m_pick.eq(rules.hits & -rules.hits),            # the lowest matching entry wins, one-hot
+            m_pick.eq(rules.first),
             m_mac_hit.eq(macs.hit), m_mac_port.eq(macs.port),
         ]
 
@@ -266,7 +266,7 @@ class Decision(wiring.Component):
             d.row_base.eq(row_base), d.rows.eq(b_rows), d.beats.eq(b_beats), d.length.eq(b_length),
             self.job_valid.eq(completes | resend),
             self.job.cais.eq(b_cais), self.job.mask.eq(Mux(resend, b_me, b_results)),
-            self.job.contributors.eq(b_contributors), self.job.row_base.eq(row_base),
+            self.job.contributors.eq(b_contributors), self.job.row_base.eq(row_base), self.job.rows.eq(b_rows),
             self.job.dtype.eq(b_kind.dtype), self.job.op.eq(b_kind.op), self.job.acc_fp32.eq(b_kind.acc_fp32),
             self.job.saturate.eq(b_kind.saturate),
         ]

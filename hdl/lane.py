@@ -14,10 +14,13 @@ from .egress import FrameSourceSignature
 from .enums import Action
 from .results import header_split
 
-__all__ = ["IngressLane", "LANE_DECISIONS"]
+__all__ = ["IngressLane", "LANE_DECISIONS", "OPEN_BITS"]
 
 #: Decisions a lane holds (queued or in the decision pipeline): enough to hide the pipeline's latency.
 LANE_DECISIONS = 4
+#: Bits of the count of a lane's decided, unfinished frames: the queued ones, the one streaming and one
+#: whose last row is being written.
+OPEN_BITS = ceil_log2(LANE_DECISIONS + 3)
 
 
 class IngressLane(wiring.Component):
@@ -45,6 +48,9 @@ class IngressLane(wiring.Component):
     finished : Out(range(3))
         Frames done in this cycle (their rows, if any, written by its end): a frame whose last row is
         written now and a one-beat frame that ends now make two.
+    open_after : Out(OPEN_BITS)
+        Frames decided and not finished, counting this cycle's decision and finished frames (what a
+        result job queued in this cycle waits for, :class:`cais.hdl.completion.JobQueue`).
     busy : Out(1)
     """
 
@@ -58,7 +64,7 @@ class IngressLane(wiring.Component):
             "beat_data": In(W), "beat_valid": In(1), "beat_ready": Out(1),
             "fwd": Out(FrameSourceSignature(P, W, params.max_frame_beats)),
             "bank_addr": Out(bank_addr_bits(params)), "bank_data": Out(W), "bank_en": Out(1),
-            "finished": Out(range(3)),
+            "finished": Out(range(3)), "open_after": Out(OPEN_BITS),
             "busy": Out(1),
         })
 
@@ -113,17 +119,17 @@ class IngressLane(wiring.Component):
         ]
 
         # Payload rows into the bank.
-        writing = cur.action == Action.AGGREGATE
-        with m.If(take & writing):
+        stores = (cur.action == Action.AGGREGATE) & cur.write
+        last_row_late = stores & (cur.beats == cur.rows + h)    # the last row ends in the last beat
+        with m.If(take & stores):
             m.d.sync += prev.eq(self.beat_data)
         row = (idx - (h + 1))[:len(cur.rows)]
-        row_now = take & writing & cur.write & (idx >= h + 1) & (row < cur.rows)
-        flush = Signal()                          # the last row ends in the last beat: write it next cycle
+        row_now = take & stores & (idx >= h + 1) & (row < cur.rows)
+        flush = Signal()                          # ... so it is written in the next cycle
         flush_addr = Signal.like(self.bank_addr)
-        with m.If(ending & writing & cur.write & (cur.beats == cur.rows + h)):
-            m.d.sync += [flush.eq(1), flush_addr.eq(cur.row_base + cur.rows - 1)]
-        with m.Else():
-            m.d.sync += flush.eq(0)
+        m.d.sync += flush.eq(ending & last_row_late)
+        with m.If(ending & last_row_late):
+            m.d.sync += flush_addr.eq(cur.row_base + cur.rows - 1)
         with m.If(flush):
             m.d.comb += [self.bank_en.eq(1), self.bank_addr.eq(flush_addr), self.bank_data.eq(prev >> (8 * o))]
         with m.Else():
@@ -131,7 +137,11 @@ class IngressLane(wiring.Component):
                 self.bank_en.eq(row_now), self.bank_addr.eq(cur.row_base + row),
                 self.bank_data.eq(((prev >> (8 * o)) | (self.beat_data << (8 * (B - o))))[:W]),
             ]
-        m.d.comb += self.finished.eq(flush + (ending & ~(writing & cur.write & (cur.beats == cur.rows + h))))
+        m.d.comb += self.finished.eq(flush + (ending & ~last_row_late))
+
+        open_ = Signal(OPEN_BITS)
+        m.d.comb += self.open_after.eq(open_ + self.push - self.finished)
+        m.d.sync += open_.eq(self.open_after)
 
         m.d.comb += self.busy.eq(active | flush | queue.r_rdy | (held != 0))
         return m

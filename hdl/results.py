@@ -21,24 +21,26 @@ def header_split(beat_bytes: int):
 
 
 def result_frame_layout(params: SwitchParams) -> data.StructLayout:
-    """A result frame to send: the header of the frame that triggered it, and its egress ports."""
+    """A result frame to send: the header of the frame that triggered it, its egress ports and its
+    payload rows."""
     return data.StructLayout({
         "cais": proto.CAIS_HEADER_BYTES * 8,   # header of the triggering frame, wire order
         "mask": params.ports,                  # egress ports
+        "rows": range(params.rows_per_set + 1),  # ceil(payload_len / B)
     })
 
 
 class ResultRow(wiring.Component):
-    """One payload row of a result, from a slot-memory word of two granules, combinational.
+    """One payload row of a result, from the fold chain's accumulator word, combinational.
 
-    A set accumulated in the wire format keeps row ``j`` in one granule; a set of fp16/bf16 accumulated
-    in fp32 keeps row ``j`` as a whole word of W/16 float32 accumulators, which are rounded to the wire
-    format here, once, as the result leaves (docs/numerics.md).
+    In the wire format the row is the word's low ``data_width`` bits; fp16/bf16 accumulated in fp32 fill
+    the whole word with W/16 float32 accumulators, which are rounded to the wire format here, once, as the
+    result leaves (docs/numerics.md).
 
     Members
     -------
-    word : In(2 * data_width); granule : In(1)
-        The word read and, for wire-format sets, the granule holding the row.
+    word : In(2 * data_width)
+        The accumulator word (:attr:`cais.hdl.fold.FoldChain.result`).
     acc_fp32 : In(1); dtype : In(4)
         How the set accumulates.
     row : Out(data_width)
@@ -46,15 +48,15 @@ class ResultRow(wiring.Component):
 
     def __init__(self, data_width: int, float_units: bool = True):
         self.data_width, self.float_units = data_width, float_units
-        super().__init__({"word": In(2 * data_width), "granule": In(1), "acc_fp32": In(1), "dtype": In(4),
+        super().__init__({"word": In(2 * data_width), "acc_fp32": In(1), "dtype": In(4),
                           "row": Out(data_width)})
 
     def elaborate(self, platform):
         m = Module()
         W = self.data_width
-        granule = Mux(self.granule, self.word[W:], self.word[:W])
+        wire = self.word[:W]
         if not self.float_units:
-            m.d.comb += self.row.eq(granule)
+            m.d.comb += self.row.eq(wire)
             return m
         narrowed = {}
         for dtype, fmt in ((proto.DType.FP16, FP16), (proto.DType.BF16, BF16)):
@@ -68,7 +70,7 @@ class ResultRow(wiring.Component):
             m.d.comb += self.row.eq(Mux(self.dtype == proto.DType.BF16, narrowed[proto.DType.BF16],
                                         narrowed[proto.DType.FP16]))
         with m.Else():
-            m.d.comb += self.row.eq(granule)
+            m.d.comb += self.row.eq(wire)
         return m
 
 
@@ -160,7 +162,7 @@ class ResultGenerator(wiring.Component):
         job_plen = cais_field(self.job.cais, "payload_len")
         job_len = proto.HEADERS_BYTES + job_plen
         can_start = ~active | (fire & is_last)
-        job_rows = (job_plen + B - 1) >> lb
+        job_rows = self.job.rows
         rows_waiting = self.rows_held - self.row_ready          # not counting one taken this cycle
         m.d.comb += [
             out.req.eq(can_start & self.job_valid & (rows_waiting >= job_rows)),

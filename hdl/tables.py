@@ -52,7 +52,8 @@ def rule_layout(params: SwitchParams) -> data.StructLayout:
 class RuleTable(wiring.Component):
     """Ternary match on (group_id, layer_id, chunk_id); the lowest-index valid match wins.
 
-    Entries are registers, so a lookup is combinational. An entry is written whole from the staging
+    Entries are registers. A lookup has two halves, so a pipeline can register between them: the match
+    gives the winner as a one-hot ``first``; ``pick`` (that winner, registered or not) reads its fields. An entry is written whole from the staging
     registers when RULE_WRITE is written (``write_stb``), so a lookup never sees a half-written rule.
 
     Members
@@ -62,12 +63,10 @@ class RuleTable(wiring.Component):
         and slot members are not used here).
     group_id : In(8); layer_id : In(16); chunk_id : In(16)
         The key to look up.
-    hit : Out(1); rule : Out(rule_layout)
-        Whether a rule matched, and that rule.
-    hits : Out(rules)
-        Every entry that matches (for a pipelined lookup: register ``hits & -hits``, the winner, one-hot).
+    first : Out(rules)
+        The winning entry, one-hot (0: no entry matches).
     pick : In(rules); picked : Out(rule_layout)
-        The entries in the one-hot ``pick``, OR-ed (an AND-OR mux: the second half of a pipelined lookup).
+        The entry in the one-hot ``pick`` (an AND-OR mux).
     """
 
     def __init__(self, params: SwitchParams, regmap: RegisterMap):
@@ -76,8 +75,7 @@ class RuleTable(wiring.Component):
         super().__init__({
             "program": In(TableProgramSignature(regmap)),
             "group_id": In(8), "layer_id": In(16), "chunk_id": In(16),
-            "hit": Out(1), "rule": Out(self.layout),
-            "hits": Out(params.rules), "pick": In(params.rules), "picked": Out(self.layout),
+            "first": Out(params.rules), "pick": In(params.rules), "picked": Out(self.layout),
         })
 
     def elaborate(self, platform):
@@ -113,14 +111,11 @@ class RuleTable(wiring.Component):
                     & (((self.chunk_id ^ e.chunk_value) & e.chunk_mask) == 0))
 
         hits = Cat(*(matches(e) for e in entries))
-        m.d.comb += [self.hit.eq(hits.any()), self.hits.eq(hits)]
+        m.d.comb += self.first.eq(hits & -hits)           # the lowest index has priority
         picked = 0
         for i, e in enumerate(entries):
             picked = picked | Mux(self.pick[i], e.as_value(), 0)
         m.d.comb += self.picked.eq(picked)
-        for i, e in reversed(list(enumerate(entries))):   # lowest index has priority
-            with m.If(hits[i]):
-                m.d.comb += self.rule.eq(e)
         return m
 
 

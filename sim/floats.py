@@ -138,6 +138,12 @@ class Bench:
         return [rx[n:] for rx, n in zip(self.tb.rx, before)]
 
 
+def port_order_result(dtype: D, op: R, values: list, acc_fp32: bool) -> bytes:
+    """The reference result payload: ``values[p]`` (port p's contribution) folded in ascending port order."""
+    acc = numerics.fold(dtype, op, values, acc_fp32=acc_fp32)
+    return numerics.encode(dtype, numerics.result_values(dtype, acc, acc_fp32=acc_fp32))
+
+
 def result_payload(frame: bytes) -> bytes:
     return proto.parse_frame(frame).payload
 
@@ -177,10 +183,7 @@ async def any_order(link, seed: int) -> list[str]:
             for p in range(P):
                 tb.send(p, frames[p])
             got = await bench.collect(before)
-            acc = None
-            for p in range(P):
-                acc = numerics.accumulate(dtype, op, acc, values[p], acc_fp32=acc_fp32)
-            want = numerics.encode(dtype, numerics.result_values(dtype, acc, acc_fp32=acc_fp32))
+            want = port_order_result(dtype, op, values, acc_fp32)
             if [[result_payload(f) for f in rx] for rx in got] != [[want]] * P:
                 problems.append(f"{label}, all at once: not the port-order fold on every port")
             for p in range(P):         # keep the model in step (same slot state and counters)
@@ -207,10 +210,7 @@ async def reproducible(link, seed: int) -> list[str]:
             await bench.program(dtype, op, acc_fp32, True, count_log2)
             n = capacity // esize
             values = [float_values(rng, dtype, n) for _ in range(P)]
-            acc = None
-            for p in range(P):     # the reference: ascending port order
-                acc = numerics.accumulate(dtype, op, acc, values[p], acc_fp32=acc_fp32)
-            want = numerics.encode(dtype, numerics.result_values(dtype, acc, acc_fp32=acc_fp32))
+            want = port_order_result(dtype, op, values, acc_fp32)
             orders = [list(range(P)), list(reversed(range(P)))] + [prng.sample(range(P), P) for _ in range(2)]
             for order in orders:
                 frames = bench.frames(dtype, op, values, count_log2)

@@ -361,15 +361,12 @@ class SwitchModel:
         self._parts.setdefault((slot, s), {})[port] = values
 
     def _fold(self, rule: _Rule, hdr: CaisHeader, slot: int, s: int) -> None:
-        """A set completes: its accumulator becomes what arrival in ascending port order would have given (the lowest port's contribution as it came, then each further one combined)."""
+        """A set completes: its accumulator becomes what arrival in ascending port order would have given
+        (the lowest port's contribution as it came, then each further one combined)."""
         parts = self._parts.pop((slot, s), {})
-        acc = self._accumulator(rule, slot, s)
-        dtype, op = DType(hdr.dtype), ReduceOp(hdr.red_op)
-        for i, port in enumerate(sorted(parts)):
-            values = parts[port]
-            n = len(values)
-            acc[:n] = numerics.accumulate(dtype, op, None if i == 0 else acc[:n], values,
-                                          acc_fp32=rule.acc_fp32, saturate=rule.saturate)
+        folded = numerics.fold(DType(hdr.dtype), ReduceOp(hdr.red_op), [parts[p] for p in sorted(parts)],
+                               acc_fp32=rule.acc_fp32, saturate=rule.saturate)
+        self._accumulator(rule, slot, s)[:len(folded)] = folded
 
     @staticmethod
     def _payload(frame: bytes, dtype: DType, n: int) -> np.ndarray:

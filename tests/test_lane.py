@@ -43,7 +43,7 @@ def test_frames_streamed_once_in_order(width):
     rng = random.Random(width)
     frames = make_frames(rng, params, 60)
     dut = IngressLane(params)
-    got_fwd, got_rows, finished, cycles = [], {}, [0], [0]
+    got_fwd, got_rows, finished, gaps = [], {}, [0], [0]
 
     beats = [(to_word(f[i:i + B]), k) for k, (f, _, _) in enumerate(frames) for i in range(0, len(f), B)]
 
@@ -74,7 +74,7 @@ def test_frames_streamed_once_in_order(width):
                 got_rows[addr] = from_word(ctx.get(dut.bank_data), B)
             finished[0] += ctx.get(dut.finished)
             if beat_i < len(beats) and not ctx.get(dut.beat_ready) and not pending and cycle > 10:
-                cycles[0] += 1                    # a cycle without a beat while all decisions were in
+                gaps[0] += 1                      # a cycle without a beat while all decisions were in
             await ctx.tick()
 
     run(dut, tb)
@@ -91,4 +91,4 @@ def test_frames_streamed_once_in_order(width):
     for addr, want in want_rows.items():
         assert got_rows[addr][:len(want)] == want, f"row {addr}"
     assert finished[0] == len(frames)
-    assert cycles[0] == 0, f"{cycles[0]} cycles without a beat while frames and decisions waited"
+    assert gaps[0] == 0, f"{gaps[0]} cycles without a beat while frames and decisions waited"

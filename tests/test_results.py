@@ -56,11 +56,12 @@ def run_results(params, jobs, *, seed, switch_mac, refuse=0.3, job_gap=0.3, row_
         for cycle in range(budget):
             if next_job < len(jobs) and (offering or rng.random() >= job_gap):
                 hdr, mask = jobs[next_job]
-                ctx.set(dut.job, {"cais": to_word(hdr.pack()), "mask": mask})
+                ctx.set(dut.job, {"cais": to_word(hdr.pack()), "mask": mask, "rows": len(rows[next_job])})
                 ctx.set(dut.job_valid, 1)
                 offering = True
             else:
-                ctx.set(dut.job, {"cais": rng.getrandbits(128), "mask": rng.getrandbits(params.ports)})
+                ctx.set(dut.job, {"cais": rng.getrandbits(128), "mask": rng.getrandbits(params.ports),
+                                  "rows": rng.randrange(params.rows_per_set + 1)})
                 ctx.set(dut.job_valid, 0)
             if row_gap == 0:                                   # every row is there from the start
                 released += pending

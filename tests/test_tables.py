@@ -50,6 +50,19 @@ class RuleRef:
         return None
 
 
+def rule_hit(ctx, dut) -> bool:
+    """Whether the lookup found a rule; the winner must be one entry (one-hot) or none."""
+    first = ctx.get(dut.first)
+    assert first & (first - 1) == 0, f"first = {first:#b} is not one-hot"
+    return first != 0
+
+
+def looked_up(ctx, dut):
+    """The winning rule's fields: ``pick`` fed the one-hot ``first`` (the two halves of a lookup)."""
+    ctx.set(dut.pick, ctx.get(dut.first))
+    return ctx.get(dut.picked)
+
+
 class RuleBench:
     def __init__(self, ctx, dut, params):
         self.ctx, self.dut, self.params = ctx, dut, params
@@ -83,10 +96,10 @@ class RuleBench:
         want = self.ref.lookup(g, l_, c)
         self.lookups += 1
         key = f"key=({g:#x}, {l_:#x}, {c:#x})"
-        assert ctx.get(dut.hit) == (want is not None), f"{key}: hit, table={self.ref.entries}"
+        assert rule_hit(ctx, dut) == (want is not None), f"{key}: hit, table={self.ref.entries}"
         if want is not None:
             self.hits += 1
-            rule = ctx.get(dut.rule)
+            rule = looked_up(ctx, dut)
             got = {f: getattr(rule, f) for f in RULE_FIELDS}
             assert got == want, f"{key}: rule {got} != {want}"
 
@@ -125,19 +138,19 @@ def test_rule_directed(params):
         b.stage(full)
         await ctx.tick()
         b.check(3, 0, 0)
-        assert not ctx.get(dut.hit)
+        assert not rule_hit(ctx, dut)
         # write entry 5; ports above the switch's are ignored
         await b.write(5, 1, full)
         b.check(3, 0, 0)
-        assert ctx.get(dut.hit)
-        assert ctx.get(dut.rule).contributors == (1 << params.ports) - 1
+        assert rule_hit(ctx, dut)
+        assert looked_up(ctx, dut).contributors == (1 << params.ports) - 1
         b.check(3, 0x1234, 0xFFFF)
         b.check(4, 0, 0)
         # changing the staging registers afterwards does not change the entry
         b.stage(dict(full, group=(9, 0xFF), base=99))
         await ctx.tick()
         b.check(3, 7, 7)
-        assert ctx.get(dut.rule).base == 12
+        assert looked_up(ctx, dut).base == 12
         # a lower index with an overlapping match wins; ternary: value bits outside the mask are ignored
         wide = dict(group=(0x02, 0xFE), layer=(0xFF00, 0x0F00), chunk=(0, 0), contributors=1, results=2,
                     base=1, count_log2=0)
@@ -147,31 +160,31 @@ def test_rule_directed(params):
                 b.check(g, layer, 0)
         ctx.set(dut.group_id, 3)
         ctx.set(dut.layer_id, 0x0F00)
-        assert ctx.get(dut.rule).base == 1            # entry 1 beats entry 5
+        assert looked_up(ctx, dut).base == 1            # entry 1 beats entry 5
         ctx.set(dut.layer_id, 0x0E00)
-        assert ctx.get(dut.rule).base == 12           # entry 1 misses on layer: entry 5
+        assert looked_up(ctx, dut).base == 12           # entry 1 misses on layer: entry 5
         # invalidate entry 1: entry 5 matches again; the stored fields of an invalid entry never leak
         await b.write(1, 0, wide)
         b.check(3, 0x0F00, 0)
-        assert ctx.get(dut.rule).base == 12
+        assert looked_up(ctx, dut).base == 12
         # an index at or above the table size is ignored (RULE_WRITE index is 8 bits)
         for idx in (params.rules, 0xFF):
             await b.write(idx, 1, dict(full, group=(0, 0), base=77))
             b.check(0x55, 0, 0)
-            assert not ctx.get(dut.hit)
+            assert not rule_hit(ctx, dut)
         # the last entry works and has the lowest priority
         last = params.rules - 1
         await b.write(last, 1, dict(full, group=(0, 0), base=42))
         b.check(0x55, 1, 2)
-        assert ctx.get(dut.rule).base == 42
+        assert looked_up(ctx, dut).base == 42
         b.check(3, 1, 2)
-        assert ctx.get(dut.rule).base == 12
+        assert looked_up(ctx, dut).base == 12
         # entry 0 with all wildcards takes everything
         await b.write(0, 1, dict(group=(0, 0), layer=(0, 0), chunk=(0, 0), contributors=3, results=3, base=0,
                                  count_log2=31))
         for key in ((3, 0, 0), (0x55, 1, 2), (0xFF, 0xFFFF, 0xFFFF)):
             b.check(*key)
-            assert ctx.get(dut.rule).count_log2 == 31
+            assert looked_up(ctx, dut).count_log2 == 31
     rule_test(params, body)
 
 

@@ -13,6 +13,7 @@ from cais.params import SwitchParams
 from cais.protocol import Flags, parse_frame
 
 from ..refmodel import SwitchModel
+from ..timing import documented_latency
 from .base import LinkBase, Received, Sent, check_frame
 
 __all__ = ["ModelLink", "run_model", "SIMULATOR_ONLY_OPTIONS"]
@@ -34,18 +35,17 @@ class ModelLink(LinkBase):
       streamed by the port's lane, one beat per cycle: a frame starts when it has arrived and the lane
       finished the port's previous frame. Ports do not wait for each other (docs/interface.md).
     * Egress: a forwarded frame's first beat leaves ``FORWARD_LATENCY`` cycles after its lane started it;
-      a result's first beat leaves ``rows + F + RESULT_LATENCY`` cycles after the lane finished the
-      completing frame (docs/interface.md: ``beats + rows + F + 12`` after its last beat, F the fold
-      chain's latency); either waits for the egress port's previous frame. An output frame is received
-      once its last beat has left (``+ beats``).
+      a result's first beat leaves docs/interface.md's result latency
+      (:func:`cais.sim.timing.documented_latency`) after the completing frame's last beat, plus the cycles
+      that frame waited for its lane; either waits for the egress port's previous frame. An output frame
+      is received once its last beat has left (``+ beats``).
     * Registers: each access takes ``reg_cycles`` cycles (the RTL's AXI4-Lite takes about as many).
 
-    Work is done lazily: whenever the link is used, every frame whose core pass ended by ``cycle`` is
-    processed first, so the outcome does not depend on how ``advance`` calls are split.
+    Work is done lazily: whenever the link is used, every frame decided by ``cycle`` is processed first,
+    so the outcome does not depend on how ``advance`` calls are split.
     """
 
     FORWARD_LATENCY = 6      # decision, lane start and egress grant
-    RESULT_LATENCY = 12
 
     def __init__(self, params: SwitchParams = SwitchParams(), clock_hz: float = DEFAULT_CLOCK_HZ, *,
                  reg_cycles: int = 4, model: SwitchModel | None = None):
@@ -85,11 +85,11 @@ class ModelLink(LinkBase):
         while self._arrivals and self._arrivals[0][0] <= self._cycle:
             arrived, port, _, frame, (bad_keep, bad_fcs) = heapq.heappop(self._arrivals)
             start = max(arrived, self._lane_free[port])
-            done = self._lane_free[port] = start + _beats(len(frame), B)
+            self._lane_free[port] = start + _beats(len(frame), B)
             for out_port, data in self.model.receive(port, frame, framing_ok=not bad_keep, fcs_ok=not bad_fcs):
                 hdr = parse_frame(data).cais
                 if hdr is not None and hdr.flags & Flags.RESULT:
-                    ready = done + -(-hdr.payload_len // B) + self.params.fold_latency + self.RESULT_LATENCY
+                    ready = start - 1 + documented_latency(self.params, hdr.payload_len)
                 else:
                     ready = start + self.FORWARD_LATENCY
                 first = max(ready, self._egress_free[out_port])

@@ -25,7 +25,7 @@ import numpy as np
 from .protocol import DType, ReduceOp, numpy_dtype
 
 __all__ = ["QNAN_BITS", "NATIVE", "native_dtype", "wire_dtype", "widens", "acc_dtype", "FloatFormat", "FLOAT_FORMATS",
-           "decode", "encode", "combine", "widen", "narrow", "accumulate", "result_values",
+           "decode", "encode", "combine", "widen", "narrow", "accumulate", "fold", "result_values",
            "bf16_to_f32", "f32_to_bf16"]
 
 # Canonical quiet NaN of each float format: sign 0, exponent all ones, fraction 1 0..0.
@@ -217,6 +217,16 @@ def accumulate(dtype: DType, op: ReduceOp, acc: np.ndarray | None, values: np.nd
     if acc is None:
         return np.array(values, dtype=NATIVE[dtype])
     return combine(dtype, op, acc, values, saturate)
+
+
+def fold(dtype: DType, op: ReduceOp, contributions, *, acc_fp32: bool = False,
+         saturate: bool = False) -> np.ndarray:
+    """The accumulator of a set that took ``contributions`` in the order given: the first as it came,
+    each further one combined (:func:`accumulate`); :func:`result_values` gives what leaves the switch."""
+    acc = None
+    for values in contributions:
+        acc = accumulate(dtype, op, acc, values, acc_fp32=acc_fp32, saturate=saturate)
+    return acc
 
 
 def result_values(dtype: DType, acc: np.ndarray, *, acc_fp32: bool = False) -> np.ndarray:
