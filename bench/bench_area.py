@@ -185,6 +185,58 @@ def _fold_chain(**kw):
     return build
 
 
+def _stage(build_stage):
+    """A stage of the switch core at the default build, registered in and out like the blocks above, so
+    its own worst path shows (the whole switch's path may cross stages)."""
+    def build():
+        from cais.params import SwitchParams
+        from cais.registers import register_map
+        P = SwitchParams()
+        return build_stage(P, register_map(P)), True
+    return build
+
+
+def _ingress_stage(P, regmap):
+    from cais.hdl.ingress import IngressPort
+    return IngressPort(P)
+
+
+def _regbank_stage(P, regmap):
+    from cais.hdl.csr import RegisterBank
+    from cais.hdl.switch import AXIL_ADDR_WIDTH
+    return RegisterBank(regmap, addr_width=AXIL_ADDR_WIDTH)
+
+
+def _decision_stage(P, regmap):
+    from cais.hdl.decision import Decision
+    return Decision(P, regmap)
+
+
+def _lane_stage(P, regmap):
+    from cais.hdl.lane import IngressLane
+    return IngressLane(P)
+
+
+def _crossbar_stage(P, regmap):
+    from cais.hdl.egress import EgressCrossbar
+    return EgressCrossbar(P.ports + 1, P.ports, P.data_width, P.max_frame_beats, P.egress_depth)
+
+
+def _job_queue_stage(P, regmap):
+    from cais.hdl.completion import JobQueue
+    return JobQueue(P)
+
+
+def _fold_reader_stage(P, regmap):
+    from cais.hdl.completion import FoldReader
+    return FoldReader(P)
+
+
+def _result_gen_stage(P, regmap):
+    from cais.hdl.results import ResultGenerator
+    return ResultGenerator(P)
+
+
 def _bram_loop():
     from cais.params import SwitchParams
     P = SwitchParams()
@@ -224,6 +276,19 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
                          "four SlotALU stages, registered in and out", _fold_chain()),
     Design("fold_chain_fadd6", "the same with 6-stage float adders (FloatAdder.CUTS[6])",
            _fold_chain(fadd_stages=6)),
+    Design("ingress", "IngressPort: one port's parser, frame FIFO and header queue (default build), "
+                      "registered in and out", _stage(_ingress_stage)),
+    Design("regbank", "RegisterBank: the register map's registers and counters (default build), registered "
+                      "in and out", _stage(_regbank_stage)),
+    Design("decision", "Decision: arbiter, rule and MAC tables, slot state (default build), registered in "
+                       "and out", _stage(_decision_stage)),
+    Design("lane", "IngressLane: one port's lane (default build), registered in and out", _stage(_lane_stage)),
+    Design("crossbar", "EgressCrossbar: lanes and result generator to the egress FIFOs (default build), "
+                       "registered in and out", _stage(_crossbar_stage)),
+    Design("job_queue", "JobQueue (default build), registered in and out", _stage(_job_queue_stage)),
+    Design("fold_reader", "FoldReader: bank reads, the fold chain, narrowing, row queue (default build), "
+                          "registered in and out", _stage(_fold_reader_stage)),
+    Design("result_gen", "ResultGenerator (default build), registered in and out", _stage(_result_gen_stage)),
     Design("bram_loop", "a bare registered block-RAM read-modify-write loop of the slot memory's shape "
                         "(64 bits x 4096 rows, 32-bit adds): the flow's floor for a pipelined slot update",
            _bram_loop),
@@ -262,7 +327,7 @@ def register_wrapper(inner):
 def port_bits(component) -> int:
     """Total width of the component's ports (the wrapper adds one flip-flop per bit)."""
     from amaranth.hdl import Shape
-    return sum(Shape.cast(member.shape).width for _path, member in component.signature.members.flatten())
+    return sum(Shape.cast(value.shape()).width for _path, _member, value in component.signature.flatten(component))
 
 
 # --- command line ---------------------------------------------------------------------------------------------
