@@ -242,6 +242,24 @@ def _result_gen_stage(P, regmap):
     return ResultGenerator(P)
 
 
+def _wide_core_alu():
+    """Candidate A of docs/core-design.md: one core of ports x data_width bits (gearboxes after ingress and
+    before egress) reduces a wide word per cycle, so its slot ALU is ports x data_width bits wide."""
+    from cais.hdl.completion import FOLD_FADD_STAGES
+    from cais.hdl.slot_alu import SlotALU
+    from cais.params import SwitchParams
+    P = SwitchParams()
+    return SlotALU(data_width=P.ports * P.data_width, fadd_stages=FOLD_FADD_STAGES), True
+
+
+def _wide_core_bram_loop():
+    """Candidate A's slot memory: one accumulator per set row (the bits of one of candidate B's banks), in
+    rows of ports x data_width bits, read, modified and written back for every wide word."""
+    from cais.params import SwitchParams
+    P = SwitchParams()
+    return bram_loop(P.ports * P.data_width, P.slots * 2 * P.rows_per_set // P.ports), True
+
+
 def _bram_loop():
     from cais.params import SwitchParams
     P = SwitchParams()
@@ -281,6 +299,10 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
                          "four SlotALU stages, registered in and out", _fold_chain()),
     Design("fold_chain_fadd6", "the same with 6-stage float adders (FloatAdder.CUTS[6])",
            _fold_chain(fadd_stages=6)),
+    Design("wide_core_alu", "candidate A (docs/core-design.md): the slot ALU of a wide core, SlotALU(4 x 64 = "
+                            "256 bits, 6-stage float adders), registered in and out", _wide_core_alu),
+    Design("wide_core_bram_loop", "candidate A: its slot memory's read-modify-write loop, 256 bits x 1024 "
+                                  "rows, 32-bit adds", _wide_core_bram_loop),
     Design("ingress", "IngressPort: one port's parser, frame FIFO and header queue (default build), "
                       "registered in and out", _stage(_ingress_stage)),
     Design("regbank", "RegisterBank: the register map's registers and counters (default build), registered "
