@@ -57,6 +57,7 @@ SIM_BUILD_ARGS: tuple[str, ...] = (
     "-Wno-WIDTHTRUNC", "-Wno-WIDTHEXPAND",  # Amaranth's width-mismatched assignments are intended
     "-Wno-CASEINCOMPLETE",                  # Amaranth assigns defaults before `casez`; uncovered values hold
     "-Wno-UNOPTFLAT",                       # false combinational-loop reports on Amaranth netlists
+    "-Wno-UNSIGNED",                        # Amaranth keeps compares a constant operand makes constant
     "--no-public-flat-rw",                  # undo the runner's --public-flat-rw; <name>.vlt exposes the ports
 )
 TIMESCALE = ("1ns", "1ps")
