@@ -7,8 +7,9 @@ same reason, and pass every other frame unchanged on meta/beat. Every bad frame 
 followed by a good frame that must come out.
 
 The source inserts random idle cycles and fills the lanes whose tkeep bit is clear with garbage; the
-sinks apply random back-pressure. Per cycle: ``drop`` only with the last beat of a frame, ``rx_frame`` and
-``rx_bytes`` equal to what was accepted in that cycle.
+sinks apply random back-pressure. Per cycle: ``drop`` only ``DROP_DELAY`` cycles after the last beat of a
+frame, ``rx_frame`` and ``rx_bytes`` equal to what was accepted ``RX_DELAY`` cycles earlier (the delays
+IngressPort documents).
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ def run_ingress(params, stims, *, seed=0, idle=0.0, meta_stall=0.0, beat_stall=0
         metas, beat_words = [], []
         budget = 3 * sum(len(w) for w in words) + 100 * len(words) + 2 * hold_readers + 200
         after = 0                        # cycles since everything expected arrived
+        history = []                     # per cycle: (beat taken, its tlast, its tkeep, its frame index)
         for cycle in range(budget):
             offer = fi < len(words) and rng.random() >= idle
             if offer:
@@ -197,17 +199,22 @@ def run_ingress(params, stims, *, seed=0, idle=0.0, meta_stall=0.0, beat_stall=0
              ) = await ctx.tick().sample(s.tready, dut.drop, dut.drop_reason, dut.rx_frame, dut.rx_bytes,
                                          dut.meta_valid, dut.meta, dut.beat_valid, dut.beat_data)
             out.cycles += 1
-            take = offer and tready
-            last = take and tlast
+            take = bool(offer and tready)
+            history.append((take, take and bool(tlast), tkeep if take else 0, fi))
+
+            def back(delay):             # what was accepted `delay` cycles ago
+                return history[cycle - delay] if cycle >= delay else (False, False, 0, None)
             where = f"cycle {cycle}, frame {fi} ({stims[fi].label if fi < len(stims) else '-'}), beat {bi}"
-            assert rx_frame == last, f"{where}: rx_frame"
-            assert rx_bytes == (popcount(tkeep) if take else 0), f"{where}: rx_bytes {rx_bytes}"
+            _, rx_last, rx_keep, _ = back(IngressPort.RX_DELAY)
+            assert rx_frame == rx_last, f"{where}: rx_frame"
+            assert rx_bytes == popcount(rx_keep), f"{where}: rx_bytes {rx_bytes}"
             out.rx_frames += rx_frame
             out.rx_bytes += rx_bytes
+            _, drop_last, _, drop_fi = back(IngressPort.DROP_DELAY)
             if drop:
-                assert last, f"{where}: drop without the last beat of a frame"
-                assert fi not in out.drops
-                out.drops[fi] = R(reason)
+                assert drop_last, f"{where}: drop not {IngressPort.DROP_DELAY} cycles after a last beat"
+                assert drop_fi not in out.drops
+                out.drops[drop_fi] = R(reason)
             if offer and not tready:
                 out.stalled_beats += 1
             if take:
