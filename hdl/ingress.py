@@ -65,7 +65,7 @@ class IngressPort(wiring.Component):
     increments of a beat come 2 cycles after it (:attr:`RX_DELAY`). ``tready`` is a register: high while
     the header queue has room for every frame whose last beat is in (queued or still being checked) plus
     one, and the FIFO for every beat on its way plus one (or the beat is past ``max_frame`` and is not
-    stored). Every output is a register, except ``busy`` (an OR of registers and pointer compares).
+    stored). Every output is a register, except ``busy`` (the OR of two registers).
 
     Members
     -------
@@ -80,8 +80,9 @@ class IngressPort(wiring.Component):
         Increments of the port's receive counters (every frame, good or bad), :attr:`RX_DELAY` cycles
         after the beat they count was accepted.
     busy : Out(1)
-        A frame is partly received, being checked, queued for the core, or its drop not yet reported;
-        1 from the cycle after a frame's first beat is accepted.
+        A frame is partly received, being checked, queued for the core, or its drop not yet reported:
+        1 from the cycle after a frame's first beat is accepted, and 0 from the second cycle after the
+        last of those ends (once the core has taken a frame, its own busy covers that cycle).
     """
 
     DECIDE_DELAY = 2   # cycles from a frame's last beat to its commit (or rollback) and its header queued
@@ -220,7 +221,13 @@ class IngressPort(wiring.Component):
         discard_next = Mux(take, ~s.tlast & (discard | (beat == P.max_frame_beats - 1)), discard)
         m.d.sync += ready.eq(meta_room & (discard_next | fifo_room))
 
-        m.d.comb += self.busy.eq((beat != 0) | too_long | (meta_held != 0) | self.drop | fifo.held)
+        # busy from two flip-flops: what holds a frame, a cycle late (the core holds a frame handed over
+        # by then, so only a dropped frame's end shows it a cycle later), and a beat taken last cycle (the
+        # cycle after a frame's first beat is on time)
+        holds = Signal()
+        took = Signal()
+        m.d.sync += [holds.eq((beat != 0) | too_long | (meta_held != 0) | self.drop | fifo.held), took.eq(take)]
+        m.d.comb += self.busy.eq(holds | took)
         m.d.comb += [
             self.meta.eq(meta_fifo.r_data),
             self.meta_valid.eq(meta_fifo.r_rdy),

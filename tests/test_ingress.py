@@ -195,9 +195,9 @@ def run_ingress(params, stims, *, seed=0, idle=0.0, meta_stall=0.0, beat_stall=0
             beat_ready = readers and rng.random() >= beat_stall
             pins.set(dut.meta_ready, meta_ready)
             pins.set(dut.beat_ready, beat_ready)
-            (_, _, tready, drop, reason, rx_frame, rx_bytes, meta_valid, meta, beat_valid, beat_data
+            (_, _, tready, drop, reason, rx_frame, rx_bytes, meta_valid, meta, beat_valid, beat_data, busy
              ) = await ctx.tick().sample(s.tready, dut.drop, dut.drop_reason, dut.rx_frame, dut.rx_bytes,
-                                         dut.meta_valid, dut.meta, dut.beat_valid, dut.beat_data)
+                                         dut.meta_valid, dut.meta, dut.beat_valid, dut.beat_data, dut.busy)
             out.cycles += 1
             take = bool(offer and tready)
             history.append((take, take and bool(tlast), tkeep if take else 0, fi))
@@ -205,6 +205,8 @@ def run_ingress(params, stims, *, seed=0, idle=0.0, meta_stall=0.0, beat_stall=0
             def back(delay):             # what was accepted `delay` cycles ago
                 return history[cycle - delay] if cycle >= delay else (False, False, 0, None)
             where = f"cycle {cycle}, frame {fi} ({stims[fi].label if fi < len(stims) else '-'}), beat {bi}"
+            if back(1)[0] or cycle == 0:
+                assert busy == (cycle > 0), f"{where}: busy {busy} the cycle after a beat (or at reset)"
             _, rx_last, rx_keep, _ = back(IngressPort.RX_DELAY)
             assert rx_frame == rx_last, f"{where}: rx_frame"
             assert rx_bytes == popcount(rx_keep), f"{where}: rx_bytes {rx_bytes}"
@@ -228,6 +230,7 @@ def run_ingress(params, stims, *, seed=0, idle=0.0, meta_stall=0.0, beat_stall=0
             if fi == len(words) and (len(metas), len(beat_words)) >= expected_good:
                 after += 1
                 if after > 20:           # nothing more may come
+                    assert not busy, f"{where}: busy with every frame delivered or dropped"
                     break
         assert fi == len(words), f"only {fi} of {len(words)} frames accepted in {budget} cycles"
         at = 0
