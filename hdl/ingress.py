@@ -217,6 +217,7 @@ class IngressPort(wiring.Component):
         meta_room = (meta_held + (take & s.tlast)) < META_DEPTH
         # A beat taken in the next cycle is written 2 cycles later, behind at most 3 beats not yet in the
         # FIFO (the delay line's two and this cycle's).
+        assert P.ingress_depth - 3 >= P.max_frame_beats, "a longest frame must fit in the room tready allows"
         fifo_room = fifo.level < P.ingress_depth - 3
         discard_next = Mux(take, ~s.tlast & (discard | (beat == P.max_frame_beats - 1)), discard)
         m.d.sync += ready.eq(meta_room & (discard_next | fifo_room))

@@ -503,3 +503,45 @@ def test_random_frames_against_model(params, count):
     assert seen >= set(proto.PARSER_DROPS) | {None}, f"random mix misses {set(proto.PARSER_DROPS) - seen}"
     out = run_ingress(params, stims, seed=5, idle=0.15, meta_stall=0.25, beat_stall=0.15)
     check_outcome(params, stims, out, expected)
+
+
+# ----------------------------------------------------------------------------- timing of the verdict
+@pytest.mark.parametrize("params", PARAMS, ids=IDS)
+def test_drop_and_busy_timing_of_one_bad_frame(params):
+    """One frame dropped for BAD_LENGTH, alone: ``drop`` pulses DROP_DELAY (3) cycles after its last beat,
+    ``busy`` is 1 from the cycle after its first beat through the cycle after the drop and 0 from the
+    5th cycle after its last beat on (docs/interface.md: BUSY falls when the drop is in its counter);
+    tready stays high (an idle port with room)."""
+    rng = random.Random(21)
+    B = params.beat_bytes
+    s = stim(cais_bytes(rng, params, plen=64, length=64 + 30 + 1), B, label="one byte too long")
+    assert model_verdict(params, s) == R.BAD_LENGTH
+    words = s.words(rng, B)
+    dut = IngressPort(params)
+    start = 3
+    trace = []
+
+    async def tb(ctx):
+        sa = dut.s_axis
+        for cycle in range(start + len(words) + 30):
+            k = cycle - start
+            on = 0 <= k < len(words)
+            if on:
+                tdata, tkeep, tlast, tuser = words[k]
+                ctx.set(sa.tdata, tdata)
+                ctx.set(sa.tkeep, tkeep)
+                ctx.set(sa.tlast, tlast)
+                ctx.set(sa.tuser, tuser)
+            ctx.set(sa.tvalid, on)
+            _, _, tready, busy, drop, reason = await ctx.tick().sample(sa.tready, dut.busy, dut.drop, dut.drop_reason)
+            assert tready, f"cycle {cycle}: tready low on an idle port"
+            trace.append((busy, drop, reason))
+
+    run(dut, tb)
+    first, last = start, start + len(words) - 1
+    busy = [b for b, _, _ in trace]
+    drops = [c for c, (_, d, _) in enumerate(trace) if d]
+    assert drops == [last + IngressPort.DROP_DELAY] and trace[drops[0]][2] == R.BAD_LENGTH
+    assert busy[:first + 1] == [0] * (first + 1), busy
+    assert all(busy[first + 1:last + 5]), busy
+    assert not any(busy[last + 5:]), busy
