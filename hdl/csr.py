@@ -316,6 +316,17 @@ class AXI4LiteToCSR(wiring.Component):
         return m
 
 
+READ_GROUP = 16   # words per first-step read multiplexer of RegisterBank (a power of two)
+
+
+def _mux_tree(values, sel):
+    """``values[sel]`` as a tree of 2:1 multiplexers on the bits of ``sel`` (len(values) == 2**len(sel));
+    constant leaves fold away."""
+    for bit in range(len(sel)):
+        values = [Mux(sel[bit], values[i + 1], values[i]) for i in range(0, len(values), 2)]
+    return values[0]
+
+
 def _field_mask(reg) -> int:
     """Bits of a register that hold state: the union of its fields, or all 32 bits if it has none."""
     if not reg.fields:
@@ -338,7 +349,9 @@ class RegisterBank(wiring.Component):
       ``<name>_data`` is ``Out(32)``, the written word, valid with the strobe and held until the next
       write.
     - ``COUNTER``: ``<name>_inc`` is ``In(counter_inc_width)``; the counter adds it every cycle and
-      wraps modulo 2**32. Counters reset to the register's ``reset`` value (0) and cannot be written.
+      wraps modulo 2**32, one cycle late: the increment is registered before the adder, so an increment
+      presented in cycle ``t`` is in the counter from cycle ``t + 2``. Counters reset to the register's
+      ``reset`` value (0) and cannot be written.
     - ``LEVEL``: ``<name>_value`` is ``In(32)``; a read returns its value in the cycle of the read strobe.
     - ``CONST``: no member; a read returns the register's ``reset`` value.
 
@@ -346,8 +359,12 @@ class RegisterBank(wiring.Component):
     both answer without error. An address that holds no register sets ``err`` (the bridge turns it
     into ``DECERR``). Bits outside a register's fields are reserved: writes to them are ignored and
     they read 0 (a register without fields uses all 32 bits). Decoding uses bits ``addr_width-1:2``
-    of the address; the read data is registered (valid the cycle after ``r_stb``), and so are the
-    outputs (a value written by the strobe in cycle ``t`` appears in cycle ``t + 1``).
+    of the address; the outputs are registered (a value written by the strobe in cycle ``t`` appears in
+    cycle ``t + 1``). A read samples the registers in the cycle of ``r_stb`` and answers in the next in
+    two steps, so no path crosses the whole register map in one cycle: in the strobe's cycle each group of
+    :data:`READ_GROUP` consecutive words registers the addressed word if it is in the group (0 if not);
+    a ``LEVEL`` input is registered as it is, with a flag telling whether it is the word read; ``r_data`` is
+    the OR of those registers (a combinational output, 2-3 LUT levels from registers).
 
     Parameters
     ----------
@@ -470,7 +487,9 @@ class RegisterBank(wiring.Component):
                     read_value[(reg.name, i)] = value if mask == 0xFFFF_FFFF else value & mask
 
         for count, inc in counters:
-            m.d.sync += count.eq(count + inc)   # truncated to 32 bits: wraps modulo 2**32
+            # the increment registered first: whatever sums the events feeding it ends at a flip-flop
+            inc_reg = Signal.like(inc, name=f"{count.name}_inc")
+            m.d.sync += [inc_reg.eq(inc), count.eq(count + inc_reg)]   # truncated to 32 bits: wraps modulo 2**32
 
         # Command strobes are single-cycle pulses.
         for reg in self._regmap:
@@ -483,11 +502,34 @@ class RegisterBank(wiring.Component):
 
         with m.If(csr.r_stb):
             with m.Switch(word_addr):
-                for word, (reg, i) in sorted(self._decode.items()):
+                for word in sorted(self._decode):
                     with m.Case(word):
-                        m.d.sync += csr.r_data.eq(read_value.get((reg.name, i), 0))
+                        pass
                 with m.Default():
-                    m.d.sync += [csr.r_data.eq(0), csr.err.eq(1)]
+                    m.d.sync += csr.err.eq(1)
+
+        # Reads in two steps: a register per group of READ_GROUP words, loaded every cycle with the
+        # addressed word if it is in the group (else 0), then the OR of the groups.
+        # LEVEL inputs skip the multiplexers: each is registered as it is (its value of the strobe's cycle)
+        # with a flag saying it is the word being read, so nothing but a flip-flop follows the input.
+        gbits = (READ_GROUP - 1).bit_length()
+        groups = {}
+        partials = []
+        for word, (reg, i) in sorted(self._decode.items()):
+            value = read_value.get((reg.name, i), 0)
+            if reg.kind is Kind.LEVEL and reg.access is not Access.WO:
+                sample = Signal(32, name=f"read_{reg.name.lower()}_{i}")
+                hit = Signal(name=f"read_{reg.name.lower()}_{i}_hit")
+                m.d.sync += [sample.eq(value), hit.eq(word_addr == word)]
+                partials.append(Mux(hit, sample, 0))
+            else:
+                groups.setdefault(word >> gbits, {})[word & (READ_GROUP - 1)] = value
+        for g, words in sorted(groups.items()):
+            partial = Signal(32, name=f"read_group_{g}")
+            leaves = [Const(0, 32) if w not in words else words[w] for w in range(READ_GROUP)]
+            m.d.sync += partial.eq(Mux(word_addr[gbits:] == g, _mux_tree(leaves, word_addr[:gbits]), 0))
+            partials.append(partial)
+        m.d.comb += csr.r_data.eq(_or_all(partials))
 
         with m.If(csr.w_stb):
             with m.Switch(word_addr):
@@ -509,3 +551,10 @@ class RegisterBank(wiring.Component):
                     m.d.sync += csr.err.eq(1)
 
         return m
+
+
+def _or_all(values):
+    out = values[0]
+    for v in values[1:]:
+        out = out | v
+    return out

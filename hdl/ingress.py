@@ -28,17 +28,44 @@ def frame_meta_layout(params: SwitchParams) -> data.StructLayout:
 
 
 def popcount(value):
-    return sum(value[i] for i in range(len(value)))
+    """The number of ones of ``value``, as a balanced adder tree (a chain of adds would be as deep as wide)."""
+    terms = [value[i] for i in range(len(value))]
+    if not terms:
+        return Const(0, 1)
+    while len(terms) > 1:
+        terms = [terms[i] + terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    return terms[0]
+
+
+def thermometer_count(keep):
+    """The number of ones of a mask whose set bits are bits 0..n-1 (any other mask gives some value):
+    n is one more than the index of the highest set bit, a wide OR per bit of n instead of an adder tree."""
+    width = len(keep)
+    edge = [keep[i] & ~keep[i + 1] if i + 1 < width else keep[i] for i in range(width)]   # i = n - 1
+    return Cat(*(Cat(*(edge[i] for i in range(width) if (i + 1) >> j & 1)).any()
+                 for j in range(width.bit_length())))
 
 
 class IngressPort(wiring.Component):
     """Receives frames on one AXI4-Stream port, validates them whole, and queues the good ones.
 
-    Every frame is written to a :class:`FrameFifo` as it arrives; at its last beat the frame is either
-    committed, with its header and length queued on ``meta``, or taken back and reported on ``drop``
-    with the first failing check of docs/protocol.md (reasons BAD_FCS .. BAD_LENGTH; BAD_FCS: tuser
-    on the last beat, a receiving MAC's FCS error). The core
-    therefore only ever sees whole, well-formed frames, and a bad frame never touches switch state.
+    Every frame is written to a :class:`FrameFifo` as it arrives; once its last beat is in, the frame is
+    either committed, with its header and length queued on ``meta``, or taken back and reported on
+    ``drop`` with the first failing check of docs/protocol.md (reasons BAD_FCS .. BAD_LENGTH; BAD_FCS:
+    tuser on the last beat, a receiving MAC's FCS error). The core therefore only ever sees whole,
+    well-formed frames, and a bad frame never touches switch state.
+
+    Pipeline, counting the cycle in which a frame's last beat is accepted as cycle 0: in cycle 0 the
+    beat's facts are registered (the frame's length from the beat index and the last beat's tkeep, its
+    framing, tuser, the header bytes it brings); in cycle 1 every check is evaluated from those registers
+    and registered; in cycle 2 (:attr:`DECIDE_DELAY`) the first failing check picks the reason and the
+    frame is committed or rolled back, its header queued, in the same cycle as its last beat is written:
+    the beats reach the FIFO through a 2-cycle delay line, so the next frame's beats, which may follow
+    with no idle cycle, land after the commit. ``drop`` pulses in cycle 3 (:attr:`DROP_DELAY`); the rx
+    increments of a beat come 2 cycles after it (:attr:`RX_DELAY`). ``tready`` is a register: high while
+    the header queue has room for every frame whose last beat is in (queued or still being checked) plus
+    one, and the FIFO for every beat on its way plus one (or the beat is past ``max_frame`` and is not
+    stored). Every output is a register, except ``busy`` (the OR of two registers).
 
     Members
     -------
@@ -48,12 +75,19 @@ class IngressPort(wiring.Component):
     beat_data : Out(data_width); beat_valid : Out(1); beat_ready : In(1)
         The beats of the good frames, in order.
     drop : Out(1); drop_reason : Out(DropReason)
-        Pulses once per dropped frame.
+        Pulses once per dropped frame, :attr:`DROP_DELAY` cycles after its last beat was accepted.
     rx_frame : Out(1); rx_bytes : Out(8)
-        Per-cycle increments of the port's receive counters (every frame, good or bad).
+        Increments of the port's receive counters (every frame, good or bad), :attr:`RX_DELAY` cycles
+        after the beat they count was accepted.
     busy : Out(1)
-        A frame is partly received, or a good frame is queued for the core.
+        A frame is partly received, being checked, queued for the core, or its drop not yet reported:
+        1 from the cycle after a frame's first beat is accepted, and 0 from the second cycle after the
+        last of those ends (once the core has taken a frame, its own busy covers that cycle).
     """
+
+    DECIDE_DELAY = 2   # cycles from a frame's last beat to its commit (or rollback) and its header queued
+    DROP_DELAY = 3     # cycles from a dropped frame's last beat to its drop pulse
+    RX_DELAY = 2       # cycles from a beat to its rx_frame / rx_bytes increment
 
     def __init__(self, params: SwitchParams):
         self.params = params
@@ -70,96 +104,131 @@ class IngressPort(wiring.Component):
     def elaborate(self, platform):
         P = self.params
         B = P.beat_bytes
+        W = P.data_width
         m = Module()
-        m.submodules.fifo = fifo = FrameFifo(P.data_width, P.ingress_depth)
+        m.submodules.fifo = fifo = FrameFifo(W, P.ingress_depth, registered_output=True)
         m.submodules.meta_fifo = meta_fifo = SyncFIFOBuffered(
             width=Shape.cast(self.meta_layout).width, depth=META_DEPTH)
         s = self.s_axis
+        len_shape = range(P.max_frame_beats * B + 1)
 
+        # ---- cycle 0: the arriving beat
+        ready = Signal(init=1)
+        m.d.comb += s.tready.eq(ready)
+        take = s.tvalid & ready
         beat = Signal(range(P.max_frame_beats + 1))       # index of the arriving beat in its frame
-        length = Signal(range(P.max_frame_beats * B + 1))  # bytes before the arriving beat
-        hdr_reg = Signal(HEADER_BITS)
+        hdr_reg = Signal(HEADER_BITS)                     # header bytes of the beats so far
         bad_framing = Signal()                            # sticky within the frame
         too_long = Signal()                               # more beats than max_frame allows
-
         # Past max_frame the frame is certainly dropped: accept its beats without storing them.
         discard = too_long | (beat == P.max_frame_beats)
-        m.d.comb += s.tready.eq(meta_fifo.w_rdy & (discard | fifo.w_rdy))
-        take = s.tvalid & s.tready
 
         all_ones = (1 << B) - 1
         keep_ok = Mux(s.tlast, (s.tkeep != 0) & ((s.tkeep & (s.tkeep + 1)) == 0), s.tkeep == all_ones)
-        nbytes = Signal(range(B + 1))
-        m.d.comb += nbytes.eq(popcount(s.tkeep))
-        frame_len = length + nbytes
+        # The frame's length, exact whenever the framing is good (every earlier beat full, the last one's
+        # tkeep contiguous from lane 0); otherwise BAD_FRAMING (or BAD_FCS) wins and the length is unused.
+        frame_len = beat * B + thermometer_count(s.tkeep)
 
-        # The header as it stands after this beat: bytes of earlier beats from hdr_reg, the rest from tdata.
-        hdr_now = Signal(HEADER_BITS)
-        for b in range(proto.HEADERS_BYTES):
-            k, lane = divmod(b, B)
-            m.d.comb += hdr_now[8 * b:8 * b + 8].eq(
-                Mux(beat == k, s.tdata[8 * lane:8 * lane + 8], hdr_reg[8 * b:8 * b + 8]))
+        for k in range((proto.HEADERS_BYTES + B - 1) // B):
+            lanes = min(B, proto.HEADERS_BYTES - k * B)
+            with m.If(take & (beat == k)):
+                m.d.sync += hdr_reg[8 * k * B:8 * (k * B + lanes)].eq(s.tdata[:8 * lanes])
 
-        # Checks of docs/protocol.md, in their order.
-        hdr = FrameHeader(hdr_now)
-        esize_ok = Const(0)
-        for dtype in P.dtypes:
-            esize = proto.ELEMENT_BYTES[dtype]
-            esize_ok = esize_ok | ((hdr.dtype == dtype) & (hdr.payload_len % esize == 0))
-        plen = hdr.payload_len
-        wire_len = proto.HEADERS_BYTES + plen
-        checks = [
-            (proto.DropReason.BAD_FCS, s.tuser),              # decided at the last beat, where tuser counts
-            (proto.DropReason.BAD_FRAMING, bad_framing | ~keep_ok),
-            (proto.DropReason.OVERSIZE, discard | (frame_len > P.max_frame)),
-            (proto.DropReason.RUNT, (frame_len < proto.ETH_HEADER_BYTES)
-             | (hdr.is_cais & (frame_len < proto.HEADERS_BYTES))),
-            (proto.DropReason.BAD_CODE, hdr.is_cais & ~(
-                _one_of(hdr.op_type, proto.SUPPORTED_OPS) & _one_of(hdr.dtype, P.dtypes)
-                & _one_of(hdr.red_op, list(proto.ReduceOp))
-                & ((hdr.flags & (0xFF ^ int(proto.Flags.RETRANSMIT))) == 0))),
-            (proto.DropReason.BAD_PAYLOAD_LEN, hdr.is_cais & ((plen == 0) | (plen > P.max_payload) | ~esize_ok)),
-            (proto.DropReason.BAD_LENGTH, hdr.is_cais & ~((frame_len == wire_len) | (
-                (wire_len < proto.MIN_FRAME_BYTES) & (frame_len == proto.MIN_FRAME_BYTES)))),
-        ]
-        assert [r for r, _ in checks] == list(proto.PARSER_DROPS)
-        bad = Cat(*(c for _, c in checks)).any()
-        reason = Signal(DropReason)
-        for r, c in reversed(checks):       # the first failing check wins
-            with m.If(c):
-                m.d.comb += reason.eq(r)
+        # the beats, two cycles late, so that they reach the FIFO with their frame's commit or rollback
+        d1_en, d1_data, d2_en, d2_data = Signal(), Signal(W), Signal(), Signal(W)
+        m.d.sync += [d1_en.eq(take & ~discard), d1_data.eq(s.tdata), d2_en.eq(d1_en), d2_data.eq(d1_data)]
+        m.d.comb += [fifo.w_data.eq(d2_data), fifo.w_en.eq(d2_en)]
 
-        m.d.comb += [
-            fifo.w_data.eq(s.tdata),
-            fifo.w_en.eq(take & ~discard),
-            self.rx_frame.eq(take & s.tlast),
-            self.rx_bytes.eq(Mux(take, nbytes, 0)),
-        ]
+        # rx increments: the accepted tkeep registered, then counted
+        rx_keep, rx_last = Signal(B), Signal()
+        m.d.sync += [rx_keep.eq(Mux(take, s.tkeep, 0)), rx_last.eq(take & s.tlast),
+                     self.rx_bytes.eq(popcount(rx_keep)), self.rx_frame.eq(rx_last)]
+
+        # the last beat's facts, for cycle 1
+        v1 = Signal()
+        len1 = Signal(len_shape)
+        beats1 = Signal(range(P.max_frame_beats + 1))
+        fcs1, framing1, over1 = Signal(), Signal(), Signal()
+        m.d.sync += v1.eq(take & s.tlast)
         with m.If(take):
-            for k in range((proto.HEADERS_BYTES + B - 1) // B):
-                with m.If(beat == k):
-                    m.d.sync += hdr_reg.eq(hdr_now)
             with m.If(s.tlast):
-                m.d.sync += [beat.eq(0), length.eq(0), bad_framing.eq(0), too_long.eq(0)]
-                with m.If(bad):
-                    m.d.comb += [fifo.rollback.eq(1), self.drop.eq(1), self.drop_reason.eq(reason)]
-                with m.Else():
-                    meta_in = data.View(self.meta_layout, meta_fifo.w_data)
-                    m.d.comb += [
-                        fifo.commit.eq(1),
-                        meta_fifo.w_en.eq(1),
-                        meta_in.hdr.eq(hdr_now),
-                        meta_in.length.eq(frame_len),
-                        meta_in.beats.eq(beat + 1),
-                    ]
+                m.d.sync += [beat.eq(0), bad_framing.eq(0), too_long.eq(0),
+                             len1.eq(frame_len), beats1.eq(beat + 1), fcs1.eq(s.tuser),
+                             framing1.eq(bad_framing | ~keep_ok), over1.eq(discard)]
             with m.Else():
                 m.d.sync += bad_framing.eq(bad_framing | ~keep_ok)
                 with m.If(discard):
                     m.d.sync += too_long.eq(1)
                 with m.Else():
-                    m.d.sync += [beat.eq(beat + 1), length.eq(frame_len)]
+                    m.d.sync += beat.eq(beat + 1)
 
-        m.d.comb += self.busy.eq((beat != 0) | too_long | meta_fifo.r_rdy | fifo.r_valid)
+        # ---- cycle 1: the checks of docs/protocol.md, in their order, from registers
+        hdr = FrameHeader(hdr_reg)
+        esize_ok = Const(0)
+        for dtype in P.dtypes:
+            esize = proto.ELEMENT_BYTES[dtype]
+            esize_ok = esize_ok | ((hdr.dtype == dtype) & (hdr.payload_len % esize == 0))
+        plen = hdr.payload_len
+        checks = [
+            (proto.DropReason.BAD_FCS, fcs1),              # decided at the last beat, where tuser counts
+            (proto.DropReason.BAD_FRAMING, framing1),
+            (proto.DropReason.OVERSIZE, over1 | (len1 > P.max_frame)),
+            (proto.DropReason.RUNT, (len1 < proto.ETH_HEADER_BYTES)
+             | (hdr.is_cais & (len1 < proto.HEADERS_BYTES))),
+            (proto.DropReason.BAD_CODE, hdr.is_cais & ~(
+                _one_of(hdr.op_type, proto.SUPPORTED_OPS) & _one_of(hdr.dtype, P.dtypes)
+                & _one_of(hdr.red_op, list(proto.ReduceOp))
+                & ((hdr.flags & (0xFF ^ int(proto.Flags.RETRANSMIT))) == 0))),
+            (proto.DropReason.BAD_PAYLOAD_LEN, hdr.is_cais & ((plen == 0) | (plen > P.max_payload) | ~esize_ok)),
+            # the frame is exactly its header and payload, or the 60-byte minimum if those are shorter
+            (proto.DropReason.BAD_LENGTH, hdr.is_cais & ~(
+                (len1 == plen + proto.HEADERS_BYTES)
+                | ((plen < proto.MIN_FRAME_BYTES - proto.HEADERS_BYTES) & (len1 == proto.MIN_FRAME_BYTES)))),
+        ]
+        assert [r for r, _ in checks] == list(proto.PARSER_DROPS)
+        v2 = Signal()
+        failed2 = Signal(len(checks))
+        hdr2 = Signal(HEADER_BITS)
+        len2 = Signal(len_shape)
+        beats2 = Signal.like(beats1)
+        m.d.sync += v2.eq(v1)
+        with m.If(v1):
+            m.d.sync += [failed2.eq(Cat(*(c for _, c in checks))), hdr2.eq(hdr_reg), len2.eq(len1),
+                         beats2.eq(beats1)]
+
+        # ---- cycle 2: the verdict; the frame's last beat is written in this cycle
+        bad = failed2.any()
+        reason = Signal(DropReason)
+        for i, (r, _) in reversed(list(enumerate(checks))):       # the first failing check wins
+            with m.If(failed2[i]):
+                m.d.comb += reason.eq(r)
+        meta_in = data.View(self.meta_layout, meta_fifo.w_data)
+        m.d.comb += [
+            fifo.commit.eq(v2 & ~bad), fifo.rollback.eq(v2 & bad),
+            meta_fifo.w_en.eq(v2 & ~bad),
+            meta_in.hdr.eq(hdr2), meta_in.length.eq(len2), meta_in.beats.eq(beats2),
+        ]
+        m.d.sync += [self.drop.eq(v2 & bad), self.drop_reason.eq(reason)]
+
+        # ---- room: header queue entries held for every frame whose last beat is in (checked or queued)
+        meta_held = Signal(range(META_DEPTH + 1))
+        popped = meta_fifo.r_rdy & self.meta_ready
+        m.d.sync += meta_held.eq(meta_held + (take & s.tlast) - (v2 & bad) - popped)
+        meta_room = (meta_held + (take & s.tlast)) < META_DEPTH
+        # A beat taken in the next cycle is written 2 cycles later, behind at most 3 beats not yet in the
+        # FIFO (the delay line's two and this cycle's).
+        assert P.ingress_depth - 3 >= P.max_frame_beats, "a longest frame must fit in the room tready allows"
+        fifo_room = fifo.level < P.ingress_depth - 3
+        discard_next = Mux(take, ~s.tlast & (discard | (beat == P.max_frame_beats - 1)), discard)
+        m.d.sync += ready.eq(meta_room & (discard_next | fifo_room))
+
+        # busy from two flip-flops: what holds a frame, a cycle late (the core holds a frame handed over
+        # by then, so only a dropped frame's end shows it a cycle later), and a beat taken last cycle (the
+        # cycle after a frame's first beat is on time)
+        holds = Signal()
+        took = Signal()
+        m.d.sync += [holds.eq((beat != 0) | too_long | (meta_held != 0) | self.drop | fifo.held), took.eq(take)]
+        m.d.comb += self.busy.eq(holds | took)
         m.d.comb += [
             self.meta.eq(meta_fifo.r_data),
             self.meta_valid.eq(meta_fifo.r_rdy),

@@ -1,6 +1,6 @@
 """The CAIS switch: ingress ports, switch core, egress ports and control/status registers."""
 
-from amaranth.hdl import Cat, Module, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect
 
@@ -12,7 +12,7 @@ from .axis import AxisSignature
 from .core import SwitchCore
 from .csr import AXI4LiteSignature, AXI4LiteToCSR, RegisterBank
 from .frame_fifo import FrameFifo
-from .ingress import IngressPort
+from .ingress import IngressPort, popcount
 
 __all__ = ["Switch", "AXIL_ADDR_WIDTH"]
 
@@ -64,7 +64,8 @@ class Switch(wiring.Component):
         busy = [core.busy]
 
         # Core events -> counters. Drops come from every ingress port and from the core, so a reason's
-        # counter may advance by several in one cycle.
+        # counter may advance by several in one cycle. Every event comes from a register and the bank
+        # registers each increment before its adder, so a sum of events is the only logic between them.
         drops = {r: [core.ev_drop & (core.ev_drop_reason == r)] for r in proto.DropReason}
         m.d.comb += [
             regs.forwarded_inc.eq(core.ev_forwarded),
@@ -101,11 +102,13 @@ class Switch(wiring.Component):
                 Cat(out.tdata, out.tkeep, out.tlast).eq(fifo.r_data),
                 out.tvalid.eq(fifo.r_valid), fifo.r_ready.eq(out.tready),
             ]
+            # tx increments from the beat sent, registered first: its tkeep may come straight from the
+            # egress RAM, too late in the cycle for a count and an adder behind it
             sent = out.tvalid & out.tready
-            m.d.comb += [
-                regs.tx_frames_inc[p].eq(sent & out.tlast),
-                regs.tx_bytes_inc[p].eq(sent * sum(out.tkeep[i] for i in range(B))),
-            ]
+            tx_keep = Signal(B, name=f"tx_keep_{p}")
+            tx_last = Signal(name=f"tx_last_{p}")
+            m.d.sync += [tx_keep.eq(Mux(sent, out.tkeep, 0)), tx_last.eq(sent & out.tlast)]
+            m.d.comb += [regs.tx_frames_inc[p].eq(tx_last), regs.tx_bytes_inc[p].eq(popcount(tx_keep))]
 
         for r, events in drops.items():
             m.d.comb += getattr(regs, f"drop_{r.name.lower()}_inc").eq(sum(events))

@@ -5,6 +5,11 @@ Model (from the docstring of FrameFifo): the writer appends to a pending list wh
 forgets them (including one written in that cycle). ``w_rdy`` is "fewer than depth beats held, committed
 or pending". The reader sees the oldest committed beat (first-word fall-through) and pops it with
 ``r_ready``. Commit and rollback are never asserted together (the ingress never does).
+
+With ``registered_output`` the model's committed beats carry their commit cycle: the head is visible
+(``r_valid``, ``r_data``) exactly when it was committed at least ``REGISTERED_LATENCY`` cycles ago, so the
+read side keeps one beat per cycle; ``w_rdy`` counts only the beats in the RAM, so it may be high while
+the model holds ``depth`` beats (up to two are past the RAM) but never low while the model has room.
 """
 
 import random
@@ -17,27 +22,43 @@ from cais.hdl.frame_fifo import FrameFifo
 from blocksim import run
 
 
+REGISTERED_LATENCY = 3     # commit in cycle t: the beat can be at the head in cycle t + 3
+
+
 class QueueModel:
-    def __init__(self, depth):
+    def __init__(self, depth, registered=False):
         self.depth = depth
-        self.committed = deque()
+        self.registered = registered
+        self.committed = deque()     # (beat, cycle of its commit)
         self.pending = []
+        self.cycle = 0
 
     @property
     def w_rdy(self):
         return len(self.committed) + len(self.pending) < self.depth
 
-    def step(self, w_en, w_data, commit, rollback, r_ready):
-        """One clock edge; returns (wrote, popped beat or None)."""
-        wrote = w_en and self.w_rdy
-        popped = self.committed.popleft() if (r_ready and self.committed) else None
+    @property
+    def head(self):
+        """The beat the reader sees, or None."""
+        if not self.committed:
+            return None
+        beat, at = self.committed[0]
+        return beat if not self.registered or self.cycle >= at + REGISTERED_LATENCY else None
+
+    def step(self, w_en, w_data, commit, rollback, r_ready, w_rdy=None):
+        """One clock edge; returns (wrote, popped beat or None). ``w_rdy``: the FIFO's, where the model
+        does not define it exactly (registered output)."""
+        wrote = w_en and (self.w_rdy if w_rdy is None else w_rdy)
+        head = self.head
+        popped = self.committed.popleft()[0] if (r_ready and head is not None) else None
         if wrote:
             self.pending.append(w_data)
         if rollback:
             self.pending = []
         elif commit:
-            self.committed.extend(self.pending)
+            self.committed.extend((beat, self.cycle) for beat in self.pending)
             self.pending = []
+        self.cycle += 1
         return wrote, popped
 
 
@@ -46,17 +67,23 @@ class Driver:
 
     def __init__(self, ctx, dut, depth):
         self.ctx, self.dut = ctx, dut
-        self.model = QueueModel(depth)
+        self.model = QueueModel(depth, dut.registered_output)
         self.cycle = 0
         self.popped = []
 
     def check(self):
         ctx, dut, m = self.ctx, self.dut, self.model
         where = f"cycle {self.cycle}"
-        assert ctx.get(dut.w_rdy) == m.w_rdy, f"{where}: w_rdy"
-        assert ctx.get(dut.r_valid) == bool(m.committed), f"{where}: r_valid"
-        if m.committed:
-            assert ctx.get(dut.r_data) == m.committed[0], f"{where}: r_data"
+        if m.registered:
+            assert ctx.get(dut.w_rdy) or not m.w_rdy, f"{where}: w_rdy low while the model has room"
+            assert ctx.get(dut.w_rdy) or ctx.get(dut.level) == m.depth, f"{where}: w_rdy low, level not full"
+        else:
+            assert ctx.get(dut.w_rdy) == m.w_rdy, f"{where}: w_rdy"
+        assert ctx.get(dut.held) == bool(m.committed or m.pending), f"{where}: held"
+        head = m.head
+        assert ctx.get(dut.r_valid) == (head is not None), f"{where}: r_valid"
+        if head is not None:
+            assert ctx.get(dut.r_data) == head, f"{where}: r_data"
 
     async def step(self, w_en=0, w_data=0, commit=0, rollback=0, r_ready=0):
         ctx, dut = self.ctx, self.dut
@@ -67,8 +94,9 @@ class Driver:
         ctx.set(dut.rollback, rollback)
         ctx.set(dut.r_ready, r_ready)
         self.check()                 # outputs do not depend combinationally on the inputs
+        w_rdy = ctx.get(dut.w_rdy) if self.model.registered else None
         await ctx.tick()
-        wrote, popped = self.model.step(w_en, w_data, commit, rollback, r_ready)
+        wrote, popped = self.model.step(w_en, w_data, commit, rollback, r_ready, w_rdy)
         if popped is not None:
             self.popped.append(popped)
         self.cycle += 1
@@ -76,8 +104,8 @@ class Driver:
         return wrote, popped
 
 
-def fifo_test(width, depth, body):
-    dut = FrameFifo(width, depth)
+def fifo_test(width, depth, body, registered=False):
+    dut = FrameFifo(width, depth, registered_output=registered)
 
     async def tb(ctx):
         await body(Driver(ctx, dut, depth))
@@ -201,8 +229,9 @@ def test_long_committed_burst_no_bubble_after_wrap():
 
 
 # ----------------------------------------------------------------------------- random
+@pytest.mark.parametrize("registered", [False, True], ids=["ram_out", "reg_out"])
 @pytest.mark.parametrize("width,depth,seed", [(8, 2, 4), (8, 4, 1), (32, 16, 2), (64, 8, 3)])
-def test_random_against_model(width, depth, seed):
+def test_random_against_model(width, depth, seed, registered):
     rng = random.Random(seed)
     cycles = 4000
 
@@ -226,4 +255,28 @@ def test_random_against_model(width, depth, seed):
             await d.step(w_en=w_en, w_data=rng.getrandbits(width), commit=commit, rollback=rollback,
                          r_ready=r_ready)
         assert min(stats.values()) > 20, stats       # the random mix covered the interesting states
-    fifo_test(width, depth, body)
+    fifo_test(width, depth, body, registered)
+
+
+# ----------------------------------------------------------------------------- registered output
+def test_registered_output_streams_one_beat_per_cycle():
+    """Committed frames leave at one beat per cycle once the first is out, through reader stalls, and the
+    RAM is read only at committed addresses (a beat written and committed in the cycle its address is
+    read ahead would come out stale)."""
+    async def body(d):
+        ctx, dut = d.ctx, d.dut
+        valid_seen = []
+        for i in range(40):                      # one-beat frames, written and committed every cycle
+            valid_seen.append(ctx.get(dut.r_valid))
+            await d.step(w_en=1, w_data=i, commit=1, r_ready=1)
+        assert valid_seen[:REGISTERED_LATENCY] == [0] * REGISTERED_LATENCY and all(valid_seen[REGISTERED_LATENCY:])
+        for i in range(6):                       # the reader stalls, then takes back to back
+            await d.step(r_ready=0)
+        gaps = 0
+        while ctx.get(dut.r_valid) or d.model.committed:
+            gaps += not ctx.get(dut.r_valid)
+            await d.step(r_ready=1)
+        assert gaps == 0
+        assert d.popped == list(range(40))
+        assert not ctx.get(dut.held)
+    fifo_test(8, 8, body, registered=True)

@@ -7,8 +7,9 @@ same reason, and pass every other frame unchanged on meta/beat. Every bad frame 
 followed by a good frame that must come out.
 
 The source inserts random idle cycles and fills the lanes whose tkeep bit is clear with garbage; the
-sinks apply random back-pressure. Per cycle: ``drop`` only with the last beat of a frame, ``rx_frame`` and
-``rx_bytes`` equal to what was accepted in that cycle.
+sinks apply random back-pressure. Per cycle: ``drop`` only ``DROP_DELAY`` cycles after the last beat of a
+frame, ``rx_frame`` and ``rx_bytes`` equal to what was accepted ``RX_DELAY`` cycles earlier (the delays
+IngressPort documents).
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ def run_ingress(params, stims, *, seed=0, idle=0.0, meta_stall=0.0, beat_stall=0
         metas, beat_words = [], []
         budget = 3 * sum(len(w) for w in words) + 100 * len(words) + 2 * hold_readers + 200
         after = 0                        # cycles since everything expected arrived
+        history = []                     # per cycle: (beat taken, its tlast, its tkeep, its frame index)
         for cycle in range(budget):
             offer = fi < len(words) and rng.random() >= idle
             if offer:
@@ -193,21 +195,28 @@ def run_ingress(params, stims, *, seed=0, idle=0.0, meta_stall=0.0, beat_stall=0
             beat_ready = readers and rng.random() >= beat_stall
             pins.set(dut.meta_ready, meta_ready)
             pins.set(dut.beat_ready, beat_ready)
-            (_, _, tready, drop, reason, rx_frame, rx_bytes, meta_valid, meta, beat_valid, beat_data
+            (_, _, tready, drop, reason, rx_frame, rx_bytes, meta_valid, meta, beat_valid, beat_data, busy
              ) = await ctx.tick().sample(s.tready, dut.drop, dut.drop_reason, dut.rx_frame, dut.rx_bytes,
-                                         dut.meta_valid, dut.meta, dut.beat_valid, dut.beat_data)
+                                         dut.meta_valid, dut.meta, dut.beat_valid, dut.beat_data, dut.busy)
             out.cycles += 1
-            take = offer and tready
-            last = take and tlast
+            take = bool(offer and tready)
+            history.append((take, take and bool(tlast), tkeep if take else 0, fi))
+
+            def back(delay):             # what was accepted `delay` cycles ago
+                return history[cycle - delay] if cycle >= delay else (False, False, 0, None)
             where = f"cycle {cycle}, frame {fi} ({stims[fi].label if fi < len(stims) else '-'}), beat {bi}"
-            assert rx_frame == last, f"{where}: rx_frame"
-            assert rx_bytes == (popcount(tkeep) if take else 0), f"{where}: rx_bytes {rx_bytes}"
+            if back(1)[0] or cycle == 0:
+                assert busy == (cycle > 0), f"{where}: busy {busy} the cycle after a beat (or at reset)"
+            _, rx_last, rx_keep, _ = back(IngressPort.RX_DELAY)
+            assert rx_frame == rx_last, f"{where}: rx_frame"
+            assert rx_bytes == popcount(rx_keep), f"{where}: rx_bytes {rx_bytes}"
             out.rx_frames += rx_frame
             out.rx_bytes += rx_bytes
+            _, drop_last, _, drop_fi = back(IngressPort.DROP_DELAY)
             if drop:
-                assert last, f"{where}: drop without the last beat of a frame"
-                assert fi not in out.drops
-                out.drops[fi] = R(reason)
+                assert drop_last, f"{where}: drop not {IngressPort.DROP_DELAY} cycles after a last beat"
+                assert drop_fi not in out.drops
+                out.drops[drop_fi] = R(reason)
             if offer and not tready:
                 out.stalled_beats += 1
             if take:
@@ -221,6 +230,7 @@ def run_ingress(params, stims, *, seed=0, idle=0.0, meta_stall=0.0, beat_stall=0
             if fi == len(words) and (len(metas), len(beat_words)) >= expected_good:
                 after += 1
                 if after > 20:           # nothing more may come
+                    assert not busy, f"{where}: busy with every frame delivered or dropped"
                     break
         assert fi == len(words), f"only {fi} of {len(words)} frames accepted in {budget} cycles"
         at = 0
@@ -493,3 +503,45 @@ def test_random_frames_against_model(params, count):
     assert seen >= set(proto.PARSER_DROPS) | {None}, f"random mix misses {set(proto.PARSER_DROPS) - seen}"
     out = run_ingress(params, stims, seed=5, idle=0.15, meta_stall=0.25, beat_stall=0.15)
     check_outcome(params, stims, out, expected)
+
+
+# ----------------------------------------------------------------------------- timing of the verdict
+@pytest.mark.parametrize("params", PARAMS, ids=IDS)
+def test_drop_and_busy_timing_of_one_bad_frame(params):
+    """One frame dropped for BAD_LENGTH, alone: ``drop`` pulses DROP_DELAY (3) cycles after its last beat,
+    ``busy`` is 1 from the cycle after its first beat through the cycle after the drop and 0 from the
+    5th cycle after its last beat on (docs/interface.md: BUSY falls when the drop is in its counter);
+    tready stays high (an idle port with room)."""
+    rng = random.Random(21)
+    B = params.beat_bytes
+    s = stim(cais_bytes(rng, params, plen=64, length=64 + 30 + 1), B, label="one byte too long")
+    assert model_verdict(params, s) == R.BAD_LENGTH
+    words = s.words(rng, B)
+    dut = IngressPort(params)
+    start = 3
+    trace = []
+
+    async def tb(ctx):
+        sa = dut.s_axis
+        for cycle in range(start + len(words) + 30):
+            k = cycle - start
+            on = 0 <= k < len(words)
+            if on:
+                tdata, tkeep, tlast, tuser = words[k]
+                ctx.set(sa.tdata, tdata)
+                ctx.set(sa.tkeep, tkeep)
+                ctx.set(sa.tlast, tlast)
+                ctx.set(sa.tuser, tuser)
+            ctx.set(sa.tvalid, on)
+            _, _, tready, busy, drop, reason = await ctx.tick().sample(sa.tready, dut.busy, dut.drop, dut.drop_reason)
+            assert tready, f"cycle {cycle}: tready low on an idle port"
+            trace.append((busy, drop, reason))
+
+    run(dut, tb)
+    first, last = start, start + len(words) - 1
+    busy = [b for b, _, _ in trace]
+    drops = [c for c, (_, d, _) in enumerate(trace) if d]
+    assert drops == [last + IngressPort.DROP_DELAY] and trace[drops[0]][2] == R.BAD_LENGTH
+    assert busy[:first + 1] == [0] * (first + 1), busy
+    assert all(busy[first + 1:last + 5]), busy
+    assert not any(busy[last + 5:]), busy

@@ -416,11 +416,13 @@ def test_counters_count_increments():
         # Counters are read-only: a write answers OKAY and changes nothing.
         assert await write(ctx, dut, MAP["DROP_RUNT"].offset, 0) == AxiResp.OKAY
         assert await regs.read("DROP_RUNT") == 30
-        # A counter that keeps counting while it is read returns a value from the read's cycle.
-        ctx.set(dut.bank.drop_runt_inc, 1)
-        value = await regs.read("DROP_RUNT")
+        # A counter that keeps counting while it is read returns its value of the read's strobe cycle (the
+        # cycle after the address is accepted): an increment presented in cycle t is counted from t + 2.
+        ctx.set(dut.bank.drop_runt_inc, 1)                # presented from cycle s on
+        await ctx.tick().repeat(5)
+        value = await regs.read("DROP_RUNT")              # accepted in s + 5, strobe in s + 6
         ctx.set(dut.bank.drop_runt_inc, 0)
-        assert 30 < value < 30 + 10
+        assert value == 30 + (6 - 1)                      # the increments of cycles s .. s + 4
     simulate(dut, tb)
 
 
