@@ -122,7 +122,7 @@ class SwitchCore(wiring.Component):
             jobs.push.eq(dec.job_valid), jobs.job.eq(dec.job),
             reader.job.eq(jobs.head), reader.job_valid.eq(jobs.head_ready), jobs.pop.eq(reader.job_ready),
             res.job.eq(reader.frame), res.job_valid.eq(reader.frame_valid), reader.frame_ready.eq(res.job_ready),
-            res.row.eq(reader.row), res.row_valid.eq(reader.row_valid), reader.row_ready.eq(res.row_ready),
+            res.row.eq(reader.row), reader.row_ready.eq(res.row_ready),
             res.rows_held.eq(reader.rows_held),
             res.switch_mac.eq(self.switch_mac),
         ]

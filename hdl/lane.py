@@ -26,8 +26,8 @@ OPEN_BITS = ceil_log2(LANE_DECISIONS + 4)
 class IngressLane(wiring.Component):
     """Port p's frames, decided in order, streamed back to back.
 
-    The head decision of the lane's queue moves into a register of its own (the next frame) while the
-    current frame streams. A forwarded next frame asks the egress crossbar for its ports (``fwd.req``, a
+    The head decision of the lane's queue (or the decision itself, when the queue is empty) moves into a
+    register of its own (the next frame) while the current frame streams. A forwarded next frame asks the egress crossbar for its ports (``fwd.req``, a
     register) two cycles before the current frame's last beat, ahead of the beat stream; the grant (a
     register of the crossbar) starts it in the cycle it is shown, so its first beat follows the current
     frame's last without a bubble (one cycle behind a one-beat frame). A frame that is not forwarded
@@ -83,13 +83,7 @@ class IngressLane(wiring.Component):
         lb = ceil_log2(B)
 
         m.submodules.queue = queue = SyncFIFO(width=Shape.cast(self.layout).width, depth=LANE_DECISIONS)
-        m.d.comb += [queue.w_en.eq(self.push), queue.w_data.eq(self.decision)]
-        head = data.View(self.layout, queue.r_data)
-
-        # Decisions held: queued, plus headers taken and not yet decided (the pipeline never stalls).
-        held = Signal(range(LANE_DECISIONS + 1))
-        m.d.sync += held.eq(held + self.taken - (queue.r_en & queue.r_rdy))
-        m.d.comb += self.credit.eq(held < LANE_DECISIONS)
+        m.d.comb += queue.w_data.eq(self.decision)
 
         # The current frame: its decision and, set when it starts, what its beats need.
         active = Signal()
@@ -114,12 +108,22 @@ class IngressLane(wiring.Component):
         can_start = ~active | ending
         # A forwarded frame's grant comes only when it can start (the request's promise, below).
         start = nxt_valid & can_start & (~nxt_fwd | fwd.grant)
-        load = queue.r_rdy & (~nxt_valid | start)
-        m.d.comb += queue.r_en.eq(load)
-        with m.If(load):
-            m.d.sync += [nxt.eq(head), nxt_valid.eq(1)]
+        # The next frame's decision comes from the queue, or straight from the decision pipeline when the
+        # queue is empty (so an idle lane adds no cycle).
+        free = ~nxt_valid | start
+        load = queue.r_rdy & free
+        bypass = ~queue.r_rdy & free & self.push
+        m.d.comb += [queue.r_en.eq(load), queue.w_en.eq(self.push & ~bypass)]
+        new_head = data.View(self.layout, Mux(queue.r_rdy, queue.r_data, self.decision))
+        with m.If(load | bypass):
+            m.d.sync += [nxt.eq(new_head), nxt_valid.eq(1)]
         with m.Elif(start):
             m.d.sync += nxt_valid.eq(0)
+
+        # Decisions held: queued, plus headers taken and not yet decided (the pipeline never stalls).
+        held = Signal(range(LANE_DECISIONS + 1))
+        m.d.sync += held.eq(held + self.taken - load - bypass)
+        m.d.comb += self.credit.eq(held < LANE_DECISIONS)
 
         # The request, registered: the next frame is forwarded and the current one's last beat comes in
         # the request's next cycle or earlier, so a grant decided in its cycle finds the lane free.
@@ -130,7 +134,7 @@ class IngressLane(wiring.Component):
             m.d.comb += ends_soon.eq(1)
         with m.Else():
             m.d.comb += ends_soon.eq(left <= Mux(take, 3, 2))
-        next_fwd = Mux(load, head.action == Action.FORWARD, nxt_valid & ~start & nxt_fwd)
+        next_fwd = Mux(load | bypass, new_head.action == Action.FORWARD, nxt_valid & ~start & nxt_fwd)
         req = Signal()
         m.d.sync += req.eq(next_fwd & ends_soon)
         m.d.comb += [fwd.req.eq(req), fwd.mask.eq(nxt.mask), fwd.beats.eq(nxt.beats)]

@@ -94,8 +94,9 @@ class ResultGenerator(wiring.Component):
     job : In(result_frame_layout); job_valid : In(1); job_ready : Out(1)
     switch_mac : In(48)
         Source MAC of the result frames.
-    row : In(data_width); row_valid : In(1); row_ready : Out(1); rows_held : In(16)
-        The payload rows of the jobs, in order: ``ceil(payload_len / B)`` per job; how many are waiting.
+    row : In(data_width); row_ready : Out(1); rows_held : In(16)
+        The payload rows of the jobs, in order: ``ceil(payload_len / B)`` per job; how many are waiting
+        (``row`` is the oldest of them when ``rows_held`` is not 0).
     out : Out(FrameSourceSignature)
         The result frames, to the egress crossbar: a frame asks for its ports; granted, it starts in the
         next cycle, and the egress takes each beat the cycle it is offered.
@@ -109,7 +110,7 @@ class ResultGenerator(wiring.Component):
         super().__init__({
             "job": In(self.layout), "job_valid": In(1), "job_ready": Out(1),
             "switch_mac": In(48),
-            "row": In(W), "row_valid": In(1), "row_ready": Out(1), "rows_held": In(16),
+            "row": In(W), "row_ready": Out(1), "rows_held": In(16),
             "out": Out(FrameSourceSignature(params.ports, W, params.max_frame_beats)),
             "busy": Out(1),
         })
@@ -158,9 +159,10 @@ class ResultGenerator(wiring.Component):
         hdr_cur = Signal(W)                        # this beat's header bytes
         prev = Signal(W)                           # the last payload row taken (0 before the first)
 
-        # Beat k carries payload row k - h (from its byte o on), if that row exists.
+        # Beat k carries payload row k - h (from its byte o on), if that row exists. A frame starts only
+        # once all its rows are waiting, so a beat leaves in every cycle of the frame.
         needs_row = past_hdr & (rows_left != 0)
-        fire = active & (~needs_row | self.row_valid)
+        fire = active
         ending = fire & is_last
         cur_row = Mux(needs_row, self.row, 0)
         payload = (prev >> (8 * (B - o))) | (cur_row << (8 * o))
@@ -208,8 +210,7 @@ class ResultGenerator(wiring.Component):
 
         # Rows owed: the current frame's not yet taken and the next frame's.
         owed = Signal(range(2 * P.rows_per_set + 1))
-        added = Mux(load, self.job.rows, 0)
-        m.d.sync += owed.eq(owed - self.row_ready + added)
+        m.d.sync += owed.eq(Mux(load, owed + self.job.rows, owed) - self.row_ready)
 
         # The request, registered: the next frame is there, all the rows owed are waiting (rows_held only
         # falls by the rows taken here), and the current frame's last beat comes in the request's next
@@ -222,7 +223,8 @@ class ResultGenerator(wiring.Component):
         with m.Else():
             m.d.comb += ends_soon.eq(left <= Mux(fire, 3, 2))
         req = Signal()
-        m.d.sync += req.eq((load | (nxt_valid & ~start)) & ends_soon & (self.rows_held >= owed + added))
+        rows_in = Mux(load, self.rows_held >= owed + self.job.rows, self.rows_held >= owed)
+        m.d.sync += req.eq((load | (nxt_valid & ~start)) & ends_soon & rows_in)
         m.d.comb += [out.req.eq(req), out.mask.eq(nxt.mask), out.beats.eq(nxt_beats)]
         m.d.comb += self.busy.eq(active | nxt_valid)
         return m

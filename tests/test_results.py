@@ -71,7 +71,6 @@ def run_results(params, jobs, *, seed, switch_mac, refuse=0.3, job_gap=0.3, row_
             elif pending and rng.random() >= row_gap:
                 released.append(pending.pop(0))
             ctx.set(dut.rows_held, len(released))
-            ctx.set(dut.row_valid, int(bool(released)))
             ctx.set(dut.row, released[0] if released else rng.getrandbits(W))
             ctx.set(dut.out.grant, grant)
             out = dut.out
@@ -136,7 +135,6 @@ def run_results(params, jobs, *, seed, switch_mac, refuse=0.3, job_gap=0.3, row_
         assert not released and not pending, "rows left over"
         # nothing more comes out
         ctx.set(dut.job_valid, 0)
-        ctx.set(dut.row_valid, 0)
         ctx.set(dut.rows_held, 0)
         for _ in range(5):
             _, _, o_valid, req = await ctx.tick().sample(dut.out.valid, dut.out.req)
