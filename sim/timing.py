@@ -18,10 +18,12 @@ from cais.tables import Rule, rule_writes, slot_clear_writes
 
 from .traffic import Scenario, TxFrame, compare, host_mac, replay
 
-__all__ = ["frame_beats", "documented_latency", "contribution", "broadcast", "group_writes",
+__all__ = ["frame_beats", "documented_latency", "FORWARD_LATENCY", "contribution", "broadcast", "group_writes",
            "held_port_scenario", "timing_job"]
 
-
+#: Cycles from a forwarded frame's last beat in to its first beat out on each of its ports, when its lane
+#: and its egress ports are free (docs/interface.md), whatever the frame's length and the build.
+FORWARD_LATENCY = 11
 
 
 def frame_beats(params: SwitchParams, payload_len: int) -> int:
