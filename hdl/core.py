@@ -44,9 +44,10 @@ class SwitchCore(wiring.Component):
     meta[p], meta_valid[p], meta_ready[p]; beat_data[p], beat_valid[p], beat_ready[p]
         The good frames of each ingress port (see :class:`cais.hdl.ingress.IngressPort`).
     e_data[p], e_keep[p], e_last[p], e_valid[p] : Out
-        Beats for egress FIFO p; each is taken the cycle it is offered.
-    e_room[p] : In
-        Beats egress FIFO p can still take (a frame starts only when all of its ports have room for it).
+        Beats for egress FIFO p (registers); each is taken the cycle it is offered.
+    e_freed[p] : In(1)
+        A beat left egress FIFO p, in this cycle or earlier (the crossbar's credit: a frame starts only
+        when all of its ports have room for it).
     program : In(TableProgramSignature)
         Table programming from the register bank (words of the register map).
     switch_mac : In(48)
@@ -64,7 +65,7 @@ class SwitchCore(wiring.Component):
             "meta": In(self.meta_layout).array(P), "meta_valid": In(1).array(P), "meta_ready": Out(1).array(P),
             "beat_data": In(W).array(P), "beat_valid": In(1).array(P), "beat_ready": Out(1).array(P),
             "e_data": Out(W).array(P), "e_keep": Out(B).array(P), "e_last": Out(1).array(P),
-            "e_valid": Out(1).array(P), "e_room": In(range(params.egress_depth + 1)).array(P),
+            "e_valid": Out(1).array(P), "e_freed": In(1).array(P),
             "program": In(TableProgramSignature(regmap)),
             "switch_mac": In(48),
             "ev_drop": Out(1), "ev_drop_reason": Out(DropReason), "ev_forwarded": Out(1), "ev_contribution": Out(1),
@@ -121,7 +122,7 @@ class SwitchCore(wiring.Component):
             jobs.push.eq(dec.job_valid), jobs.job.eq(dec.job),
             reader.job.eq(jobs.head), reader.job_valid.eq(jobs.head_ready), jobs.pop.eq(reader.job_ready),
             res.job.eq(reader.frame), res.job_valid.eq(reader.frame_valid), reader.frame_ready.eq(res.job_ready),
-            res.row.eq(reader.row), res.row_valid.eq(reader.row_valid), reader.row_ready.eq(res.row_ready),
+            res.row.eq(reader.row), reader.row_ready.eq(res.row_ready),
             res.rows_held.eq(reader.rows_held),
             res.switch_mac.eq(self.switch_mac),
         ]
@@ -132,7 +133,7 @@ class SwitchCore(wiring.Component):
             m.d.comb += [
                 self.e_data[p].eq(xbar.w_data[p]), self.e_keep[p].eq(xbar.w_keep[p]),
                 self.e_last[p].eq(xbar.w_last[p]), self.e_valid[p].eq(xbar.w_en[p]),
-                xbar.room[p].eq(self.e_room[p]),
+                xbar.freed[p].eq(self.e_freed[p]),
             ]
         m.d.comb += self.busy.eq(Cat(*busy).any() | Cat(*self.meta_valid).any())
         return m

@@ -1,7 +1,7 @@
 """The egress crossbar: whole frames from several sources (the lanes' forwarded frames, the result
 generator) to the egress FIFOs, every port at its own line rate."""
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -11,12 +11,19 @@ __all__ = ["EgressCrossbar", "FrameSourceSignature"]
 class FrameSourceSignature(wiring.Signature):
     """Whole frames offered to the :class:`EgressCrossbar`, from the source's side.
 
+    The request is a register of the source and the grant a register of the crossbar, so no path runs
+    from one to the other in a cycle. A source may ask while its previous frame still streams: ``req`` in
+    cycle ``c`` promises that the previous frame's last beat is in cycle ``c + 1`` or earlier, so a grant
+    decided in ``c`` (shown in ``c + 1``) starts the frame in ``c + 2`` right behind it.
+
     Members
     -------
     req : Out(1); mask : Out(ports); beats : Out(range(max_beats + 1))
-        A frame waits for the egress ports in ``mask``; it is ``beats`` beats long.
+        A frame waits for the egress ports in ``mask``; it is ``beats`` beats long. Held, unchanged, up
+        to and including the cycle in which its grant is shown.
     grant : In(1)
-        The ports are the source's from the next cycle until the frame's last beat.
+        One cycle: the frame's first beat comes in the next cycle, and its other beats in the cycles
+        after, one per cycle without a gap.
     data : Out(data_width); keep : Out(data_width // 8); last : Out(1); valid : Out(1)
         The granted frame's beats; each is taken the cycle it is offered.
     """
@@ -28,36 +35,50 @@ class FrameSourceSignature(wiring.Signature):
         })
 
 
+def order_after(S: int, first: int) -> list[list[int]]:
+    """before[t][s] of the rotating order that starts at source ``first``: t is ranked ahead of s."""
+    return [[int((t - first) % S < (s - first) % S) for s in range(S)] for t in range(S)]
+
+
 class EgressCrossbar(wiring.Component):
     """Gives each frame all of its egress ports at once, then copies its beats to them.
 
     A source (:class:`FrameSourceSignature`) asks with ``req``, ``mask`` (its frame's ports) and ``beats``.
-    A frame is granted when each of its ports is free (or freed by its owner's last beat in this cycle)
-    and has room for the whole frame (``room``, beats the egress FIFO can still take), so once started it
-    is written to every port back to back and no port waits on another mid-frame. ``grant`` is
-    combinational; the ports are the source's from the next cycle, whose beats (``valid`` ..) go to each
-    of them the cycle they are offered, until the beat with ``last``.
+    The allocation is computed from registers only (the sources' requests, the crossbar's own state) and
+    its result is the ``grant`` register: a frame asking in cycle ``c`` is granted (``grant`` in ``c + 1``,
+    first beat in ``c + 2``) when every port of its mask
 
-    Sources are ranked in rotating order from a pointer, all at once: a request reserves its ports for
-    the requests ranked behind it, and the first requester keeps the pointer until it is granted, so a
+    * is free from cycle ``c + 2`` on: the crossbar counts, per port, the cycles until the frames it has
+      granted there have passed (streams have no gaps), so a port's next frame is granted during its
+      current one and follows it without a bubble (except behind a one-beat frame, one cycle);
+    * has credit for the whole frame: each port's credit starts at the egress FIFO's depth, loses a
+      frame's beats when the frame is granted and gets one back for each beat read out of the FIFO
+      (``freed``), so a frame granted but not yet written counts against the room, and a started frame
+      is written to every port back to back, no port waiting on another mid-frame.
+
+    Sources are ranked in rotating order, all at once: a request reserves its ports for the requests
+    ranked behind it, and the first requester keeps the head of the order until it is granted, so a
     multicast frame is not starved by unicast frames taking its ports one at a time.
+
+    The beats pass through the crossbar's output registers (one cycle): ``w_*`` are registers.
 
     Members
     -------
     sources[s] : In(FrameSourceSignature)
-    room[p] : In
+    freed[p] : In(1)
+        A beat left egress FIFO p (in this cycle or earlier: a late credit is only conservative).
     w_data[p], w_keep[p], w_last[p], w_en[p] : Out
-        Beats for egress FIFO p.
+        Beats for egress FIFO p, registered.
     busy : Out(1)
-        Some port is owned by a frame not yet finished.
+        A frame is granted and not yet written.
     """
 
     def __init__(self, sources: int, ports: int, data_width: int, max_beats: int, depth: int):
-        self.n_sources, self.ports = sources, ports
+        self.n_sources, self.ports, self.max_beats, self.depth = sources, ports, max_beats, depth
         B = data_width // 8
         super().__init__({
             "sources": In(FrameSourceSignature(ports, data_width, max_beats)).array(sources),
-            "room": In(range(depth + 1)).array(ports),
+            "freed": In(1).array(ports),
             "w_data": Out(data_width).array(ports), "w_keep": Out(B).array(ports),
             "w_last": Out(1).array(ports), "w_en": Out(1).array(ports),
             "busy": Out(1),
@@ -67,58 +88,92 @@ class EgressCrossbar(wiring.Component):
         m = Module()
         S, P = self.n_sources, self.ports
         src = self.sources
-        owner = [Signal(range(S), name=f"owner{p}") for p in range(P)]
-        owned = Signal(P)
-        ptr = Signal(range(S))
 
-        # Per port: the owner's beat this cycle, and whether it is the owner's last.
-        releasing = Signal(P)
-        w_en = Signal(P)
+        granted = Signal(S)                   # the grant registers (shown to the sources)
+        was_first = Signal(S)                 # ... and whether that source was the head of the order
+        m.d.comb += [src[s].grant.eq(granted[s]) for s in range(S)]
+
+        # Per port, from the grants shown in this cycle (each source still shows the granted request):
+        # the new owner, its frame's beats.
+        new_owner = [Signal(S, name=f"new_owner{p}") for p in range(P)]
+        new_beats = [Signal(range(self.max_beats + 1), name=f"new_beats{p}") for p in range(P)]
+        new = Signal(P)
         for p in range(P):
-            def sel(field):
-                return Array(getattr(src[s], field) for s in range(S))[owner[p]]
             m.d.comb += [
-                self.w_data[p].eq(sel("data")), self.w_keep[p].eq(sel("keep")), self.w_last[p].eq(sel("last")),
-                w_en[p].eq(owned[p] & sel("valid")),
-                self.w_en[p].eq(w_en[p]),
-                releasing[p].eq(w_en[p] & sel("last")),
+                new_owner[p].eq(Cat(granted[s] & src[s].mask[p] for s in range(S))),
+                new[p].eq(new_owner[p].any()),
             ]
+            acc = Const(0, len(new_beats[p]))
+            for s in range(S):
+                acc = acc | (src[s].beats & new_owner[p][s].replicate(len(new_beats[p])))
+            m.d.comb += new_beats[p].eq(acc)
 
-        # Room of each port for a frame starting next cycle: this cycle's write still lands.
-        fits = Signal(S)
-        for s in range(S):
-            m.d.comb += fits[s].eq(Cat(*(~src[s].mask[p] | (self.room[p] - w_en[p] >= src[s].beats)
-                                          for p in range(P))).all())
+        # Ownership and the beats, from the first beat of a granted frame to its last.
+        owner = [Signal(S, name=f"owner{p}") for p in range(P)]          # one-hot
+        owned = Signal(P)
+        releasing = Signal(P)
+        for p in range(P):
+            def sel(field, width):
+                acc = Const(0, width)
+                for s in range(S):
+                    acc = acc | (getattr(src[s], field) & owner[p][s].replicate(width))
+                return acc
+            w_en = owned[p] & sel("valid", 1)
+            last = sel("last", 1)
+            m.d.comb += releasing[p].eq(w_en & last)
+            m.d.sync += [
+                self.w_en[p].eq(w_en), self.w_last[p].eq(last),
+                self.w_data[p].eq(sel("data", len(self.w_data[p]))),
+                self.w_keep[p].eq(sel("keep", len(self.w_keep[p]))),
+            ]
+            with m.If(new[p]):
+                m.d.sync += owner[p].eq(new_owner[p])
+        m.d.sync += owned.eq((owned & ~releasing) | new)
 
-        # Allocation, all sources at once: source s is granted when it asks, its frame fits, none of its
-        # ports is owned (or being released in this cycle), and no source ahead of it in the rotating order
-        # asks for any of them. A request reserves its ports for the sources behind it, granted or not, so
-        # a multicast frame is not starved by unicast frames taking its ports one at a time.
-        claimed = owned & ~releasing
-        rank = [Signal(range(S), name=f"rank{s}") for s in range(S)]      # place in the order from ptr
-        for s in range(S):
-            m.d.comb += rank[s].eq(Mux(s >= ptr, s - ptr, s + S - ptr))
+        # Cycles until each port is free of the frames granted to it (a frame shown granted in g has its
+        # beats in g+1 .. g+beats), and whether it is free from two cycles on (a frame granted now starts
+        # then). In the cycle a port's grant is shown it is not free, so its credit is up to date first.
+        left = [Signal(range(self.max_beats + 1), name=f"left{p}") for p in range(P)]
+        free = Signal(P)
+        for p in range(P):
+            with m.If(new[p]):
+                m.d.sync += left[p].eq(new_beats[p])
+            with m.Elif(left[p] != 0):
+                m.d.sync += left[p].eq(left[p] - 1)
+            m.d.comb += free[p].eq((left[p] <= 2) & ~new[p])
 
-        def ahead_of(s, overlapping):
-            return Cat(Const(0, 1), *(src[t].req & (rank[t] < rank[s])
-                                      & ((src[t].mask & src[s].mask).any() if overlapping else 1)
-                                      for t in range(S) if t != s)).any()
+        # Credit: beats each egress FIFO can still take, less the frames granted and not yet written.
+        credit = [Signal(range(self.depth + 1), init=self.depth, name=f"credit{p}") for p in range(P)]
+        for p in range(P):
+            m.d.sync += credit[p].eq(credit[p] - new_beats[p] + self.freed[p])
 
+        # Allocation, all sources at once, from registers: source s is granted when it asks (and is not
+        # being shown its grant), its ports are free and have credit for its frame, and no source ahead of
+        # it in the rotating order asks for any of them. A request reserves its ports for the sources
+        # behind it, granted or not, so a multicast frame is not starved.
+        asking = Signal(S)
+        m.d.comb += asking.eq(Cat(src[s].req for s in range(S)) & ~granted)
+        before = [[Signal(name=f"before_{t}_{s}", init=order_after(S, 0)[t][s]) for s in range(S)]
+                  for t in range(S)]
+        win = Signal(S)
+        first = Signal(S)
         for s in range(S):
-            m.d.comb += src[s].grant.eq(src[s].req & fits[s] & ((src[s].mask & claimed) == 0)
-                                        & ~ahead_of(s, overlapping=True))
-        # The pointer moves past the first requester in the order once it is granted, and stays on it
-        # while it waits.
+            fits = Cat(*(~src[s].mask[p] | (credit[p] >= src[s].beats) for p in range(P))).all()
+            ports_free = (src[s].mask & ~free) == 0
+            ahead = Cat(Const(0, 1), *(asking[t] & before[t][s] & (src[t].mask & src[s].mask).any()
+                                       for t in range(S) if t != s)).any()
+            m.d.comb += [
+                win[s].eq(asking[s] & fits & ports_free & ~ahead),
+                first[s].eq(asking[s] & ~Cat(Const(0, 1), *(asking[t] & before[t][s]
+                                                              for t in range(S) if t != s)).any()),
+            ]
+        m.d.sync += [granted.eq(win), was_first.eq(first)]
+        # The head of the order moves past the first requester once it is granted (while its grant is
+        # shown, it does not ask, so the order among the others is the same either way).
         for s in range(S):
-            with m.If(src[s].grant & ~ahead_of(s, overlapping=False)):
-                m.d.sync += ptr.eq(s + 1 if s + 1 < S else 0)
+            with m.If(granted[s] & was_first[s]):
+                after = order_after(S, (s + 1) % S)
+                m.d.sync += [before[t][u].eq(after[t][u]) for t in range(S) for u in range(S)]
 
-        new_owned = Signal(P)
-        for s in range(S):
-            for p in range(P):
-                with m.If(src[s].grant & src[s].mask[p]):
-                    m.d.sync += owner[p].eq(s)
-                    m.d.comb += new_owned[p].eq(1)
-        m.d.sync += owned.eq((owned & ~releasing) | new_owned)
-        m.d.comb += self.busy.eq(owned.any())
+        m.d.comb += self.busy.eq(owned.any() | granted.any() | Cat(*self.w_en).any())
         return m

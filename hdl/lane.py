@@ -18,20 +18,27 @@ __all__ = ["IngressLane", "LANE_DECISIONS", "OPEN_BITS"]
 
 #: Decisions a lane holds (queued or in the decision pipeline): enough to hide the pipeline's latency.
 LANE_DECISIONS = 4
-#: Bits of the count of a lane's decided, unfinished frames: the queued ones, the one streaming and one
-#: whose last row is being written.
-OPEN_BITS = ceil_log2(LANE_DECISIONS + 3)
+#: Bits of the count of a lane's decided, unfinished frames: the queued ones, the next one, the one
+#: streaming and one whose last row is being written.
+OPEN_BITS = ceil_log2(LANE_DECISIONS + 4)
 
 
 class IngressLane(wiring.Component):
     """Port p's frames, decided in order, streamed back to back.
 
-    A frame starts when its decision is at the head of the lane's queue and the lane is idle or sending
-    its previous frame's last beat; a forwarded frame also needs the egress grant (``fwd.grant``), asked
-    for in that same cycle (``fwd.req``), so frames follow each other without a bubble. Payload row ``j``
-    (frame bytes ``30 + jB .. 30 + jB + B - 1``) is complete with beat ``j + h + 1`` and written to the
-    bank then; a row that ends in the frame's last beat is written in the next cycle, when the next
-    frame's first beat (which never completes a row) is read.
+    The head decision of the lane's queue (or the decision itself, when the queue is empty) moves into a
+    register of its own (the next frame) while the current frame streams. A forwarded next frame asks the egress crossbar for its ports (``fwd.req``, a
+    register) two cycles before the current frame's last beat, ahead of the beat stream; the grant (a
+    register of the crossbar) starts it in the cycle it is shown, so its first beat follows the current
+    frame's last without a bubble (one cycle behind a one-beat frame). A frame that is not forwarded
+    starts when the current one ends. Payload row ``j`` (frame bytes ``30 + jB .. 30 + jB + B - 1``) is
+    complete with beat ``j + h + 1`` and written to the bank then, at an address counted from the
+    decision's ``row_base``; a row that ends in the frame's last beat is written in the next cycle, when
+    the next frame's first beat (which never completes a row) is read.
+
+    Every output is a register or a register through one or two LUT levels, except ``fwd.data`` (the
+    ingress beat, passed through) and ``bank_data`` (the ingress beat shifted behind the previous one, one
+    level).
 
     Members
     -------
@@ -40,7 +47,7 @@ class IngressLane(wiring.Component):
     push : In(1); decision : In(decision_layout)
         A decision for this port's oldest undecided frame.
     beat_data : In(W); beat_valid : In(1); beat_ready : Out(1)
-        The port's frames (ingress FIFO, whole frames only).
+        The port's frames (ingress FIFO, whole frames only: a frame's beats come one per cycle).
     fwd : Out(FrameSourceSignature)
         Forwarded frames, to the egress crossbar.
     bank_addr, bank_data, bank_en : Out
@@ -76,72 +83,116 @@ class IngressLane(wiring.Component):
         lb = ceil_log2(B)
 
         m.submodules.queue = queue = SyncFIFO(width=Shape.cast(self.layout).width, depth=LANE_DECISIONS)
-        m.d.comb += [queue.w_en.eq(self.push), queue.w_data.eq(self.decision)]
-        head = data.View(self.layout, queue.r_data)
+        m.d.comb += queue.w_data.eq(self.decision)
 
-        # Decisions held: queued, plus headers taken and not yet decided (the pipeline never stalls).
-        held = Signal(range(LANE_DECISIONS + 1))
-        m.d.sync += held.eq(held + self.taken - (queue.r_en & queue.r_rdy))
-        m.d.comb += self.credit.eq(held < LANE_DECISIONS)
-
+        # The current frame: its decision and, set when it starts, what its beats need.
         active = Signal()
         cur = Signal(self.layout)
+        cur_fwd = Signal()
+        stores = Signal()                          # AGGREGATE with write: rows into the bank
+        late = Signal()                            # ... and the last row ends in the last beat
         idx = Signal(range(prm.max_frame_beats))
+        left = Signal(range(prm.max_frame_beats + 1))          # beats not yet taken, this one included
+        is_last = Signal()                         # idx == beats - 1
+        last_keep = Signal(B)
         prev = Signal(W)
-        is_last = idx == cur.beats - 1
         take = active & self.beat_valid
         ending = take & is_last
         m.d.comb += self.beat_ready.eq(active)
 
-        # The next frame: starts when the current one ends (or none is active).
-        can_start = ~active | ending
-        forward_next = head.action == Action.FORWARD
+        # The next frame, out of the queue ahead of time.
+        nxt = Signal(self.layout)
+        nxt_valid = Signal()
+        nxt_fwd = nxt.action == Action.FORWARD
         fwd = self.fwd
-        m.d.comb += [
-            fwd.req.eq(can_start & queue.r_rdy & forward_next),
-            fwd.mask.eq(head.mask), fwd.beats.eq(head.beats),
-        ]
-        start = can_start & queue.r_rdy & (~forward_next | fwd.grant)
-        m.d.comb += queue.r_en.eq(start)
+        can_start = ~active | ending
+        # A forwarded frame's grant comes only when it can start (the request's promise, below).
+        start = nxt_valid & can_start & (~nxt_fwd | fwd.grant)
+        # The next frame's decision comes from the queue, or straight from the decision pipeline when the
+        # queue is empty (so an idle lane adds no cycle).
+        free = ~nxt_valid | start
+        load = queue.r_rdy & free
+        bypass = ~queue.r_rdy & free & self.push
+        m.d.comb += [queue.r_en.eq(load), queue.w_en.eq(self.push & ~bypass)]
+        new_head = data.View(self.layout, Mux(queue.r_rdy, queue.r_data, self.decision))
+        with m.If(load | bypass):
+            m.d.sync += [nxt.eq(new_head), nxt_valid.eq(1)]
+        with m.Elif(start):
+            m.d.sync += nxt_valid.eq(0)
+
+        # Decisions held: queued, plus headers taken and not yet decided (the pipeline never stalls).
+        held = Signal(range(LANE_DECISIONS + 1))
+        m.d.sync += held.eq(held + self.taken - load - bypass)
+        m.d.comb += self.credit.eq(held < LANE_DECISIONS)
+
+        # The request, registered: the next frame is forwarded and the current one's last beat comes in
+        # the request's next cycle or earlier, so a grant decided in its cycle finds the lane free.
+        ends_soon = Signal()                       # in the next cycle: the current frame ends by the one after
         with m.If(start):
-            m.d.sync += [cur.eq(head), idx.eq(0), active.eq(1)]
-        with m.Elif(ending):
-            m.d.sync += active.eq(0)
+            m.d.comb += ends_soon.eq(nxt.beats <= 2)
+        with m.Elif(~active | ending):
+            m.d.comb += ends_soon.eq(1)
+        with m.Else():
+            m.d.comb += ends_soon.eq(left <= Mux(take, 3, 2))
+        next_fwd = Mux(load | bypass, new_head.action == Action.FORWARD, nxt_valid & ~start & nxt_fwd)
+        req = Signal()
+        m.d.sync += req.eq(next_fwd & ends_soon)
+        m.d.comb += [fwd.req.eq(req), fwd.mask.eq(nxt.mask), fwd.beats.eq(nxt.beats)]
+
+        # Payload rows: the bank address counts up from row_base; row writing opens after the header.
+        addr = Signal.like(self.bank_addr)
+        late_addr = Signal.like(self.bank_addr)    # the last row's address
+        rows_todo = Signal.like(cur.rows)
+        after_hdr = Signal()                       # idx > h
+        row_now = take & stores & after_hdr & (rows_todo != 0)
+
         with m.If(take & ~is_last):
-            m.d.sync += idx.eq(idx + 1)
+            m.d.sync += [idx.eq(idx + 1), left.eq(left - 1), is_last.eq(left == 2)]
+        with m.If(take & (idx == h)):
+            m.d.sync += after_hdr.eq(1)
+        with m.If(row_now):
+            m.d.sync += [addr.eq(addr + 1), rows_todo.eq(rows_todo - 1)]
+        with m.If(ending):
+            m.d.sync += active.eq(0)
+        tail = nxt.length[:lb]
+        nxt_stores = (nxt.action == Action.AGGREGATE) & nxt.write
+        with m.If(start):
+            m.d.sync += [
+                cur.eq(nxt), active.eq(1), idx.eq(0), left.eq(nxt.beats), is_last.eq(nxt.beats == 1),
+                cur_fwd.eq(nxt_fwd), stores.eq(nxt_stores),
+                late.eq(nxt_stores & (nxt.beats == nxt.rows + h)),
+                last_keep.eq(Mux(tail != 0, (Const(1, B + 1) << tail) - 1, (1 << B) - 1)),
+                addr.eq(nxt.row_base), late_addr.eq(nxt.row_base + nxt.rows - 1),
+                rows_todo.eq(nxt.rows), after_hdr.eq(0),
+            ]
 
         # Forwarded beats.
-        tail = cur.length[:lb]
         m.d.comb += [
             fwd.data.eq(self.beat_data), fwd.last.eq(is_last),
-            fwd.keep.eq(Mux(is_last & (tail != 0), (Const(1, B + 1) << tail) - 1, (1 << B) - 1)),
-            fwd.valid.eq(take & (cur.action == Action.FORWARD)),
+            fwd.keep.eq(Mux(is_last, last_keep, (1 << B) - 1)),
+            fwd.valid.eq(take & cur_fwd),
         ]
 
         # Payload rows into the bank.
-        stores = (cur.action == Action.AGGREGATE) & cur.write
-        last_row_late = stores & (cur.beats == cur.rows + h)    # the last row ends in the last beat
         with m.If(take & stores):
             m.d.sync += prev.eq(self.beat_data)
-        row = (idx - (h + 1))[:len(cur.rows)]
-        row_now = take & stores & (idx >= h + 1) & (row < cur.rows)
-        flush = Signal()                          # ... so it is written in the next cycle
+        flush = Signal()                          # the last row ended in the last beat: written now
         flush_addr = Signal.like(self.bank_addr)
-        m.d.sync += flush.eq(ending & last_row_late)
-        with m.If(ending & last_row_late):
-            m.d.sync += flush_addr.eq(cur.row_base + cur.rows - 1)
+        m.d.sync += flush.eq(ending & late)
+        with m.If(ending & late):
+            m.d.sync += flush_addr.eq(late_addr)
         with m.If(flush):
             m.d.comb += [self.bank_en.eq(1), self.bank_addr.eq(flush_addr), self.bank_data.eq(prev >> (8 * o))]
         with m.Else():
             m.d.comb += [
-                self.bank_en.eq(row_now), self.bank_addr.eq(cur.row_base + row),
+                self.bank_en.eq(row_now), self.bank_addr.eq(addr),
                 self.bank_data.eq(((prev >> (8 * o)) | (self.beat_data << (8 * (B - o))))[:W]),
             ]
-        m.d.comb += self.finished.eq(flush + (ending & ~last_row_late))
+        m.d.comb += self.finished.eq(flush + (ending & ~late))
 
         open_ = Signal(OPEN_BITS)
         m.d.comb += self.open_after.eq(open_ + self.push - self.finished)
         m.d.sync += open_.eq(self.open_after)
 
-        m.d.comb += self.busy.eq(active | flush | queue.r_rdy | (held != 0))
+        m.d.comb += self.busy.eq(active | flush | nxt_valid | queue.r_rdy | (held != 0))
         return m

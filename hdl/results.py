@@ -77,18 +77,26 @@ class ResultRow(wiring.Component):
 class ResultGenerator(wiring.Component):
     """Turns result jobs into frames: Ethernet header, CAIS header with the RESULT flag, payload.
 
-    The payload rows come as a stream, in order, and are shifted behind the 30 header bytes. A frame asks
-    the egress for its ports (``out.req``, ``out.mask``, ``out.beats``) once all of its rows are waiting
-    (``rows_held``), so its beats leave back to back (a MAC's transmitter must not run dry mid-frame), and
-    it may ask while the previous frame's last beat leaves, so frames follow each other without a bubble.
+    The payload rows come as a stream, in order, and are shifted behind the 30 header bytes. A job moves
+    into a register of its own (the next frame) while the current frame streams; the next frame asks the
+    egress for its ports (``out.req``, ``out.mask``, ``out.beats``, registers) once all of its rows and
+    the current frame's remaining ones are waiting (``rows_held``), so its beats leave back to back (a MAC's
+    transmitter must not run dry mid-frame), and two cycles before the current frame's last beat, so the
+    grant (a register of the crossbar) starts it right behind that beat, without a bubble (one cycle
+    behind a one-beat frame). A frame's first beat leaves three cycles after its job and rows are in,
+    when the generator is idle.
+
+    Every output is a register or a register through one or two LUT levels, except ``out.data``: the
+    payload row (``row``) masked and ORed with registers, two levels.
 
     Members
     -------
     job : In(result_frame_layout); job_valid : In(1); job_ready : Out(1)
     switch_mac : In(48)
         Source MAC of the result frames.
-    row : In(data_width); row_valid : In(1); row_ready : Out(1); rows_held : In(16)
-        The payload rows of the jobs, in order: ``ceil(payload_len / B)`` per job; how many are waiting.
+    row : In(data_width); row_ready : Out(1); rows_held : In(16)
+        The payload rows of the jobs, in order: ``ceil(payload_len / B)`` per job; how many are waiting
+        (``row`` is the oldest of them when ``rows_held`` is not 0).
     out : Out(FrameSourceSignature)
         The result frames, to the egress crossbar: a frame asks for its ports; granted, it starts in the
         next cycle, and the egress takes each beat the cycle it is offered.
@@ -102,10 +110,22 @@ class ResultGenerator(wiring.Component):
         super().__init__({
             "job": In(self.layout), "job_valid": In(1), "job_ready": Out(1),
             "switch_mac": In(48),
-            "row": In(W), "row_valid": In(1), "row_ready": Out(1), "rows_held": In(16),
+            "row": In(W), "row_ready": Out(1), "rows_held": In(16),
             "out": Out(FrameSourceSignature(params.ports, W, params.max_frame_beats)),
             "busy": Out(1),
         })
+
+    def header(self, cais):
+        """The 30 header bytes of the result frame for the CAIS header ``cais``, byte i at bits 8i..8i+7."""
+        flags_byte = proto.CAIS_HEADER_BYTES - 1
+        hdr = Cat(
+            *(Const(b, 8) for b in proto.mac_to_bytes(proto.result_mac(0))[:5]), cais_field(cais, "group_id"),
+            *(self.switch_mac[8 * i:8 * i + 8] for i in reversed(range(6))),
+            Const(proto.ETHERTYPE >> 8, 8), Const(proto.ETHERTYPE & 0xFF, 8),
+            cais[:8 * flags_byte], Const(int(proto.Flags.RESULT), 8),
+        )
+        assert len(hdr) == 8 * proto.HEADERS_BYTES
+        return hdr
 
     def elaborate(self, platform):
         m = Module()
@@ -114,70 +134,97 @@ class ResultGenerator(wiring.Component):
         h, o = header_split(B)
         lb = (B - 1).bit_length()
         out = self.out
+        rows_bits = range(P.rows_per_set + 1)
+        beats_bits = range(P.max_frame_beats + 1)
 
+        def chunk(cais, beat):                     # header bytes of frame beat ``beat`` (<= h)
+            hdr = self.header(cais)
+            return hdr[8 * B * beat:min(8 * B * (beat + 1), len(hdr))]
+
+        # The next frame, taken from the fold reader ahead of time, with its beats and last keep.
+        nxt = Signal(self.layout)
+        nxt_valid = Signal()
+        nxt_beats = Signal(beats_bits)
+        nxt_keep = Signal(B)
+
+        # The current frame.
         active = Signal()
-        job = Signal(self.layout)
-        rows = Signal(range(P.rows_per_set + 1))               # payload beats
-        beats = Signal(range(P.max_frame_beats + 1))           # frame beats
-        tail = Signal(range(B + 1))                            # bytes in the last frame beat
-        k = Signal(range(P.max_frame_beats + 1))               # frame beat being presented
-        prev = Signal(W)                                       # payload row k-h-1
+        cais = Signal.like(nxt.cais)
+        left = Signal(beats_bits)                  # beats not yet sent, this one included
+        is_last = Signal()
+        last_keep = Signal(B)
+        rows_left = Signal(rows_bits)              # its rows not yet taken
+        hsel = Signal(h + 1)                       # one-hot: the beat being presented, while a header beat
+        past_hdr = Signal()                        # beat >= h: a payload row may be in it
+        hdr_cur = Signal(W)                        # this beat's header bytes
+        prev = Signal(W)                           # the last payload row taken (0 before the first)
 
-        group = cais_field(job.cais, "group_id")
-
-        # The 30 header bytes of the result frame, byte i at bits 8i..8i+7.
-        flags_byte = proto.CAIS_HEADER_BYTES - 1
-        hdr = Cat(
-            *(Const(b, 8) for b in proto.mac_to_bytes(proto.result_mac(0))[:5]), group,
-            *(self.switch_mac[8 * i:8 * i + 8] for i in reversed(range(6))),
-            Const(proto.ETHERTYPE >> 8, 8), Const(proto.ETHERTYPE & 0xFF, 8),
-            job.cais[:8 * flags_byte], Const(int(proto.Flags.RESULT), 8),
-        )
-        assert len(hdr) == 8 * proto.HEADERS_BYTES
-
-        # Beat k carries payload row k - h (from its byte o on), if that row exists.
-        # (Comparisons with h are left out when h is 0: an always-true unsigned compare is a lint error.)
-        needs_row = ((k >= h) & (k - h < rows)) if h else (k < rows)
-        m.d.comb += out.valid.eq(active & (~needs_row | self.row_valid))
-        cur = Mux(needs_row, self.row, 0)
-        hdr_part = Signal(W)
-        with m.Switch(k):
-            for beat in range(h + 1):
-                with m.Case(beat):
-                    chunk = hdr[8 * B * beat:min(8 * B * (beat + 1), len(hdr))]
-                    m.d.comb += hdr_part.eq(chunk)
-        payload = (prev >> (8 * (B - o))) | (cur << (8 * o))
-        is_last = k == beats - 1
-        fire = out.valid
+        # Beat k carries payload row k - h (from its byte o on), if that row exists. A frame starts only
+        # once all its rows are waiting, so a beat leaves in every cycle of the frame.
+        needs_row = past_hdr & (rows_left != 0)
+        fire = active
+        ending = fire & is_last
+        cur_row = Mux(needs_row, self.row, 0)
+        payload = (prev >> (8 * (B - o))) | (cur_row << (8 * o))
         m.d.comb += [
-            out.data.eq(hdr_part | payload[:W]),
-            out.last.eq(is_last),
-            out.keep.eq(Mux(is_last, (Const(1, B + 1) << tail) - 1, (1 << B) - 1)),
+            out.valid.eq(fire), out.data.eq(hdr_cur | payload[:W]), out.last.eq(is_last),
+            out.keep.eq(Mux(is_last, last_keep, (1 << B) - 1)),
             self.row_ready.eq(fire & needs_row),
         ]
         with m.If(fire):
-            m.d.sync += [k.eq(k + 1), prev.eq(cur)]
+            m.d.sync += [prev.eq(cur_row), hsel.eq(hsel << 1)]
+            nxt_hdr = 0
+            for beat in range(1, h + 1):
+                nxt_hdr = nxt_hdr | Mux(hsel[beat - 1], chunk(cais, beat), 0)
+            m.d.sync += hdr_cur.eq(nxt_hdr)
+            if h:
+                with m.If(hsel[h - 1]):
+                    m.d.sync += past_hdr.eq(1)
+            with m.If(~is_last):
+                m.d.sync += [left.eq(left - 1), is_last.eq(left == 2)]
+        with m.If(fire & needs_row):
+            m.d.sync += rows_left.eq(rows_left - 1)
+        with m.If(ending):
+            m.d.sync += active.eq(0)
 
-        # The next job asks for the egress while this frame's last beat leaves.
-        job_plen = cais_field(self.job.cais, "payload_len")
-        job_len = proto.HEADERS_BYTES + job_plen
-        can_start = ~active | (fire & is_last)
-        job_rows = self.job.rows
-        rows_waiting = self.rows_held - self.row_ready          # not counting one taken this cycle
-        m.d.comb += [
-            out.req.eq(can_start & self.job_valid & (rows_waiting >= job_rows)),
-            out.mask.eq(self.job.mask), out.beats.eq((job_len + B - 1) >> lb),
-        ]
-        start = out.req & out.grant
-        m.d.comb += self.job_ready.eq(start)
+        # A grant comes only when the current frame ends by then (the request's promise, below).
+        can_start = ~active | ending
+        start = nxt_valid & can_start & out.grant
+        m.d.comb += self.job_ready.eq(~nxt_valid | start)
+        load = self.job_valid & self.job_ready
+        job_len = proto.HEADERS_BYTES + cais_field(self.job.cais, "payload_len")
+        job_tail = job_len[:lb]
+        with m.If(load):
+            m.d.sync += [
+                nxt.eq(self.job), nxt_valid.eq(1), nxt_beats.eq((job_len + B - 1) >> lb),
+                nxt_keep.eq(Mux(job_tail != 0, (Const(1, B + 1) << job_tail) - 1, (1 << B) - 1)),
+            ]
+        with m.Elif(start):
+            m.d.sync += nxt_valid.eq(0)
         with m.If(start):
             m.d.sync += [
-                active.eq(1), job.eq(self.job), k.eq(0), prev.eq(0),
-                rows.eq(job_rows),
-                beats.eq(out.beats),
-                tail.eq(((job_len - 1) & (B - 1)) + 1),
+                active.eq(1), cais.eq(nxt.cais), left.eq(nxt_beats), is_last.eq(nxt_beats == 1),
+                last_keep.eq(nxt_keep), rows_left.eq(nxt.rows), hsel.eq(1), past_hdr.eq(h == 0),
+                hdr_cur.eq(chunk(nxt.cais, 0)), prev.eq(0),
             ]
-        with m.Elif(fire & is_last):
-            m.d.sync += active.eq(0)
-        m.d.comb += self.busy.eq(active)
+
+        # Rows owed: the current frame's not yet taken and the next frame's.
+        owed = Signal(range(2 * P.rows_per_set + 1))
+        m.d.sync += owed.eq(Mux(load, owed + self.job.rows, owed) - self.row_ready)
+
+        # The request, registered: the next frame is there, all the rows owed are waiting (rows_held only
+        # falls by the rows taken here), and the current frame's last beat comes in the request's next
+        # cycle or earlier, so a grant decided in its cycle finds the generator free.
+        ends_soon = Signal()
+        with m.If(start):
+            m.d.comb += ends_soon.eq(nxt_beats <= 2)
+        with m.Elif(~active | ending):
+            m.d.comb += ends_soon.eq(1)
+        with m.Else():
+            m.d.comb += ends_soon.eq(left <= Mux(fire, 3, 2))
+        req = Signal()
+        rows_in = Mux(load, self.rows_held >= owed + self.job.rows, self.rows_held >= owed)
+        m.d.sync += req.eq((load | (nxt_valid & ~start)) & ends_soon & rows_in)
+        m.d.comb += [out.req.eq(req), out.mask.eq(nxt.mask), out.beats.eq(nxt_beats)]
+        m.d.comb += self.busy.eq(active | nxt_valid)
         return m

@@ -89,12 +89,12 @@ class Switch(wiring.Component):
                 drops[r].append(ing.drop & (ing.drop_reason == r))
 
             # Egress: a FIFO per port fed by the core's crossbar. Every beat is committed as it is written
-            # (the FIFO's frame commit is not needed here).
+            # (the FIFO's frame commit is not needed here). The crossbar counts the FIFO's room itself
+            # (credits); a beat read out gives its credit back a cycle later, from a register.
             m.submodules[f"egress{p}"] = fifo = FrameFifo(P.data_width + B + 1, P.egress_depth)
             m.d.comb += [
                 fifo.w_data.eq(Cat(core.e_data[p], core.e_keep[p], core.e_last[p])),
                 fifo.w_en.eq(core.e_valid[p]), fifo.commit.eq(core.e_valid[p]),
-                core.e_room[p].eq(P.egress_depth - fifo.level),
             ]
             busy.append(fifo.level != 0)
             out = self.m_axis[p]
@@ -105,6 +105,9 @@ class Switch(wiring.Component):
             # tx increments from the beat sent, registered first: its tkeep may come straight from the
             # egress RAM, too late in the cycle for a count and an adder behind it
             sent = out.tvalid & out.tready
+            freed = Signal(name=f"egress_freed{p}")
+            m.d.sync += freed.eq(sent)
+            m.d.comb += core.e_freed[p].eq(freed)
             tx_keep = Signal(B, name=f"tx_keep_{p}")
             tx_last = Signal(name=f"tx_last_{p}")
             m.d.sync += [tx_keep.eq(Mux(sent, out.tkeep, 0)), tx_last.eq(sent & out.tlast)]

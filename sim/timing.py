@@ -1,7 +1,8 @@
 """The switch's documented cycle figures and the scenarios that check them: the amaranth.sim white-box tests
 (tests/test_switch_timing.py) use the figures and scenarios; :func:`timing_job` checks them on any link.
 
-The figures are docs/interface.md's, written here once: result latency ``beats + rows + F + 14`` cycles
+The figures are docs/interface.md's, written here once: result latency ``beats + rows + F + RESULT_OVERHEAD``
+cycles
 (one more when the last payload row ends in the frame's last beat) from the completing contribution's
 last beat to the result's first beat, where ``F`` is the fold chain's latency
 (:attr:`SwitchParams.fold_latency`), the same for every kind of rule.
@@ -18,10 +19,15 @@ from cais.tables import Rule, rule_writes, slot_clear_writes
 
 from .traffic import Scenario, TxFrame, compare, host_mac, replay
 
-__all__ = ["frame_beats", "documented_latency", "contribution", "broadcast", "group_writes",
+__all__ = ["frame_beats", "documented_latency", "RESULT_OVERHEAD", "FORWARD_LATENCY", "contribution", "broadcast", "group_writes",
            "held_port_scenario", "timing_job"]
 
+#: Cycles from a forwarded frame's last beat in to its first beat out on each of its ports, when its lane
+#: and its egress ports are free (docs/interface.md), whatever the frame's length and the build.
+FORWARD_LATENCY = 11
 
+#: The result latency's cycles besides the frame's beats, its rows and the fold chain (documented_latency).
+RESULT_OVERHEAD = 17
 
 
 def frame_beats(params: SwitchParams, payload_len: int) -> int:
@@ -37,7 +43,7 @@ def documented_latency(params: SwitchParams, payload_len: int) -> int:
     rows = -(-payload_len // params.beat_bytes)
     beats = frame_beats(params, payload_len)
     flush = beats == rows + proto.HEADERS_BYTES // params.beat_bytes
-    return beats + rows + params.fold_latency + 14 + int(flush)
+    return beats + rows + params.fold_latency + RESULT_OVERHEAD + int(flush)
 
 
 def contribution(port: int, seq: int, payload: bytes, group: int = 1,
@@ -127,7 +133,7 @@ async def measure_latency(link, payload_len: int, reproducible: bool = False,
 
 
 async def result_latency(link, seed: int) -> list[str]:
-    """beats + rows + F + 14 cycles from the completing contribution's last beat to the result's first
+    """beats + rows + F + RESULT_OVERHEAD cycles from the completing contribution's last beat to the result's first
     beat, on every port in the same cycle, for reproducible rules as for the others."""
     params = link.params
     B = params.beat_bytes

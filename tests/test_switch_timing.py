@@ -1,8 +1,8 @@
 """Cycle-level promises of docs/interface.md, checked on the whole switch under amaranth.sim.
 
 Written from the document, run on the amaranth.sim link (cais.sim.links.amaranth): result latency
-(``beats + rows + F + 14`` cycles from the completing contribution's last beat to the result's first beat,
-F the fold chain's latency, for every kind of rule), whole
+(``beats + rows + F + 15`` cycles from the completing contribution's last beat to the result's first beat,
+F the fold chain's latency, for every kind of rule), forwarding latency, whole
 frames on every egress port while another port's sink holds ``tready`` low, the BUSY register's value in
 every cycle, and the slot-state sweep after reset. Cycle stamps: a beat is stamped with the cycle in which
 its tvalid and tready were both high (the AXI4-Lite convention of registers.md: a read accepted in cycle 0
@@ -17,7 +17,7 @@ from cais.registers import register_map
 from cais.sim.directed import accounting_problems
 from cais.sim.links.amaranth import run_amaranth
 from cais.sim.suite import LinkHarness
-from cais.sim.timing import (broadcast, contribution, documented_latency, group_writes,
+from cais.sim.timing import (FORWARD_LATENCY, broadcast, contribution, documented_latency, group_writes,
                              held_port, measure_latency)
 from cais.sim.traffic import TxFrame, host_mac
 from cais.tables import Rule, rule_writes
@@ -53,10 +53,10 @@ def test_result_latency(pname, payload_len):
 
 def test_documented_example_latencies():
     """docs/interface.md's worked figures for a 256-byte payload at 4 x 64 bits (36 beats, 32 rows):
-    36 + 32 + 41 + 14 = 123 cycles with float units (F = 4 * 10 + 1), 36 + 32 + 5 + 14 = 87 without
+    36 + 32 + 41 + 15 = 124 cycles with float units (F = 4 * 10 + 1), 36 + 32 + 5 + 15 = 88 without
     (F = 4 * 1 + 1)."""
-    assert latency(SwitchParams(), 256)[0] == 123
-    assert latency(INT_4x64, 256)[0] == 87
+    assert latency(SwitchParams(), 256)[0] == 124
+    assert latency(INT_4x64, 256)[0] == 88
 
 
 @pytest.mark.parametrize("pname, payload_len, dtype, acc_fp32", [
@@ -69,6 +69,28 @@ def test_reproducible_rules_take_no_longer(pname, payload_len, dtype, acc_fp32):
     params = LATENCY_SETS[pname]
     cycles, _ = latency(params, payload_len, reproducible=True, dtype=dtype, acc_fp32=acc_fp32)
     assert cycles == documented_latency(params, payload_len)
+
+
+@pytest.mark.parametrize("pname", ["p4_w64_int", "p2_w512_int", "p3_w128_int"])
+def test_forwarding_latency(pname):
+    """A broadcast frame (one beat at 512 bits, several at 64) reaches every other port FORWARD_LATENCY
+    cycles after its last beat, in the same cycle on each."""
+    params = LATENCY_SETS[pname]
+    got = {}
+
+    async def scenario(link):
+        h = LinkHarness(link)
+        await link.advance(100)
+        link.take_sent(), link.take_stamped()
+        for size in (46, 200):
+            h.send(0, broadcast(0, bytes(size)))
+            await link.advance(300)
+            sent, out = link.take_sent(), link.take_stamped()
+            got[size] = sorted((r.port, r.first - sent[0].last) for r in out)
+
+    run_amaranth(params, scenario)
+    for size, stamps in got.items():
+        assert stamps == [(p, FORWARD_LATENCY) for p in range(1, params.ports)], (size, stamps)
 
 
 # ----------------------------------------------------------------------------- a slow port
