@@ -282,6 +282,7 @@ class World:
         self.regs = register_map(self.params)
         self._cv = threading.Condition()
         self._runnable = 0
+        self._waiting: dict[int, threading.Event] = {}   # rank -> the event its thread is blocked on
         self._group_requests: list[tuple[int, list[int], threading.Event, list]] = []
         self._groups_by_key: dict = {}
         self._world_group: GroupInfo | None = None
@@ -312,17 +313,25 @@ class World:
         with self._cv:
             if event.is_set():
                 return
+            self._waiting[rank] = event
             self._runnable -= 1
             self._cv.notify_all()
             while not event.is_set():
                 self._cv.wait()
 
     def _wake(self, event: threading.Event) -> None:
-        """Set an event a blocked rank waits for (world thread, under the lock)."""
-        if not event.is_set():
-            self._runnable += 1
-            event.set()
-            self._cv.notify_all()
+        """Set an event (world thread, under the lock). The rank becomes runnable again only if it is
+        blocked on this very event: a collective finishing while its rank waits for another one (two
+        async calls, then the second's wait) must not count that rank as running."""
+        if event.is_set():
+            return
+        event.set()
+        for rank, waited in self._waiting.items():
+            if waited is event:
+                del self._waiting[rank]
+                self._runnable += 1
+                break
+        self._cv.notify_all()
 
     def _new_group(self, rank: int, ranks: list[int]) -> Group:
         state = self._states[rank]
