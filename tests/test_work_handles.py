@@ -97,3 +97,51 @@ def test_async_then_blocking_then_wait(offload):
         assert len(rest) == 2
         np.testing.assert_array_equal(rest[0], expected(0))
         np.testing.assert_array_equal(rest[1], expected(1))
+
+
+def test_driver_md_api_example_completes():
+    """docs/driver.md's example (an async all-reduce, then blocking ones, then the wait) used to hang."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "driver.md").read_text()
+    code = re.search(r"## API\n.*?```python\n(.*?)```", text, re.S).group(1)
+    head, sep, _ = code.partition("results = await World(link")
+    assert sep and "async_op=True" in head and "work.wait()" in head
+    scope = {}
+    exec(compile(head, "docs/driver.md", "exec"), scope)      # the imports and train(), as written
+    world = World(ModelLink(SwitchParams(ports=4)), ranks=4, config=Config(timeout_ms=0.05))
+    results = run_with_deadline(world, scope["train"])
+    for rank, (total, pair, acts, bf) in enumerate(results):
+        np.testing.assert_array_equal(total, np.full(1 << 18, 0 + 1 + 2 + 3, np.int32))
+        if rank < 2:
+            np.testing.assert_array_equal(pair, np.full(10, 1, np.int32))    # max over ranks 0 and 1
+        else:
+            assert pair is None
+        np.testing.assert_array_equal(acts, np.full(1000, 4, np.float16))
+        np.testing.assert_array_equal(bf, np.full(1000, 4, np.float32))
+
+
+def test_new_group_called_by_every_rank_or_by_members_only():
+    """torch style (every rank calls new_group; non-members get None) and members-only calls give the
+    same groups: the n-th call with a list of ranks is the n-th group of those ranks."""
+    def fn(comm):
+        pair = comm.new_group([0, 1])                                 # every rank calls it
+        tail = comm.new_group([1, 2]) if comm.rank in (1, 2) else None   # members only
+        out = {}
+        if pair is not None:
+            out["pair"] = comm.all_reduce(np.full(4, comm.rank + 1, np.int32), group=pair)
+        if tail is not None:
+            out["tail"] = comm.all_reduce(np.full(4, comm.rank + 1, np.int32), group=tail)
+        return pair, tail, out
+
+    world = World(ModelLink(SwitchParams(ports=4)), ranks=RANKS)
+    results = run_with_deadline(world, fn)
+    assert results[2][0] is None and results[0][1] is None
+    assert results[0][0] == results[1][0] and results[1][1] == results[2][1]
+    assert results[0][0].group_id != results[1][1].group_id
+    for rank, (_, _, out) in enumerate(results):
+        if rank in (0, 1):
+            np.testing.assert_array_equal(out["pair"], np.full(4, 3, np.int32))
+        if rank in (1, 2):
+            np.testing.assert_array_equal(out["tail"], np.full(4, 5, np.int32))

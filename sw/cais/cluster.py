@@ -70,7 +70,7 @@ def contribution(rank: int, n: int, dtype, seed: int = 11) -> np.ndarray:
 
 def _worker() -> int:
     """One rank: init from the environment, the suite, a JSON report to $CAIS_REPORT."""
-    import cais.dist as dist
+    import cais as dist
     from cais.endpoint import connect
 
     report_path = os.environ["CAIS_REPORT"]
@@ -216,12 +216,14 @@ class Cluster:
         self.procs.append(p)
         return p
 
-    def start_switch(self, extra: list[str]) -> subprocess.Popen:
+    def start_switch(self, extra: list[str], wait_s: float = 30.0) -> subprocess.Popen:
+        """cais-switch on the switch ends; returns once it listens (`wait_s`: a Verilator backend is
+        built first)."""
         ready = self.tmp / "switch.ready"
         p = self._spawn(self.switch_ns, ["-m", "cais.sim.daemon", "--control", self.control, "--ready-file",
                                          str(ready), *extra, *[f"{self.tag}s{i}" for i in range(self.ranks)]],
                         dict(os.environ), self.tmp / "switch.log")
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + wait_s
         while not ready.exists():
             if p.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("cais-switch did not start: " + (self.tmp / "switch.log").read_text()[-2000:])
@@ -259,7 +261,7 @@ class Cluster:
         self.namespaces.clear()
 
 
-def summary(reports: list[dict], ranks: int) -> tuple[str, bool]:
+def summary(reports: list[dict], ranks: int, backend: str = "model") -> tuple[str, bool]:
     """The table (one row per collective of :data:`SUITE`, CORRECT when every rank matched numpy) and
     whether all were."""
     lines = [f"{'collective':<40} {'elements':>8} {'path':<7} {'ms (max)':>9}  result",
@@ -286,7 +288,8 @@ def summary(reports: list[dict], ranks: int) -> tuple[str, bool]:
                 lines.append(f"rank {i}: {x['error']}")
                 all_ok = False
     lines.append("-" * 78)
-    lines.append(f"{ranks} ranks: " + ("every collective CORRECT" if all_ok else "FAILED"))
+    lines.append(f"{ranks} rank processes, cais-switch ({backend}): "
+                 + ("every collective CORRECT" if all_ok else "FAILED"))
     return "\n".join(lines), all_ok
 
 
@@ -299,6 +302,8 @@ def main(argv=None) -> int:
                    "cais-switch (model) and one process per rank; runs every collective and checks it (root).")
     p.add_argument("--ranks", type=cli.integer(2), default=4)
     p.add_argument("--elements", type=cli.integer(1), default=4096, help="elements per rank (default 4096)")
+    p.add_argument("--backend", choices=("model", "verilator"), default="model",
+                   help="cais-switch's backend (default: model; verilator builds the exported Verilog first)")
     p.add_argument("--keep-logs", metavar="DIR", default=None, help="copy the switch's and ranks' logs here")
     args = p.parse_args(argv)
     if args.ranks > 16:
@@ -315,7 +320,7 @@ def main(argv=None) -> int:
     ok = False
     try:
         cluster.create()
-        cluster.start_switch([])
+        cluster.start_switch(["--backend", args.backend], wait_s=30.0 if args.backend == "model" else 600.0)
         ranks = cluster.start_ranks(args.elements)
         deadline = time.monotonic() + RANK_TIMEOUT_S
         for proc in ranks:
@@ -330,7 +335,7 @@ def main(argv=None) -> int:
             reports.append(json.loads(path.read_text()) if path.exists() else
                            {"rows": [{"name": "error", "correct": False,
                                       "error": "no report; log tail: " + (tmp / f"rank{i}.log").read_text()[-800:]}]})
-        table, ok = summary(reports, args.ranks)
+        table, ok = summary(reports, args.ranks, args.backend)
         print(table, flush=True)
     except Interrupted as e:
         print(f"cais.cluster: interrupted ({e}); cleaning up", file=sys.stderr)

@@ -114,7 +114,7 @@ class _RankState:
     background: list = field(default_factory=list)     # ring engines still owed to peers, finished ops
     lingering: list = field(default_factory=list)      # switch ops done here, not yet by every rank
     op_seq: dict = field(default_factory=dict)         # group id -> next op_seq
-    group_calls: int = 0
+    group_calls: dict = field(default_factory=dict)    # ranks -> new_group calls with them so far
 
 
 class Communicator:
@@ -135,8 +135,9 @@ class Communicator:
         works, self._outstanding = self._outstanding, []
         return [w.wait() for w in works]
 
-    def new_group(self, ranks) -> Group:
-        """Create a group (every member calls it with the same ranks, in the same order of calls)."""
+    def new_group(self, ranks) -> Group | None:
+        """Create a group: every member calls it with the same ranks (the n-th call with a list of ranks
+        makes the n-th group of those ranks); non-members may call it too (as in torch) and get None."""
         return self._world._new_group(self.rank, list(ranks))
 
     def all_reduce(self, array, op=proto.ReduceOp.SUM, group: Group | None = None, async_op: bool = False,
@@ -333,12 +334,13 @@ class World:
                 break
         self._cv.notify_all()
 
-    def _new_group(self, rank: int, ranks: list[int]) -> Group:
-        state = self._states[rank]
-        key = (tuple(ranks), state.group_calls)
-        state.group_calls += 1
+    def _new_group(self, rank: int, ranks: list[int]) -> Group | None:
         if rank not in ranks:
-            raise ValueError(f"rank {rank} creates a group {ranks} it is not part of")
+            return None      # torch style: every rank may call it; the others get no group
+        state = self._states[rank]
+        # the n-th group of these ranks: members match up whether or not non-members call too
+        key = (tuple(ranks), state.group_calls.get(tuple(ranks), 0))
+        state.group_calls[tuple(ranks)] = key[1] + 1
         done, box = threading.Event(), []
         with self._cv:
             self._group_requests.append((rank, key, done, box))

@@ -93,7 +93,8 @@ class _Op:
     engine: object = None
     deadline: float = 0.0
     next_poll: float = 0.0
-    reported: bool = False
+    started: float = 0.0
+    reported: bool = False           # the coordinator was told this rank finished (all-reduces)
 
 
 class ProcessGroup:
@@ -114,7 +115,7 @@ class ProcessGroup:
     """
 
     def __init__(self, interface: str, rank: int, world_size: int, switch: str | None, controller: str,
-                 config: Config, timeout: float = DEFAULT_TIMEOUT_S):
+                 config: Config, timeout: float = DEFAULT_TIMEOUT_S, connect_timeout: float = CONNECT_S):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank}: not in 0..{world_size - 1}")
         self.rank, self.world_size, self.ranks = rank, world_size, world_size
@@ -127,9 +128,9 @@ class ProcessGroup:
                 if not switch:
                     raise ValueError("rank 0 starts the coordinator: it needs the switch's control endpoint "
                                      f"(switch=... or {ENV['switch']})")
-                self.coordinator = Coordinator(switch, world_size, config, switch_retry_s=CONNECT_S)
+                self.coordinator = Coordinator(switch, world_size, config, switch_retry_s=connect_timeout)
                 self.coordinator.serve(controller)
-            self._user = connect(controller, timeout=max(self.timeout, 70.0), retry_for=CONNECT_S,
+            self._user = connect(controller, timeout=max(self.timeout, 70.0), retry_for=connect_timeout,
                                  name="coordinator")
             hello = self._user.request("hello", rank=rank, world_size=world_size)
             self._ctl = connect(controller, timeout=10.0, name="coordinator")
@@ -146,7 +147,7 @@ class ProcessGroup:
         self._queue: collections.deque[_Op] = collections.deque()
         self._seq: dict[int, int] = {}          # group -> next frame op_seq
         self._ar_seq: dict[int, int] = {}       # group -> next controller op_seq
-        self._group_calls = 0
+        self._group_calls: dict[tuple, int] = {}
         self._broken: BaseException | None = None
         self._dead: set[int] = set()
         self._background: list[tuple[object, float]] = []    # (engine, drop after)
@@ -165,9 +166,13 @@ class ProcessGroup:
                 raise CollectiveError(f"rank {self.rank}: the progress thread ended"
                                       + (f": {self._broken}" if self._broken else ""))
 
-    def _new_group(self, rank: int, ranks: list[int]) -> Group:
+    def _new_group(self, rank: int, ranks: list[int]) -> Group | None:
         ranks = [int(r) for r in ranks]
-        call, self._group_calls = self._group_calls, self._group_calls + 1
+        if rank not in ranks:
+            return None
+        # the n-th group of these ranks (the same rule as World's)
+        call = self._group_calls.get(tuple(ranks), 0)
+        self._group_calls[tuple(ranks)] = call + 1
         try:
             info = group_from_dict(self._user.request("group", rank=rank, ranks=ranks, call=call)["group"])
         except EndpointError as e:
@@ -261,7 +266,10 @@ class ProcessGroup:
                 self._fail(op, CollectiveError(f"rank {self.rank}: the process group was shut down"))
 
     def _fail(self, op: _Op, error: BaseException) -> None:
-        if not isinstance(error, CollectiveError):
+        if isinstance(error, EndpointError):
+            error = CollectiveError(f"rank {self.rank}: {op.kind} of group {op.group.group_id}: lost the "
+                                    f"coordinator (rank 0's process hosts it; did it end?): {error}")
+        elif not isinstance(error, CollectiveError):
             error = CollectiveError(f"rank {self.rank}: {op.kind} of group {op.group.group_id}: {error}")
         with self._lock:
             self._broken = self._broken or error
@@ -517,7 +525,7 @@ def _env(name: str, value, cast=str):
 
 def init(interface: str | None = None, rank: int | None = None, world_size: int | None = None, *,
          switch: str | None = None, controller: str | None = None, config: Config | str | None = None,
-         timeout: float | None = None, **overrides) -> ProcessGroup:
+         timeout: float | None = None, connect_timeout: float = CONNECT_S, **overrides) -> ProcessGroup:
     """Join the cluster as `rank` of `world_size` on network interface `interface` (wired to switch port
     `rank`). Arguments not given come from the environment (:data:`ENV`: ``CAIS_IFACE``, ``CAIS_RANK``,
     ``CAIS_WORLD_SIZE``, ``CAIS_SWITCH``, ``CAIS_CONTROLLER``, ``CAIS_CONFIG``, ``CAIS_TIMEOUT``).
@@ -528,7 +536,8 @@ def init(interface: str | None = None, rank: int | None = None, world_size: int 
     `overrides` replace its keys; :data:`DEPLOY_DEFAULTS` apply where neither says otherwise. `timeout`
     (seconds, default 60) bounds every collective. Errors: ValueError for missing or bad arguments,
     OSError for an interface that is not there, :class:`cais.endpoint.EndpointError` when the
-    coordinator or the switch cannot be reached within 30 s.
+    coordinator or the switch cannot be reached within `connect_timeout` seconds (default 30: rank 0
+    may start last).
     """
     global _pg
     if _pg is not None:
@@ -548,7 +557,7 @@ def init(interface: str | None = None, rank: int | None = None, world_size: int 
     cfg = base.replace(**{k: v for k, v in DEPLOY_DEFAULTS.items() if k not in given}, **overrides)
     controller = _env("controller", controller) or f"{cfg.controller_address}:{cfg.controller_port}"
     _pg = ProcessGroup(interface, int(rank), int(world_size), switch, controller, cfg,
-                       DEFAULT_TIMEOUT_S if timeout is None else timeout)
+                       DEFAULT_TIMEOUT_S if timeout is None else timeout, connect_timeout)
     return _pg
 
 
@@ -583,14 +592,9 @@ def destroy_process_group() -> None:
 
 
 def new_group(ranks) -> Group:
-    """A group of `ranks`; every rank of the world calls it with the same list, in the same order of
-    calls (non-members too, as in torch); returns the group, or None on a rank not in it."""
-    pg = _get()
-    ranks = [int(r) for r in ranks]
-    if pg.rank not in ranks:
-        pg._group_calls += 1     # keeps the members' and non-members' call counts in step
-        return None
-    return pg.comm.new_group(ranks)
+    """A group of `ranks`: every member calls it with the same list (the n-th call with a list makes the
+    n-th group of those ranks); non-members may call it too, as in torch, and get None."""
+    return _get().comm.new_group([int(r) for r in ranks])
 
 
 def _as_array(obj) -> np.ndarray:

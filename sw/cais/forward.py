@@ -39,6 +39,9 @@ _HOST_END = ETH_HEADER_BYTES + HOST_HEADER_BYTES
 class ForwardGather:
     """Rank `rank_index` of the ring `macs` in one broadcast / all-gather (module docstring).
 
+    At most `window` chunks of this rank's block are unacknowledged at a time (the receivers' sockets and
+    the switch's queues hold that much).
+
     `sizes[i]` is ring index i's block length in bytes; `data` this rank's own block (bytes of
     ``sizes[rank_index]``; ignored unless this rank is in `senders`). `chunk_bytes` is the payload per
     frame (via the switch: at most its max_payload). :attr:`blocks` holds every sender's block once
@@ -47,7 +50,8 @@ class ForwardGather:
 
     def __init__(self, rank_index: int, macs: list[int], group_id: int, op_seq: int, sizes: list[int],
                  senders, data: bytes, *, chunk_bytes: int, timeout_s: float, retry_limit: int,
-                 via_switch: bool, op_type: proto.OpType = proto.OpType.ALL_GATHER, now: float = 0.0):
+                 via_switch: bool, op_type: proto.OpType = proto.OpType.ALL_GATHER, window: int = 64,
+                 now: float = 0.0):
         n = len(macs)
         if len(sizes) != n or not 0 <= rank_index < n:
             raise ValueError("sizes: one per rank; rank_index in range")
@@ -58,6 +62,9 @@ class ForwardGather:
         self.sizes = [int(s) for s in sizes]
         self.senders = sorted(set(int(s) for s in senders))
         self.chunk_bytes, self.retry_limit, self.via_switch = chunk_bytes, retry_limit, via_switch
+        if window < 1:
+            raise ValueError(f"window={window}: must be at least 1")
+        self.window = window
         self.op_type = proto.OpType(op_type)
         self.timer = RetransmitTimer(timeout_s)
         self.chunks = [-(-s // chunk_bytes) for s in self.sizes]
@@ -124,22 +131,25 @@ class ForwardGather:
         return [proto.build_host_frame(hdr, payload, dst=self.macs[r], src=me) for r in to]
 
     def poll(self, now: float) -> list[bytes]:
-        """ACKs owed, repeats due, then the chunks not sent yet (all at once: receivers store them)."""
+        """ACKs owed, repeats due, then the chunks the window allows."""
         out, self._acks = self._acks, []
         if self.failed:
             return out
-        for chunk, entry in sorted(self._unacked.items()):
-            if now >= entry[1]:
-                if self._backoff >= self.retry_limit:
-                    self.failed = True
-                    return out
-                self._backoff += 1
-                entry[2] += 1
-                entry[1] = now + self.timer.timeout(entry[2])
-                out += self._frames(chunk, sorted(entry[0]), True)
-                self.retransmissions += 1
+        due = [(chunk, entry) for chunk, entry in sorted(self._unacked.items()) if now >= entry[1]]
+        if due:
+            # one timeout event however many chunks fell due at once: the limit counts rounds of
+            # repeats without any acknowledgement in between, not chunks
+            if self._backoff >= self.retry_limit:
+                self.failed = True
+                return out
+            self._backoff += 1
+        for chunk, entry in due:
+            entry[2] += 1
+            entry[1] = now + self.timer.timeout(entry[2])
+            out += self._frames(chunk, sorted(entry[0]), True)
+            self.retransmissions += 1
         if self.sending:
-            while self._next < self.chunks[self.rank]:
+            while self._next < self.chunks[self.rank] and len(self._unacked) < self.window:
                 chunk = self._next
                 self._unacked[chunk] = [set(self._receivers), now + self.timer.timeout(0), 0, now]
                 out += self._frames(chunk, self._receivers, False)

@@ -22,24 +22,32 @@ PACKET_MR_PROMISC = 1
 RCVBUF = 8 << 20       # a burst of result frames must not overflow the socket while Python is busy
 
 
-def interface_error(name: str) -> str:
-    """Why `name` cannot carry frames ("" if it can): it must exist and be up."""
+CARRIER_WAIT_S = 5.0   # a veth end just set up reports its carrier a moment later
+
+
+def interface_error(name: str, carrier_wait: float = CARRIER_WAIT_S) -> str:
+    """Why `name` cannot carry frames ("" if it can): it must exist, be up, and get a carrier within
+    `carrier_wait` seconds (a veth whose peer is down or gone never does)."""
     try:
         socket.if_nametoindex(name)
     except OSError:
         return f"no network interface named {name!r}"
-    try:
-        with open(f"/sys/class/net/{name}/operstate") as f:
-            state = f.read().strip()
-        with open(f"/sys/class/net/{name}/flags") as f:
-            up = int(f.read().strip(), 16) & 1
-    except OSError:
-        return ""
-    if not up:
-        return f"interface {name!r} is down (ip link set {name} up)"
-    if state == "down":
-        return f"interface {name!r} has no carrier (its peer is down or missing)"
-    return ""
+    deadline = time.monotonic() + carrier_wait
+    while True:
+        try:
+            with open(f"/sys/class/net/{name}/operstate") as f:
+                state = f.read().strip()
+            with open(f"/sys/class/net/{name}/flags") as f:
+                up = int(f.read().strip(), 16) & 1
+        except OSError:
+            return ""
+        if not up:
+            return f"interface {name!r} is down (ip link set {name} up)"
+        if state not in ("down", "lowerlayerdown", "dormant"):
+            return ""           # up, or unknown (TAP devices, loopback)
+        if time.monotonic() >= deadline:
+            return f"interface {name!r} has no carrier after {carrier_wait:g} s (its peer is down or missing)"
+        time.sleep(0.02)
 
 
 class RawPort:
