@@ -72,11 +72,11 @@ pg = cais.init(timeout=float(os.environ.get("T", "60")))
 r, N = pg.rank, pg.world_size
 out = {"rank": r}
 if scenario == "dies":
-    cais.barrier()
-    if r == 1:
-        os._exit(3)                       # no bye: the coordinator sees the connection end
     t0 = time.monotonic()
     try:
+        cais.barrier()                    # may already fail on a survivor when the coordinator goes
+        if r == int(os.environ["DIE"]):
+            os._exit(3)                   # no bye: the coordinator sees the connection end
         buf = np.ones(1000, np.int32)
         cais.all_reduce(buf)
         out["error"] = None
@@ -89,7 +89,7 @@ if scenario == "dies":
         out["second"] = str(e)
     print(json.dumps(out), flush=True)
     if r == 0:
-        time.sleep(3)                     # rank 0 hosts the coordinator: let rank 2 see its own error
+        time.sleep(3)                     # rank 0 hosts the coordinator: let the others see their own error
     os._exit(0)
 if scenario == "mixed":
     ok = []
@@ -161,14 +161,16 @@ def run_ranks(tmp_path, ranks: int, scenario: str, timeout_s: float, env_extra=N
         cluster.close()
 
 
-def test_peer_that_dies_fails_the_others_quickly(tmp_path):
-    outs, codes = run_ranks(tmp_path, 3, "dies", 60, {"T": "30"})
-    assert codes[1] == 3
-    for r in (0, 2):
+@pytest.mark.parametrize("dies", [1, 0])
+def test_peer_that_dies_fails_the_others_quickly(tmp_path, dies):
+    outs, codes = run_ranks(tmp_path, 3, "dies", 60, {"T": "30", "DIE": str(dies)})
+    assert codes[dies] == 3
+    for r in {0, 1, 2} - {dies}:
         out = outs[r]
         assert out.get("error"), out
-        assert "rank(s) [1] left" in out["error"], out
-        assert out["seconds"] < 5.0, out          # the coordinator noticed; not the 30 s deadline
+        # rank 0's process hosts the coordinator: its end is reported as the coordinator's loss
+        assert (f"rank(s) [{dies}] left" if dies else "lost the coordinator") in out["error"], out
+        assert out["seconds"] < 5.0, out          # noticed at once; not the 30 s deadline
         assert "an earlier collective failed" in out["second"], out
 
 

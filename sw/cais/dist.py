@@ -59,11 +59,13 @@ ENV = {"rank": "CAIS_RANK", "world_size": "CAIS_WORLD_SIZE", "interface": "CAIS_
        "switch": "CAIS_SWITCH", "controller": "CAIS_CONTROLLER", "config": "CAIS_CONFIG",
        "timeout": "CAIS_TIMEOUT"}
 #: configuration for real time: Python ranks answer in about a millisecond, not in switch cycles
-DEPLOY_DEFAULTS = {"timeout_ms": 5.0, "reevaluate_interval_ms": 1000.0}
+DEPLOY_DEFAULTS = {"timeout_ms": 50.0, "reevaluate_interval_ms": 1000.0}
 DEFAULT_TIMEOUT_S = 60.0     # a collective that has not completed by then fails
 CONNECT_S = 30.0             # how long a rank waits for the coordinator (rank 0 may start last)
 POLL_S = 0.001               # asking the coordinator again (decision pending, peers settling)
 STATUS_S = 0.05              # asking whether a peer gave up, or left, while frames move
+STASH_FRAMES = 4096         # frames no engine claimed, offered to the next engines started
+STASH_S = 2.0               # ... if not older than this
 LINGER_S = 1.0               # a finished engine still answers repeats this long (its last ACK may be lost)
 
 
@@ -151,6 +153,7 @@ class ProcessGroup:
         self._broken: BaseException | None = None
         self._dead: set[int] = set()
         self._background: list[tuple[object, float]] = []    # (engine, drop after)
+        self._stash: collections.deque = collections.deque(maxlen=STASH_FRAMES)   # (time, unclaimed frame)
         self._stop = False
         self._wakeup_r, self._wakeup_w = os.pipe()
         self.comm = Communicator(self, rank)
@@ -297,6 +300,7 @@ class ProcessGroup:
                                       self.config.timeout_s, now=now, dtype=k.dtype, saturate=k.saturate,
                                       reduce_scatter=True)
             op.state, op.work.path = "ring", "ring"
+            self._replay(op.engine, now)
         else:
             via_switch = op.group.offloadable and self.config.offload != "never"
             chunk = self.params.max_payload if via_switch else proto.MAX_FRAME_BYTES - proto.ETH_HEADER_BYTES \
@@ -306,6 +310,7 @@ class ProcessGroup:
                                       retry_limit=max(self.config.retry_limit, 12), via_switch=via_switch,
                                       op_type=op.op_type, now=now)
             op.state, op.work.path = "forward", "switch" if via_switch else "ring"
+            self._replay(op.engine, now)
 
     def _start_ring(self, op: _Op, now: float) -> None:
         k = op.ckind
@@ -315,6 +320,15 @@ class ProcessGroup:
                                   now=now, dtype=k.dtype, saturate=k.saturate, reproducible=k.reproducible,
                                   acc_fp32=k.acc_fp32, fold_order=order)
         op.state, op.work.path = "ring", "ring"
+        self._replay(op.engine, now)
+
+    def _replay(self, engine, now: float) -> None:
+        """Offer the new engine the frames that came before it existed (a faster peer's first ones)."""
+        keep = collections.deque(maxlen=STASH_FRAMES)
+        for t, frame in self._stash:
+            if now - t <= STASH_S and not engine.receive(frame, now):
+                keep.append((t, frame))
+        self._stash = keep
 
     def _rpc(self, name: str, **fields) -> dict:
         reply = self._ctl.request(name, **fields)
@@ -353,7 +367,7 @@ class ProcessGroup:
                 self._start_ring(op, now)
             elif e.done:
                 self._rpc("finished", rank=self.rank, group=g, op_seq=ar)
-                op.reported, op.state = True, "settle"
+                op.reported, op.state, op.next_poll = True, "settle", now
             elif now >= op.next_poll:
                 op.next_poll = now + STATUS_S
                 if self._rpc("status", group=g, op_seq=ar)["fell_back"]:
@@ -390,7 +404,8 @@ class ProcessGroup:
                 idx = e.missing
                 raise CollectiveError(f"rank {self.rank}: {op.op_type.name.lower()} of group {g}: ranks "
                                       f"{[op.group.ranks[i] for i in idx]} never acknowledged "
-                                      f"({e.retry_limit} retries)")
+                                      f"({e.retry_limit} rounds of repeats without an answer, "
+                                      f"{e.retransmissions} repeats in {now - op.started:.2f} s)")
             if e.result_ready:
                 self._background.append((e, float("inf")))
                 self._deliver(op, e)
@@ -443,9 +458,9 @@ class ProcessGroup:
         if self.port.sock in ready:
             now = time.monotonic()
             for frame in self.port.recv_all():
-                for e in engines:
-                    if e.receive(frame, now):
-                        break
+                if not any(e.receive(frame, now) for e in engines):
+                    # a peer may already send a collective this rank has not started: kept for a moment
+                    self._stash.append((now, frame))
             if op is not None and op.engine is not None:
                 self._send(op.engine.poll(now))      # ACKs owed, windows opened
 

@@ -40,7 +40,8 @@ class ForwardGather:
     """Rank `rank_index` of the ring `macs` in one broadcast / all-gather (module docstring).
 
     At most `window` chunks of this rank's block are unacknowledged at a time (the receivers' sockets and
-    the switch's queues hold that much).
+    the switch's queues hold that much), and a round of timeouts repeats at most `burst` of them (the
+    lowest first; the others wait for the next round).
 
     `sizes[i]` is ring index i's block length in bytes; `data` this rank's own block (bytes of
     ``sizes[rank_index]``; ignored unless this rank is in `senders`). `chunk_bytes` is the payload per
@@ -50,8 +51,8 @@ class ForwardGather:
 
     def __init__(self, rank_index: int, macs: list[int], group_id: int, op_seq: int, sizes: list[int],
                  senders, data: bytes, *, chunk_bytes: int, timeout_s: float, retry_limit: int,
-                 via_switch: bool, op_type: proto.OpType = proto.OpType.ALL_GATHER, window: int = 64,
-                 now: float = 0.0):
+                 via_switch: bool, op_type: proto.OpType = proto.OpType.ALL_GATHER, window: int = 32,
+                 burst: int = 4, now: float = 0.0):
         n = len(macs)
         if len(sizes) != n or not 0 <= rank_index < n:
             raise ValueError("sizes: one per rank; rank_index in range")
@@ -64,7 +65,7 @@ class ForwardGather:
         self.chunk_bytes, self.retry_limit, self.via_switch = chunk_bytes, retry_limit, via_switch
         if window < 1:
             raise ValueError(f"window={window}: must be at least 1")
-        self.window = window
+        self.window, self.burst = window, max(1, burst)
         self.op_type = proto.OpType(op_type)
         self.timer = RetransmitTimer(timeout_s)
         self.chunks = [-(-s // chunk_bytes) for s in self.sizes]
@@ -143,11 +144,19 @@ class ForwardGather:
                 self.failed = True
                 return out
             self._backoff += 1
-        for chunk, entry in due:
-            entry[2] += 1
-            entry[1] = now + self.timer.timeout(entry[2])
-            out += self._frames(chunk, sorted(entry[0]), True)
-            self.retransmissions += 1
+        # a few repeats per round, as TCP resends the first unacknowledged segment (a whole window
+        # repeated every round would only congest a slow switch further); the others wait for the next
+        # round without backing off, since they were not sent again
+        next_round = None
+        for i, (chunk, entry) in enumerate(due):
+            if i < self.burst:
+                entry[2] += 1
+                entry[1] = now + self.timer.timeout(entry[2])
+                next_round = entry[1] if next_round is None else min(next_round, entry[1])
+                out += self._frames(chunk, sorted(entry[0]), True)
+                self.retransmissions += 1
+            else:
+                entry[1] = next_round
         if self.sending:
             while self._next < self.chunks[self.rank] and len(self._unacked) < self.window:
                 chunk = self._next

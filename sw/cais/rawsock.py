@@ -9,6 +9,7 @@ copies of its own transmissions the kernel hands back to packet sockets.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import struct
 import time
@@ -19,6 +20,7 @@ ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_ADD_MEMBERSHIP = 1
 PACKET_MR_PROMISC = 1
+SEND_WAIT_S = 0.05     # how long a send waits for room in a full socket buffer
 RCVBUF = 8 << 20       # a burst of result frames must not overflow the socket while Python is busy
 
 
@@ -59,6 +61,8 @@ class RawPort:
         The interface name.
     sock : socket.socket
         The AF_PACKET socket (non-blocking; ``fileno()`` for select).
+    send_drops : int
+        Frames given up because the send buffer stayed full for ``SEND_WAIT_S``.
     """
 
     def __init__(self, name: str, pcap: "PcapWriter | None" = None):
@@ -78,6 +82,7 @@ class RawPort:
             self.sock.close()
             raise
         self.sock.setblocking(False)
+        self.send_drops = 0          # frames given up because the send buffer stayed full
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -86,7 +91,16 @@ class RawPort:
         try:
             self.sock.send(frame)
         except BlockingIOError:
-            return          # the interface's queue is full: the frame is lost, as on a congested wire
+            # the socket's send buffer is full (the peer reads slowly): wait a moment for room, then give
+            # the frame up as a congested wire would (the protocols repeat what is lost)
+            if not select.select([], [self.sock], [], SEND_WAIT_S)[1]:
+                self.send_drops += 1
+                return
+            try:
+                self.sock.send(frame)
+            except BlockingIOError:
+                self.send_drops += 1
+                return
         if self.pcap:
             self.pcap.write(frame)
 
