@@ -243,7 +243,7 @@ class Coordinator:
     def serve(self, address: str) -> None:
         """Listen on `address` and answer in background threads (returns at once)."""
         self._address = parse_address(address)
-        self._server = listen(self._address)
+        self._server = listen(self._address, loopback_only=False)   # ranks may run on other hosts
         t = threading.Thread(target=self._accept_loop, name="cais-coordinator", daemon=True)
         t.start()
         self._threads.append(t)

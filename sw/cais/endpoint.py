@@ -7,7 +7,8 @@ framing: one JSON object per line each way, a request ``{"op": ..., ...}`` answe
 An address is a Unix socket path (``/run/cais/switch.sock`` or ``unix:/run/...``; these also reach across
 network namespaces, which share the file system) or ``HOST:PORT`` / ``tcp:HOST:PORT`` for TCP. Only
 loopback TCP addresses are accepted for listening: the control port programs the switch and is not
-authenticated.
+authenticated (the coordinator may listen on another address for ranks on other hosts: a management
+network).
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ def parse_address(text: str) -> Address:
     return Address(socket.AF_INET, (host, number))
 
 
-def listen(address: Address) -> socket.socket:
-    """A listening socket on `address` (a stale Unix socket file is replaced; TCP only on loopback)."""
+def listen(address: Address, *, loopback_only: bool = True) -> socket.socket:
+    """A listening socket on `address` (a stale Unix socket file is replaced; TCP only on loopback
+    unless `loopback_only` is False: the ranks' coordinator, which ranks on other hosts reach)."""
     if address.family == socket.AF_UNIX:
         try:
             os.unlink(address.target)
@@ -77,7 +79,7 @@ def listen(address: Address) -> socket.socket:
         sock.bind(address.target)
     else:
         host = address.target[0]
-        if host not in ("127.0.0.1", "localhost", "::1"):
+        if loopback_only and host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"{address}: the control endpoint listens on loopback only (127.0.0.1)")
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
