@@ -3,6 +3,7 @@
 #
 #   make sim      run the main job (python -m cais.sim.cosim)
 #   make test     run the whole test suite
+#   make cluster  a 4-rank cluster in network namespaces of its own, every collective checked (root)
 #   make help     list every target
 
 PYTHON ?= python3
@@ -16,7 +17,7 @@ ARGS   ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-fast sim verilog lint bench clean distclean
+.PHONY: help setup test test-fast sim verilog lint bench cluster clean distclean
 
 help: ## List the targets
 	@echo "CAIS make targets (ARGS=\"...\" passes options to sim/verilog/lint/bench):"
@@ -47,6 +48,9 @@ lint: $(STAMP) ## Export, then verilator --lint-only -Wall with the documented w
 
 bench: $(STAMP) ## Run the datapath benchmark and print its table
 	$(VPY) bench/bench_datapath.py $(ARGS)
+
+cluster: $(STAMP) ## 4 rank processes + cais-switch (model) in network namespaces it creates; prints CORRECT per collective (root; ARGS="--ranks 3 --elements 500")
+	$(VPY) -m cais.cluster $(ARGS)
 
 clean: ## Remove build products and caches (keeps .venv)
 	rm -rf build sim_build .pytest_cache results.xml

@@ -114,7 +114,7 @@ class _RankState:
     background: list = field(default_factory=list)     # ring engines still owed to peers, finished ops
     lingering: list = field(default_factory=list)      # switch ops done here, not yet by every rank
     op_seq: dict = field(default_factory=dict)         # group id -> next op_seq
-    group_calls: int = 0
+    group_calls: dict = field(default_factory=dict)    # ranks -> new_group calls with them so far
 
 
 class Communicator:
@@ -135,8 +135,9 @@ class Communicator:
         works, self._outstanding = self._outstanding, []
         return [w.wait() for w in works]
 
-    def new_group(self, ranks) -> Group:
-        """Create a group (every member calls it with the same ranks, in the same order of calls)."""
+    def new_group(self, ranks) -> Group | None:
+        """Create a group: every member calls it with the same ranks (the n-th call with a list of ranks
+        makes the n-th group of those ranks); non-members may call it too (as in torch) and get None."""
         return self._world._new_group(self.rank, list(ranks))
 
     def all_reduce(self, array, op=proto.ReduceOp.SUM, group: Group | None = None, async_op: bool = False,
@@ -282,6 +283,7 @@ class World:
         self.regs = register_map(self.params)
         self._cv = threading.Condition()
         self._runnable = 0
+        self._waiting: dict[int, threading.Event] = {}   # rank -> the event its thread is blocked on
         self._group_requests: list[tuple[int, list[int], threading.Event, list]] = []
         self._groups_by_key: dict = {}
         self._world_group: GroupInfo | None = None
@@ -312,24 +314,33 @@ class World:
         with self._cv:
             if event.is_set():
                 return
+            self._waiting[rank] = event
             self._runnable -= 1
             self._cv.notify_all()
             while not event.is_set():
                 self._cv.wait()
 
     def _wake(self, event: threading.Event) -> None:
-        """Set an event a blocked rank waits for (world thread, under the lock)."""
-        if not event.is_set():
-            self._runnable += 1
-            event.set()
-            self._cv.notify_all()
+        """Set an event (world thread, under the lock). The rank becomes runnable again only if it is
+        blocked on this very event: a collective finishing while its rank waits for another one (two
+        async calls, then the second's wait) must not count that rank as running."""
+        if event.is_set():
+            return
+        event.set()
+        for rank, waited in self._waiting.items():
+            if waited is event:
+                del self._waiting[rank]
+                self._runnable += 1
+                break
+        self._cv.notify_all()
 
-    def _new_group(self, rank: int, ranks: list[int]) -> Group:
-        state = self._states[rank]
-        key = (tuple(ranks), state.group_calls)
-        state.group_calls += 1
+    def _new_group(self, rank: int, ranks: list[int]) -> Group | None:
         if rank not in ranks:
-            raise ValueError(f"rank {rank} creates a group {ranks} it is not part of")
+            return None      # torch style: every rank may call it; the others get no group
+        state = self._states[rank]
+        # the n-th group of these ranks: members match up whether or not non-members call too
+        key = (tuple(ranks), state.group_calls.get(tuple(ranks), 0))
+        state.group_calls[tuple(ranks)] = key[1] + 1
         done, box = threading.Event(), []
         with self._cv:
             self._group_requests.append((rank, key, done, box))

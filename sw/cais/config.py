@@ -42,8 +42,8 @@ class Config:
     reevaluate_interval_ms: float = 100.0
     # Slots the controller gives each group (a power of two; fewer if memory is short).
     slots_per_group: int = 32
-    # Where ranks reach the controller (a real deployment's TCP endpoint; the co-simulation runs the
-    # controller in process and only records it).
+    # Where deployed ranks reach the coordinator (cais.dist.init's default when it gets no controller
+    # address; TCP, so only within one network namespace); the co-simulation runs the controller in process.
     controller_address: str = "127.0.0.1"
     controller_port: int = 7700
     # Floating-point arrays: "native" reduces fp32/fp16/bf16 in the switch's float units when its FEATURES

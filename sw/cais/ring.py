@@ -80,13 +80,15 @@ class RingAllReduce:
     bf16 bits as a uint16 array need ``dtype=DType.BF16``; other numpy types use numpy's ufuncs).
     `saturate` clamps integer sums. With `reproducible` the N blocks are the ranks' whole contributions,
     only all-gathered (steps 0..N-2), and the result is their fold in `fold_order` (ring indices; default
-    0..N-1) with fp32 accumulation if `acc_fp32`.
+    0..N-1) with fp32 accumulation if `acc_fp32`. With `reduce_scatter` only steps 0..N-2 run: the rank
+    then holds the reduction of block :attr:`owned_block` (``(rank_index + 1) mod N``) only.
     """
 
     def __init__(self, rank_index: int, ring_macs: list[int], group_id: int, op_seq: int, data: np.ndarray,
                  op: ReduceOp, my_mac: int, timeout_s: float, max_payload: int = DEFAULT_MAX_PAYLOAD,
                  now: float = 0.0, *, dtype: DType | None = None, saturate: bool = False,
-                 reproducible: bool = False, acc_fp32: bool = False, fold_order: list[int] | None = None):
+                 reproducible: bool = False, acc_fp32: bool = False, fold_order: list[int] | None = None,
+                 reduce_scatter: bool = False):
         n = len(ring_macs)
         if n < 1:
             raise ValueError("ring_macs: the ring needs at least one rank")
@@ -149,7 +151,10 @@ class RingAllReduce:
         self.timer = RetransmitTimer(self.timeout_s, MAX_BACKOFF)
         self.pred_mac = ring_macs[(rank_index - 1) % n]
         self.succ_mac = ring_macs[(rank_index + 1) % n]
-        self.steps = (n - 1) if self.reproducible else 2 * (n - 1)
+        if reduce_scatter and self.reproducible:
+            raise ValueError("reduce_scatter: not with reproducible (which all-gathers contributions)")
+        self.reduce_scatter = bool(reduce_scatter)
+        self.steps = (n - 1) if self.reproducible or self.reduce_scatter else 2 * (n - 1)
         if self.reproducible:
             self._bounds = [(i * self.length, (i + 1) * self.length) for i in range(n)]
         else:
@@ -181,6 +186,11 @@ class RingAllReduce:
     def result_ready(self) -> bool:
         """This rank holds the full all-reduced array."""
         return self._recv_step == self.steps
+
+    @property
+    def owned_block(self) -> int:
+        """The block this rank holds fully reduced after the reduce-scatter steps."""
+        return (self.rank + 1) % self.n
 
     @property
     def done(self) -> bool:

@@ -1,0 +1,475 @@
+"""cais-switch: a switch backend as a process whose ports are real Linux network interfaces.
+
+::
+
+    cais-switch --control /run/cais/switch.sock veth0 veth1 veth2 veth3     # the reference model
+    cais-switch --backend verilator --control 127.0.0.1:7710 tap0 tap1      # the Verilated RTL
+
+Switch port ``p`` is the ``p``-th interface named (an AF_PACKET raw socket on a veth end or a TAP
+device, :mod:`cais.rawsock`). A frame that arrives on an interface goes into the backend's ingress of
+that port; a frame that leaves an egress port is transmitted on its interface.
+
+Backends are the links of :mod:`cais.sim.links`: ``model`` (the default; :class:`ModelLink`, numpy only)
+and ``verilator`` (:class:`VerilatorLink`, the exported Verilog with its C++-driven clock; built on first
+use, needs the [sim] extra). The clock is free-running in the sense that the daemon steps the backend
+whenever frames are inside it (``advance_to_frame`` until BUSY reads 0) and lets it rest otherwise, so
+the simulated clock advances as frames arrive and leave.
+
+The control endpoint (``--control``: a Unix socket path or 127.0.0.1:PORT) is the AXI4-Lite port: JSON
+lines, one request per line (docs/driver.md, "The switch daemon")::
+
+    {"op": "read", "reg": "ID"}                      -> {"ok": true, "value": 1128352083}
+    {"op": "read", "reg": "RX_FRAMES", "index": 2}   (per-port registers take "index")
+    {"op": "read", "addr": 0}                        (a byte address of docs/registers.md)
+    {"op": "write", "reg": "SWITCH_MAC_LO", "value": 1}
+    {"op": "write", "reg": "RULE_SLOTS", "fields": {"base": 0, "count_log2": 5}}
+    {"op": "info"}       -> params, clock_hz, backend, interfaces, cycle
+    {"op": "stats"}      -> frames in and out per port, fault injection counts
+    {"op": "fault", "port": 1, "drop": 0.05}   (replaces the port's faults; all rates 0 turns them off)
+
+``--fault PORT:drop=R[,duplicate=R][,reorder=R][,seed=N]`` injects seeded faults on a port's wires, both
+directions (:class:`cais.sim.faults.FaultSpec`); ``--pcap DIR`` writes ``DIR/port<p>.pcap`` with every
+frame the port received and transmitted. Bad arguments: one line on stderr, exit status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from cais import cli
+from cais.endpoint import JsonLines, listen, parse_address
+from cais.link import run_sync
+from cais.params import SwitchParams
+from cais.rawsock import PcapWriter, RawPort, interface_error
+from cais.registers import Kind, register_map
+
+__all__ = ["SwitchDaemon", "main", "parse_fault", "BACKENDS"]
+
+BACKENDS = ("model", "verilator")
+STEP_CYCLES = 4096          # one advance_to_frame call while frames are inside the Verilated switch
+MODEL_STEP_CYCLES = 1 << 16   # one advance of the model while frames are inside it
+DRAIN_LIMIT = 1 << 22       # cycles a drain may take before the daemon reports the switch stuck
+
+
+def parse_fault(text: str):
+    """``PORT:drop=R,duplicate=R,reorder=R,seed=N`` -> (port, FaultSpec for that port)."""
+    from .faults import FaultSpec
+    port, sep, rest = text.partition(":")
+    if not sep:
+        raise ValueError(f"{text!r}: expected PORT:drop=R[,duplicate=R][,reorder=R][,seed=N]")
+    try:
+        port_n = int(port)
+    except ValueError:
+        raise ValueError(f"{text!r}: port {port!r} is not a number") from None
+    values = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        key = {"loss": "drop", "dup": "duplicate"}.get(key.strip(), key.strip())
+        if not eq or key not in ("drop", "duplicate", "reorder", "seed"):
+            raise ValueError(f"{text!r}: {item!r} is not drop=R, duplicate=R, reorder=R or seed=N")
+        try:
+            values[key] = int(value) if key == "seed" else float(value)
+        except ValueError:
+            raise ValueError(f"{text!r}: {value!r} is not a number") from None
+    try:
+        return port_n, FaultSpec(ports=(port_n,), **values)
+    except ValueError as e:
+        raise ValueError(f"{text!r}: {e}") from None
+
+
+_PAST = {"drop": "dropped", "duplicate": "duplicated", "reorder": "reordered"}
+
+
+class PortFaults:
+    """Seeded faults on one port's wires, applied where frames cross the interface: the decisions of
+    :meth:`cais.sim.faults.FaultSpec.decide` (a pure function of the seed, direction, port, frame bytes
+    and how often this exact frame was seen), so a run's faults are reproducible; a reordered frame is
+    held until the next frame of its port and direction passes, or `hold_s` seconds.
+
+    Members
+    -------
+    spec : FaultSpec
+    stats : dict
+        ``<direction>_<frames|dropped|duplicated|reordered>`` counts.
+    """
+
+    def __init__(self, spec, hold_s: float = 0.002):
+        import hashlib
+        self._hash = hashlib.blake2b
+        self.spec, self.hold_s = spec, hold_s
+        self.stats = {f"{d}_{k}": 0 for d in ("ingress", "egress")
+                      for k in ("frames", "dropped", "duplicated", "reordered")}
+        self._seen: dict[tuple, int] = {}
+        self._held: dict[str, list[tuple[float, bytes]]] = {"ingress": [], "egress": []}
+
+    @property
+    def holding(self) -> int:
+        return sum(len(h) for h in self._held.values())
+
+    def apply(self, direction: str, port: int, frame: bytes, now: float) -> list[bytes]:
+        """The frames to deliver now in place of `frame` (none, it, it twice, it and held ones)."""
+        if not self.spec.active or not self.spec.applies(direction, port):
+            return [frame]
+        key = (direction, self._hash(frame, digest_size=16).digest())
+        occurrence = self._seen.get(key, 0)
+        self._seen[key] = occurrence + 1
+        action = self.spec.decide(direction, port, frame, occurrence)
+        self.stats[f"{direction}_frames"] += 1
+        if action != "pass":
+            self.stats[f"{direction}_{_PAST[action]}"] += 1
+        if action == "drop":
+            return []
+        if action == "reorder":
+            self._held[direction].append((now + self.hold_s, frame))
+            return []
+        out = [frame, frame] if action == "duplicate" else [frame]
+        out += [f for _, f in self._held[direction]]
+        self._held[direction] = []
+        return out
+
+    def release_all(self, direction: str) -> list[bytes]:
+        return self.expired(direction, float("inf"))
+
+    def expired(self, direction: str, now: float) -> list[bytes]:
+        held = self._held[direction]
+        out = [f for t, f in held if t <= now]
+        self._held[direction] = [(t, f) for t, f in held if t > now]
+        return out
+
+
+class SwitchDaemon:
+    """The event loop: interfaces in and out of a backend link, plus the control endpoint.
+
+    Members
+    -------
+    link :
+        The backend (a :class:`cais.link.SwitchLink`), wrapped in one fault injector per faulty port.
+    ports : list[RawPort]
+        Port p's interface.
+    frames_in, frames_out : list[int]
+        Frames taken from / transmitted on each interface.
+    """
+
+    def __init__(self, interfaces: list[str], params: SwitchParams, *, backend: str = "model",
+                 control: str | None = None, faults: dict | None = None, pcap_dir: str | None = None):
+        if len(interfaces) > params.ports:
+            raise ValueError(f"{len(interfaces)} interfaces for a switch of {params.ports} ports")
+        self.params, self.backend = params, backend
+        self.interfaces = list(interfaces)
+        self.regs = register_map(params)
+        self._busy = self.regs["BUSY"].address()
+        self.link = self._make_backend(backend, params)
+        self.faults: dict[int, PortFaults] = {p: PortFaults(spec) for p, spec in (faults or {}).items()}
+        if pcap_dir:
+            Path(pcap_dir).mkdir(parents=True, exist_ok=True)
+        self.ports = []
+        try:
+            for p, name in enumerate(interfaces):
+                pcap = PcapWriter(Path(pcap_dir) / f"port{p}.pcap") if pcap_dir else None
+                self.ports.append(RawPort(name, pcap))
+        except OSError:
+            self.close()
+            raise
+        self.frames_in = [0] * len(interfaces)
+        self.frames_out = [0] * len(interfaces)
+        self.sel = selectors.DefaultSelector()
+        for p, port in enumerate(self.ports):
+            self.sel.register(port.sock, selectors.EVENT_READ, ("port", p))
+        self.control = None
+        if control:
+            self.control_address = parse_address(control)
+            self.control = listen(self.control_address)
+            self.control.setblocking(False)
+            self.sel.register(self.control, selectors.EVENT_READ, ("listen", None))
+        self._clients: dict[int, JsonLines] = {}
+        self._stop = False
+
+    @staticmethod
+    def _make_backend(backend: str, params: SwitchParams):
+        if backend == "model":
+            from .links.model import ModelLink
+            return ModelLink(params)
+        if backend == "verilator":
+            try:
+                from .links.verilator import VerilatorLink
+            except ImportError as e:
+                raise RuntimeError(f"--backend verilator needs the [sim] extra ({e})") from None
+            return VerilatorLink(params)
+        raise ValueError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+
+    # ------------------------------------------------------------------ frames
+    def _holding(self) -> bool:
+        return any(f.holding for f in self.faults.values())
+
+    def _busy_now(self) -> bool:
+        return bool(run_sync(self.link.read(self._busy)))
+
+    def _pump(self) -> None:
+        """Step the backend while frames are inside it, transmitting what leaves."""
+        start = self.link.cycle
+        while True:
+            self._transmit()
+            if not self._busy_now():
+                break
+            if self.backend == "model":
+                # the model's time is lazy: one long advance hands out everything decided by then, in
+                # order (advance_to_frame would stop after each frame, costing a scan of its queue each)
+                run_sync(self.link.advance(MODEL_STEP_CYCLES))
+            else:
+                run_sync(self.link.advance_to_frame(STEP_CYCLES))
+            if self.link.cycle - start > DRAIN_LIMIT:
+                raise RuntimeError(f"the switch stayed busy for {DRAIN_LIMIT} cycles")
+        self._transmit()
+
+    def _out(self, port: int, frames) -> None:
+        for frame in frames:
+            self.ports[port].send(frame)
+            self.frames_out[port] += 1
+
+    def _in(self, port: int, frames) -> None:
+        for frame in frames:
+            self.link.send(port, frame)
+
+    def _transmit(self) -> None:
+        now = time.monotonic()
+        for port, frame in self.link.take_received():
+            if port < len(self.ports):
+                faults = self.faults.get(port)
+                self._out(port, faults.apply("egress", port, frame, now) if faults else [frame])
+
+    def _release_held(self) -> None:
+        now = time.monotonic()
+        for port, faults in self.faults.items():
+            self._in(port, faults.expired("ingress", now))
+            self._out(port, faults.expired("egress", now))
+
+    def _receive(self, p: int) -> None:
+        faults = self.faults.get(p)
+        now = time.monotonic()
+        for frame in self.ports[p].recv_all():
+            if len(frame) < 14:
+                continue
+            self.frames_in[p] += 1
+            self._in(p, faults.apply("ingress", p, frame, now) if faults else [frame])
+
+    # ------------------------------------------------------------------ control
+    def _register(self, req: dict):
+        if "reg" in req:
+            reg = self.regs[str(req["reg"])]
+            index = int(req.get("index", 0))
+            if not 0 <= index < reg.count:
+                raise ValueError(f"{reg.name}: index {index} out of range 0..{reg.count - 1}")
+            return reg, reg.address(index)
+        if "addr" in req:
+            return None, int(req["addr"])
+        raise ValueError("a register request needs 'reg' (a name) or 'addr' (a byte address)")
+
+    def handle(self, req: dict) -> dict:
+        """One control request -> its answer (exceptions become ``ok: false``)."""
+        op = req.get("op")
+        try:
+            if op == "read":
+                _, addr = self._register(req)
+                return {"ok": True, "value": run_sync(self.link.read(addr))}
+            if op == "write":
+                reg, addr = self._register(req)
+                if "fields" in req:
+                    if reg is None:
+                        raise ValueError("'fields' needs a register name ('reg')")
+                    value = reg.pack(**{str(k): int(v) for k, v in req["fields"].items()})
+                else:
+                    value = int(req["value"])
+                if not 0 <= value < 1 << 32:
+                    raise ValueError(f"value {value:#x} does not fit 32 bits")
+                run_sync(self.link.write(addr, value))
+                return {"ok": True}
+            if op == "info":
+                return {"ok": True, "params": self.params.as_dict(), "clock_hz": self.link.clock_hz,
+                        "backend": self.backend, "interfaces": self.interfaces, "cycle": self.link.cycle,
+                        "registers": [r.name for r in self.regs]}
+            if op == "stats":
+                return {"ok": True, "frames_in": self.frames_in, "frames_out": self.frames_out,
+                        "send_drops": [port.send_drops for port in self.ports],
+                        "faults": {str(p): f.stats for p, f in self.faults.items()}}
+            if op == "fault":
+                from .faults import FaultSpec
+                port = int(req["port"])
+                if not 0 <= port < len(self.ports):
+                    raise ValueError(f"port {port}: not one of 0..{len(self.ports) - 1}")
+                spec = FaultSpec(ports=(port,), **{k: req[k] for k in ("drop", "duplicate", "reorder", "seed")
+                                                   if k in req})
+                old = self.faults.get(port)
+                if old is not None:                  # what the old faults held goes on now
+                    self._in(port, old.release_all("ingress"))
+                    self._out(port, old.release_all("egress"))
+                self.faults[port] = PortFaults(spec)
+                return {"ok": True}
+            if op == "counters":
+                out = {}
+                for reg in self.regs:
+                    if reg.kind in (Kind.COUNTER, Kind.LEVEL):
+                        vals = [run_sync(self.link.read(reg.address(i))) for i in range(reg.count)]
+                        out[reg.name] = vals if reg.count > 1 else vals[0]
+                return {"ok": True, "counters": out}
+            raise ValueError(f"unknown op {op!r} (read, write, info, stats, counters)")
+        except KeyError as e:
+            return {"ok": False, "error": str(e.args[0]) if e.args else "missing field"}
+        except (ValueError, TypeError) as e:
+            return {"ok": False, "error": str(e)}
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.control.accept()
+        except BlockingIOError:
+            return
+        conn.setblocking(False)
+        client = JsonLines(conn, None, name="control client")
+        conn.setblocking(False)
+        self._clients[conn.fileno()] = client
+        self.sel.register(conn, selectors.EVENT_READ, ("client", conn.fileno()))
+
+    def _serve(self, fd: int) -> None:
+        client = self._clients[fd]
+        try:
+            data = client.sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.sel.unregister(client.sock)
+            client.close()
+            del self._clients[fd]
+            return
+        client._buf += data
+        while b"\n" in client._buf:
+            line, client._buf = client._buf.split(b"\n", 1)
+            try:
+                req = json.loads(line)
+                if not isinstance(req, dict):
+                    raise ValueError("a request is a JSON object")
+                reply = self.handle(req)
+            except ValueError as e:
+                reply = {"ok": False, "error": f"bad request: {e}"}
+            self._pump()        # a register write may have released frames (none today; cheap)
+            client.sock.setblocking(True)
+            try:
+                client.send(reply)
+            except OSError:
+                pass
+            client.sock.setblocking(False)
+
+    # ------------------------------------------------------------------ loop
+    def stop(self, *_):
+        self._stop = True
+
+    def run(self) -> None:
+        while not self._stop:
+            for key, _ in self.sel.select(timeout=0.0005 if self._holding() else 0.2):
+                kind, arg = key.data
+                if kind == "port":
+                    self._receive(arg)
+                elif kind == "listen":
+                    self._accept()
+                else:
+                    self._serve(arg)
+            # every interface once more (frames that came while the others were served), then drain
+            for p in range(len(self.ports)):
+                self._receive(p)
+            self._release_held()
+            self._pump()
+
+    def close(self) -> None:
+        for port in self.ports:
+            port.close()
+        for client in getattr(self, "_clients", {}).values():
+            client.close()
+        if getattr(self, "control", None) is not None:
+            self.control.close()
+            if self.control_address.family == socket.AF_UNIX:
+                try:
+                    os.unlink(self.control_address.target)
+                except OSError:
+                    pass
+        close = getattr(getattr(self, "link", None), "close", None)
+        if close:
+            close()
+
+
+def build_parser():
+    p = cli.Parser(prog="cais-switch", description="Run a CAIS switch backend on real network interfaces "
+                   "(AF_PACKET; needs root). Port p is the p-th interface.")
+    p.add_argument("interfaces", nargs="+", metavar="IFACE", help="one interface per switch port (veth, TAP)")
+    p.add_argument("--backend", choices=BACKENDS, default="model", help="default: model (numpy only)")
+    p.add_argument("--control", metavar="ADDR", default=None,
+                   help="control endpoint: a Unix socket path or 127.0.0.1:PORT (JSON lines)")
+    p.add_argument("--fault", action="append", default=[], metavar="PORT:drop=R,...",
+                   help="faults on a port's wires: drop=R, duplicate=R, reorder=R, seed=N (repeatable)")
+    p.add_argument("--pcap", metavar="DIR", default=None, help="write DIR/port<p>.pcap per port")
+    p.add_argument("--ready-file", metavar="PATH", default=None,
+                   help="create PATH once every interface is open and the control endpoint listens")
+    cli.add_param_arguments(p)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if "--ports" not in (argv if argv is not None else sys.argv[1:]):
+        args.ports = max(2, len(args.interfaces))   # as many ports as interfaces unless told
+    params = cli.params_from_args(parser, args)
+    if len(args.interfaces) > params.ports:
+        parser.error(f"{len(args.interfaces)} interfaces, but --ports {params.ports}")
+    if len(set(args.interfaces)) != len(args.interfaces):
+        parser.error("an interface is named twice")
+    for name in args.interfaces:
+        why = interface_error(name)
+        if why:
+            parser.error(why)
+    faults = {}
+    for text in args.fault:
+        try:
+            port, spec = parse_fault(text)
+        except ValueError as e:
+            parser.error(f"--fault {e}")
+        if not 0 <= port < len(args.interfaces):
+            parser.error(f"--fault {text!r}: port {port} is not one of 0..{len(args.interfaces) - 1}")
+        if port in faults:
+            parser.error(f"--fault: port {port} given twice")
+        faults[port] = spec
+    if args.control:
+        try:
+            parse_address(args.control)
+        except ValueError as e:
+            parser.error(f"--control {e}")
+    try:
+        daemon = SwitchDaemon(args.interfaces, params, backend=args.backend, control=args.control,
+                              faults=faults, pcap_dir=args.pcap)
+    except (OSError, ValueError, RuntimeError) as e:
+        print(f"cais-switch: error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, ValueError) else 1
+    signal.signal(signal.SIGTERM, daemon.stop)
+    signal.signal(signal.SIGINT, daemon.stop)
+    print(f"cais-switch: {args.backend} backend, {params.ports} ports on {', '.join(args.interfaces)}"
+          + (f", control {args.control}" if args.control else ""), file=sys.stderr, flush=True)
+    if args.ready_file:
+        Path(args.ready_file).write_text(f"{os.getpid()}\n")
+    try:
+        daemon.run()
+    except RuntimeError as e:
+        print(f"cais-switch: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        daemon.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""make cluster: a 4-rank CAIS cluster on one machine, in network namespaces it creates (needs root).
+
+::
+
+    sudo .venv/bin/python -m cais.cluster                 # 4 ranks, the reference model, the default sizes
+    sudo .venv/bin/python -m cais.cluster --ranks 3 --elements 500
+
+What it does:
+
+1. creates one network namespace for the switch and one per rank (names ``c<pid>sw``, ``c<pid>r<i>``),
+   and one veth pair per rank: ``c<pid>s<i>`` in the switch's namespace (switch port i),
+   ``c<pid>h<i>`` in rank i's; IPv6 is turned off in them so that the kernel sends nothing of its own;
+2. starts ``cais-switch`` (``python -m cais.sim.daemon``, the model backend) in the switch namespace on the
+   ``s`` ends, its control endpoint a Unix socket in a temporary folder;
+3. starts one rank process per namespace (``python -m cais.cluster --worker``, configured through the
+   ``CAIS_*`` variables of :func:`cais.dist.init`); rank 0 hosts the coordinator (a Unix socket too);
+4. each rank runs every collective of :data:`SUITE` and checks its result against numpy (each rank
+   knows every rank's contribution: they come from a seed); one all-reduce runs with 5% loss on one link
+   (rank 0 sets it through the switch's control endpoint between two barriers);
+5. prints the summary table, CORRECT per collective when every rank's result matched, and removes the
+   namespaces (and with them the veth pairs) and the temporary folder, also on Ctrl-C or SIGTERM.
+
+No traffic leaves the namespaces it made: the ranks and the switch only use the veth pairs and Unix
+sockets. The exit status is 0 only if every collective was CORRECT on every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["main", "SUITE", "Cluster"]
+
+LOSS = 0.05          # the lossy collective's loss rate
+LOSSY_PORT = 1       # on the wire of switch port 1 (rank 1), both directions
+RANK_TIMEOUT_S = 240.0
+
+#: (name, what it runs): the collectives every rank runs, in this order
+SUITE = ["all_reduce int32 sum", "all_reduce int32 max", "all_reduce fp16 sum", "all_reduce bf16 sum",
+         "all_reduce fp32 avg", "broadcast fp32 (src last)", "all_gather int32", "reduce_scatter int32 sum",
+         "barrier", f"all_reduce int32 sum, {LOSS:.0%} loss on link {LOSSY_PORT}"]
+
+
+class Interrupted(Exception):
+    """SIGINT / SIGTERM / SIGHUP arrived: clean up and stop."""
+
+
+def _raise_interrupted(signum, _frame):
+    raise Interrupted(signal.Signals(signum).name)
+
+
+# ---------------------------------------------------------------------- the rank side
+def contribution(rank: int, n: int, dtype, seed: int = 11) -> np.ndarray:
+    """Rank `rank`'s input: small values, so every sum is exact in every type (then numpy's sum is the
+    switch's, whatever the order of additions)."""
+    rng = np.random.default_rng([seed, rank])
+    if np.dtype(dtype).kind == "f":
+        return (rng.integers(-64, 65, n) / 4).astype(dtype)
+    return rng.integers(-1000, 1001, n).astype(dtype)
+
+
+def _worker() -> int:
+    """One rank: init from the environment, the suite, a JSON report to $CAIS_REPORT."""
+    import cais as dist
+    from cais.endpoint import connect
+
+    report_path = os.environ["CAIS_REPORT"]
+    n_elem = int(os.environ.get("CAIS_ELEMENTS", "4096"))
+    rows: list[dict] = []
+
+    def record(name, got, want, work_path, t0):
+        ok = got.shape == want.shape and got.dtype == want.dtype and np.array_equal(got, want)
+        bad = int(np.count_nonzero(got != want)) if got.shape == want.shape else -1
+        rows.append({"name": name, "correct": bool(ok), "path": work_path, "ms": (time.monotonic() - t0) * 1e3,
+                     "elements": int(want.size), "wrong": bad})
+
+    try:
+        pg = dist.init()
+        r, N = pg.rank, pg.world_size
+        xs = lambda dt, n=n_elem: [contribution(q, n, dt) for q in range(N)]       # noqa: E731
+
+        for name, dt, op, reduce in (("all_reduce int32 sum", np.int32, "sum", np.sum),
+                                     ("all_reduce int32 max", np.int32, "max", np.max),
+                                     ("all_reduce fp16 sum", np.float16, "sum", np.sum)):
+            a = xs(dt)
+            buf = a[r].copy()
+            t0 = time.monotonic()
+            work = dist.all_reduce(buf, op=op, async_op=True)
+            work.wait()
+            want = reduce(np.stack(a).astype(np.float64), axis=0).astype(dt)
+            record(name, buf, want, work.path, t0)
+
+        a = xs(np.float32)                      # bf16: float32 arrays holding bf16 values, sent as bf16
+        buf = a[r].copy()
+        t0 = time.monotonic()
+        work = dist.all_reduce(buf, op="sum", dtype="bf16", async_op=True)
+        work.wait()
+        record("all_reduce bf16 sum", buf, np.sum(np.stack(a), axis=0, dtype=np.float64).astype(np.float32),
+               work.path, t0)
+
+        a = xs(np.float32)
+        buf = a[r].copy()
+        t0 = time.monotonic()
+        work = dist.all_reduce(buf, op=dist.ReduceOp.AVG, async_op=True)
+        work.wait()
+        total = np.sum(np.stack(a), axis=0, dtype=np.float64).astype(np.float32)
+        record("all_reduce fp32 avg", buf, (total / np.float32(N)).astype(np.float32), work.path, t0)
+
+        src = N - 1
+        a = xs(np.float32)
+        buf = a[r].copy() if r == src else np.zeros(n_elem, np.float32)
+        t0 = time.monotonic()
+        work = dist.broadcast(buf, src=src, async_op=True)
+        work.wait()
+        record("broadcast fp32 (src last)", buf, a[src], work.path, t0)
+
+        a = xs(np.int32)
+        out = np.zeros((N, n_elem), np.int32)
+        t0 = time.monotonic()
+        work = dist.all_gather(out, a[r], async_op=True)
+        work.wait()
+        record("all_gather int32", out, np.stack(a), work.path, t0)
+
+        m = max(1, n_elem // N)
+        a = xs(np.int32, N * m)
+        out = np.zeros(m, np.int32)
+        t0 = time.monotonic()
+        work = dist.reduce_scatter(out, a[r], async_op=True)
+        work.wait()
+        record("reduce_scatter int32 sum", out, np.sum(np.stack(a), axis=0).astype(np.int32)[r * m:(r + 1) * m],
+               work.path, t0)
+
+        t0 = time.monotonic()
+        dist.barrier()
+        record("barrier", np.ones(1, np.int32), np.ones(1, np.int32), "switch", t0)
+
+        switch = connect(os.environ["CAIS_SWITCH"], name="switch control endpoint") if r == 0 else None
+        if switch:
+            switch.request("fault", port=LOSSY_PORT, drop=LOSS, seed=7)
+        dist.barrier()
+        a = xs(np.int32, 4 * n_elem)
+        buf = a[r].copy()
+        t0 = time.monotonic()
+        work = dist.all_reduce(buf, async_op=True)
+        work.wait()
+        record(SUITE[-1], buf, np.sum(np.stack(a), axis=0).astype(np.int32), work.path, t0)
+        dist.barrier()
+        if switch:
+            stats = switch.request("stats")["faults"].get(str(LOSSY_PORT), {})
+            rows[-1]["dropped"] = stats.get("ingress_dropped", 0) + stats.get("egress_dropped", 0)
+            switch.request("fault", port=LOSSY_PORT, drop=0.0)
+            switch.close()
+        dist.destroy_process_group()
+        status = 0
+    except BaseException as e:        # noqa: BLE001 - reported to the orchestrator, then the exit status
+        rows.append({"name": "error", "correct": False, "error": f"{type(e).__name__}: {e}"})
+        status = 1
+    Path(report_path).write_text(json.dumps({"rows": rows}))
+    return status
+
+
+# ---------------------------------------------------------------------- the orchestrator
+def _ip(*args, check=True):
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True)
+
+
+class Cluster:
+    """Namespaces, veth pairs, the switch and the rank processes of one run; :meth:`close` removes all.
+
+    Members
+    -------
+    tag : str
+        ``c<pid>``: every name this run creates starts with it.
+    namespaces : list[str]
+        Created so far (removed by :meth:`close`).
+    procs : list[subprocess.Popen]
+        Started so far (ended by :meth:`close`).
+    """
+
+    def __init__(self, ranks: int, tmp: Path):
+        self.ranks, self.tmp = ranks, tmp
+        self.tag = f"c{os.getpid()}"
+        self.switch_ns = f"{self.tag}sw"
+        self.rank_ns = [f"{self.tag}r{i}" for i in range(ranks)]
+        self.namespaces: list[str] = []
+        self.procs: list[subprocess.Popen] = []
+        self.control = str(tmp / "switch.sock")
+        self.controller = str(tmp / "coordinator.sock")
+
+    def create(self) -> None:
+        for ns in [self.switch_ns] + self.rank_ns:
+            _ip("netns", "add", ns)
+            self.namespaces.append(ns)
+            for key in ("all", "default"):
+                subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1"],
+                               check=True, capture_output=True)
+        for i, ns in enumerate(self.rank_ns):
+            s_end, h_end = f"{self.tag}s{i}", f"{self.tag}h{i}"
+            _ip("-n", self.switch_ns, "link", "add", s_end, "type", "veth", "peer", "name", h_end, "netns", ns)
+            _ip("-n", self.switch_ns, "link", "set", s_end, "up")
+            _ip("-n", ns, "link", "set", h_end, "up")
+
+    def _spawn(self, ns: str, args: list[str], env: dict, log: Path) -> subprocess.Popen:
+        with open(log, "wb") as out:
+            p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, *args], env=env, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def start_switch(self, extra: list[str], wait_s: float = 30.0) -> subprocess.Popen:
+        """cais-switch on the switch ends; returns once it listens (`wait_s`: a Verilator backend is
+        built first)."""
+        ready = self.tmp / "switch.ready"
+        p = self._spawn(self.switch_ns, ["-m", "cais.sim.daemon", "--control", self.control, "--ready-file",
+                                         str(ready), *extra, *[f"{self.tag}s{i}" for i in range(self.ranks)]],
+                        dict(os.environ), self.tmp / "switch.log")
+        deadline = time.monotonic() + wait_s
+        while not ready.exists():
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("cais-switch did not start: " + (self.tmp / "switch.log").read_text()[-2000:])
+            time.sleep(0.05)
+        return p
+
+    def start_ranks(self, elements: int) -> list[subprocess.Popen]:
+        out = []
+        for i, ns in enumerate(self.rank_ns):
+            env = dict(os.environ, CAIS_RANK=str(i), CAIS_WORLD_SIZE=str(self.ranks), CAIS_IFACE=f"{self.tag}h{i}",
+                       CAIS_SWITCH=self.control, CAIS_CONTROLLER=self.controller,
+                       CAIS_REPORT=str(self.tmp / f"rank{i}.json"), CAIS_ELEMENTS=str(elements),
+                       CAIS_TIMEOUT="60")
+            out.append(self._spawn(ns, ["-m", "cais.cluster", "--worker"], env, self.tmp / f"rank{i}.log"))
+        return out
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)     # its own session: ip netns exec and python
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(5)
+        for ns in reversed(self.namespaces):
+            _ip("netns", "del", ns, check=False)
+        self.namespaces.clear()
+
+
+def summary(reports: list[dict], ranks: int, backend: str = "model") -> tuple[str, bool]:
+    """The table (one row per collective of :data:`SUITE`, CORRECT when every rank matched numpy) and
+    whether all were."""
+    lines = [f"{'collective':<40} {'elements':>8} {'path':<7} {'ms (max)':>9}  result",
+             "-" * 78]
+    all_ok = True
+    names = list(SUITE)
+    for name in names:
+        rows = [next((x for x in rep.get("rows", []) if x["name"] == name), None) for rep in reports]
+        if any(x is None for x in rows):
+            missing = [i for i, x in enumerate(rows) if x is None]
+            lines.append(f"{name:<40} {'':>8} {'':<7} {'':>9}  NOT RUN (ranks {missing})")
+            all_ok = False
+            continue
+        wrong = [i for i, x in enumerate(rows) if not x["correct"]]
+        paths = sorted({x["path"] or "?" for x in rows})
+        extra = f" ({rows[0]['dropped']} frames dropped)" if "dropped" in rows[0] else ""
+        result = "CORRECT" if not wrong else f"WRONG on ranks {wrong}"
+        all_ok &= not wrong
+        lines.append(f"{name:<40} {rows[0]['elements']:>8} {'/'.join(paths):<7} "
+                     f"{max(x['ms'] for x in rows):>9.1f}  {result}{extra}")
+    for i, rep in enumerate(reports):
+        for x in rep.get("rows", []):
+            if x["name"] == "error":
+                lines.append(f"rank {i}: {x['error']}")
+                all_ok = False
+    lines.append("-" * 78)
+    lines.append(f"{ranks} rank processes, cais-switch ({backend}): "
+                 + ("every collective CORRECT" if all_ok else "FAILED"))
+    return "\n".join(lines), all_ok
+
+
+def main(argv=None) -> int:
+    from . import cli
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--worker"]:
+        return _worker()
+    p = cli.Parser(prog="python -m cais.cluster", description="A CAIS cluster in network namespaces of its own: "
+                   "cais-switch (model) and one process per rank; runs every collective and checks it (root).")
+    p.add_argument("--ranks", type=cli.integer(2), default=4)
+    p.add_argument("--elements", type=cli.integer(1), default=4096, help="elements per rank (default 4096)")
+    p.add_argument("--backend", choices=("model", "verilator"), default="model",
+                   help="cais-switch's backend (default: model; verilator builds the exported Verilog first)")
+    p.add_argument("--keep-logs", metavar="DIR", default=None, help="copy the switch's and ranks' logs here")
+    args = p.parse_args(argv)
+    if args.ranks > 16:
+        p.error("--ranks: at most 16 (the switch's ports)")
+    if os.geteuid() != 0:
+        print("cais.cluster: error: needs root (it creates network namespaces and veth pairs)", file=sys.stderr)
+        return 2
+    if shutil.which("ip") is None:
+        print("cais.cluster: error: needs ip(8) from iproute2", file=sys.stderr)
+        return 2
+    old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    tmp = Path(tempfile.mkdtemp(prefix="cais-cluster-"))
+    cluster = Cluster(args.ranks, tmp)
+    ok = False
+    try:
+        cluster.create()
+        cluster.start_switch(["--backend", args.backend], wait_s=30.0 if args.backend == "model" else 600.0)
+        ranks = cluster.start_ranks(args.elements)
+        deadline = time.monotonic() + RANK_TIMEOUT_S
+        for proc in ranks:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"cais.cluster: a rank did not finish within {RANK_TIMEOUT_S:g} s", file=sys.stderr)
+                break
+        reports = []
+        for i in range(args.ranks):
+            path = tmp / f"rank{i}.json"
+            reports.append(json.loads(path.read_text()) if path.exists() else
+                           {"rows": [{"name": "error", "correct": False,
+                                      "error": "no report; log tail: " + (tmp / f"rank{i}.log").read_text()[-800:]}]})
+        table, ok = summary(reports, args.ranks, args.backend)
+        print(table, flush=True)
+    except Interrupted as e:
+        print(f"cais.cluster: interrupted ({e}); cleaning up", file=sys.stderr)
+    except (subprocess.CalledProcessError, RuntimeError) as e:
+        detail = getattr(e, "stderr", "") or ""
+        print(f"cais.cluster: error: {e} {detail.strip()}", file=sys.stderr)
+    finally:
+        # cleanup must not be interrupted half-way: ignore further signals until it is done
+        for s in old:
+            signal.signal(s, signal.SIG_IGN)
+        cluster.close()
+        if args.keep_logs:
+            Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
+            for log in tmp.glob("*.log"):
+                shutil.copy(log, Path(args.keep_logs) / log.name)
+        shutil.rmtree(tmp, ignore_errors=True)
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,783 @@
+"""The deployed driver: one OS process per rank, the collectives over raw Ethernet, a torch-style API.
+
+::
+
+    import numpy as np, cais
+    cais.init()                      # from CAIS_RANK, CAIS_WORLD_SIZE, CAIS_IFACE, CAIS_SWITCH, CAIS_CONTROLLER
+    grads = np.ones(1 << 16, np.float32)
+    cais.all_reduce(grads, op=cais.ReduceOp.AVG)        # in place
+    work = cais.broadcast(params, src=0, async_op=True); work.wait()
+    cais.barrier(); cais.destroy_process_group()
+
+Each rank's process holds an AF_PACKET socket on its interface (:mod:`cais.rawsock`) and a progress
+thread that drives the same sans-IO engines as the co-simulation: :class:`cais.allreduce.SwitchAllReduce`
+(all-reduce in the switch's slots), :class:`cais.ring.RingAllReduce` (the host ring, also reduce-scatter)
+and :class:`cais.forward.ForwardGather` (broadcast and all-gather forwarded by the switch's rules). The
+decisions (switch or host, the chunk sequence numbers, the fall back) come from one controller in a
+coordinator (:mod:`cais.coordinator`) that rank 0 starts; it alone programs the switch through its control
+endpoint. The in-process :class:`cais.comm.World` stays the deterministic co-simulation; the element types,
+quantization and dtype rules are :class:`cais.comm.Communicator`'s, shared.
+
+Never a hang: every collective has a deadline (``timeout``, default 60 s); a peer whose process ends is
+reported by the coordinator and fails every collective of its groups at once; an error fails the
+collective and every later one on this rank (the group's state is no longer consistent), never a partial
+result without an error.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import os
+import select
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import numerics
+from . import protocol as proto
+from .allreduce import CollectiveKind, SwitchAllReduce
+from .comm import CollectiveError, Communicator, Group, Work as _CommWork, host_mac
+from .config import Config
+from .controller import GroupInfo
+from .coordinator import Coordinator, group_from_dict, kind_to_dict
+from .endpoint import EndpointError, connect
+from .forward import ForwardGather
+from .numerics import native_dtype
+from .params import SwitchParams
+from .rawsock import RawPort
+from .ring import RingAllReduce
+
+__all__ = ["init", "is_initialized", "destroy_process_group", "new_group", "get_rank", "get_world_size",
+           "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "synchronize",
+           "ReduceOp", "Work", "ProcessGroup", "CollectiveError", "ENV", "DEPLOY_DEFAULTS"]
+
+#: environment variables :func:`init` reads for the arguments it is not given
+ENV = {"rank": "CAIS_RANK", "world_size": "CAIS_WORLD_SIZE", "interface": "CAIS_IFACE",
+       "switch": "CAIS_SWITCH", "controller": "CAIS_CONTROLLER", "config": "CAIS_CONFIG",
+       "timeout": "CAIS_TIMEOUT"}
+#: configuration for real time: Python ranks answer in about a millisecond, not in switch cycles
+DEPLOY_DEFAULTS = {"timeout_ms": 50.0, "reevaluate_interval_ms": 1000.0}
+DEFAULT_TIMEOUT_S = 60.0     # a collective that has not completed by then fails
+CONNECT_S = 30.0             # how long a rank waits for the coordinator (rank 0 may start last)
+POLL_S = 0.001               # asking the coordinator again (decision pending, peers settling)
+STATUS_S = 0.05              # asking whether a peer gave up, or left, while frames move
+STASH_FRAMES = 4096         # frames no engine claimed, offered to the next engines started
+STASH_S = 2.0               # ... if not older than this
+LINGER_S = 1.0               # a finished engine still answers repeats this long (its last ACK may be lost)
+
+
+class ReduceOp(str, enum.Enum):
+    SUM = "sum"
+    MAX = "max"
+    MIN = "min"
+    AVG = "avg"
+
+
+# ---------------------------------------------------------------------- the progress engine
+@dataclass
+class _Op:
+    kind: str                        # "all_reduce", "gather", "reduce_scatter"
+    work: _CommWork
+    group: GroupInfo
+    seq: int                         # the frames' op_seq: every collective of the group counts
+    data: np.ndarray | None = None
+    ckind: CollectiveKind | None = None
+    shape: tuple = ()
+    convert: object = None
+    ar_seq: int | None = None        # the controller's op_seq (all-reduces only)
+    sizes: list = field(default_factory=list)   # gather: bytes per ring index
+    senders: tuple = ()
+    op_type: proto.OpType = proto.OpType.ALL_GATHER
+    state: str = "new"
+    engine: object = None
+    deadline: float = 0.0
+    next_poll: float = 0.0
+    started: float = 0.0
+    reported: bool = False           # the coordinator was told this rank finished (all-reduces)
+
+
+class ProcessGroup:
+    """This process's rank: the socket, the coordinator connections and the progress thread.
+
+    It offers what :class:`cais.comm.Communicator` needs of a world (``config``, ``ranks``,
+    ``controller.float_units``, ``_submit``, ``_new_group``, ``_block_until``), so all-reduce's element
+    types and host-side quantization are the co-simulation's.
+
+    Members
+    -------
+    rank, world_size : int
+    params : SwitchParams
+        The switch's, as its control endpoint reports them.
+    comm : Communicator
+    coordinator : Coordinator | None
+        Rank 0's (it hosts the controller), else None.
+    """
+
+    def __init__(self, interface: str, rank: int, world_size: int, switch: str | None, controller: str,
+                 config: Config, timeout: float = DEFAULT_TIMEOUT_S, connect_timeout: float = CONNECT_S):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank}: not in 0..{world_size - 1}")
+        self.rank, self.world_size, self.ranks = rank, world_size, world_size
+        self.config, self.timeout = config, float(timeout)
+        self.mac = host_mac(rank)
+        self.coordinator = None
+        self.port = RawPort(interface)         # OSError naming the interface when it is not there
+        try:
+            if rank == 0 and os.environ.get("CAIS_COORDINATOR") != "external":
+                if not switch:
+                    raise ValueError("rank 0 starts the coordinator: it needs the switch's control endpoint "
+                                     f"(switch=... or {ENV['switch']})")
+                self.coordinator = Coordinator(switch, world_size, config, switch_retry_s=connect_timeout)
+                self.coordinator.serve(controller)
+            self._user = connect(controller, timeout=max(self.timeout, 70.0), retry_for=connect_timeout,
+                                 name="coordinator")
+            hello = self._user.request("hello", rank=rank, world_size=world_size)
+            self._ctl = connect(controller, timeout=10.0, name="coordinator")
+        except BaseException:
+            self.port.close()
+            if self.coordinator is not None:
+                self.coordinator.close()
+            raise
+        self.params = SwitchParams(**hello["params"])
+        self.controller = _ControllerView(bool(hello["float_units"]))
+        self._world_group = group_from_dict(hello["world"])
+        self.controller.groups[self._world_group.group_id] = self._world_group
+        self._lock = threading.Lock()
+        self._queue: collections.deque[_Op] = collections.deque()
+        self._seq: dict[int, int] = {}          # group -> next frame op_seq
+        self._ar_seq: dict[int, int] = {}       # group -> next controller op_seq
+        self._group_calls: dict[tuple, int] = {}
+        self._broken: BaseException | None = None
+        self._dead: set[int] = set()
+        self._background: list[tuple[object, float]] = []    # (engine, drop after)
+        self._stash: collections.deque = collections.deque(maxlen=STASH_FRAMES)   # (time, unclaimed frame)
+        self._stop = False
+        self._wakeup_r, self._wakeup_w = os.pipe()
+        self.comm = Communicator(self, rank)
+        self.outstanding: list = []
+        self.history: list[dict] = []          # per collective: kind, path, seconds (for reports)
+        self._thread = threading.Thread(target=self._run, name=f"cais-rank{rank}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ what Communicator uses
+    def _block_until(self, rank: int, event: threading.Event) -> None:
+        while not event.wait(0.2):
+            if not self._thread.is_alive():
+                raise CollectiveError(f"rank {self.rank}: the progress thread ended"
+                                      + (f": {self._broken}" if self._broken else ""))
+
+    def _new_group(self, rank: int, ranks: list[int]) -> Group | None:
+        ranks = [int(r) for r in ranks]
+        if rank not in ranks:
+            return None
+        # the n-th group of these ranks (the same rule as World's)
+        call = self._group_calls.get(tuple(ranks), 0)
+        self._group_calls[tuple(ranks)] = call + 1
+        try:
+            info = group_from_dict(self._user.request("group", rank=rank, ranks=ranks, call=call)["group"])
+        except EndpointError as e:
+            raise CollectiveError(f"rank {self.rank}: new_group({ranks}): {e}") from None
+        with self._lock:
+            self.controller.groups[info.group_id] = info
+        return Group(info.group_id, info.ranks)
+
+    def _group_info(self, group: Group | None) -> GroupInfo:
+        info = self._world_group if group is None else self.controller.groups[group.group_id]
+        if self.rank not in info.ranks:
+            raise ValueError(f"rank {self.rank} is not in group {info.group_id} {list(info.ranks)}")
+        return info
+
+    def _enqueue(self, op: _Op) -> _CommWork:
+        with self._lock:
+            if self._broken is not None:
+                op.work.error = CollectiveError(f"rank {self.rank}: an earlier collective failed: {self._broken}")
+                op.work._done.set()
+                return op.work
+            self._queue.append(op)
+        os.write(self._wakeup_w, b"x")
+        return op.work
+
+    def _next_seq(self, info: GroupInfo, all_reduce: bool) -> tuple[int, int | None]:
+        with self._lock:
+            seq = self._seq.get(info.group_id, 0)
+            self._seq[info.group_id] = seq + 1
+            ar = None
+            if all_reduce:
+                ar = self._ar_seq.get(info.group_id, 0)
+                self._ar_seq[info.group_id] = ar + 1
+        return seq, ar
+
+    def _submit(self, rank: int, values: np.ndarray, kind: CollectiveKind, group: Group | None,
+                shape: tuple | None = None, convert=None) -> _CommWork:
+        info = self._group_info(group)
+        seq, ar = self._next_seq(info, True)
+        flat = np.ascontiguousarray(values.reshape(-1)).astype(native_dtype(kind.dtype), copy=True)
+        return self._enqueue(_Op("all_reduce", _CommWork(self, rank), info, seq, flat, kind,
+                                 values.shape if shape is None else shape, convert, ar_seq=ar))
+
+    def submit_gather(self, own: bytes, sizes: list[int], senders, group: Group | None,
+                      op_type: proto.OpType) -> _CommWork:
+        info = self._group_info(group)
+        seq, _ = self._next_seq(info, False)
+        return self._enqueue(_Op("gather", _CommWork(self, self.rank), info, seq,
+                                 np.frombuffer(own, np.uint8).copy(), sizes=sizes, senders=tuple(senders),
+                                 op_type=op_type))
+
+    def submit_reduce_scatter(self, values: np.ndarray, kind: CollectiveKind, group: Group | None) -> _CommWork:
+        info = self._group_info(group)
+        seq, _ = self._next_seq(info, False)
+        return self._enqueue(_Op("reduce_scatter", _CommWork(self, self.rank), info, seq,
+                                 np.ascontiguousarray(values), kind))
+
+    # ------------------------------------------------------------------ the progress thread
+    def _run(self) -> None:
+        current: _Op | None = None
+        next_status = 0.0
+        try:
+            while not self._stop:
+                now = time.monotonic()
+                if current is None:
+                    with self._lock:
+                        current = self._queue.popleft() if self._queue else None
+                    if current is not None:
+                        self._start(current, now)
+                if current is not None:
+                    try:
+                        if now >= next_status:
+                            next_status = now + STATUS_S
+                            self._check_peers(current)
+                        if self._step(current, now):
+                            current = None
+                            continue
+                    except (CollectiveError, EndpointError, ValueError) as e:
+                        self._fail(current, e)
+                        current = None
+                        continue
+                self._send(self._poll_background(now))
+                self._wait(current, now)
+        except BaseException as e:   # noqa: BLE001 - reported to every waiter
+            self._broken = self._broken or e
+            if current is not None:
+                self._fail(current, e)
+        finally:
+            with self._lock:
+                pending, self._queue = list(self._queue), collections.deque()
+            for op in pending:
+                self._fail(op, CollectiveError(f"rank {self.rank}: the process group was shut down"))
+
+    def _fail(self, op: _Op, error: BaseException) -> None:
+        if isinstance(error, EndpointError):
+            error = CollectiveError(f"rank {self.rank}: {op.kind} of group {op.group.group_id}: lost the "
+                                    f"coordinator (rank 0's process hosts it; did it end?): {error}")
+        elif not isinstance(error, CollectiveError):
+            error = CollectiveError(f"rank {self.rank}: {op.kind} of group {op.group.group_id}: {error}")
+        with self._lock:
+            self._broken = self._broken or error
+        op.work.error = error
+        op.work._done.set()
+
+    def _check_peers(self, op: _Op) -> None:
+        reply = self._ctl.request("ping")
+        self._dead = set(reply.get("dead", ()))
+        lost = self._dead & set(op.group.ranks)
+        if lost:
+            raise CollectiveError(f"rank {self.rank}: {op.kind} of group {op.group.group_id} ranks "
+                                  f"{list(op.group.ranks)}: rank(s) {sorted(lost)} left (their process ended)")
+
+    def _start(self, op: _Op, now: float) -> None:
+        op.deadline = now + self.timeout
+        op.started = now
+        index = op.group.ranks.index(self.rank)
+        macs = [host_mac(r) for r in op.group.ranks]
+        if op.kind == "all_reduce":
+            op.state = "decide"
+        elif op.kind == "reduce_scatter":
+            k = op.ckind
+            op.engine = RingAllReduce(index, macs, op.group.group_id, op.seq, op.data, k.op, self.mac,
+                                      self.config.timeout_s, now=now, dtype=k.dtype, saturate=k.saturate,
+                                      reduce_scatter=True)
+            op.state, op.work.path = "ring", "ring"
+            self._replay(op.engine, now)
+        else:
+            via_switch = op.group.offloadable and self.config.offload != "never"
+            chunk = self.params.max_payload if via_switch else proto.MAX_FRAME_BYTES - proto.ETH_HEADER_BYTES \
+                - proto.HOST_HEADER_BYTES
+            op.engine = ForwardGather(index, macs, op.group.group_id, op.seq, op.sizes, op.senders,
+                                      op.data.tobytes(), chunk_bytes=chunk, timeout_s=self.config.timeout_s,
+                                      retry_limit=max(self.config.retry_limit, 12), via_switch=via_switch,
+                                      op_type=op.op_type, now=now)
+            op.state, op.work.path = "forward", "switch" if via_switch else "ring"
+            self._replay(op.engine, now)
+
+    def _start_ring(self, op: _Op, now: float) -> None:
+        k = op.ckind
+        order = sorted(range(len(op.group.ranks)), key=lambda i: op.group.ports[i])
+        op.engine = RingAllReduce(op.group.ranks.index(self.rank), [host_mac(r) for r in op.group.ranks],
+                                  op.group.group_id, op.seq, op.data, k.op, self.mac, self.config.timeout_s,
+                                  now=now, dtype=k.dtype, saturate=k.saturate, reproducible=k.reproducible,
+                                  acc_fp32=k.acc_fp32, fold_order=order)
+        op.state, op.work.path = "ring", "ring"
+        self._replay(op.engine, now)
+
+    def _replay(self, engine, now: float) -> None:
+        """Offer the new engine the frames that came before it existed (a faster peer's first ones)."""
+        keep = collections.deque(maxlen=STASH_FRAMES)
+        for t, frame in self._stash:
+            if now - t <= STASH_S and not engine.receive(frame, now):
+                keep.append((t, frame))
+        self._stash = keep
+
+    def _rpc(self, name: str, **fields) -> dict:
+        reply = self._ctl.request(name, **fields)
+        self._dead = set(reply.get("dead", ()))
+        return reply
+
+    def _step(self, op: _Op, now: float) -> bool:
+        """Advance `op`; True when it is over (delivered)."""
+        if now > op.deadline:
+            missing = getattr(op.engine, "missing", None)
+            raise CollectiveError(f"rank {self.rank}: {op.kind} of group {op.group.group_id} did not complete "
+                                  f"within {self.timeout:g} s ({op.state}"
+                                  + (f"; no answer from ring indices {missing}" if missing else "") + ")")
+        g, ar = op.group.group_id, op.ar_seq
+        if op.state == "decide":
+            if now < op.next_poll:
+                return False
+            d = self._rpc("decide", group=g, op_seq=ar, nbytes=int(op.data.nbytes), kind=kind_to_dict(op.ckind))
+            d = d["decision"]
+            if d is None:
+                op.next_poll = now + POLL_S
+                return False
+            if d["offload"]:
+                op.engine = SwitchAllReduce(
+                    data=op.data, op=op.ckind.op, group_id=g, seq_base=d["seq_base"], slot_count=op.group.slot_count,
+                    window=self.config.max_pending_chunks, chunk_size=d["chunk_bytes"], timeout_s=self.config.timeout_s,
+                    retry_limit=self.config.retry_limit, mac=self.mac, layer_id=op.seq, now=now, dtype=op.ckind.dtype)
+                op.state, op.work.path = "switch", "switch"
+            else:
+                self._start_ring(op, now)
+        if op.state == "switch":
+            e = op.engine
+            if e.failed:
+                self._rpc("fallback", rank=self.rank, group=g, op_seq=ar,
+                          why=f"a chunk ran out of {self.config.retry_limit} retries")
+                self._start_ring(op, now)
+            elif e.done:
+                self._rpc("finished", rank=self.rank, group=g, op_seq=ar)
+                op.reported, op.state, op.next_poll = True, "settle", now
+            elif now >= op.next_poll:
+                op.next_poll = now + STATUS_S
+                if self._rpc("status", group=g, op_seq=ar)["fell_back"]:
+                    self._start_ring(op, now)
+        if op.state == "settle":
+            # the result is handed out once no peer can fall back any more (then every rank has the same
+            # bits); if one does, this rank joins the ring with its input
+            if now < op.next_poll:
+                return False
+            status = self._rpc("status", group=g, op_seq=ar)
+            if status["fell_back"]:
+                self._start_ring(op, now)
+            elif status["all_finished"]:
+                self._deliver(op, op.engine.result)
+                return True
+            else:
+                op.next_poll = now + POLL_S
+                return False
+        if op.state == "ring":
+            if op.engine.result_ready:
+                if op.kind == "all_reduce" and not op.reported:
+                    self._rpc("finished", rank=self.rank, group=g, op_seq=ar)
+                self._background.append((op.engine, float("inf")))
+                if op.kind == "reduce_scatter":
+                    e = op.engine
+                    lo, hi = e._bounds[e.owned_block]
+                    self._deliver(op, e.result[lo:hi])
+                else:
+                    self._deliver(op, op.engine.result)
+                return True
+        if op.state == "forward":
+            e = op.engine
+            if e.failed:
+                idx = e.missing
+                raise CollectiveError(f"rank {self.rank}: {op.op_type.name.lower()} of group {g}: ranks "
+                                      f"{[op.group.ranks[i] for i in idx]} never acknowledged "
+                                      f"({e.retry_limit} rounds of repeats without an answer, "
+                                      f"{e.retransmissions} repeats in {now - op.started:.2f} s)")
+            if e.result_ready:
+                self._background.append((e, float("inf")))
+                self._deliver(op, e)
+                return True
+        self._send(op.engine.poll(now) if op.engine is not None else [])
+        return False
+
+    def _deliver(self, op: _Op, result) -> None:
+        if op.kind == "all_reduce":
+            out = np.array(result, dtype=native_dtype(op.ckind.dtype))
+            if op.convert is not None:
+                out = op.convert(out)
+            out = out.reshape(op.shape)
+        elif op.kind == "reduce_scatter":
+            out = np.array(result)
+        else:
+            out = result
+        self.history.append({"kind": op.kind, "path": op.work.path, "seconds": time.monotonic() - op.started})
+        op.work.result = out
+        op.work._done.set()
+
+    def _poll_background(self, now: float) -> list[bytes]:
+        out, keep = [], []
+        for engine, drop_at in self._background:
+            if engine.done and drop_at == float("inf"):
+                drop_at = now + LINGER_S
+            if now < drop_at:
+                out += engine.poll(now)
+                keep.append((engine, drop_at))
+        self._background = keep
+        return out
+
+    def _send(self, frames) -> None:
+        for frame in frames:
+            self.port.send(frame)
+
+    def _wait(self, op: _Op | None, now: float) -> None:
+        deadlines = [now + (POLL_S if op is not None and op.state in ("decide", "settle") else STATUS_S)]
+        engines = ([op.engine] if op is not None and op.engine is not None else []) + [e for e, _ in self._background]
+        for e in engines:
+            d = e.next_deadline()
+            if d is not None:
+                deadlines.append(d)
+        timeout = max(0.0, min(deadlines) - now)
+        if op is None and not self._background:
+            timeout = 0.5
+        ready, _, _ = select.select([self.port.sock, self._wakeup_r], [], [], timeout)
+        if self._wakeup_r in ready:
+            os.read(self._wakeup_r, 4096)
+        if self.port.sock in ready:
+            now = time.monotonic()
+            for frame in self.port.recv_all():
+                if not any(e.receive(frame, now) for e in engines):
+                    # a peer may already send a collective this rank has not started: kept for a moment
+                    self._stash.append((now, frame))
+            if op is not None and op.engine is not None:
+                self._send(op.engine.poll(now))      # ACKs owed, windows opened
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self, linger: float = 2.0) -> None:
+        """Let finished engines answer their peers for a moment, say bye, stop."""
+        end = time.monotonic() + linger
+        while time.monotonic() < end and (self._queue or any(not e.done for e, _ in self._background)):
+            time.sleep(0.01)
+        self._stop = True
+        os.write(self._wakeup_w, b"x")
+        self._thread.join(5.0)
+        try:
+            self._user.request("bye", rank=self.rank)
+        except EndpointError:
+            pass
+        self._user.close()
+        self._ctl.close()
+        self.port.close()
+        if self.coordinator is not None:
+            # the others say bye too; wait a moment for them before the endpoint goes away
+            time.sleep(0.2)
+            self.coordinator.close()
+        os.close(self._wakeup_r)
+        os.close(self._wakeup_w)
+
+
+class _ControllerView:
+    """What Communicator reads of the controller in a rank process."""
+
+    def __init__(self, float_units: bool):
+        self.float_units = float_units
+        self.groups: dict[int, GroupInfo] = {}
+
+
+# ---------------------------------------------------------------------- the API
+_pg: ProcessGroup | None = None
+
+
+class Work:
+    """An outstanding collective (``async_op=True``). ``wait()`` blocks until it completed (raising its
+    error, :class:`CollectiveError`, if it failed) and has written the result into the caller's array;
+    it returns that array. ``is_completed()`` does not block."""
+
+    def __init__(self, inner: _CommWork, finish):
+        self._inner, self._finish, self._finished = inner, finish, False
+        self._result = None
+
+    @property
+    def path(self) -> str | None:
+        return self._inner.path
+
+    def is_completed(self) -> bool:
+        return self._inner.is_completed()
+
+    def wait(self, timeout: float | None = None):
+        if not self._finished:
+            if timeout is not None and not self._inner._done.wait(timeout):
+                raise TimeoutError(f"Work.wait: not completed within {timeout} s")
+            result = self._inner.wait()
+            self._result = self._finish(result)
+            self._finished = True
+        return self._result
+
+
+def _env(name: str, value, cast=str):
+    if value is not None:
+        return value
+    text = os.environ.get(ENV[name])
+    if text is None or text == "":
+        return None
+    try:
+        return cast(text)
+    except ValueError:
+        raise ValueError(f"{ENV[name]}={text!r}: not a valid {name}") from None
+
+
+def init(interface: str | None = None, rank: int | None = None, world_size: int | None = None, *,
+         switch: str | None = None, controller: str | None = None, config: Config | str | None = None,
+         timeout: float | None = None, connect_timeout: float = CONNECT_S, **overrides) -> ProcessGroup:
+    """Join the cluster as `rank` of `world_size` on network interface `interface` (wired to switch port
+    `rank`). Arguments not given come from the environment (:data:`ENV`: ``CAIS_IFACE``, ``CAIS_RANK``,
+    ``CAIS_WORLD_SIZE``, ``CAIS_SWITCH``, ``CAIS_CONTROLLER``, ``CAIS_CONFIG``, ``CAIS_TIMEOUT``).
+
+    `switch` is the switch's control endpoint (only rank 0 uses it: its process hosts the coordinator);
+    `controller` the coordinator's endpoint (a Unix socket path, or HOST:PORT), default
+    ``Config.controller_address:controller_port``. `config` is a :class:`Config` or a TOML path; keyword
+    `overrides` replace its keys; :data:`DEPLOY_DEFAULTS` apply where neither says otherwise. `timeout`
+    (seconds, default 60) bounds every collective. Errors: ValueError for missing or bad arguments,
+    OSError for an interface that is not there, :class:`cais.endpoint.EndpointError` when the
+    coordinator or the switch cannot be reached within `connect_timeout` seconds (default 30: rank 0
+    may start last).
+    """
+    global _pg
+    if _pg is not None:
+        raise RuntimeError("cais.init: already initialized (cais.destroy_process_group() first)")
+    interface = _env("interface", interface)
+    rank = _env("rank", rank, int)
+    world_size = _env("world_size", world_size, int)
+    switch = _env("switch", switch)
+    timeout = _env("timeout", timeout, float)
+    missing = [ENV[k] for k, v in (("interface", interface), ("rank", rank), ("world_size", world_size))
+               if v is None]
+    if missing:
+        raise ValueError(f"cais.init: give interface, rank and world_size (or set {', '.join(missing)})")
+    cfg_path = _env("config", config if isinstance(config, str) else None)
+    base = config if isinstance(config, Config) else Config.load(cfg_path)
+    given = {k for k, v in base.as_dict().items() if v != getattr(Config(), k)}
+    cfg = base.replace(**{k: v for k, v in DEPLOY_DEFAULTS.items() if k not in given}, **overrides)
+    controller = _env("controller", controller) or f"{cfg.controller_address}:{cfg.controller_port}"
+    _pg = ProcessGroup(interface, int(rank), int(world_size), switch, controller, cfg,
+                       DEFAULT_TIMEOUT_S if timeout is None else timeout, connect_timeout)
+    return _pg
+
+
+def is_initialized() -> bool:
+    return _pg is not None
+
+
+def _get() -> ProcessGroup:
+    if _pg is None:
+        raise RuntimeError("cais: call cais.init() first")
+    return _pg
+
+
+def get_rank() -> int:
+    return _get().rank
+
+
+def get_world_size() -> int:
+    return _get().world_size
+
+
+def destroy_process_group() -> None:
+    """Wait for outstanding collectives, then leave (every rank calls it)."""
+    global _pg
+    if _pg is None:
+        return
+    pg, _pg = _pg, None
+    try:
+        _synchronize(pg)
+    finally:
+        pg.close()
+
+
+def new_group(ranks) -> Group:
+    """A group of `ranks`: every member calls it with the same list (the n-th call with a list makes the
+    n-th group of those ranks); non-members may call it too, as in torch, and get None."""
+    return _get().comm.new_group([int(r) for r in ranks])
+
+
+def _as_array(obj) -> np.ndarray:
+    """A writable numpy view of any buffer-protocol object (numpy arrays as they are)."""
+    arr = obj if isinstance(obj, np.ndarray) else np.asarray(memoryview(obj))
+    if not arr.flags.writeable:
+        raise ValueError("the collective writes its result in place: the array must be writable")
+    return arr
+
+
+def _group_size(pg: ProcessGroup, group) -> int:
+    return pg.world_size if group is None else len(group.ranks)
+
+
+def _track(pg: ProcessGroup, work: Work, async_op: bool):
+    if async_op:
+        pg.outstanding.append(work)
+        return work
+    work.wait()
+    return None
+
+
+def _avg(total: np.ndarray, n: int, dtype) -> np.ndarray:
+    """The mean from the sum: floats divided in float32/float64 and rounded once to their type (bf16 to
+    bf16); integers truncated toward zero (as NCCL's integer average)."""
+    if dtype is not None and str(dtype).lower() in ("bf16", "bfloat16") or dtype == proto.DType.BF16:
+        as_f32 = numerics.bf16_to_f32(total) if total.dtype == np.uint16 else total.astype(np.float32)
+        bits = numerics.f32_to_bf16(as_f32 / np.float32(n))
+        return bits if total.dtype == np.uint16 else numerics.bf16_to_f32(bits)
+    if total.dtype.kind == "f":
+        wide = np.float64 if total.dtype == np.float64 else np.float32
+        return (total.astype(wide) / wide(n)).astype(total.dtype)
+    return np.trunc(total.astype(np.float64) / n).astype(total.dtype)
+
+
+def all_reduce(array, op=ReduceOp.SUM, group: Group | None = None, async_op: bool = False, dtype=None):
+    """Reduce `array` over the group in place (SUM, MAX, MIN or AVG); element types as
+    :meth:`cais.comm.Communicator.all_reduce` (int32/16/8, float32/16, bf16 with ``dtype="bf16"``, float64
+    quantized). In the switch's slots when the controller offloads it, else on the host ring. Returns
+    None, or a :class:`Work` with `async_op`."""
+    pg = _get()
+    arr = _as_array(array)
+    name = op.value if isinstance(op, ReduceOp) else str(getattr(op, "name", op)).lower()
+    if name not in ("sum", "max", "min", "avg"):
+        raise ValueError(f"op={op!r}: expected SUM, MAX, MIN or AVG")
+    n = _group_size(pg, group)
+    inner = pg.comm.all_reduce(np.array(arr), op="sum" if name == "avg" else name, group=group, async_op=True,
+                               dtype=dtype)
+    pg.comm._outstanding.clear()      # this module tracks its own outstanding works
+
+    def finish(result):
+        out = _avg(result, n, dtype) if name == "avg" else result
+        arr[...] = out.reshape(arr.shape)
+        return array
+    return _track(pg, Work(inner, finish), async_op)
+
+
+def broadcast(array, src: int, group: Group | None = None, async_op: bool = False):
+    """Copy rank `src`'s `array` into every rank's `array` (same shape and dtype everywhere), in place.
+    Through the switch's forwarding (one frame per chunk reaches every rank) when the group has a rule."""
+    pg = _get()
+    arr = _as_array(array)
+    ranks = list(range(pg.world_size)) if group is None else list(group.ranks)
+    if src not in ranks:
+        raise ValueError(f"broadcast: src={src} is not in the group {ranks}")
+    root = ranks.index(src)
+    nbytes = arr.nbytes
+    sizes = [nbytes if i == root else 0 for i in range(len(ranks))]
+    own = np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<")).tobytes() if pg.rank == src else b""
+    inner = pg.submit_gather(own, sizes, [root], group, proto.OpType.BROADCAST)
+
+    def finish(engine):
+        arr[...] = engine.block(root, arr.dtype).reshape(arr.shape)
+        return array
+    return _track(pg, Work(inner, finish), async_op)
+
+
+def all_gather(output, array, group: Group | None = None, async_op: bool = False):
+    """Gather every rank's `array` (same shape and dtype everywhere) into `output`: a list of one array
+    per rank (filled in place, torch's ``all_gather``) or one array of shape ``(ranks, *array.shape)``
+    (``all_gather_into_tensor``). Through the switch's forwarding when the group has a rule."""
+    pg = _get()
+    arr = np.asarray(memoryview(array)) if not isinstance(array, np.ndarray) else array
+    ranks = list(range(pg.world_size)) if group is None else list(group.ranks)
+    n = len(ranks)
+    if isinstance(output, (list, tuple)):
+        if len(output) != n:
+            raise ValueError(f"all_gather: output has {len(output)} arrays for {n} ranks")
+        outs = [_as_array(o) for o in output]
+        if any(o.shape != arr.shape or o.dtype != arr.dtype for o in outs):
+            raise ValueError("all_gather: every output array must have the input's shape and dtype")
+    else:
+        big = _as_array(output)
+        if big.shape != (n,) + arr.shape and big.size != n * arr.size:
+            raise ValueError(f"all_gather: output shape {big.shape}, expected {(n,) + arr.shape}")
+        outs = None
+    own = np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<")).tobytes()
+    inner = pg.submit_gather(own, [arr.nbytes] * n, range(n), group, proto.OpType.ALL_GATHER)
+
+    def finish(engine):
+        blocks = [engine.block(i, arr.dtype).reshape(arr.shape) for i in range(n)]
+        if outs is not None:
+            for o, b in zip(outs, blocks):
+                o[...] = b
+        else:
+            big.reshape((n,) + arr.shape)[...] = np.stack(blocks)
+        return output
+    return _track(pg, Work(inner, finish), async_op)
+
+
+def reduce_scatter(output, input, op=ReduceOp.SUM, group: Group | None = None, async_op: bool = False):
+    """Reduce `input` (``ranks x output.size`` elements, or a list of one array per rank) over the group
+    and leave rank i's share (block i) in `output`, in place. SUM, MAX, MIN or AVG, integer and float
+    types (the wire types of the switch), on the host ring (its reduce-scatter half)."""
+    pg = _get()
+    out = _as_array(output)
+    ranks = list(range(pg.world_size)) if group is None else list(group.ranks)
+    n = len(ranks)
+    full = np.concatenate([np.asarray(x).reshape(-1) for x in input]) if isinstance(input, (list, tuple)) \
+        else np.asarray(input).reshape(-1)
+    if full.size != n * out.size:
+        raise ValueError(f"reduce_scatter: input has {full.size} elements, expected {n} x {out.size}")
+    if full.dtype != out.dtype:
+        raise ValueError(f"reduce_scatter: input {full.dtype}, output {out.dtype}: must be the same")
+    name = op.value if isinstance(op, ReduceOp) else str(op).lower()
+    if name not in ("sum", "max", "min", "avg"):
+        raise ValueError(f"op={op!r}: expected SUM, MAX, MIN or AVG")
+    wire = numerics.wire_dtype(full.dtype)
+    if wire is None:
+        raise TypeError(f"reduce_scatter: cannot reduce {full.dtype} (int32, int16, int8, float32, float16)")
+    kind = CollectiveKind.make(wire, proto.ReduceOp["SUM" if name == "avg" else name.upper()])
+    m = out.size
+    # the ring leaves rank i with block i + 1: rotate the input by one block so that it is block i
+    rotated = np.roll(full, m)
+    inner = pg.submit_reduce_scatter(rotated.astype(native_dtype(wire)), kind, group)
+
+    def finish(block):
+        block = np.asarray(block, dtype=out.dtype)
+        if block.size != m:
+            raise CollectiveError(f"rank {pg.rank}: reduce_scatter: got {block.size} elements, expected {m}")
+        out[...] = (_avg(block, n, None) if name == "avg" else block).reshape(out.shape)
+        return output
+    return _track(pg, Work(inner, finish), async_op)
+
+
+def barrier(group: Group | None = None) -> None:
+    """Return once every rank of the group has entered it (an all-reduce of one int32 through the data
+    path: the switch or the ring, whichever the controller picks)."""
+    pg = _get()
+    token = np.ones(1, np.int32)
+    all_reduce(token, group=group)
+    if int(token[0]) != _group_size(pg, group):
+        raise CollectiveError(f"rank {pg.rank}: barrier counted {int(token[0])} ranks, "
+                              f"expected {_group_size(pg, group)}")
+
+
+def _synchronize(pg: ProcessGroup) -> None:
+    works, pg.outstanding = pg.outstanding, []
+    errors = []
+    for w in works:
+        try:
+            w.wait()
+        except CollectiveError as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
+def synchronize() -> None:
+    """Wait for every collective started with ``async_op=True`` on this rank (raising the first error)."""
+    _synchronize(_get())

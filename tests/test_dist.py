@@ -1,0 +1,183 @@
+"""The per-process driver (cais.dist) in namespaces of the test's own: bad input gives a clear error
+within a bounded time (a wrong interface, no switch, no coordinator, a peer that dies), outstanding
+collectives of mixed kinds waited for in every order, buffer-protocol arrays reduced in place, and
+groups created by every rank. Results are checked against numpy inside the rank processes, which
+report JSON; root only (fails without it)."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cais.cluster import Cluster
+from cais.endpoint import EndpointError
+from netns import namespace, require_root, veth
+
+
+def test_wrong_interface_is_named_at_once():
+    import cais
+    t0 = time.monotonic()
+    with pytest.raises(OSError, match="no network interface named 'nope0'"):
+        cais.init("nope0", 0, 2, switch="/nonexistent/switch.sock", controller="/nonexistent/c.sock")
+    assert time.monotonic() - t0 < 2.0
+    assert not cais.is_initialized()
+
+
+def test_init_needs_its_arguments(monkeypatch):
+    import cais
+    for name in ("CAIS_RANK", "CAIS_WORLD_SIZE", "CAIS_IFACE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match="CAIS_IFACE, CAIS_RANK, CAIS_WORLD_SIZE"):
+        cais.init()
+    monkeypatch.setenv("CAIS_RANK", "one")
+    with pytest.raises(ValueError, match="CAIS_RANK='one'"):
+        cais.init("lo", world_size=2)
+
+
+MISSING = r"""
+import json, sys, time
+import cais
+from cais.endpoint import EndpointError
+rank, switch, controller = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+t0 = time.monotonic()
+try:
+    cais.init("h0", rank, 2, switch=switch, controller=controller, connect_timeout=1.0)
+    print(json.dumps({"error": None}))
+except EndpointError as e:
+    print(json.dumps({"error": str(e), "seconds": time.monotonic() - t0}))
+"""
+
+
+@pytest.mark.parametrize("rank, what", [(0, "switch control endpoint"), (1, "coordinator")])
+def test_missing_switch_or_coordinator_times_out(tmp_path, rank, what):
+    with namespace() as ns:
+        veth(ns, "s0", "h0")
+        p = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", MISSING, str(rank),
+                            str(tmp_path / "switch.sock"), str(tmp_path / "coord.sock")],
+                           capture_output=True, text=True, timeout=60)
+    out = json.loads(p.stdout)
+    assert out["error"] and what in out["error"] and "cannot connect" in out["error"], out
+    assert out["seconds"] < 5.0
+
+
+RANK = r"""
+import array, json, os, sys, time
+import numpy as np
+import cais
+from cais.cluster import contribution
+scenario = sys.argv[1]
+pg = cais.init(timeout=float(os.environ.get("T", "60")))
+r, N = pg.rank, pg.world_size
+out = {"rank": r}
+if scenario == "dies":
+    t0 = time.monotonic()
+    try:
+        cais.barrier()                    # may already fail on a survivor when the coordinator goes
+        if r == int(os.environ["DIE"]):
+            os._exit(3)                   # no bye: the coordinator sees the connection end
+        buf = np.ones(1000, np.int32)
+        cais.all_reduce(buf)
+        out["error"] = None
+    except cais.CollectiveError as e:
+        out["error"], out["seconds"] = str(e), time.monotonic() - t0
+    try:
+        cais.all_reduce(np.ones(10, np.int32))
+        out["second"] = None
+    except cais.CollectiveError as e:
+        out["second"] = str(e)
+    print(json.dumps(out), flush=True)
+    if r == 0:
+        time.sleep(3)                     # rank 0 hosts the coordinator: let the others see their own error
+    os._exit(0)
+if scenario == "mixed":
+    ok = []
+    for order in ([0, 1, 2], [2, 1, 0], [1, 0, 2], [2, 0, 1]):
+        a = [contribution(q, 700, np.int32) for q in range(N)]
+        f = [contribution(q, 300, np.float16) for q in range(N)]
+        g = [contribution(q, 50, np.int32) for q in range(N)]
+        x = a[r].copy()
+        y = f[N - 1].copy() if r == N - 1 else np.zeros(300, np.float16)
+        z = np.zeros((N, 50), np.int32)
+        works = [cais.all_reduce(x, op="max", async_op=True), cais.broadcast(y, src=N - 1, async_op=True),
+                 cais.all_gather(z, g[r], async_op=True)]
+        for i in order:
+            works[i].wait()
+            assert works[i].is_completed()
+        ok.append(bool(np.array_equal(x, np.max(np.stack(a), axis=0)) and np.array_equal(y, f[N - 1])
+                       and np.array_equal(z, np.stack(g))))
+    # async then blocking, then the outstanding one through synchronize()
+    x = a[r].copy()
+    w = cais.all_reduce(x, async_op=True)
+    blocking = np.full(5, r + 1, np.int16)
+    cais.all_reduce(blocking, op=cais.ReduceOp.SUM)
+    cais.synchronize()
+    ok.append(bool(w.is_completed() and np.array_equal(x, np.sum(np.stack(a), axis=0).astype(np.int32))
+                   and np.array_equal(blocking, np.full(5, N * (N + 1) // 2, np.int16))))
+    out["orders"] = ok
+    # any buffer-protocol array, in place
+    arr = array.array("i", [r + 1] * 64)
+    cais.all_reduce(arr)
+    raw = bytearray(np.full(16, r, np.float32).tobytes())
+    cais.all_reduce(memoryview(raw).cast("f"), op="max")
+    out["buffers"] = [list(arr) == [N * (N + 1) // 2] * 64,
+                      bool(np.array_equal(np.frombuffer(raw, np.float32), np.full(16, N - 1, np.float32)))]
+    # a group of two, created by every rank (the third gets None), and a reduction in it
+    pair = cais.new_group([0, 2])
+    if r in (0, 2):
+        v = np.full(8, r + 10, np.int32)
+        cais.all_reduce(v, group=pair)
+        out["pair"] = bool(np.array_equal(v, np.full(8, 22, np.int32)))
+    else:
+        out["pair"] = pair is None
+    cais.barrier()
+    cais.destroy_process_group()
+    print(json.dumps(out), flush=True)
+"""
+
+
+def run_ranks(tmp_path, ranks: int, scenario: str, timeout_s: float, env_extra=None):
+    require_root()
+    cluster = Cluster(ranks, tmp_path)
+    try:
+        cluster.create()
+        cluster.start_switch([])
+        procs = []
+        for i, ns in enumerate(cluster.rank_ns):
+            env = {"CAIS_RANK": str(i), "CAIS_WORLD_SIZE": str(ranks), "CAIS_IFACE": f"{cluster.tag}h{i}",
+                   "CAIS_SWITCH": cluster.control, "CAIS_CONTROLLER": cluster.controller, **(env_extra or {})}
+            procs.append(cluster._spawn(ns, ["-c", RANK, scenario], {**__import__("os").environ, **env},
+                                        tmp_path / f"rank{i}.log"))
+        for p in procs:
+            p.wait(timeout_s)
+        outs = []
+        for i in range(ranks):
+            text = (tmp_path / f"rank{i}.log").read_text()
+            lines = [line for line in text.splitlines() if line.startswith("{")]
+            outs.append(json.loads(lines[-1]) if lines else {"log": text[-3000:]})
+        return outs, [p.returncode for p in procs]
+    finally:
+        cluster.close()
+
+
+@pytest.mark.parametrize("dies", [1, 0])
+def test_peer_that_dies_fails_the_others_quickly(tmp_path, dies):
+    outs, codes = run_ranks(tmp_path, 3, "dies", 60, {"T": "30", "DIE": str(dies)})
+    assert codes[dies] == 3
+    for r in {0, 1, 2} - {dies}:
+        out = outs[r]
+        assert out.get("error"), out
+        # rank 0's process hosts the coordinator: its end is reported as the coordinator's loss
+        assert (f"rank(s) [{dies}] left" if dies else "lost the coordinator") in out["error"], out
+        assert out["seconds"] < 5.0, out          # noticed at once; not the 30 s deadline
+        assert "an earlier collective failed" in out["second"], out
+
+
+def test_outstanding_mixed_kinds_buffers_and_groups(tmp_path):
+    outs, codes = run_ranks(tmp_path, 3, "mixed", 120)
+    assert codes == [0, 0, 0], outs
+    for out in outs:
+        assert out["orders"] == [True] * 5, out
+        assert out["buffers"] == [True, True], out
+        assert out["pair"] is True, out
