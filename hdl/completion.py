@@ -2,7 +2,7 @@
 it folds are written, and the fold reader, which reads one row of every contributor's bank per cycle and
 folds it in ascending port order (docs/core-design.md, candidate B)."""
 
-from amaranth.hdl import Array, Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
@@ -44,13 +44,23 @@ class JobQueue(wiring.Component):
     it was queued (``open_after``), and counts them down as the lanes finish frames (``finished``); the
     head leaves when its counts are all zero.
 
+    The jobs sit in a LUT RAM (written at ``push``, ``head`` read from it at the registered read
+    pointer: one LUT-RAM read from a register). The counts sit in a shift register ordered by age,
+    position 0 being the head's, so that ``head_ready`` is a register computed from the next counts of
+    position 0 alone: no pointer-selected read on the path into the fold reader. ``level`` is a
+    register. A job pushed with all counts zero, or one whose last frame finishes in cycle ``t``, is
+    ready in cycle ``t + 1`` (as with counts read combinationally). Inputs to outputs: none
+    combinational (``pop`` only enters registers).
+
     Members
     -------
     push : In(1); job : In(job_layout); open_after : In(OPEN_BITS).array(ports)
     finished[p] : In(range(3))
         Per port: frames finished this cycle (their bank writes are done).
     level : Out(range(depth + 1))
+        Jobs queued (registered).
     head : Out(job_layout); head_ready : Out(1); pop : In(1)
+        The oldest job; ``head_ready`` (registered): it is queued and its frames are finished.
     """
 
     def __init__(self, params: SwitchParams):
@@ -67,27 +77,51 @@ class JobQueue(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        P = self.params.ports
+        P, D = self.params.ports, self.depth
         m.submodules.mem = mem = self._mem
         wr, rd = mem.write_port(), mem.read_port(domain="comb")
-        D = self.depth
         abits = ceil_log2(D)
-        # Pointers with one extra bit, so that full and empty differ and the level is their difference.
-        wp, rp = Signal(abits + 1), Signal(abits + 1)
-        counts = [[Signal(OPEN_BITS, name=f"open{i}_{p}") for p in range(P)] for i in range(D)]
-        pop = self.pop & self.head_ready
-        m.d.comb += [wr.addr.eq(wp[:abits]), wr.data.eq(self.job), wr.en.eq(self.push), rd.addr.eq(rp[:abits]),
-                     self.head.eq(rd.data), self.level.eq(wp - rp)]
-        m.d.sync += [wp.eq(wp + self.push), rp.eq(rp + pop)]
-        for i in range(D):
+        assert D >= 2 and D == 1 << abits
+        wp, rp = Signal(abits), Signal(abits)          # D is a power of two: the pointers wrap by themselves
+        level = Signal(range(D + 1))
+        push, pop = self.push, self.pop & self.head_ready
+        m.d.comb += [wr.addr.eq(wp), wr.data.eq(self.job), wr.en.eq(push), rd.addr.eq(rp),
+                     self.head.eq(rd.data), self.level.eq(level)]
+        m.d.sync += [wp.eq(wp + push), rp.eq(rp + pop), level.eq(level + push - pop)]
+
+        # Position k holds the counts of the k-th oldest job; occ is the thermometer code of the level.
+        counts = [[Signal(OPEN_BITS, name=f"open{k}_{p}") for p in range(P)] for k in range(D)]
+        occ = Signal(D)
+        with m.If(push & ~pop):
+            m.d.sync += occ.eq(Cat(1, occ[:-1]))
+        with m.Elif(pop & ~push):
+            m.d.sync += occ.eq(occ[1:])
+
+        def countdown(c, p):
+            return Mux(c > self.finished[p], c - self.finished[p], 0)
+
+        zero_open = Cat(*(self.open_after[p] == 0 for p in range(P))).all()
+        head_if = {}                                   # position 0's next state being ready, per case
+        for k in range(D):
+            # Where a pushed job lands: the first free position, or the last occupied one after a pop.
+            land_keep = ~occ[k] & (occ[k - 1] if k else 1)
+            land_pop = occ[k] & (~occ[k + 1] if k + 1 < D else 1)
             for p in range(P):
-                c = counts[i][p]
-                with m.If(self.push & (wp[:abits] == i)):
-                    m.d.sync += c.eq(self.open_after[p])
-                with m.Elif(self.finished[p] != 0):
-                    m.d.sync += c.eq(Mux(c > self.finished[p], c - self.finished[p], 0))
-        zero = Array(Cat(*(c == 0 for c in row)).all() for row in counts)
-        m.d.comb += self.head_ready.eq((self.level != 0) & zero[rp[:abits]])
+                c = counts[k][p]
+                above = counts[k + 1][p] if k + 1 < D else Const(0, OPEN_BITS)
+                with m.If(pop):
+                    m.d.sync += c.eq(Mux(push & land_pop, self.open_after[p], countdown(above, p)))
+                with m.Else():
+                    m.d.sync += c.eq(Mux(push & land_keep, self.open_after[p], countdown(c, p)))
+            if k == 0:
+                # ready next cycle: position 0 occupied and all its next counts zero
+                for case, src, land, held in (("keep", counts[0], land_keep, occ[0]),
+                                              ("pop", counts[1], land_pop, occ[1])):
+                    done = Cat(*(src[p] <= self.finished[p] for p in range(P))).all()
+                    head_if[case] = Mux(push & land, zero_open, held & done)
+        ready = Signal()
+        m.d.sync += ready.eq(Mux(pop, head_if["pop"], head_if["keep"]))
+        m.d.comb += self.head_ready.eq(ready)
         return m
 
 

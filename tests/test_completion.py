@@ -55,6 +55,8 @@ def test_jobs_wait_for_the_frames_decided_before_them(seed):
             ctx.set(dut.pop, pop)
             await ctx.delay(1e-9)
             ready, head = ctx.get(dut.head_ready), ctx.get(dut.head)
+            if ctx.get(dut.level) != len(jobs) - push:      # the jobs queued before this cycle
+                problems.append(f"cycle {cycle}: level {ctx.get(dut.level)}, expected {len(jobs) - push}")
             if ready and pop:
                 jid, newest = jobs[0]
                 # the model: every frame the job waited for is finished (not open any more)
