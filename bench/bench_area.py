@@ -121,6 +121,13 @@ def _float_adder(fmt_name: str):
     return build
 
 
+def _float_adder_stages(fmt_name: str, stages: int):
+    def build():
+        fpu = _fpu()
+        return fpu.FloatAdder(getattr(fpu, fmt_name), stages), True
+    return build
+
+
 def _float_maxmin(fmt_name: str):
     def build():
         fpu = _fpu()
@@ -232,6 +239,12 @@ def _fold_reader_stage(P, regmap):
     return FoldReader(P)
 
 
+def _fold_reader_int():
+    from cais.hdl.completion import FoldReader
+    from cais.params import SwitchParams
+    return FoldReader(SwitchParams(float_units=False)), True
+
+
 def _result_gen_stage(P, regmap):
     from cais.hdl.results import ResultGenerator
     return ResultGenerator(P)
@@ -265,6 +278,8 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
     Design("fadd_fp32", "FloatAdder(FP32), default stages, registered in and out", _float_adder("FP32")),
     Design("fadd_fp16", "FloatAdder(FP16), default stages, registered in and out", _float_adder("FP16")),
     Design("fadd_bf16", "FloatAdder(BF16), default stages, registered in and out", _float_adder("BF16")),
+    Design("fadd_fp32_s6", "FloatAdder(FP32, 6): the fold chain's adder, registered in and out",
+           _float_adder_stages("FP32", 6)),
     Design("fmaxmin_fp32", "FloatMaxMin(FP32), registered in and out", _float_maxmin("FP32")),
     Design("slot_alu", "SlotALU(data_width=64): one beat, 4 float32 lanes (FloatAdder + FloatMaxMin + "
                        "widen/narrow each) and the 64-bit integer ALU, registered in and out", _slot_alu),
@@ -288,6 +303,8 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
     Design("job_queue", "JobQueue (default build), registered in and out", _stage(_job_queue_stage)),
     Design("fold_reader", "FoldReader: bank reads, the fold chain, narrowing, row queue (default build), "
                           "registered in and out", _stage(_fold_reader_stage)),
+    Design("fold_reader_int", "FoldReader of the integer-only build (float_units=False), registered in and out",
+           _fold_reader_int),
     Design("result_gen", "ResultGenerator (default build), registered in and out", _stage(_result_gen_stage)),
     Design("bram_loop", "a bare registered block-RAM read-modify-write loop of the slot memory's shape "
                         "(64 bits x 4096 rows, 32-bit adds): the flow's floor for a pipelined slot update",

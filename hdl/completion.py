@@ -128,11 +128,19 @@ class JobQueue(wiring.Component):
 class FoldReader(wiring.Component):
     """Reads each job's rows from every bank at once and folds them into result rows.
 
-    Row ``j`` of a job is read from address ``row_base + j`` of all banks in one cycle; the rows of the
-    contributors go through a :class:`~cais.hdl.fold.FoldChain` in ascending port order, fp32 accumulators
-    are rounded to the wire format (:class:`~cais.hdl.results.ResultRow`), and the row is queued for the
-    result generator. A read is issued only when the queue is sure to have room for it, so the reader runs
-    at one row per cycle while the generator keeps up, across jobs without a bubble.
+    Row ``j`` of a job is read from address ``row_base + j`` of all banks in one cycle; the banks' read
+    data is registered, the rows of the contributors go through a :class:`~cais.hdl.fold.FoldChain` in
+    ascending port order, fp32 accumulators are rounded to the wire format
+    (:class:`~cais.hdl.results.ResultRow`), and the row is queued for the result generator. A read is
+    issued only when the queue is sure to have room for it, so the reader runs at one row per cycle while
+    the generator keeps up, across jobs without a bubble.
+
+    Timing: a row read (``rd_en``) in cycle ``t`` is queued at edge ``t + 2 + F`` (the bank's read, its
+    output register, then ``F`` = ``SwitchParams.fold_latency``: the chain and the rounding) and is
+    offered on ``row`` from cycle ``t + 3 + F``. ``rd_addr``, ``rows_held`` and the room check are
+    registers; ``rd_en`` and ``job_ready`` are two LUT levels from registers (the head's ``job_valid``,
+    the frame queue's room); ``row``/``row_valid`` and ``frame``/``frame_valid`` come from the queues'
+    output registers. Combinational input-to-output paths: ``job_valid`` -> ``job_ready`` (one level).
 
     Members
     -------
@@ -151,14 +159,16 @@ class FoldReader(wiring.Component):
         self.params = params
         W, P = params.data_width, params.ports
         self.chain = FoldChain(P, W, float_units=params.float_units, fadd_stages=FOLD_FADD_STAGES)
-        assert self.chain.latency == params.fold_latency, "SwitchParams.fold_latency is the chain's"
+        self.narrow = ResultRow(W, params.float_units)
+        assert self.chain.latency + self.narrow.latency == params.fold_latency, \
+            "SwitchParams.fold_latency is the chain's and the rounding's"
         # Two jobs' rows (the generator sends a frame once all its rows are in, while the next job's are
-        # read) and the rows in flight (bank read and chain).
-        self.row_depth = 1 << ceil_log2(2 * params.rows_per_set + self.chain.latency + 4)
-        # Frames the reader may run ahead of the generator: enough for the chain's latency in the shortest
+        # read) and the rows in flight (bank read, its register, chain and rounding).
+        self.row_depth = 1 << ceil_log2(2 * params.rows_per_set + params.fold_latency + 5)
+        # Frames the reader may run ahead of the generator: enough for the fold's latency in the shortest
         # frames (60 bytes), so a stream of short results does not wait on the fold.
         shortest = -(-proto.MIN_FRAME_BYTES // params.beat_bytes)
-        self.frame_depth = 1 << ceil_log2((self.chain.latency + 8) // shortest + 2)
+        self.frame_depth = 1 << ceil_log2((params.fold_latency + 9) // shortest + 2)
         super().__init__({
             "job": In(job_layout(params)), "job_valid": In(1), "job_ready": Out(1),
             "frame": Out(result_frame_layout(params)), "frame_valid": Out(1), "frame_ready": In(1),
@@ -176,32 +186,34 @@ class FoldReader(wiring.Component):
         m.submodules.frames = frames = SyncFIFOBuffered(
             width=data.Layout.cast(result_frame_layout(prm)).size, depth=self.frame_depth)
         m.submodules.rows = rows_q = SyncFIFOBuffered(width=W, depth=depth)
+        taken = Signal()
+        held = Signal(range(depth + 1))                 # rows queued: rows_q.level, as a register
         m.d.comb += [
             self.frame.eq(frames.r_data), self.frame_valid.eq(frames.r_rdy), frames.r_en.eq(self.frame_ready),
             self.row.eq(rows_q.r_data), self.row_valid.eq(rows_q.r_rdy), rows_q.r_en.eq(self.row_ready),
-            self.rows_held.eq(rows_q.level),
+            taken.eq(self.row_ready & rows_q.r_rdy), self.rows_held.eq(held),
         ]
 
         kind = Signal(data.StructLayout({"contributors": prm.ports, "dtype": 4, "op": 4, "acc_fp32": 1,
                                          "saturate": 1}))
         active = Signal()
-        base = Signal(len(self.rd_addr))
-        rows = Signal(range(prm.rows_per_set + 1))
-        j = Signal(range(prm.rows_per_set + 1))
+        addr = Signal(len(self.rd_addr))                # the next row's bank address
+        left = Signal(range(prm.rows_per_set + 1))      # rows of the job not yet read
+        last = Signal()                                 # left == 1
 
-        # Rows read and not yet in the queue: a read is issued only if the queue will have room.
-        in_flight = Signal(range(depth + 1))
-        wrote = Signal()
-        room = (rows_q.level + in_flight) < depth
+        # Rows read and not yet taken by the generator (in flight or queued): a read is issued only while
+        # that is below the queue's depth, so every row read finds room. depth is a power of two and
+        # occupied never exceeds it, so "room" is its top bit clear.
+        occupied = Signal(range(depth + 1))
+        room = ~occupied[-1]
         issue = active & room
-        last_row = j == rows - 1
-        m.d.sync += in_flight.eq(in_flight + issue - wrote)
-        m.d.comb += [self.rd_en.eq(issue), self.rd_addr.eq(base + j)]
+        m.d.sync += occupied.eq(occupied + issue - taken)
+        m.d.comb += [self.rd_en.eq(issue), self.rd_addr.eq(addr)]
         with m.If(issue):
-            m.d.sync += j.eq(j + 1)
+            m.d.sync += [addr.eq(addr + 1), left.eq(left - 1), last.eq(left == 2)]
 
         # The next job starts as the current one reads its last row.
-        can_start = ~active | (issue & last_row)
+        can_start = ~active | (issue & last)
         start = can_start & self.job_valid & frames.w_rdy
         job = self.job
         frame = data.View(result_frame_layout(prm), frames.w_data)
@@ -209,35 +221,33 @@ class FoldReader(wiring.Component):
             self.job_ready.eq(start),
             frames.w_en.eq(start),
             frame.cais.eq(job.cais), frame.mask.eq(job.mask), frame.rows.eq(job.rows),
-
         ]
         with m.If(start):
             m.d.sync += [
-                active.eq(1), base.eq(job.row_base), rows.eq(job.rows), j.eq(0),
+                active.eq(1), addr.eq(job.row_base), left.eq(job.rows), last.eq(job.rows == 1),
                 kind.contributors.eq(job.contributors), kind.dtype.eq(job.dtype), kind.op.eq(job.op),
                 kind.acc_fp32.eq(job.acc_fp32), kind.saturate.eq(job.saturate),
             ]
-        with m.Elif(issue & last_row):
+        with m.Elif(issue & last):
             m.d.sync += active.eq(0)
 
-        # The chain takes the rows the cycle after their read, with the job's kind as it was then.
+        # The banks' read data is registered (a block RAM's output is slow); the chain takes it the cycle
+        # after, with the job's kind as it was at the read.
         m.submodules.chain = chain = self.chain
-        read_kind = Signal.like(kind)
-        read_valid = Signal()
-        m.d.sync += [read_kind.eq(kind), read_valid.eq(issue)]
+        read_kind = delay_line(m, kind, 2, "read_kind")
+        read_valid = delay_line(m, issue, 2, "read_valid", reset_less=False)
         m.d.comb += [
             chain.i_valid.eq(read_valid), chain.mask.eq(read_kind.contributors),
             chain.dtype.eq(read_kind.dtype), chain.op.eq(read_kind.op), chain.acc_fp32.eq(read_kind.acc_fp32),
             chain.saturate.eq(read_kind.saturate),
-            *(chain.rows[p].eq(self.rd_data[p]) for p in range(prm.ports)),
+            *(chain.rows[p].eq(delay_line(m, self.rd_data[p], 1, f"rd_data{p}")) for p in range(prm.ports)),
         ]
         out_acc = delay_line(m, read_kind.acc_fp32, chain.latency, "out_acc")
         out_dtype = delay_line(m, read_kind.dtype, chain.latency, "out_dtype")
-        m.submodules.narrow = narrow = ResultRow(W, prm.float_units)
-        m.d.comb += [
-            narrow.word.eq(chain.result), narrow.acc_fp32.eq(out_acc),
-            narrow.dtype.eq(out_dtype),
-            wrote.eq(chain.o_valid), rows_q.w_en.eq(chain.o_valid), rows_q.w_data.eq(narrow.row),
-        ]
-        m.d.comb += self.busy.eq(active | (in_flight != 0) | rows_q.r_rdy | frames.r_rdy | (rows_q.level != 0))
+        m.submodules.narrow = narrow = self.narrow
+        m.d.comb += [narrow.word.eq(chain.result), narrow.acc_fp32.eq(out_acc), narrow.dtype.eq(out_dtype)]
+        wrote = delay_line(m, chain.o_valid, narrow.latency, "wrote", reset_less=False)
+        m.d.comb += [rows_q.w_en.eq(wrote), rows_q.w_data.eq(narrow.row)]
+        m.d.sync += held.eq(held + wrote - taken)
+        m.d.comb += self.busy.eq(active | (occupied != 0) | frames.r_rdy)
         return m

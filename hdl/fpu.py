@@ -239,14 +239,16 @@ class FloatAdder(wiring.Component):
         x_ext = Cat(Const(0, 3), s2.sig_x)
         total = x_ext + (s2.y_al ^ s2.sub.replicate(N)) + s2.sub
         z = Cat(total[:N], total[N] & ~s2.sub)
-        s3 = p.cut("add", valid=s2.valid, z=z, ex=s2.ex, sign=s2.sign, zero_sign=s2.zero_sign,
-                   nan=s2.nan, inf=s2.inf)
+        # Beside the add, for the count: a one at bit Z-1-ex (none when ex >= Z), so that the leading
+        # zeros of z | limit are min(lz(z), ex) without a compare after the count; and ex + 1.
+        limit = Const(1 << (Z - 1), Z) >> s2.ex
+        s3 = p.cut("add", valid=s2.valid, z=z, limit=limit, ex1=s2.ex + 1, sign=s2.sign,
+                   zero_sign=s2.zero_sign, nan=s2.nan, inf=s2.inf)
 
         # count: shifting left by L = min(lz, ex) puts the leading one on top (bit Z-1) with the exponent
         # ex + 1 - L, or, when that would fall below the smallest normal exponent, leaves a subnormal.
-        lz = leading_zeros(m, s3.z, name="sum_lz")
-        L = Mux(lz < s3.ex, lz, s3.ex)
-        s4 = p.cut("count", valid=s3.valid, z=s3.z, L=L, e_norm=(s3.ex + 1 - L)[:E + 1], zero=s3.z == 0,
+        L = leading_zeros(m, s3.z | s3.limit, name="sum_lz")
+        s4 = p.cut("count", valid=s3.valid, z=s3.z, L=L, e_norm=(s3.ex1 - L)[:E + 1], zero=s3.z == 0,
                    sign=s3.sign, zero_sign=s3.zero_sign, nan=s3.nan, inf=s3.inf)
 
         # normalize: one shift. A set top bit means a normal result (exponent e_norm), else a subnormal
