@@ -343,11 +343,13 @@ class FloatMaxMin(wiring.Component):
 
 # ---------------------------------------------------------------------------------------- conversions
 class FloatWiden(wiring.Component):
-    """Exact conversion to a format with at least the exponent range and precision, combinational.
+    """Exact conversion to a format with at least the exponent range and precision.
 
     FP16 -> FP32 normalizes FP16 subnormals (they are FP32 normals); BF16 -> FP32 appends 16 zero bits to
     finite values and infinities (subnormals stay subnormal). Zeros keep their sign; NaN gives the
-    canonical quiet NaN of ``dst_fmt``.
+    canonical quiet NaN of ``dst_fmt``. Combinational with ``stages=0``; with ``stages=1`` a register rank
+    sits after the classification and the leading-zero count of a subnormal's fraction, before the
+    normalizing shift (``result`` one clock edge after ``a``).
 
     Members
     -------
@@ -355,12 +357,14 @@ class FloatWiden(wiring.Component):
     result : Out(dst_fmt.width)
     """
 
-    def __init__(self, src_fmt: FloatFormat, dst_fmt: FloatFormat):
+    def __init__(self, src_fmt: FloatFormat, dst_fmt: FloatFormat, stages: int = 0):
         if dst_fmt.man_bits < src_fmt.man_bits or dst_fmt.exp_bits < src_fmt.exp_bits:
             raise ValueError(f"{dst_fmt} cannot hold every {src_fmt} value")
         if dst_fmt.exp_bits != src_fmt.exp_bits and dst_fmt.bias - src_fmt.bias - src_fmt.man_bits < 0:
             raise ValueError(f"{src_fmt} subnormals would not be {dst_fmt} normals")
-        self.src_fmt, self.dst_fmt = src_fmt, dst_fmt
+        if stages not in (0, 1):
+            raise ValueError(f"stages must be 0 or 1, not {stages}")
+        self.src_fmt, self.dst_fmt, self.stages = src_fmt, dst_fmt, stages
         super().__init__({"a": In(src_fmt.width), "result": Out(dst_fmt.width)})
 
     def elaborate(self, platform):
@@ -368,28 +372,43 @@ class FloatWiden(wiring.Component):
         S, D = self.src_fmt, self.dst_fmt
         u = _unpack(S, self.a)
         pad = D.man_bits - S.man_bits
+        renorm = D.exp_bits != S.exp_bits            # subnormals become normals
+        fields = {"sign": u.sign, "nan": u.nan, "top": u.exp == S.exp_max, "sub": u.sub, "man": u.man,
+                  "exp": u.exp}
+        if renorm:
+            fields["lz"] = leading_zeros(m, u.man, name="sub_lz")
+            fields["man_nz"] = u.man != 0
+        f = {}
+        for name, value in fields.items():
+            value = Value.cast(value)
+            r = Signal(len(value), name=f"{name}_r" if self.stages else f"{name}_w")
+            if self.stages:
+                m.d.sync += r.eq(value)
+            else:
+                m.d.comb += r.eq(value)
+            f[name] = r
         exp = Signal(D.exp_bits)
         man = Signal(D.man_bits)
-        with m.If(u.nan):
+        with m.If(f["nan"]):
             m.d.comb += self.result.eq(D.qnan)
         with m.Else():
-            m.d.comb += self.result.eq(Cat(man, exp, u.sign))
-            with m.If(u.exp == S.exp_max):
+            m.d.comb += self.result.eq(Cat(man, exp, f["sign"]))
+            with m.If(f["top"]):
                 m.d.comb += [exp.eq(D.exp_max), man.eq(0)]
-            with m.Elif(u.sub):
-                if D.exp_bits == S.exp_bits:
-                    m.d.comb += man.eq(Cat(Const(0, pad), u.man))      # same range: stays subnormal
+            with m.Elif(f["sub"]):
+                if not renorm:
+                    m.d.comb += man.eq(Cat(Const(0, pad), f["man"]))      # same range: stays subnormal
                 else:
                     # The leading one at fraction bit M-1-lz becomes the hidden bit of a normal with the
                     # unbiased exponent -bias_s - lz. (A zero keeps exponent and fraction 0.)
-                    lz = leading_zeros(m, u.man, name="sub_lz")
-                    with m.If(u.man != 0):
+                    lz = f["lz"]
+                    with m.If(f["man_nz"]):
                         m.d.comb += [
                             exp.eq(D.bias - S.bias - lz),
-                            man.eq(Cat(Const(0, pad), ((u.man << 1) << lz)[:S.man_bits])),
+                            man.eq(Cat(Const(0, pad), ((f["man"] << 1) << lz)[:S.man_bits])),
                         ]
             with m.Else():
-                m.d.comb += [exp.eq(u.exp + (D.bias - S.bias)), man.eq(Cat(Const(0, pad), u.man))]
+                m.d.comb += [exp.eq(f["exp"] + (D.bias - S.bias)), man.eq(Cat(Const(0, pad), f["man"]))]
         return m
 
 
