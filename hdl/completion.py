@@ -13,16 +13,12 @@ from cais import protocol as proto
 from cais.params import SwitchParams
 
 from .decision import DECISION_LATENCY, bank_addr_bits, job_layout
-from .fold import FoldChain
+from .fold import FOLD_FADD_STAGES, FoldChain
 from .lane import LANE_DECISIONS, OPEN_BITS
 from .pipeline import delay_line
 from .results import ResultRow, result_frame_layout
 
 __all__ = ["JobQueue", "FoldReader", "job_depth"]
-
-#: Pipeline stages of the fold chain's float adders (FloatAdder.CUTS): the most, for the clock.
-FOLD_FADD_STAGES = 6
-
 
 def job_depth(params: SwitchParams) -> int:
     """Result jobs the queue holds. A job waits for the frames decided before it (up to LANE_DECISIONS + 1

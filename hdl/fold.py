@@ -13,7 +13,10 @@ from .enums import DType, ReduceOp
 from .pipeline import delay_line
 from .slot_alu import SlotALU, slot_alu_latency
 
-__all__ = ["FoldChain"]
+__all__ = ["FoldChain", "FOLD_FADD_STAGES"]
+
+#: Pipeline stages of the fold chain's float adders (FloatAdder.CUTS): the most, for the clock.
+FOLD_FADD_STAGES = 6
 
 
 class FoldChain(wiring.Component):
@@ -42,7 +45,8 @@ class FoldChain(wiring.Component):
         format by the result generator).
     """
 
-    def __init__(self, ports: int, data_width: int, float_units: bool = True, fadd_stages: int = 3):
+    def __init__(self, ports: int, data_width: int, float_units: bool = True,
+                 fadd_stages: int = FOLD_FADD_STAGES):
         self.ports, self.data_width = ports, data_width
         self.float_units, self.fadd_stages = float_units, fadd_stages
         W = data_width
