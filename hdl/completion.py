@@ -13,12 +13,16 @@ from cais import protocol as proto
 from cais.params import SwitchParams
 
 from .decision import DECISION_LATENCY, bank_addr_bits, job_layout
-from .fold import FOLD_FADD_STAGES, FoldChain
+from .fold import FoldChain
 from .lane import LANE_DECISIONS, OPEN_BITS
 from .pipeline import delay_line
 from .results import ResultRow, result_frame_layout
 
-__all__ = ["JobQueue", "FoldReader", "job_depth"]
+__all__ = ["JobQueue", "FoldReader", "job_depth", "ROW_QUEUE_LATENCY"]
+
+#: Cycles from a folded row's write into the row queue to its first cycle on ``FoldReader.row`` (the block
+#: RAM queue and the registered queue behind it, 2 each).
+ROW_QUEUE_LATENCY = 4
 
 def job_depth(params: SwitchParams) -> int:
     """Result jobs the queue holds. A job waits for the frames decided before it (up to LANE_DECISIONS + 1
@@ -131,12 +135,14 @@ class FoldReader(wiring.Component):
     issued only when the queue is sure to have room for it, so the reader runs at one row per cycle while
     the generator keeps up, across jobs without a bubble.
 
-    Timing: a row read (``rd_en``) in cycle ``t`` is queued at edge ``t + 2 + F`` (the bank's read, its
-    output register, then ``F`` = ``SwitchParams.fold_latency``: the chain and the rounding) and is
-    offered on ``row`` from cycle ``t + 3 + F``. ``rd_addr``, ``rows_held`` and the room check are
-    registers; ``rd_en`` and ``job_ready`` are two LUT levels from registers (the head's ``job_valid``,
-    the frame queue's room); ``row``/``row_valid`` and ``frame``/``frame_valid`` come from the queues'
-    output registers. Combinational input-to-output paths: ``job_valid`` -> ``job_ready`` (one level).
+    Timing: a row read (``rd_en``) in cycle ``t`` is written into the row queue in cycle ``t + 2 + F``
+    (the bank's read, its output register, then ``F`` = ``SwitchParams.fold_latency``: the chain and the
+    rounding) and is offered on ``row`` from cycle ``t + 2 + F +`` :data:`ROW_QUEUE_LATENCY`; it counts
+    in ``rows_held`` one cycle before. ``rd_addr``, ``rows_held`` and the room check are registers;
+    ``rd_en`` and ``job_ready`` are two LUT levels from registers (the head's ``job_valid``, the frame
+    queue's room); ``row``/``row_valid`` and ``frame``/``frame_valid`` come from registers (the row
+    queue's block RAM is behind a small queue of its own). Combinational input-to-output paths:
+    ``job_valid`` -> ``job_ready`` (one level), ``row_ready`` -> the queues' read enables (internal).
 
     Members
     -------
@@ -154,7 +160,7 @@ class FoldReader(wiring.Component):
     def __init__(self, params: SwitchParams):
         self.params = params
         W, P = params.data_width, params.ports
-        self.chain = FoldChain(P, W, float_units=params.float_units, fadd_stages=FOLD_FADD_STAGES)
+        self.chain = FoldChain(P, W, float_units=params.float_units)
         self.narrow = ResultRow(W, params.float_units)
         assert self.chain.latency + self.narrow.latency == params.fold_latency, \
             "SwitchParams.fold_latency is the chain's and the rounding's"
@@ -181,13 +187,18 @@ class FoldReader(wiring.Component):
 
         m.submodules.frames = frames = SyncFIFOBuffered(
             width=data.Layout.cast(result_frame_layout(prm)).size, depth=self.frame_depth)
+        # The row queue: a block RAM (SyncFIFOBuffered: its output is the RAM's, slow), then a small queue
+        # whose output comes from a register, so the result generator's logic starts at a flip-flop.
         m.submodules.rows = rows_q = SyncFIFOBuffered(width=W, depth=depth)
+        m.submodules.rows_out = rows_out = SyncFIFOBuffered(width=W, depth=3)   # 3: one row per cycle
+        m.d.comb += [rows_out.w_data.eq(rows_q.r_data), rows_out.w_en.eq(rows_q.r_rdy),
+                     rows_q.r_en.eq(rows_out.w_rdy)]
         taken = Signal()
-        held = Signal(range(depth + 1))                 # rows queued: rows_q.level, as a register
+        held = Signal(range(depth + 4))                 # rows queued, counted one cycle before they show
         m.d.comb += [
             self.frame.eq(frames.r_data), self.frame_valid.eq(frames.r_rdy), frames.r_en.eq(self.frame_ready),
-            self.row.eq(rows_q.r_data), self.row_valid.eq(rows_q.r_rdy), rows_q.r_en.eq(self.row_ready),
-            taken.eq(self.row_ready & rows_q.r_rdy), self.rows_held.eq(held),
+            self.row.eq(rows_out.r_data), self.row_valid.eq(rows_out.r_rdy), rows_out.r_en.eq(self.row_ready),
+            taken.eq(self.row_ready & rows_out.r_rdy), self.rows_held.eq(held),
         ]
 
         kind = Signal(data.StructLayout({"contributors": prm.ports, "dtype": 4, "op": 4, "acc_fp32": 1,
@@ -244,6 +255,9 @@ class FoldReader(wiring.Component):
         m.d.comb += [narrow.word.eq(chain.result), narrow.acc_fp32.eq(out_acc), narrow.dtype.eq(out_dtype)]
         wrote = delay_line(m, chain.o_valid, narrow.latency, "wrote", reset_less=False)
         m.d.comb += [rows_q.w_en.eq(wrote), rows_q.w_data.eq(narrow.row)]
-        m.d.sync += held.eq(held + wrote - taken)
+        # A row written in cycle c shows on ``row`` from cycle c + 4 (2 through each queue); it counts in
+        # rows_held from c + 3, so a frame whose rows are all held finds its first row when it starts.
+        # (The rows behind it follow one per cycle.)
+        m.d.sync += held.eq(held + delay_line(m, wrote, ROW_QUEUE_LATENCY - 2, "held_in", reset_less=False) - taken)
         m.d.comb += self.busy.eq(active | (occupied != 0) | frames.r_rdy)
         return m

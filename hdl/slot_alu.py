@@ -10,7 +10,11 @@ from .alu import ReduceALU, byteswap
 from .pipeline import delay_line
 from .fpu import BF16, FP16, FP32, NUMPY_ZERO_TIE, FloatAdder, FloatMaxMin, FloatNarrow, FloatWiden, MaxMinOp
 
-__all__ = ["SlotALU", "slot_alu_latency"]
+__all__ = ["SlotALU", "slot_alu_latency", "FADD_STAGES"]
+
+#: Pipeline stages of the slot ALU's float adders (FloatAdder.CUTS) unless told otherwise: the most, for
+#: the clock (the fold chain builds these).
+FADD_STAGES = 6
 
 
 class SlotALU(wiring.Component):
@@ -76,7 +80,7 @@ class SlotALU(wiring.Component):
         Granule write enables of ``result`` (0 while ``o_valid`` is low).
     """
 
-    def __init__(self, data_width: int, float_units: bool = True, fadd_stages: int = 3):
+    def __init__(self, data_width: int, float_units: bool = True, fadd_stages: int = FADD_STAGES):
         if data_width < 64 or data_width % 32:
             raise ValueError(f"data_width must be a multiple of 32 of at least 64, not {data_width}")
         if fadd_stages not in FloatAdder.CUTS:
@@ -256,6 +260,6 @@ class SlotALU(wiring.Component):
         return m
 
 
-def slot_alu_latency(float_units: bool, fadd_stages: int = 3) -> int:
+def slot_alu_latency(float_units: bool, fadd_stages: int = FADD_STAGES) -> int:
     """:attr:`SlotALU.latency` of a slot ALU so built, without building it."""
     return fadd_stages + 6 if float_units else 2

@@ -252,7 +252,7 @@ def test_reference_zero_ties():
 def test_latency_attribute():
     # inputs registered, widening split in two (classification and count, then the operands registered),
     # the adder's stages, lane results registered, narrowing (2 stages, the output register)
-    assert SlotALU(64).latency == 9
+    assert SlotALU(64).latency == 12                            # FADD_STAGES = 6
     assert SlotALU(64, fadd_stages=0).latency == 6
     assert SlotALU(128, fadd_stages=5).latency == 11
     assert SlotALU(64, float_units=False).latency == 2          # the integer ALU's two stages
