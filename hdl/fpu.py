@@ -226,10 +226,14 @@ class FloatAdder(wiring.Component):
         # Guard, round and sticky suffice: for d >= 2 an effective subtraction needs at most one left
         # shift to normalize, and for d <= 1 no bit is shifted out (massive cancellation is exact). In a
         # subtraction x_ext has zeros below the guard, so bit 0 of the difference still equals the sticky.
-        d = Mux(s1.d > N, N, s1.d)
-        shifted = (Cat(Const(0, N + 3), s1.sig_y) >> d)[:2 * N]
-        sticky = shifted[:N] != 0
-        y_al = Cat(shifted[N] | sticky, shifted[N + 1:])
+        # A shift of N or more leaves nothing at the guard position and above: a shifter on the low five
+        # bits of d (N < 32), its output cleared when a higher bit is set, and the sticky bit beside it:
+        # sig_y bit i is shifted out when d > i + 3 (a compare with a constant; every i + 3 < N).
+        assert N + 3 + M + 1 == 2 * N and N < 32
+        top = (Cat(Const(0, N + 3), s1.sig_y) >> s1.d[:5])[N:2 * N]
+        top = Mux(s1.d[5:] != 0, 0, top)
+        sticky = Cat(*(s1.sig_y[i] & (s1.d > i + 3) for i in range(M + 1))).any()
+        y_al = Cat(top[0] | sticky, top[1:])
         s2 = p.cut(
             "align", valid=s1.valid, sig_x=s1.sig_x, y_al=y_al, ex=s1.ex, sub=s1.sub,
             sign=s1.sign, zero_sign=s1.zero_sign, nan=s1.nan, inf=s1.inf)
@@ -439,21 +443,39 @@ class FloatNarrow(wiring.Component):
         S, D = self.src_fmt, self.dst_fmt
         Md = D.man_bits
         u = _unpack(S, self.a)
-        # Biased destination exponent of the source binade, t = eff_exp - bias_s + bias_d (may be < 1).
+        # The significand goes right by r = d + under: d, the precision difference, is a constant; under
+        # = min(umax, max(0, K - eff_exp)) more below the destination's normal range (K - eff_exp = 1 - t,
+        # t the destination's biased exponent of the source binade). At r = R everything lands below the
+        # guard bit. Only the variable part is a shifter; the sticky bit is the OR of the significand's
+        # bits below r - 1, each enabled by a compare of ``under`` with a constant, beside the shifter.
+        R = S.man_bits + 2
+        d = S.man_bits - Md
+        umax = R - d
+        K = S.bias - D.bias + 1
+        if K > 1:                                        # eff_exp >= 1: no underflow when K <= 1 (BF16)
+            under = Signal(range(umax + 1), name="under")
+            e = u.eff_exp
+            ub = len(under)
+            with m.If(e <= K - umax):
+                m.d.comb += under.eq(umax)
+            with m.Elif(e < K):
+                # K - e is below 2**ub here: the low bits of the difference suffice
+                m.d.comb += under.eq((Const(K % (1 << ub), ub) - e[:ub])[:ub])
+        else:
+            under = Const(0, 1)
+        shifted = Cat(Const(0, R), u.sig)[d:] >> under
+        kept, guard = shifted[R:R + Md + 1], shifted[R - 1]
+        sticky_bits = []
+        for i in range(len(u.sig)):
+            if i < d - 1:
+                sticky_bits.append(u.sig[i])
+            elif i - (d - 1) < umax:
+                sticky_bits.append(u.sig[i] & (under > i - (d - 1)))
+        sticky = Cat(*sticky_bits).any()
+        # The exponent field of the result before rounding: t for a normal (t >= 1 and the source normal),
+        # 0 for a subnormal (kept's hidden bit is then 0).
         tw = S.exp_bits + 2
-        t = Signal(range(-S.bias - 1, (1 << S.exp_bits) + D.bias + 1), name="t")
-        m.d.comb += t.eq(u.eff_exp - (S.bias - D.bias))
-        # Right shift of the significand: the precision difference, plus 1 - t below the normal range.
-        R = S.man_bits + 2                               # everything from R on lands below the guard bit
-        under = Signal(range(R + 1), name="under")
-        with m.If(t < 1):
-            m.d.comb += under.eq(Mux(1 - t > R, R, 1 - t))
-        r = Mux(under + (S.man_bits - Md) > R, R, under + (S.man_bits - Md))
-        shifted = (Cat(Const(0, R), u.sig) >> r)[:R + Md + 1]
-        # What the rounding needs, registered with stages=1: the kept bits (hidden bit and Md fraction
-        # bits), guard and sticky, the exponent base and the special cases.
-        kept, guard, sticky = shifted[R:R + Md + 1], shifted[R - 1], shifted[:R - 1] != 0
-        base = Mux(t >= 1, t - 1, 0)[:tw]
+        base = Mux(~u.sub & (u.exp >= K), u.exp - (K - 1), 0)[:tw]
         nan, inf, sign = u.nan, u.inf, u.sign
         if self.stages:
             regs = []
@@ -464,10 +486,8 @@ class FloatNarrow(wiring.Component):
                 regs.append(r_)
             kept, guard, sticky, base, nan, inf, sign = regs
         inc = guard & (sticky | kept[0])
-        # Exponent field: t for a normal, 0 for a subnormal (kept's hidden bit is then 0).
-        exp = base + kept[Md]
         packed = Signal(tw + Md + 1, name="packed")
-        m.d.comb += packed.eq(Cat(kept[:Md], exp[:tw]) + inc)
+        m.d.comb += packed.eq(Cat(kept[:Md], base) + inc)
         with m.If(nan):
             m.d.comb += self.result.eq(D.qnan)
         with m.Elif(inf | (packed >= D.inf)):
