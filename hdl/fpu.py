@@ -267,9 +267,11 @@ class FloatAdder(wiring.Component):
         inc = w[3] & ((w[:3] != 0) | w[4])
         packed = (Cat(w[4:4 + M], s5.exp) + inc)[:E + M + 1]
         result = Signal(W, name="sum")
+        # packed >= inf: the bits from the exponent field up read exp_max or more (no compare chain)
+        overflow = packed[M + E:].any() | packed[M:M + E].all()
         with m.If(s5.nan):
             m.d.comb += result.eq(fmt.qnan)
-        with m.Elif(s5.inf | (packed >= fmt.inf)):
+        with m.Elif(s5.inf | overflow):
             m.d.comb += result.eq(Cat(Const(fmt.inf, E + M), s5.sign))
         with m.Elif(s5.zero):
             m.d.comb += result.eq(Cat(Const(0, E + M), s5.zero_sign))
@@ -488,9 +490,11 @@ class FloatNarrow(wiring.Component):
         inc = guard & (sticky | kept[0])
         packed = Signal(tw + Md + 1, name="packed")
         m.d.comb += packed.eq(Cat(kept[:Md], base) + inc)
+        # packed >= D.inf: the bits from the exponent field up read exp_max or more (no compare chain)
+        overflow = packed[Md + D.exp_bits:].any() | packed[Md:Md + D.exp_bits].all()
         with m.If(nan):
             m.d.comb += self.result.eq(D.qnan)
-        with m.Elif(inf | (packed >= D.inf)):
+        with m.Elif(inf | overflow):
             m.d.comb += self.result.eq(Cat(Const(D.inf, D.width - 1), sign))
         with m.Else():
             m.d.comb += self.result.eq(Cat(packed[:D.width - 1], sign))
