@@ -108,9 +108,9 @@ class JobQueue(wiring.Component):
             land_pop = occ[k] & (~occ[k + 1] if k + 1 < D else 1)
             for p in range(P):
                 c = counts[k][p]
-                above = counts[k + 1][p] if k + 1 < D else Const(0, OPEN_BITS)
+                above = countdown(counts[k + 1][p], p) if k + 1 < D else Const(0, OPEN_BITS)   # none above the top
                 with m.If(pop):
-                    m.d.sync += c.eq(Mux(push & land_pop, self.open_after[p], countdown(above, p)))
+                    m.d.sync += c.eq(Mux(push & land_pop, self.open_after[p], above))
                 with m.Else():
                     m.d.sync += c.eq(Mux(push & land_keep, self.open_after[p], countdown(c, p)))
             if k == 0:
