@@ -81,10 +81,10 @@ class ReduceALU(wiring.Component):
                 sl = slice(lane * bits, (lane + 1) * bits)
                 a = byteswap(self.a[sl], nbytes).as_signed()
                 b = byteswap(self.b[sl], nbytes).as_signed()
-                # Before the rank: the sum (one more bit than the type) and the order of a and b.
+                # Before the rank: the sum (one more bit than the type) and the order of a and b (one
+                # compare serves MAX and MIN: equal operands make either choice right).
                 total = cut(a + b, f"{dt.name.lower()}_sum{lane}")
                 a_gt_b = cut(a > b, f"{dt.name.lower()}_gt{lane}")
-                a_lt_b = cut(a < b, f"{dt.name.lower()}_lt{lane}")
                 a_, b_ = byteswap(a_r[sl], nbytes), byteswap(b_r[sl], nbytes)
                 # After it: the sum is above hi (below lo) when its two top bits read 01 (10).
                 top = total[bits - 1:bits + 1]
@@ -94,7 +94,7 @@ class ReduceALU(wiring.Component):
                     with m.Case(proto.ReduceOp.MAX):
                         m.d.comb += r.eq(Mux(a_gt_b, a_, b_))
                     with m.Case(proto.ReduceOp.MIN):
-                        m.d.comb += r.eq(Mux(a_lt_b, a_, b_))
+                        m.d.comb += r.eq(Mux(a_gt_b, b_, a_))
                     with m.Default():
                         m.d.comb += r.eq(Mux(sat, clamped, total[:bits]))
                 m.d.comb += out[sl].eq(byteswap(r, nbytes))
