@@ -8,6 +8,7 @@ report. The designs:
 * ``alu_int32``: one 32-bit lane of the integer reduce ALU (``ReduceALU(data_width=32)``: int32, 2 x int16
   or 4 x int8);
 * ``fadd_fp32``, ``fadd_fp16``, ``fadd_bf16``: one ``FloatAdder`` lane at its default ``stages``;
+* ``fadd_fp32_s6``: the FP32 adder at 6 stages, as the fold chain builds it;
 * ``fmaxmin_fp32``: one ``FloatMaxMin`` lane;
 * ``slot_alu``: the slot ALU at ``data_width=64``, ``SlotALU(64)`` (one beat: ``64/16 = 4`` float32 lanes, each a
   ``FloatAdder`` + ``FloatMaxMin`` + widen/narrow, and the 64-bit integer ALU; per float lane divide by 4);
@@ -17,6 +18,7 @@ report. The designs:
   float units;
 * ``fold_chain``: the port-order fold of the switch's result path (``cais.hdl.fold.FoldChain``,
   docs/core-design.md), 4 ports x 64 bits;
+* ``fold_reader_int``: the fold reader of the integer-only build (``fold_reader`` is the default's);
 * ``bram_loop``: a bare registered block-RAM read-modify-write loop of the slot memory's shape, the floor a
   pipelined slot update can reach in this flow; the table gives every Fmax as a ratio to it, and prints
   the figures before the line-rate core and the peer's as baseline rows.
