@@ -9,6 +9,7 @@ seeds (every seed's beside it), its utilisation and critical path the median see
 * ``alu_int32``: one 32-bit lane of the integer reduce ALU (``ReduceALU(data_width=32)``: int32, 2 x int16
   or 4 x int8);
 * ``fadd_fp32``, ``fadd_fp16``, ``fadd_bf16``: one ``FloatAdder`` lane at its default ``stages``;
+* ``fadd_fp32_s6``: the FP32 adder at 6 stages, as the fold chain builds it;
 * ``fmaxmin_fp32``: one ``FloatMaxMin`` lane;
 * ``slot_alu``: the slot ALU at ``data_width=64``, ``SlotALU(64)`` (one beat: ``64/16 = 4`` float32 lanes, each a
   ``FloatAdder`` + ``FloatMaxMin`` + widen/narrow, and the 64-bit integer ALU; per float lane divide by 4);
@@ -18,6 +19,7 @@ seeds (every seed's beside it), its utilisation and critical path the median see
   float units;
 * ``fold_chain``: the port-order fold of the switch's result path (``cais.hdl.fold.FoldChain``,
   docs/core-design.md), 4 ports x 64 bits;
+* ``fold_reader_int``: the fold reader of the integer-only build (``fold_reader`` is the default's);
 * ``bram_loop``: a bare registered block-RAM read-modify-write loop of the slot memory's shape, the floor a
   pipelined slot update can reach in this flow; the table gives every Fmax as a ratio to it, and prints
   the figures before the line-rate core and the peer's as baseline rows.
@@ -123,6 +125,13 @@ def _float_adder(fmt_name: str):
             return fpu.FloatAdder(getattr(fpu, fmt_name)), True
         except Exception as exc:
             raise Skip(f"FloatAdder({fmt_name}) cannot be built ({type(exc).__name__}: {exc})") from None
+    return build
+
+
+def _float_adder_stages(fmt_name: str, stages: int):
+    def build():
+        fpu = _fpu()
+        return fpu.FloatAdder(getattr(fpu, fmt_name), stages), True
     return build
 
 
@@ -237,6 +246,12 @@ def _fold_reader_stage(P, regmap):
     return FoldReader(P)
 
 
+def _fold_reader_int():
+    from cais.hdl.completion import FoldReader
+    from cais.params import SwitchParams
+    return FoldReader(SwitchParams(float_units=False)), True
+
+
 def _result_gen_stage(P, regmap):
     from cais.hdl.results import ResultGenerator
     return ResultGenerator(P)
@@ -288,6 +303,8 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
     Design("fadd_fp32", "FloatAdder(FP32), default stages, registered in and out", _float_adder("FP32")),
     Design("fadd_fp16", "FloatAdder(FP16), default stages, registered in and out", _float_adder("FP16")),
     Design("fadd_bf16", "FloatAdder(BF16), default stages, registered in and out", _float_adder("BF16")),
+    Design("fadd_fp32_s6", "FloatAdder(FP32, 6): the fold chain's adder, registered in and out",
+           _float_adder_stages("FP32", 6)),
     Design("fmaxmin_fp32", "FloatMaxMin(FP32), registered in and out", _float_maxmin("FP32")),
     Design("slot_alu", "SlotALU(data_width=64): one beat, 4 float32 lanes (FloatAdder + FloatMaxMin + "
                        "widen/narrow each) and the 64-bit integer ALU, registered in and out", _slot_alu),
@@ -315,6 +332,8 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
     Design("job_queue", "JobQueue (default build), registered in and out", _stage(_job_queue_stage)),
     Design("fold_reader", "FoldReader: bank reads, the fold chain, narrowing, row queue (default build), "
                           "registered in and out", _stage(_fold_reader_stage)),
+    Design("fold_reader_int", "FoldReader of the integer-only build (float_units=False), registered in and out",
+           _fold_reader_int),
     Design("result_gen", "ResultGenerator (default build), registered in and out", _stage(_result_gen_stage)),
     Design("bram_loop", "a bare registered block-RAM read-modify-write loop of the slot memory's shape "
                         "(64 bits x 4096 rows, 32-bit adds): the flow's floor for a pipelined slot update",

@@ -18,7 +18,7 @@ def byteswap(value, nbytes: int):
 
 
 class ReduceALU(wiring.Component):
-    """Element-wise reduction of two beats of big-endian signed integers, combinational.
+    """Element-wise reduction of two beats of big-endian signed integers.
 
     The beat holds int32, int16 or int8 elements (``dtype``); element ``i`` is payload bytes
     ``i*n .. i*n+n-1`` for n-byte elements. SUM wraps modulo 2**(8n) (two's complement), or, with
@@ -28,6 +28,10 @@ class ReduceALU(wiring.Component):
     arithmetic is modulo 2**(8n), which is associative); saturation bounds the error when the final sum
     does not fit, but can be wrong when only an intermediate sum overflowed. docs/numerics.md shows both
     on the sequence 7 - 5 + 5 + 5 - 3 - 7.
+
+    ``stages=0``: combinational. ``stages=1``: a register rank after the sums and compares (carry
+    chains), before the choice of the result (op, saturation, dtype: a few LUT levels); ``result`` is
+    then that of the inputs presented one clock edge earlier, and a new beat may enter every cycle.
 
     Members
     -------
@@ -43,37 +47,60 @@ class ReduceALU(wiring.Component):
         ``a op b``, in wire byte order.
     """
 
-    def __init__(self, data_width: int):
-        self.data_width = data_width
+    def __init__(self, data_width: int, stages: int = 0):
+        if stages not in (0, 1):
+            raise ValueError(f"stages must be 0 or 1, not {stages}")
+        self.data_width, self.stages = data_width, stages
         super().__init__({"a": In(data_width), "b": In(data_width), "op": In(4), "dtype": In(4),
                           "saturate": In(1), "result": Out(data_width)})
 
+    @property
+    def latency(self) -> int:
+        return self.stages
+
     def elaborate(self, platform):
         m = Module()
+
+        def cut(value, name):
+            # the register rank (stages=1) or a wire
+            s = Signal(len(value), name=name)
+            if self.stages:
+                m.d.sync += s.eq(value)
+            else:
+                m.d.comb += s.eq(value)
+            return s
+
+        op, sat, dtype = cut(self.op, "op_r"), cut(self.saturate, "saturate_r"), cut(self.dtype, "dtype_r")
+        a_r, b_r = cut(self.a, "a_r"), cut(self.b, "b_r")
         per_type = {}
-        for dtype, nbytes in INTEGER_TYPES.items():
+        for dt, nbytes in INTEGER_TYPES.items():
             bits = 8 * nbytes
             lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-            out = Signal(self.data_width, name=f"{dtype.name.lower()}_result")
+            out = Signal(self.data_width, name=f"{dt.name.lower()}_result")
             for lane in range(self.data_width // bits):
                 sl = slice(lane * bits, (lane + 1) * bits)
                 a = byteswap(self.a[sl], nbytes).as_signed()
                 b = byteswap(self.b[sl], nbytes).as_signed()
-                total = Signal(range(2 * lo, 2 * hi + 1), name=f"{dtype.name.lower()}_sum{lane}")
-                m.d.comb += total.eq(a + b)
-                clamped = Mux(total > hi, Const(hi, bits), Mux(total < lo, Const(lo, bits), total[:bits]))
-                r = Signal(bits, name=f"{dtype.name.lower()}_lane{lane}")
-                with m.Switch(self.op):
+                # Before the rank: the sum (one more bit than the type) and the order of a and b (one
+                # compare serves MAX and MIN: equal operands make either choice right).
+                total = cut(a + b, f"{dt.name.lower()}_sum{lane}")
+                a_gt_b = cut(a > b, f"{dt.name.lower()}_gt{lane}")
+                a_, b_ = byteswap(a_r[sl], nbytes), byteswap(b_r[sl], nbytes)
+                # After it: the sum is above hi (below lo) when its two top bits read 01 (10).
+                top = total[bits - 1:bits + 1]
+                clamped = Mux(top == 0b01, Const(hi, bits), Mux(top == 0b10, Const(lo, bits), total[:bits]))
+                r = Signal(bits, name=f"{dt.name.lower()}_lane{lane}")
+                with m.Switch(op):
                     with m.Case(proto.ReduceOp.MAX):
-                        m.d.comb += r.eq(Mux(a > b, a, b))
+                        m.d.comb += r.eq(Mux(a_gt_b, a_, b_))
                     with m.Case(proto.ReduceOp.MIN):
-                        m.d.comb += r.eq(Mux(a < b, a, b))
+                        m.d.comb += r.eq(Mux(a_gt_b, b_, a_))
                     with m.Default():
-                        m.d.comb += r.eq(Mux(self.saturate, clamped, total[:bits]))
+                        m.d.comb += r.eq(Mux(sat, clamped, total[:bits]))
                 m.d.comb += out[sl].eq(byteswap(r, nbytes))
-            per_type[dtype] = out
-        with m.Switch(self.dtype):
-            for dtype, out in per_type.items():
-                with m.Case(dtype):
+            per_type[dt] = out
+        with m.Switch(dtype):
+            for dt, out in per_type.items():
+                with m.Case(dt):
                     m.d.comb += self.result.eq(out)
         return m

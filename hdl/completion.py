@@ -2,7 +2,7 @@
 it folds are written, and the fold reader, which reads one row of every contributor's bank per cycle and
 folds it in ascending port order (docs/core-design.md, candidate B)."""
 
-from amaranth.hdl import Array, Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
@@ -18,11 +18,11 @@ from .lane import LANE_DECISIONS, OPEN_BITS
 from .pipeline import delay_line
 from .results import ResultRow, result_frame_layout
 
-__all__ = ["JobQueue", "FoldReader", "job_depth"]
+__all__ = ["JobQueue", "FoldReader", "job_depth", "ROW_QUEUE_LATENCY"]
 
-#: Pipeline stages of the fold chain's float adders (FloatAdder.CUTS): the most, for the clock.
-FOLD_FADD_STAGES = 6
-
+#: Cycles from a folded row's write into the row queue to its first cycle on ``FoldReader.row`` (the block
+#: RAM queue and the registered queue behind it, 2 each).
+ROW_QUEUE_LATENCY = 4
 
 def job_depth(params: SwitchParams) -> int:
     """Result jobs the queue holds. A job waits for the frames decided before it (up to LANE_DECISIONS + 1
@@ -44,13 +44,23 @@ class JobQueue(wiring.Component):
     it was queued (``open_after``), and counts them down as the lanes finish frames (``finished``); the
     head leaves when its counts are all zero.
 
+    The jobs sit in a LUT RAM (written at ``push``, ``head`` read from it at the registered read
+    pointer: one LUT-RAM read from a register). The counts sit in a shift register ordered by age,
+    position 0 being the head's, so that ``head_ready`` is a register computed from the next counts of
+    position 0 alone: no pointer-selected read on the path into the fold reader. ``level`` is a
+    register. A job pushed with all counts zero, or one whose last frame finishes in cycle ``t``, is
+    ready in cycle ``t + 1`` (as with counts read combinationally). Inputs to outputs: none
+    combinational (``pop`` only enters registers).
+
     Members
     -------
     push : In(1); job : In(job_layout); open_after : In(OPEN_BITS).array(ports)
     finished[p] : In(range(3))
         Per port: frames finished this cycle (their bank writes are done).
     level : Out(range(depth + 1))
+        Jobs queued (registered).
     head : Out(job_layout); head_ready : Out(1); pop : In(1)
+        The oldest job; ``head_ready`` (registered): it is queued and its frames are finished.
     """
 
     def __init__(self, params: SwitchParams):
@@ -67,38 +77,72 @@ class JobQueue(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        P = self.params.ports
+        P, D = self.params.ports, self.depth
         m.submodules.mem = mem = self._mem
         wr, rd = mem.write_port(), mem.read_port(domain="comb")
-        D = self.depth
         abits = ceil_log2(D)
-        # Pointers with one extra bit, so that full and empty differ and the level is their difference.
-        wp, rp = Signal(abits + 1), Signal(abits + 1)
-        counts = [[Signal(OPEN_BITS, name=f"open{i}_{p}") for p in range(P)] for i in range(D)]
-        pop = self.pop & self.head_ready
-        m.d.comb += [wr.addr.eq(wp[:abits]), wr.data.eq(self.job), wr.en.eq(self.push), rd.addr.eq(rp[:abits]),
-                     self.head.eq(rd.data), self.level.eq(wp - rp)]
-        m.d.sync += [wp.eq(wp + self.push), rp.eq(rp + pop)]
-        for i in range(D):
+        assert D >= 2 and D == 1 << abits
+        wp, rp = Signal(abits), Signal(abits)          # D is a power of two: the pointers wrap by themselves
+        level = Signal(range(D + 1))
+        push, pop = self.push, self.pop & self.head_ready
+        m.d.comb += [wr.addr.eq(wp), wr.data.eq(self.job), wr.en.eq(push), rd.addr.eq(rp),
+                     self.head.eq(rd.data), self.level.eq(level)]
+        m.d.sync += [wp.eq(wp + push), rp.eq(rp + pop), level.eq(level + push - pop)]
+
+        # Position k holds the counts of the k-th oldest job; occ is the thermometer code of the level.
+        counts = [[Signal(OPEN_BITS, name=f"open{k}_{p}") for p in range(P)] for k in range(D)]
+        occ = Signal(D)
+        with m.If(push & ~pop):
+            m.d.sync += occ.eq(Cat(1, occ[:-1]))
+        with m.Elif(pop & ~push):
+            m.d.sync += occ.eq(occ[1:])
+
+        def countdown(c, p):
+            return Mux(c > self.finished[p], c - self.finished[p], 0)
+
+        zero_open = Cat(*(self.open_after[p] == 0 for p in range(P))).all()
+        head_if = {}                                   # position 0's next state being ready, per case
+        for k in range(D):
+            # Where a pushed job lands: the first free position, or the last occupied one after a pop.
+            land_keep = ~occ[k] & (occ[k - 1] if k else 1)
+            land_pop = occ[k] & (~occ[k + 1] if k + 1 < D else 1)
             for p in range(P):
-                c = counts[i][p]
-                with m.If(self.push & (wp[:abits] == i)):
-                    m.d.sync += c.eq(self.open_after[p])
-                with m.Elif(self.finished[p] != 0):
-                    m.d.sync += c.eq(Mux(c > self.finished[p], c - self.finished[p], 0))
-        zero = Array(Cat(*(c == 0 for c in row)).all() for row in counts)
-        m.d.comb += self.head_ready.eq((self.level != 0) & zero[rp[:abits]])
+                c = counts[k][p]
+                above = countdown(counts[k + 1][p], p) if k + 1 < D else Const(0, OPEN_BITS)   # none above the top
+                with m.If(pop):
+                    m.d.sync += c.eq(Mux(push & land_pop, self.open_after[p], above))
+                with m.Else():
+                    m.d.sync += c.eq(Mux(push & land_keep, self.open_after[p], countdown(c, p)))
+            if k == 0:
+                # ready next cycle: position 0 occupied and all its next counts zero
+                for case, src, land, held in (("keep", counts[0], land_keep, occ[0]),
+                                              ("pop", counts[1], land_pop, occ[1])):
+                    done = Cat(*(src[p] <= self.finished[p] for p in range(P))).all()
+                    head_if[case] = Mux(push & land, zero_open, held & done)
+        ready = Signal()
+        m.d.sync += ready.eq(Mux(pop, head_if["pop"], head_if["keep"]))
+        m.d.comb += self.head_ready.eq(ready)
         return m
 
 
 class FoldReader(wiring.Component):
     """Reads each job's rows from every bank at once and folds them into result rows.
 
-    Row ``j`` of a job is read from address ``row_base + j`` of all banks in one cycle; the rows of the
-    contributors go through a :class:`~cais.hdl.fold.FoldChain` in ascending port order, fp32 accumulators
-    are rounded to the wire format (:class:`~cais.hdl.results.ResultRow`), and the row is queued for the
-    result generator. A read is issued only when the queue is sure to have room for it, so the reader runs
-    at one row per cycle while the generator keeps up, across jobs without a bubble.
+    Row ``j`` of a job is read from address ``row_base + j`` of all banks in one cycle; the banks' read
+    data is registered, the rows of the contributors go through a :class:`~cais.hdl.fold.FoldChain` in
+    ascending port order, fp32 accumulators are rounded to the wire format
+    (:class:`~cais.hdl.results.ResultRow`), and the row is queued for the result generator. A read is
+    issued only when the queue is sure to have room for it, so the reader runs at one row per cycle while
+    the generator keeps up, across jobs without a bubble.
+
+    Timing: a row read (``rd_en``) in cycle ``t`` is written into the row queue in cycle ``t + 2 + F``
+    (the bank's read, its output register, then ``F`` = ``SwitchParams.fold_latency``: the chain and the
+    rounding) and is offered on ``row`` from cycle ``t + 2 + F +`` :data:`ROW_QUEUE_LATENCY`; it counts
+    in ``rows_held`` one cycle before. ``rd_addr``, ``rows_held`` and the room check are registers;
+    ``rd_en`` and ``job_ready`` are two LUT levels from registers (the head's ``job_valid``, the frame
+    queue's room); ``row``/``row_valid`` and ``frame``/``frame_valid`` come from registers (the row
+    queue's block RAM is behind a small queue of its own). Combinational input-to-output paths:
+    ``job_valid`` -> ``job_ready`` (one level), ``row_ready`` -> the queues' read enables (internal).
 
     Members
     -------
@@ -116,15 +160,17 @@ class FoldReader(wiring.Component):
     def __init__(self, params: SwitchParams):
         self.params = params
         W, P = params.data_width, params.ports
-        self.chain = FoldChain(P, W, float_units=params.float_units, fadd_stages=FOLD_FADD_STAGES)
-        assert self.chain.latency == params.fold_latency, "SwitchParams.fold_latency is the chain's"
+        self.chain = FoldChain(P, W, float_units=params.float_units)
+        self.narrow = ResultRow(W, params.float_units)
+        assert self.chain.latency + self.narrow.latency == params.fold_latency, \
+            "SwitchParams.fold_latency is the chain's and the rounding's"
         # Two jobs' rows (the generator sends a frame once all its rows are in, while the next job's are
-        # read) and the rows in flight (bank read and chain).
-        self.row_depth = 1 << ceil_log2(2 * params.rows_per_set + self.chain.latency + 4)
-        # Frames the reader may run ahead of the generator: enough for the chain's latency in the shortest
+        # read) and the rows in flight (bank read, its register, chain and rounding).
+        self.row_depth = 1 << ceil_log2(2 * params.rows_per_set + params.fold_latency + 5)
+        # Frames the reader may run ahead of the generator: enough for the fold's latency in the shortest
         # frames (60 bytes), so a stream of short results does not wait on the fold.
         shortest = -(-proto.MIN_FRAME_BYTES // params.beat_bytes)
-        self.frame_depth = 1 << ceil_log2((self.chain.latency + 8) // shortest + 2)
+        self.frame_depth = 1 << ceil_log2((params.fold_latency + 9) // shortest + 2)
         super().__init__({
             "job": In(job_layout(params)), "job_valid": In(1), "job_ready": Out(1),
             "frame": Out(result_frame_layout(params)), "frame_valid": Out(1), "frame_ready": In(1),
@@ -141,33 +187,40 @@ class FoldReader(wiring.Component):
 
         m.submodules.frames = frames = SyncFIFOBuffered(
             width=data.Layout.cast(result_frame_layout(prm)).size, depth=self.frame_depth)
+        # The row queue: a block RAM (SyncFIFOBuffered: its output is the RAM's, slow), then a small queue
+        # whose output comes from a register, so the result generator's logic starts at a flip-flop.
         m.submodules.rows = rows_q = SyncFIFOBuffered(width=W, depth=depth)
+        m.submodules.rows_out = rows_out = SyncFIFOBuffered(width=W, depth=3)   # 3: one row per cycle
+        m.d.comb += [rows_out.w_data.eq(rows_q.r_data), rows_out.w_en.eq(rows_q.r_rdy),
+                     rows_q.r_en.eq(rows_out.w_rdy)]
+        taken = Signal()
+        held = Signal(range(depth + 4))                 # rows queued, counted one cycle before they show
         m.d.comb += [
             self.frame.eq(frames.r_data), self.frame_valid.eq(frames.r_rdy), frames.r_en.eq(self.frame_ready),
-            self.row.eq(rows_q.r_data), self.row_valid.eq(rows_q.r_rdy), rows_q.r_en.eq(self.row_ready),
-            self.rows_held.eq(rows_q.level),
+            self.row.eq(rows_out.r_data), self.row_valid.eq(rows_out.r_rdy), rows_out.r_en.eq(self.row_ready),
+            taken.eq(self.row_ready & rows_out.r_rdy), self.rows_held.eq(held),
         ]
 
         kind = Signal(data.StructLayout({"contributors": prm.ports, "dtype": 4, "op": 4, "acc_fp32": 1,
                                          "saturate": 1}))
         active = Signal()
-        base = Signal(len(self.rd_addr))
-        rows = Signal(range(prm.rows_per_set + 1))
-        j = Signal(range(prm.rows_per_set + 1))
+        addr = Signal(len(self.rd_addr))                # the next row's bank address
+        left = Signal(range(prm.rows_per_set + 1))      # rows of the job not yet read
+        last = Signal()                                 # left == 1
 
-        # Rows read and not yet in the queue: a read is issued only if the queue will have room.
-        in_flight = Signal(range(depth + 1))
-        wrote = Signal()
-        room = (rows_q.level + in_flight) < depth
+        # Rows read and not yet taken by the generator (in flight or queued): a read is issued only while
+        # that is below the queue's depth, so every row read finds room. depth is a power of two and
+        # occupied never exceeds it, so "room" is its top bit clear.
+        occupied = Signal(range(depth + 1))
+        room = ~occupied[-1]
         issue = active & room
-        last_row = j == rows - 1
-        m.d.sync += in_flight.eq(in_flight + issue - wrote)
-        m.d.comb += [self.rd_en.eq(issue), self.rd_addr.eq(base + j)]
+        m.d.sync += occupied.eq(occupied + issue - taken)
+        m.d.comb += [self.rd_en.eq(issue), self.rd_addr.eq(addr)]
         with m.If(issue):
-            m.d.sync += j.eq(j + 1)
+            m.d.sync += [addr.eq(addr + 1), left.eq(left - 1), last.eq(left == 2)]
 
         # The next job starts as the current one reads its last row.
-        can_start = ~active | (issue & last_row)
+        can_start = ~active | (issue & last)
         start = can_start & self.job_valid & frames.w_rdy
         job = self.job
         frame = data.View(result_frame_layout(prm), frames.w_data)
@@ -175,35 +228,36 @@ class FoldReader(wiring.Component):
             self.job_ready.eq(start),
             frames.w_en.eq(start),
             frame.cais.eq(job.cais), frame.mask.eq(job.mask), frame.rows.eq(job.rows),
-
         ]
         with m.If(start):
             m.d.sync += [
-                active.eq(1), base.eq(job.row_base), rows.eq(job.rows), j.eq(0),
+                active.eq(1), addr.eq(job.row_base), left.eq(job.rows), last.eq(job.rows == 1),
                 kind.contributors.eq(job.contributors), kind.dtype.eq(job.dtype), kind.op.eq(job.op),
                 kind.acc_fp32.eq(job.acc_fp32), kind.saturate.eq(job.saturate),
             ]
-        with m.Elif(issue & last_row):
+        with m.Elif(issue & last):
             m.d.sync += active.eq(0)
 
-        # The chain takes the rows the cycle after their read, with the job's kind as it was then.
+        # The banks' read data is registered (a block RAM's output is slow); the chain takes it the cycle
+        # after, with the job's kind as it was at the read.
         m.submodules.chain = chain = self.chain
-        read_kind = Signal.like(kind)
-        read_valid = Signal()
-        m.d.sync += [read_kind.eq(kind), read_valid.eq(issue)]
+        read_kind = delay_line(m, kind, 2, "read_kind")
+        read_valid = delay_line(m, issue, 2, "read_valid", reset_less=False)
         m.d.comb += [
             chain.i_valid.eq(read_valid), chain.mask.eq(read_kind.contributors),
             chain.dtype.eq(read_kind.dtype), chain.op.eq(read_kind.op), chain.acc_fp32.eq(read_kind.acc_fp32),
             chain.saturate.eq(read_kind.saturate),
-            *(chain.rows[p].eq(self.rd_data[p]) for p in range(prm.ports)),
+            *(chain.rows[p].eq(delay_line(m, self.rd_data[p], 1, f"rd_data{p}")) for p in range(prm.ports)),
         ]
         out_acc = delay_line(m, read_kind.acc_fp32, chain.latency, "out_acc")
         out_dtype = delay_line(m, read_kind.dtype, chain.latency, "out_dtype")
-        m.submodules.narrow = narrow = ResultRow(W, prm.float_units)
-        m.d.comb += [
-            narrow.word.eq(chain.result), narrow.acc_fp32.eq(out_acc),
-            narrow.dtype.eq(out_dtype),
-            wrote.eq(chain.o_valid), rows_q.w_en.eq(chain.o_valid), rows_q.w_data.eq(narrow.row),
-        ]
-        m.d.comb += self.busy.eq(active | (in_flight != 0) | rows_q.r_rdy | frames.r_rdy | (rows_q.level != 0))
+        m.submodules.narrow = narrow = self.narrow
+        m.d.comb += [narrow.word.eq(chain.result), narrow.acc_fp32.eq(out_acc), narrow.dtype.eq(out_dtype)]
+        wrote = delay_line(m, chain.o_valid, narrow.latency, "wrote", reset_less=False)
+        m.d.comb += [rows_q.w_en.eq(wrote), rows_q.w_data.eq(narrow.row)]
+        # A row written in cycle c shows on ``row`` from cycle c + 4 (2 through each queue); it counts in
+        # rows_held from c + 3, so a frame whose rows are all held finds its first row when it starts.
+        # (The rows behind it follow one per cycle.)
+        m.d.sync += held.eq(held + delay_line(m, wrote, ROW_QUEUE_LATENCY - 2, "held_in", reset_less=False) - taken)
+        m.d.comb += self.busy.eq(active | (occupied != 0) | frames.r_rdy)
         return m

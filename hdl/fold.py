@@ -1,8 +1,8 @@
 """The fold chain of the per-port-bank core (docs/core-design.md, candidate B): one row of every port's
 contribution, folded in ascending port order, one row per cycle.
 
-Not yet part of the switch: it is the first stage of the line-rate core, built and tested on its own and
-measured by bench/bench_area.py (``fold_chain``).
+The switch's fold reader (cais.hdl.completion.FoldReader) builds it at its defaults; bench/bench_area.py
+measures it on its own (``fold_chain``).
 """
 
 from amaranth.hdl import Module, Mux, Signal, Value
@@ -11,7 +11,7 @@ from amaranth.lib.wiring import In, Out
 
 from .enums import DType, ReduceOp
 from .pipeline import delay_line
-from .slot_alu import SlotALU, slot_alu_latency
+from .slot_alu import FADD_STAGES, SlotALU, slot_alu_latency
 
 __all__ = ["FoldChain"]
 
@@ -42,7 +42,8 @@ class FoldChain(wiring.Component):
         format by the result generator).
     """
 
-    def __init__(self, ports: int, data_width: int, float_units: bool = True, fadd_stages: int = 3):
+    def __init__(self, ports: int, data_width: int, float_units: bool = True,
+                 fadd_stages: int = FADD_STAGES):
         self.ports, self.data_width = ports, data_width
         self.float_units, self.fadd_stages = float_units, fadd_stages
         W = data_width

@@ -226,10 +226,14 @@ class FloatAdder(wiring.Component):
         # Guard, round and sticky suffice: for d >= 2 an effective subtraction needs at most one left
         # shift to normalize, and for d <= 1 no bit is shifted out (massive cancellation is exact). In a
         # subtraction x_ext has zeros below the guard, so bit 0 of the difference still equals the sticky.
-        d = Mux(s1.d > N, N, s1.d)
-        shifted = (Cat(Const(0, N + 3), s1.sig_y) >> d)[:2 * N]
-        sticky = shifted[:N] != 0
-        y_al = Cat(shifted[N] | sticky, shifted[N + 1:])
+        # A shift of N or more leaves nothing at the guard position and above: a shifter on the low five
+        # bits of d (N < 32), its output cleared when a higher bit is set, and the sticky bit beside it:
+        # sig_y bit i is shifted out when d > i + 3 (a compare with a constant; every i + 3 < N).
+        assert N + 3 + M + 1 == 2 * N and N < 32
+        top = (Cat(Const(0, N + 3), s1.sig_y) >> s1.d[:5])[N:2 * N]
+        top = Mux(s1.d[5:] != 0, 0, top)
+        sticky = Cat(*(s1.sig_y[i] & (s1.d > i + 3) for i in range(M + 1))).any()
+        y_al = Cat(top[0] | sticky, top[1:])
         s2 = p.cut(
             "align", valid=s1.valid, sig_x=s1.sig_x, y_al=y_al, ex=s1.ex, sub=s1.sub,
             sign=s1.sign, zero_sign=s1.zero_sign, nan=s1.nan, inf=s1.inf)
@@ -239,14 +243,16 @@ class FloatAdder(wiring.Component):
         x_ext = Cat(Const(0, 3), s2.sig_x)
         total = x_ext + (s2.y_al ^ s2.sub.replicate(N)) + s2.sub
         z = Cat(total[:N], total[N] & ~s2.sub)
-        s3 = p.cut("add", valid=s2.valid, z=z, ex=s2.ex, sign=s2.sign, zero_sign=s2.zero_sign,
-                   nan=s2.nan, inf=s2.inf)
+        # Beside the add, for the count: a one at bit Z-1-ex (none when ex >= Z), so that the leading
+        # zeros of z | limit are min(lz(z), ex) without a compare after the count; and ex + 1.
+        limit = Const(1 << (Z - 1), Z) >> s2.ex
+        s3 = p.cut("add", valid=s2.valid, z=z, limit=limit, ex1=s2.ex + 1, sign=s2.sign,
+                   zero_sign=s2.zero_sign, nan=s2.nan, inf=s2.inf)
 
         # count: shifting left by L = min(lz, ex) puts the leading one on top (bit Z-1) with the exponent
         # ex + 1 - L, or, when that would fall below the smallest normal exponent, leaves a subnormal.
-        lz = leading_zeros(m, s3.z, name="sum_lz")
-        L = Mux(lz < s3.ex, lz, s3.ex)
-        s4 = p.cut("count", valid=s3.valid, z=s3.z, L=L, e_norm=(s3.ex + 1 - L)[:E + 1], zero=s3.z == 0,
+        L = leading_zeros(m, s3.z | s3.limit, name="sum_lz")
+        s4 = p.cut("count", valid=s3.valid, z=s3.z, L=L, e_norm=(s3.ex1 - L)[:E + 1], zero=s3.z == 0,
                    sign=s3.sign, zero_sign=s3.zero_sign, nan=s3.nan, inf=s3.inf)
 
         # normalize: one shift. A set top bit means a normal result (exponent e_norm), else a subnormal
@@ -261,9 +267,11 @@ class FloatAdder(wiring.Component):
         inc = w[3] & ((w[:3] != 0) | w[4])
         packed = (Cat(w[4:4 + M], s5.exp) + inc)[:E + M + 1]
         result = Signal(W, name="sum")
+        # packed >= inf: the bits from the exponent field up read exp_max or more (no compare chain)
+        overflow = packed[M + E:].any() | packed[M:M + E].all()
         with m.If(s5.nan):
             m.d.comb += result.eq(fmt.qnan)
-        with m.Elif(s5.inf | (packed >= fmt.inf)):
+        with m.Elif(s5.inf | overflow):
             m.d.comb += result.eq(Cat(Const(fmt.inf, E + M), s5.sign))
         with m.Elif(s5.zero):
             m.d.comb += result.eq(Cat(Const(0, E + M), s5.zero_sign))
@@ -341,11 +349,13 @@ class FloatMaxMin(wiring.Component):
 
 # ---------------------------------------------------------------------------------------- conversions
 class FloatWiden(wiring.Component):
-    """Exact conversion to a format with at least the exponent range and precision, combinational.
+    """Exact conversion to a format with at least the exponent range and precision.
 
     FP16 -> FP32 normalizes FP16 subnormals (they are FP32 normals); BF16 -> FP32 appends 16 zero bits to
     finite values and infinities (subnormals stay subnormal). Zeros keep their sign; NaN gives the
-    canonical quiet NaN of ``dst_fmt``.
+    canonical quiet NaN of ``dst_fmt``. Combinational with ``stages=0``; with ``stages=1`` a register rank
+    sits after the classification and the leading-zero count of a subnormal's fraction, before the
+    normalizing shift (``result`` one clock edge after ``a``).
 
     Members
     -------
@@ -353,12 +363,14 @@ class FloatWiden(wiring.Component):
     result : Out(dst_fmt.width)
     """
 
-    def __init__(self, src_fmt: FloatFormat, dst_fmt: FloatFormat):
+    def __init__(self, src_fmt: FloatFormat, dst_fmt: FloatFormat, stages: int = 0):
         if dst_fmt.man_bits < src_fmt.man_bits or dst_fmt.exp_bits < src_fmt.exp_bits:
             raise ValueError(f"{dst_fmt} cannot hold every {src_fmt} value")
         if dst_fmt.exp_bits != src_fmt.exp_bits and dst_fmt.bias - src_fmt.bias - src_fmt.man_bits < 0:
             raise ValueError(f"{src_fmt} subnormals would not be {dst_fmt} normals")
-        self.src_fmt, self.dst_fmt = src_fmt, dst_fmt
+        if stages not in (0, 1):
+            raise ValueError(f"stages must be 0 or 1, not {stages}")
+        self.src_fmt, self.dst_fmt, self.stages = src_fmt, dst_fmt, stages
         super().__init__({"a": In(src_fmt.width), "result": Out(dst_fmt.width)})
 
     def elaborate(self, platform):
@@ -366,28 +378,43 @@ class FloatWiden(wiring.Component):
         S, D = self.src_fmt, self.dst_fmt
         u = _unpack(S, self.a)
         pad = D.man_bits - S.man_bits
+        renorm = D.exp_bits != S.exp_bits            # subnormals become normals
+        fields = {"sign": u.sign, "nan": u.nan, "top": u.exp == S.exp_max, "sub": u.sub, "man": u.man,
+                  "exp": u.exp}
+        if renorm:
+            fields["lz"] = leading_zeros(m, u.man, name="sub_lz")
+            fields["man_nz"] = u.man != 0
+        f = {}
+        for name, value in fields.items():
+            value = Value.cast(value)
+            r = Signal(len(value), name=f"{name}_r" if self.stages else f"{name}_w")
+            if self.stages:
+                m.d.sync += r.eq(value)
+            else:
+                m.d.comb += r.eq(value)
+            f[name] = r
         exp = Signal(D.exp_bits)
         man = Signal(D.man_bits)
-        with m.If(u.nan):
+        with m.If(f["nan"]):
             m.d.comb += self.result.eq(D.qnan)
         with m.Else():
-            m.d.comb += self.result.eq(Cat(man, exp, u.sign))
-            with m.If(u.exp == S.exp_max):
+            m.d.comb += self.result.eq(Cat(man, exp, f["sign"]))
+            with m.If(f["top"]):
                 m.d.comb += [exp.eq(D.exp_max), man.eq(0)]
-            with m.Elif(u.sub):
-                if D.exp_bits == S.exp_bits:
-                    m.d.comb += man.eq(Cat(Const(0, pad), u.man))      # same range: stays subnormal
+            with m.Elif(f["sub"]):
+                if not renorm:
+                    m.d.comb += man.eq(Cat(Const(0, pad), f["man"]))      # same range: stays subnormal
                 else:
                     # The leading one at fraction bit M-1-lz becomes the hidden bit of a normal with the
                     # unbiased exponent -bias_s - lz. (A zero keeps exponent and fraction 0.)
-                    lz = leading_zeros(m, u.man, name="sub_lz")
-                    with m.If(u.man != 0):
+                    lz = f["lz"]
+                    with m.If(f["man_nz"]):
                         m.d.comb += [
                             exp.eq(D.bias - S.bias - lz),
-                            man.eq(Cat(Const(0, pad), ((u.man << 1) << lz)[:S.man_bits])),
+                            man.eq(Cat(Const(0, pad), ((f["man"] << 1) << lz)[:S.man_bits])),
                         ]
             with m.Else():
-                m.d.comb += [exp.eq(u.exp + (D.bias - S.bias)), man.eq(Cat(Const(0, pad), u.man))]
+                m.d.comb += [exp.eq(f["exp"] + (D.bias - S.bias)), man.eq(Cat(Const(0, pad), f["man"]))]
         return m
 
 
@@ -418,21 +445,39 @@ class FloatNarrow(wiring.Component):
         S, D = self.src_fmt, self.dst_fmt
         Md = D.man_bits
         u = _unpack(S, self.a)
-        # Biased destination exponent of the source binade, t = eff_exp - bias_s + bias_d (may be < 1).
+        # The significand goes right by r = d + under: d, the precision difference, is a constant; under
+        # = min(umax, max(0, K - eff_exp)) more below the destination's normal range (K - eff_exp = 1 - t,
+        # t the destination's biased exponent of the source binade). At r = R everything lands below the
+        # guard bit. Only the variable part is a shifter; the sticky bit is the OR of the significand's
+        # bits below r - 1, each enabled by a compare of ``under`` with a constant, beside the shifter.
+        R = S.man_bits + 2
+        d = S.man_bits - Md
+        umax = R - d
+        K = S.bias - D.bias + 1
+        if K > 1:                                        # eff_exp >= 1: no underflow when K <= 1 (BF16)
+            under = Signal(range(umax + 1), name="under")
+            e = u.eff_exp
+            ub = len(under)
+            with m.If(e <= K - umax):
+                m.d.comb += under.eq(umax)
+            with m.Elif(e < K):
+                # K - e is below 2**ub here: the low bits of the difference suffice
+                m.d.comb += under.eq((Const(K % (1 << ub), ub) - e[:ub])[:ub])
+        else:
+            under = Const(0, 1)
+        shifted = Cat(Const(0, R), u.sig)[d:] >> under
+        kept, guard = shifted[R:R + Md + 1], shifted[R - 1]
+        sticky_bits = []
+        for i in range(len(u.sig)):
+            if i < d - 1:
+                sticky_bits.append(u.sig[i])
+            elif i - (d - 1) < umax:
+                sticky_bits.append(u.sig[i] & (under > i - (d - 1)))
+        sticky = Cat(*sticky_bits).any()
+        # The exponent field of the result before rounding: t for a normal (t >= 1 and the source normal),
+        # 0 for a subnormal (kept's hidden bit is then 0).
         tw = S.exp_bits + 2
-        t = Signal(range(-S.bias - 1, (1 << S.exp_bits) + D.bias + 1), name="t")
-        m.d.comb += t.eq(u.eff_exp - (S.bias - D.bias))
-        # Right shift of the significand: the precision difference, plus 1 - t below the normal range.
-        R = S.man_bits + 2                               # everything from R on lands below the guard bit
-        under = Signal(range(R + 1), name="under")
-        with m.If(t < 1):
-            m.d.comb += under.eq(Mux(1 - t > R, R, 1 - t))
-        r = Mux(under + (S.man_bits - Md) > R, R, under + (S.man_bits - Md))
-        shifted = (Cat(Const(0, R), u.sig) >> r)[:R + Md + 1]
-        # What the rounding needs, registered with stages=1: the kept bits (hidden bit and Md fraction
-        # bits), guard and sticky, the exponent base and the special cases.
-        kept, guard, sticky = shifted[R:R + Md + 1], shifted[R - 1], shifted[:R - 1] != 0
-        base = Mux(t >= 1, t - 1, 0)[:tw]
+        base = Mux(~u.sub & (u.exp >= K), u.exp - (K - 1), 0)[:tw]
         nan, inf, sign = u.nan, u.inf, u.sign
         if self.stages:
             regs = []
@@ -443,13 +488,13 @@ class FloatNarrow(wiring.Component):
                 regs.append(r_)
             kept, guard, sticky, base, nan, inf, sign = regs
         inc = guard & (sticky | kept[0])
-        # Exponent field: t for a normal, 0 for a subnormal (kept's hidden bit is then 0).
-        exp = base + kept[Md]
         packed = Signal(tw + Md + 1, name="packed")
-        m.d.comb += packed.eq(Cat(kept[:Md], exp[:tw]) + inc)
+        m.d.comb += packed.eq(Cat(kept[:Md], base) + inc)
+        # packed >= D.inf: the bits from the exponent field up read exp_max or more (no compare chain)
+        overflow = packed[Md + D.exp_bits:].any() | packed[Md:Md + D.exp_bits].all()
         with m.If(nan):
             m.d.comb += self.result.eq(D.qnan)
-        with m.Elif(inf | (packed >= D.inf)):
+        with m.Elif(inf | overflow):
             m.d.comb += self.result.eq(Cat(Const(D.inf, D.width - 1), sign))
         with m.Else():
             m.d.comb += self.result.eq(Cat(packed[:D.width - 1], sign))

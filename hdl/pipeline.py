@@ -1,6 +1,7 @@
 """Small pipeline helpers shared by the RTL blocks."""
 
 from amaranth.hdl import Signal, Value
+from amaranth.lib import data
 
 __all__ = ["delay_line"]
 
@@ -8,8 +9,9 @@ __all__ = ["delay_line"]
 def delay_line(m, value, cycles: int, name: str, *, reset_less: bool = True):
     """``value`` delayed by ``cycles`` registers on ``m.d.sync`` (``value`` itself for 0): a chain with one
     write point per register, named ``<name>_d1 ..``. ``reset_less=False`` for what a reset must clear
-    (valid bits)."""
-    value = Value.cast(value)
+    (valid bits). A :class:`~amaranth.lib.data.View` stays a view of its layout."""
+    if not isinstance(value, data.View):
+        value = Value.cast(value)
     for k in range(cycles):
         reg = Signal(value.shape(), name=f"{name}_d{k + 1}", reset_less=reset_less)
         m.d.sync += reg.eq(value)

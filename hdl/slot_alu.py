@@ -10,7 +10,11 @@ from .alu import ReduceALU, byteswap
 from .pipeline import delay_line
 from .fpu import BF16, FP16, FP32, NUMPY_ZERO_TIE, FloatAdder, FloatMaxMin, FloatNarrow, FloatWiden, MaxMinOp
 
-__all__ = ["SlotALU", "slot_alu_latency"]
+__all__ = ["SlotALU", "slot_alu_latency", "FADD_STAGES"]
+
+#: Pipeline stages of the slot ALU's float adders (FloatAdder.CUTS) unless told otherwise: the most, for
+#: the clock (the fold chain builds these).
+FADD_STAGES = 6
 
 
 class SlotALU(wiring.Component):
@@ -39,12 +43,14 @@ class SlotALU(wiring.Component):
 
     Every result appears :attr:`latency` clock edges after its inputs, whatever the dtype and op (the
     integer, max/min and store results are delayed to match the adder), and a new row may enter every
-    cycle. With ``float_units`` the pipeline is: the operands, widened and formatted, registered; the
-    adder's ``fadd_stages`` (max/min and the integer ALU beside it); the lane results registered; the
-    narrowing to the wire format in two stages (alignment, then rounding and packing into the output
-    register): ``latency = fadd_stages + 4``.
-    Without float units only the integer ALU is built, between the inputs and the output register
-    (``latency = 1``), and float dtypes give don't-care results.
+    cycle. With float units the pipeline is: the inputs registered; the widening's classification and
+    leading-zero count (and the integer ALU's sums) registered; the operands, widened and formatted,
+    registered; the adder's ``fadd_stages`` (max/min and the integer result beside it); the lane results
+    registered; the narrowing to the wire format in two stages (alignment, then rounding and packing into
+    the output register): ``latency = fadd_stages + 6``. No input reaches an output or the adder without
+    a register rank between. Without float units only the integer ALU is built, in two stages (the sums
+    and compares registered, then the result chosen into the output register: ``latency = 2``), and float
+    dtypes give don't-care results.
 
     Members
     -------
@@ -74,7 +80,7 @@ class SlotALU(wiring.Component):
         Granule write enables of ``result`` (0 while ``o_valid`` is low).
     """
 
-    def __init__(self, data_width: int, float_units: bool = True, fadd_stages: int = 3):
+    def __init__(self, data_width: int, float_units: bool = True, fadd_stages: int = FADD_STAGES):
         if data_width < 64 or data_width % 32:
             raise ValueError(f"data_width must be a multiple of 32 of at least 64, not {data_width}")
         if fadd_stages not in FloatAdder.CUTS:
@@ -99,76 +105,98 @@ class SlotALU(wiring.Component):
         W = self.data_width
         DT = proto.DType
 
-        is_half = (self.dtype == DT.FP16) | (self.dtype == DT.BF16)
-        acc32 = Signal()
-        m.d.comb += acc32.eq(is_half & self.acc_fp32)
-        we = Mux(acc32, 0b11, Mux(self.granule, 0b10, 0b01))
-
-        # The granule the wire-format modes combine with. fp32 accumulation reads lanes 0 .. W/32-1 from
-        # granule 0 through the same mux (lanes W/32 .. W/16-1 read granule 1 directly).
-        a_gran = Signal(W)
-        m.d.comb += a_gran.eq(Mux(self.granule & ~acc32, self.acc[W:], self.acc[:W]))
-
-        m.submodules.int_alu = int_alu = ReduceALU(W)
-        m.d.comb += [int_alu.a.eq(a_gran), int_alu.b.eq(self.row), int_alu.op.eq(self.op),
-                     int_alu.dtype.eq(self.dtype), int_alu.saturate.eq(self.saturate)]
-        wire_result = Mux(self.store, self.row, int_alu.result)
+        def reg(value, name, reset_less=True, cycles=1):
+            return delay_line(m, value, cycles, name, reset_less=reset_less)
 
         if not self.float_units:
+            # Stage 1: the granule and the integer ALU's sums and compares (its register rank); stage 2:
+            # the result chosen (op, saturation, dtype, store), into the output register.
+            acc32 = ((self.dtype == DT.FP16) | (self.dtype == DT.BF16)) & self.acc_fp32
+            m.submodules.int_alu = int_alu = ReduceALU(W, stages=1)
+            m.d.comb += [int_alu.a.eq(Mux(self.granule & ~acc32, self.acc[W:], self.acc[:W])),
+                         int_alu.b.eq(self.row), int_alu.op.eq(self.op),
+                         int_alu.dtype.eq(self.dtype), int_alu.saturate.eq(self.saturate)]
+            we_r = reg(Mux(acc32, 0b11, Mux(self.granule, 0b10, 0b01)), "we")
+            row_r, store_r = reg(self.row, "row"), reg(self.store, "store")
+            valid_r = reg(self.i_valid, "valid", reset_less=False)
+            wire_result = Mux(store_r, row_r, int_alu.result)
             m.d.sync += [
-                self.o_valid.eq(self.i_valid),
+                self.o_valid.eq(valid_r),
                 self.result.eq(Cat(wire_result, wire_result)),
-                self.we.eq(Mux(self.i_valid, we, 0)),
+                self.we.eq(Mux(valid_r, we_r, 0)),
             ]
             return m
 
         L = self.fadd_stages
 
-        def reg(value, name, reset_less=True):
-            return delay_line(m, value, 1, name, reset_less=reset_less)
-
         def delay(value, name, reset_less=True):
             # A chain of L registers (none when L == 0) beside the adder: one write point whatever the path.
             return delay_line(m, value, L, name, reset_less=reset_less)
 
-        is_fp32 = self.dtype == DT.FP32
-        is_bf16 = self.dtype == DT.BF16
-        half_wire = is_half & ~self.acc_fp32
+        # Stage 0: the inputs registered (in a fold chain the stage before chooses this stage's
+        # accumulator right in front of them).
+        granule, row, acc = reg(self.granule, "in_granule"), reg(self.row, "in_row"), reg(self.acc, "in_acc")
+        dtype, op, acc_fp32 = reg(self.dtype, "in_dtype"), reg(self.op, "in_op"), reg(self.acc_fp32, "in_acc_fp32")
+        saturate, store = reg(self.saturate, "in_saturate"), reg(self.store, "in_store")
+        valid = reg(self.i_valid, "in_valid", reset_less=False)
+
+        is_half = (dtype == DT.FP16) | (dtype == DT.BF16)
+        acc32 = Signal()
+        m.d.comb += acc32.eq(is_half & acc_fp32)
+        we = Mux(acc32, 0b11, Mux(granule, 0b10, 0b01))
+
+        # The granule the wire-format modes combine with. fp32 accumulation reads lanes 0 .. W/32-1 from
+        # granule 0 through the same mux (lanes W/32 .. W/16-1 read granule 1 directly).
+        a_gran = Signal(W)
+        m.d.comb += a_gran.eq(Mux(granule & ~acc32, acc[W:], acc[:W]))
+
+        is_fp32 = dtype == DT.FP32
+        is_bf16 = dtype == DT.BF16
+        half_wire = is_half & ~acc_fp32
         # Results that come out of the float lanes; the others (integers, wire-format store) take the
         # wire_result path.
-        lane_form = (is_fp32 | is_half) & ~(self.store & ~acc32)
-        use_adder = (self.op == proto.ReduceOp.SUM) & ~self.store
+        lane_form = (is_fp32 | is_half) & ~(store & ~acc32)
+        use_adder = (op == proto.ReduceOp.SUM) & ~store
         # Which operand wins a -0/+0 tie: FloatMaxMin follows float32; fp16 wire mode follows float16.
         tie16 = NUMPY_ZERO_TIE[FP16]
         fix_tie = half_wire & ~is_bf16 if tie16 != NUMPY_ZERO_TIE[FP32] else Const(0)
 
+        # Stage 1: the widening's classification and leading-zero count (FloatWiden's register rank), the
+        # integer ALU's sums and compares (ReduceALU's), the float32 operands and the controls beside them.
+        m.submodules.int_alu = int_alu = ReduceALU(W, stages=1)
+        m.d.comb += [int_alu.a.eq(a_gran), int_alu.b.eq(row), int_alu.op.eq(op),
+                     int_alu.dtype.eq(dtype), int_alu.saturate.eq(saturate)]
+        bf16_1, half_wire_1, is_half_1 = reg(is_bf16, "bf16_1"), reg(half_wire, "half_wire_1"), reg(is_half, "half_1")
+        row_1, store_1 = reg(row, "row_1"), reg(store, "store_1")
+
         def widened(bits16, name):
-            # A wire fp16/bf16 element (native bit order) as float32, exactly.
-            w16, wbf = FloatWiden(FP16, FP32), FloatWiden(BF16, FP32)
+            # A wire fp16/bf16 element (native bit order) as float32, exactly, one clock edge later.
+            w16, wbf = FloatWiden(FP16, FP32, stages=1), FloatWiden(BF16, FP32, stages=1)
             m.submodules[f"{name}_widen16"] = w16
             m.submodules[f"{name}_widenbf"] = wbf
             m.d.comb += [w16.a.eq(bits16), wbf.a.eq(bits16)]
-            return Mux(is_bf16, wbf.result, w16.result)
+            return Mux(bf16_1, wbf.result, w16.result)
 
-        # Stage 1: the operands of every lane as float32, the integer result and the controls, registered.
+        # Stage 2: the operands of every lane as float32, the integer result and the controls, registered.
         operands = []
         for i in range(W // 16):
             # Operands of lane i as float32: a from the word, b from the row. Lanes W/32 .. W/16-1 only
             # serve fp16/bf16 (a 32-bit element i of the word lies in granule 1 there).
             a16 = byteswap(a_gran[16 * i:16 * i + 16], 2)
-            b16 = byteswap(self.row[16 * i:16 * i + 16], 2)
-            a32 = byteswap((self.acc if i >= W // 32 else a_gran)[32 * i:32 * i + 32], 4)
-            b32 = byteswap(self.row[32 * i:32 * i + 32], 4) if i < W // 32 else Const(0, 32)
-            operands.append((reg(Mux(half_wire, widened(a16, f"lane{i}_a"), a32), f"lane{i}_a"),
-                             reg(Mux(is_half, widened(b16, f"lane{i}_b"), b32), f"lane{i}_b")))
-        r_wire = reg(wire_result, "wire")
-        r_valid = reg(self.i_valid, "valid", reset_less=False)
-        r_store, r_fix_tie = reg(self.store, "store"), reg(fix_tie, "fix_tie")
-        r_min = reg(self.op == proto.ReduceOp.MIN, "min")
-        r_lane_form, r_use_adder = reg(lane_form, "lane_form"), reg(use_adder, "use_adder")
-        r_acc32, r_fp32, r_bf16, r_we = reg(acc32, "acc32"), reg(is_fp32, "fp32"), reg(is_bf16, "bf16"), reg(we, "we")
+            b16 = byteswap(row[16 * i:16 * i + 16], 2)
+            a32 = reg(byteswap((acc if i >= W // 32 else a_gran)[32 * i:32 * i + 32], 4), f"lane{i}_a32")
+            b32 = reg(byteswap(row[32 * i:32 * i + 32], 4) if i < W // 32 else Const(0, 32), f"lane{i}_b32")
+            operands.append((reg(Mux(half_wire_1, widened(a16, f"lane{i}_a"), a32), f"lane{i}_a"),
+                             reg(Mux(is_half_1, widened(b16, f"lane{i}_b"), b32), f"lane{i}_b")))
+        r_wire = reg(Mux(store_1, row_1, int_alu.result), "wire")
+        r_valid = reg(valid, "valid", reset_less=False, cycles=2)
+        r_store, r_fix_tie = reg(store, "store", cycles=2), reg(fix_tie, "fix_tie", cycles=2)
+        r_min = reg(op == proto.ReduceOp.MIN, "min", cycles=2)
+        r_lane_form, r_use_adder = reg(lane_form, "lane_form", cycles=2), reg(use_adder, "use_adder", cycles=2)
+        r_acc32, r_fp32 = reg(acc32, "acc32", cycles=2), reg(is_fp32, "fp32", cycles=2)
+        r_bf16, r_we = reg(is_bf16, "bf16", cycles=2), reg(we, "we", cycles=2)
 
-        # Stages 2 .. L+1: the adders; max/min and store beside them, delayed to meet their results.
+        # Stages 3 .. L+2: the adders; max/min and store beside them, delayed to meet their results.
         bypass_lanes, adders = [], []
         for i, (a, b) in enumerate(operands):
             m.submodules[f"lane{i}_fadd"] = add = FloatAdder(FP32, self.fadd_stages)
@@ -194,14 +222,14 @@ class SlotALU(wiring.Component):
                                           (r_bf16, "bf16"), (r_we, "we"))]
         d_valid = delay(r_valid, "valid", reset_less=False)
 
-        # Stage L+2: each lane's result (the adder's, or what came beside it), registered.
+        # Stage L+3: each lane's result (the adder's, or what came beside it), registered.
         lanes = [reg(Mux(d_use_adder, add.result, d_bypass[32 * i:32 * i + 32]), f"lane{i}_result")
                  for i, add in enumerate(adders)]
         wire_row = reg(d_bypass[:W], "wire_row")
         lane_form_r, acc32_r, fp32_r, bf16_r, we_r = (reg(v, f"out_{k}") for k, v in enumerate(d_ctl))
         valid_r = reg(d_valid, "out_valid", reset_less=False)
 
-        # Stages L+3 and L+4: narrowed to the wire format (the narrowing has a register rank of its own,
+        # Stages L+4 and L+5: narrowed to the wire format (the narrowing has a register rank of its own,
         # which the rest meets) and packed back in the wire or accumulator layout, into the output register.
         lane_form_r, acc32_r, fp32_r, bf16_r, we_r, valid_r, wire_row = (
             reg(v, f"narrow_{k}", reset_less=k != 5)
@@ -232,6 +260,6 @@ class SlotALU(wiring.Component):
         return m
 
 
-def slot_alu_latency(float_units: bool, fadd_stages: int = 3) -> int:
+def slot_alu_latency(float_units: bool, fadd_stages: int = FADD_STAGES) -> int:
     """:attr:`SlotALU.latency` of a slot ALU so built, without building it."""
-    return fadd_stages + 4 if float_units else 1
+    return fadd_stages + 6 if float_units else 2

@@ -31,10 +31,11 @@ def reference(op, a, b, bits, saturate):
     return np.clip(exact, lo, hi) if saturate else (exact - lo) % (1 << bits) + lo
 
 
-def evaluate(width, dtype, op, saturate, pairs):
-    """pairs: list of (a_values, b_values); returns the results as int64 arrays."""
+def evaluate(width, dtype, op, saturate, pairs, stages=0):
+    """pairs: list of (a_values, b_values); returns the results as int64 arrays. With ``stages=1`` the
+    pairs enter back to back, one per cycle, and each result is read one clock edge after its pair."""
     be, bits = TYPES[dtype]
-    dut = ReduceALU(width)
+    dut = ReduceALU(width, stages=stages)
     out = []
 
     async def tb(ctx):
@@ -44,9 +45,13 @@ def evaluate(width, dtype, op, saturate, pairs):
         for a, b in pairs:
             ctx.set(dut.a, beat_of(a, be))
             ctx.set(dut.b, beat_of(b, be))
+            if stages:
+                await ctx.tick()
+                ctx.set(dut.a, 0)            # the result must not depend on the inputs after the edge
+                ctx.set(dut.b, 0)
             out.append(values_of(ctx.get(dut.result), be, width // bits))
 
-    run(dut, tb, clock=False)
+    run(dut, tb, clock=bool(stages))
     return out
 
 
@@ -63,6 +68,23 @@ def test_random_and_extremes(width, dtype, op, saturate):
     pairs = [(rng.choice(special, n), rng.choice(special, n)) for _ in range(100)]
     pairs += [(rng.integers(lo, hi + 1, n), rng.integers(lo, hi + 1, n)) for _ in range(300)]
     got = evaluate(width, dtype, op, saturate, pairs)
+    for (a, b), g in zip(pairs, got):
+        np.testing.assert_array_equal(g, reference(op, a, b, bits, saturate), err_msg=f"a={a} b={b}")
+
+
+@pytest.mark.parametrize("dtype", list(TYPES))
+@pytest.mark.parametrize("op,saturate", [(ReduceOp.SUM, False), (ReduceOp.SUM, True), (ReduceOp.MAX, False),
+                                         (ReduceOp.MIN, False)])
+def test_registered_rank(dtype, op, saturate):
+    """stages=1: the same function, one clock edge later."""
+    be, bits = TYPES[dtype]
+    n = 64 // bits
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    rng = np.random.default_rng(bits + int(op) + 2 * saturate)
+    special = np.array([lo, lo + 1, -2, -1, 0, 1, 2, hi - 1, hi])
+    pairs = [(rng.choice(special, n), rng.choice(special, n)) for _ in range(60)]
+    pairs += [(rng.integers(lo, hi + 1, n), rng.integers(lo, hi + 1, n)) for _ in range(60)]
+    got = evaluate(64, dtype, op, saturate, pairs, stages=1)
     for (a, b), g in zip(pairs, got):
         np.testing.assert_array_equal(g, reference(op, a, b, bits, saturate), err_msg=f"a={a} b={b}")
 

@@ -10,10 +10,14 @@ import random
 
 import pytest
 
-from cais.hdl.completion import JobQueue
+from cais import numerics
+from cais import protocol as proto
+from cais.hdl.completion import ROW_QUEUE_LATENCY, FoldReader, JobQueue
 from cais.params import SwitchParams
+from cais.protocol import DType, ReduceOp
 
 from blocksim import run
+from test_fold import random_row
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -55,6 +59,8 @@ def test_jobs_wait_for_the_frames_decided_before_them(seed):
             ctx.set(dut.pop, pop)
             await ctx.delay(1e-9)
             ready, head = ctx.get(dut.head_ready), ctx.get(dut.head)
+            if ctx.get(dut.level) != len(jobs) - push:      # the jobs queued before this cycle
+                problems.append(f"cycle {cycle}: level {ctx.get(dut.level)}, expected {len(jobs) - push}")
             if ready and pop:
                 jid, newest = jobs[0]
                 # the model: every frame the job waited for is finished (not open any more)
@@ -76,3 +82,122 @@ def test_jobs_wait_for_the_frames_decided_before_them(seed):
     run(dut, tb)
     assert not problems, problems[:5]
     assert len(released) > 50 and released == sorted(released)
+
+
+# ----------------------------------------------------------------------------------------------- FoldReader
+def fold_row(job, banks, j, W):
+    """Row j of a job's result: the port-order fold of numerics over its contributors' bank rows."""
+    acc = None
+    for p, bank in enumerate(banks):
+        if job["contributors"] >> p & 1:
+            values = numerics.decode(job["dtype"], bank[job["row_base"] + j].to_bytes(W // 8, "little"))
+            acc = numerics.accumulate(job["dtype"], job["op"], acc, values, acc_fp32=job["acc_fp32"],
+                                      saturate=job["saturate"])
+    out = numerics.result_values(job["dtype"], acc, acc_fp32=job["acc_fp32"])
+    return int.from_bytes(numerics.encode(job["dtype"], out), "little")
+
+
+def random_jobs(rng, params, n, max_rows):
+    dtypes = list(DType) if params.float_units else [DType.INT32, DType.INT16, DType.INT8]
+    jobs = []
+    for _ in range(n):
+        dtype = rng.choice(dtypes)
+        jobs.append({
+            "cais": rng.getrandbits(proto.CAIS_HEADER_BYTES * 8), "mask": rng.randrange(1, 1 << params.ports),
+            "contributors": rng.randrange(1, 1 << params.ports), "row_base": rng.randrange(0, 64),
+            "rows": rng.choice([1, 1, 2, rng.randrange(1, max_rows + 1)]), "dtype": dtype,
+            "op": rng.choice(list(ReduceOp)), "acc_fp32": dtype in (DType.FP16, DType.BF16) and rng.random() < 0.5,
+            "saturate": rng.random() < 0.5,
+        })
+    return jobs
+
+
+def run_reader(params, jobs, banks, *, seed, job_gap, frame_refuse, row_refuse):
+    """Drive a FoldReader: jobs offered in order, the banks as synchronous-read memories, frames and rows
+    taken with random refusals. Returns (frames, rows with their cycles, problems)."""
+    rng = random.Random(seed)
+    dut = FoldReader(params)
+    W, P = params.data_width, params.ports
+    frames, rows, problems = [], [], []
+    total = sum(job["rows"] for job in jobs)
+
+    async def tb(ctx):
+        next_job, read, promised = 0, None, 0
+        for cycle in range(40 * total + 400):
+            if len(rows) == total and len(frames) == len(jobs):
+                break
+            # the banks answer the read of the previous cycle
+            for p in range(P):
+                ctx.set(dut.rd_data[p], banks[p][read] if read is not None else 0)
+            offer = next_job < len(jobs) and rng.random() >= job_gap
+            ctx.set(dut.job_valid, offer)
+            if offer:
+                ctx.set(dut.job, {k: int(v) for k, v in jobs[next_job].items()})
+            take_frame, take_row = rng.random() >= frame_refuse, rng.random() >= row_refuse
+            ctx.set(dut.frame_ready, take_frame)
+            ctx.set(dut.row_ready, take_row)
+            await ctx.delay(1e-9)
+            if offer and ctx.get(dut.job_ready):
+                next_job += 1
+            if take_frame and ctx.get(dut.frame_valid):
+                frames.append(ctx.get(dut.frame))
+            valid, held = ctx.get(dut.row_valid), ctx.get(dut.rows_held)
+            if promised and not valid:
+                problems.append(f"cycle {cycle}: rows_held promised a row, none offered")
+            if valid and not held:
+                problems.append(f"cycle {cycle}: a row offered, rows_held 0")
+            if take_row and valid:
+                rows.append((ctx.get(dut.row), cycle))
+            promised = held - (take_row and valid)         # still counted after this cycle's take
+            read = ctx.get(dut.rd_addr) if ctx.get(dut.rd_en) else None
+            await ctx.tick()
+
+    run(dut, tb)
+    return frames, rows, problems
+
+
+@pytest.mark.parametrize("float_units", [True, False], ids=["float", "int"])
+def test_fold_reader_against_the_port_order_fold(float_units):
+    """Every job's frame (header, mask, row count) in order, and its rows, each the port-order fold of its
+    contributors' bank rows (numerics), under random gaps and refusals; rows_held never promises a row
+    that is not offered in the next cycle."""
+    params = SwitchParams(float_units=float_units)
+    rng = random.Random(7 + float_units)
+    W, P = params.data_width, params.ports
+    jobs = random_jobs(rng, params, 40, 6)
+    # each job its own rows, of its type (special values included)
+    base = 0
+    for job in jobs:
+        job["row_base"] = base
+        base += job["rows"]
+    banks = [[0] * base for _ in range(P)]
+    for job in jobs:
+        for p in range(P):
+            for j in range(job["rows"]):
+                banks[p][job["row_base"] + j] = random_row(rng, job["dtype"], W)
+    frames, rows, problems = run_reader(params, jobs, banks, seed=3, job_gap=0.3, frame_refuse=0.3,
+                                        row_refuse=0.3)
+    assert not problems, problems[:5]
+    assert [(f["cais"], f["mask"], f["rows"]) for f in frames] == [(j["cais"], j["mask"], j["rows"]) for j in jobs]
+    want = [fold_row(job, banks, j, W) for job in jobs for j in range(job["rows"])]
+    bad = [(i, hex(g), hex(w)) for i, ((g, _), w) in enumerate(zip(rows, want)) if g != w]
+    assert len(rows) == len(want) and not bad, bad[:5]
+
+
+def test_fold_reader_one_row_per_cycle_across_jobs():
+    """Jobs back to back, nothing refused: the rows leave one per cycle without a bubble, the first
+    2 + F + ROW_QUEUE_LATENCY cycles after its read (bank read and register, F, the queues)."""
+    params = SwitchParams()
+    rng = random.Random(11)
+    jobs = random_jobs(rng, params, 12, 8)
+    base = 0
+    for job in jobs:
+        job["row_base"] = base
+        base += job["rows"]
+    banks = [[rng.getrandbits(params.data_width) for _ in range(base)] for _ in range(params.ports)]
+    _, rows, problems = run_reader(params, jobs, banks, seed=1, job_gap=0, frame_refuse=0, row_refuse=0)
+    assert not problems
+    cycles = [c for _, c in rows]
+    assert cycles == list(range(cycles[0], cycles[0] + base))
+    # job offered in cycle 0 and taken at once: its first row read in cycle 1
+    assert cycles[0] == 1 + 2 + params.fold_latency + ROW_QUEUE_LATENCY

@@ -115,7 +115,7 @@ def test_latency_and_one_row_per_cycle():
 
     async def tb(ctx):
         ctx.set(dut.mask, 0b1111)
-        for cycle in range(60):
+        for cycle in range(dut.latency + 40):
             ctx.set(dut.i_valid, cycle < 20)              # rows enter in cycles 0..19
             _, _, valid = await ctx.tick().sample(dut.o_valid)
             if valid:

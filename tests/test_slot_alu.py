@@ -250,12 +250,13 @@ def test_reference_zero_ties():
 
 # ============================================================================ construction
 def test_latency_attribute():
-    # operands registered, the adder's stages, lane results registered, narrowing (2 stages, the output register)
-    assert SlotALU(64).latency == 7
-    assert SlotALU(64, fadd_stages=0).latency == 4
-    assert SlotALU(128, fadd_stages=5).latency == 9
-    assert SlotALU(64, float_units=False).latency == 1          # the integer ALU into the output register
-    assert SlotALU(512, float_units=False, fadd_stages=6).latency == 1
+    # inputs registered, widening split in two (classification and count, then the operands registered),
+    # the adder's stages, lane results registered, narrowing (2 stages, the output register)
+    assert SlotALU(64).latency == 12                            # FADD_STAGES = 6
+    assert SlotALU(64, fadd_stages=0).latency == 6
+    assert SlotALU(128, fadd_stages=5).latency == 11
+    assert SlotALU(64, float_units=False).latency == 2          # the integer ALU's two stages
+    assert SlotALU(512, float_units=False, fadd_stages=6).latency == 2
     with pytest.raises(ValueError):
         SlotALU(64, fadd_stages=7)
     with pytest.raises(ValueError):
@@ -348,14 +349,14 @@ def test_random_w128():
 def test_random_fadd_stages(fadd_stages):
     """Other adder depths: the whole ALU follows (plus its output register)."""
     dut = SlotALU(64, fadd_stages=fadd_stages)
-    assert dut.latency == fadd_stages + 4
+    assert dut.latency == fadd_stages + 6
     check(dut, random_rows(64, list(DType), max(60, VECTORS // 3), seed=20 + fadd_stages))
 
 
 def test_integers_only():
-    """float_units=False: latency 1 (the integer ALU, registered), the integer types exact."""
+    """float_units=False: latency 2 (the integer ALU in two stages), the integer types exact."""
     dut = SlotALU(64, float_units=False)
-    assert dut.latency == 1
+    assert dut.latency == 2
     check(dut, random_rows(64, list(INT_BITS), 2 * VECTORS, seed=5))
 
 
