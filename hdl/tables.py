@@ -65,8 +65,11 @@ class RuleTable(wiring.Component):
         The key to look up.
     first : Out(rules)
         The winning entry, one-hot (0: no entry matches).
-    pick : In(rules); picked : Out(rule_layout)
-        The entry in the one-hot ``pick`` (an AND-OR mux).
+    pick : In(rules); picked : Out(rule_layout); picked_quota : Out(32)
+        The entry in the one-hot ``pick`` (an AND-OR mux), and its ``quota``.
+    entry[i] : Out(rule_layout); quota[i] : Out(32)
+        The entries as written, and each one's slot offset mask ``2**count_log2 - 1``, a register written
+        with the entry (so a lookup adds no decoder before the slot add).
     """
 
     def __init__(self, params: SwitchParams, regmap: RegisterMap):
@@ -76,6 +79,8 @@ class RuleTable(wiring.Component):
             "program": In(TableProgramSignature(regmap)),
             "group_id": In(8), "layer_id": In(16), "chunk_id": In(16),
             "first": Out(params.rules), "pick": In(params.rules), "picked": Out(self.layout),
+            "picked_quota": Out(32),
+            "entry": Out(self.layout).array(params.rules), "quota": Out(32).array(params.rules),
         })
 
     def elaborate(self, platform):
@@ -83,6 +88,7 @@ class RuleTable(wiring.Component):
         R = self.regmap
         P = self.params.ports
         entries = [Signal(self.layout, name=f"rule{i}") for i in range(self.params.rules)]
+        quotas = [Signal(32, name=f"quota{i}") for i in range(self.params.rules)]
 
         new = Signal(self.layout)
         prog = self.program
@@ -100,9 +106,10 @@ class RuleTable(wiring.Component):
             new.reproducible.eq(f("RULE_TYPE", "reproducible")),
         ]
         index = _get(prog.rule_write_data, R["RULE_WRITE"].field("index"))
-        for i, e in enumerate(entries):
+        for i, (e, q) in enumerate(zip(entries, quotas)):
             with m.If(prog.rule_write_stb & (index == i)):
-                m.d.sync += e.eq(new)
+                m.d.sync += [e.eq(new), q.eq((1 << new.count_log2) - 1)]
+            m.d.comb += [self.entry[i].eq(e), self.quota[i].eq(q)]
 
         def matches(e):
             return (e.valid
@@ -112,10 +119,11 @@ class RuleTable(wiring.Component):
 
         hits = Cat(*(matches(e) for e in entries))
         m.d.comb += self.first.eq(hits & -hits)           # the lowest index has priority
-        picked = 0
-        for i, e in enumerate(entries):
+        picked = picked_quota = 0
+        for i, (e, q) in enumerate(zip(entries, quotas)):
             picked = picked | Mux(self.pick[i], e.as_value(), 0)
-        m.d.comb += self.picked.eq(picked)
+            picked_quota = picked_quota | Mux(self.pick[i], q, 0)
+        m.d.comb += [self.picked.eq(picked), self.picked_quota.eq(picked_quota)]
         return m
 
 

@@ -102,6 +102,12 @@ class RuleBench:
             rule = looked_up(ctx, dut)
             got = {f: getattr(rule, f) for f in RULE_FIELDS}
             assert got == want, f"{key}: rule {got} != {want}"
+            quota = (1 << want["count_log2"]) - 1
+            assert ctx.get(dut.picked_quota) == quota, f"{key}: quota {ctx.get(dut.picked_quota):#x} != {quota:#x}"
+        for i, e in enumerate(self.ref.entries):       # the entries and their quotas as written
+            if e:
+                assert ctx.get(dut.entry[i].valid) == e["valid"] and ctx.get(dut.entry[i].base) == e["base"], i
+                assert ctx.get(dut.quota[i]) == (1 << e["count_log2"]) - 1, i
 
 
 def random_stage(rng, params):
