@@ -130,27 +130,35 @@ class RuleTable(wiring.Component):
 class MacTable(wiring.Component):
     """Exact match of a destination MAC address to an egress port; the lowest-index valid match wins.
 
+    A lookup has two halves, so a pipeline can register between them: the compares give ``hits``;
+    ``pick`` (those hits, registered or not) gives the winner's port.
+
     Members
     -------
     program : In(TableProgramSignature)
         MAC_WRITE strobe and data, and the staged address registers (the rule and slot members are not
         used here).
-    mac : In(48)
-        The address to look up.
-    hit : Out(1); port : Out(range(ports))
+    mac : In(48); hits : Out(mac_entries)
+        The address to look up; the valid entries that hold it.
+    pick : In(mac_entries); hit : Out(1); port : Out(range(ports)); port_mask : Out(ports)
+        The lowest entry in ``pick``: whether there is one, its port, and that port one-hot (each entry's
+        port is also kept one-hot, written with the entry).
     """
 
     def __init__(self, params: SwitchParams, regmap: RegisterMap):
         self.params, self.regmap = params, regmap
+        E = params.mac_entries
         super().__init__({
             "program": In(TableProgramSignature(regmap)),
-            "mac": In(48), "hit": Out(1), "port": Out(range(params.ports)),
+            "mac": In(48), "hits": Out(E),
+            "pick": In(E), "hit": Out(1), "port": Out(range(params.ports)), "port_mask": Out(params.ports),
         })
 
     def elaborate(self, platform):
         m = Module()
         R = self.regmap
-        layout = data.StructLayout({"valid": 1, "mac": 48, "port": range(self.params.ports)})
+        P = self.params.ports
+        layout = data.StructLayout({"valid": 1, "mac": 48, "port": range(P), "port_mask": P})
         entries = [Signal(layout, name=f"mac{i}") for i in range(self.params.mac_entries)]
         prog, cmd = self.program, R["MAC_WRITE"]
         index = _get(prog.mac_write_data, cmd.field("index"))
@@ -158,14 +166,16 @@ class MacTable(wiring.Component):
         for i, e in enumerate(entries):
             with m.If(prog.mac_write_stb & (index == i)):
                 m.d.sync += [
-                    e.valid.eq(_get(prog.mac_write_data, cmd.field("valid")) & (port < self.params.ports)),
+                    e.valid.eq(_get(prog.mac_write_data, cmd.field("valid")) & (port < P)),
                     e.mac.eq(Cat(_get(prog.mac_addr_lo, R["MAC_ADDR_LO"].field("mac")),
                                  _get(prog.mac_addr_hi, R["MAC_ADDR_HI"].field("mac")))),
-                    e.port.eq(port),
+                    e.port.eq(port), e.port_mask.eq(1 << port),
                 ]
-        hits = Cat(*(e.valid & (e.mac == self.mac) for e in entries))
-        m.d.comb += self.hit.eq(hits.any())
-        for i, e in reversed(list(enumerate(entries))):
-            with m.If(hits[i]):
-                m.d.comb += self.port.eq(e.port)
+        m.d.comb += self.hits.eq(Cat(*(e.valid & (e.mac == self.mac) for e in entries)))
+        first = self.pick & -self.pick                    # the lowest index has priority
+        port_v = port_mask = 0
+        for i, e in enumerate(entries):
+            port_v = port_v | Mux(first[i], e.port, 0)
+            port_mask = port_mask | Mux(first[i], e.port_mask, 0)
+        m.d.comb += [self.hit.eq(self.pick.any()), self.port.eq(port_v), self.port_mask.eq(port_mask)]
         return m

@@ -241,12 +241,16 @@ class MacBench:
     def check(self, mac):
         ctx, dut = self.ctx, self.dut
         ctx.set(dut.mac, mac)
+        ctx.set(dut.pick, ctx.get(dut.hits))          # the two halves of a lookup
+        hits = sum(1 << i for i, (v, m, p) in enumerate(self.entries) if v and m == mac)
+        assert ctx.get(dut.hits) == hits, f"mac={mac:012x} hits {ctx.get(dut.hits):#x} table={self.entries}"
         want = next((p for v, m, p in self.entries if v and m == mac), None)
         self.lookups += 1
         assert ctx.get(dut.hit) == (want is not None), f"mac={mac:012x} table={self.entries}"
         if want is not None:
             self.hits += 1
             assert ctx.get(dut.port) == want, f"mac={mac:012x} table={self.entries}"
+            assert ctx.get(dut.port_mask) == 1 << want, f"mac={mac:012x} table={self.entries}"
 
 
 def mac_test(params, body):
