@@ -3,7 +3,8 @@ for the port's lane and, for a set that completes or a resend, a result job.
 
 Stages (one header per cycle, never stalled; the arbiter holds headers back instead)::
 
-    G:  round-robin grant of a port with a header waiting and room in its lane (registered: take, a_*)
+    G:  round-robin grant of a port with a header waiting and room in its lane   (registered: take)
+    T:  the take; the taken header registered                                      (a_*)
     B1: rule match (the winning entry, one-hot), MAC compares, per-rule set/port/type bits (m_*)
     B2: the rule's fields by AND-OR pick, slot = base + (seq & quota), the MAC entry's port,
         the stateless drops of a CAIS frame                                                (b_*)
@@ -20,9 +21,9 @@ fourth, the header one cycle ahead, from its registered result. The 32-bit tag a
 are made in S2 (against the header one ahead too), so U works on bitmaps and a few bits.
 
 ``take`` is a register: the grant is computed from this cycle's requests and takes the header in the
-next cycle, while B1 already looks it up (the header stays offered until taken). A port being taken is
-not granted again in the same cycle, so each port is granted at most every other cycle and the ports
-together one header per cycle.
+next cycle (the header stays offered until taken), which registers it through a mux driven by ``take``.
+A port being taken is not granted again in the same cycle, so each port is granted at most every other
+cycle and the ports together one header per cycle.
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
@@ -45,7 +46,7 @@ __all__ = ["Decision", "decision_layout", "job_layout", "bank_addr_bits", "DECIS
 
 #: Clock edges from the cycle a header is taken (``take``) to its decision on ``push``/``decision``
 #: (and its events, and its job on ``job_valid``/``job``).
-DECISION_LATENCY = 6
+DECISION_LATENCY = 7
 #: Headers that may each still queue a job when ``hold`` is sampled: the one granted in that cycle (taken
 #: in the next) and those taken in the ``DECISION_LATENCY + 1`` cycles up to it.
 DECISION_HEADERS = DECISION_LATENCY + 2
@@ -171,9 +172,8 @@ class Decision(wiring.Component):
         m.d.sync += blocked.eq((sweeping & (sweep != prm.slots - 1)) | next_pending)
 
         # ------------------------------------------------------------ G: grant (take in the next cycle)
-        take = Signal(P)                      # also the one-hot port of the header in B1
-        a_valid, a_port, a_sf = Signal(), Signal(range(P)), Signal()
-        a_meta = Signal(self.meta_layout)
+        take = Signal(P)
+        t_port, t_sf = Signal(range(P)), Signal()
         # Whether each port's header needs slot state, registered: valid for the header offered now if the
         # port offered it in the cycle before too and it was not taken then.
         offered = [FrameHeader(self.meta[p].hdr) for p in range(P)]
@@ -194,15 +194,19 @@ class Decision(wiring.Component):
         go = req.any() & ~self.hold
         # (a_sf, for the SLOT_CLEAR's wait: exact while blocked, when only known stateless headers are
         # granted; taken as stateful otherwise)
-        m.d.sync += [a_valid.eq(go), take.eq(Mux(go, grant, 0)), a_sf.eq(~blocked | (grant & sf).any())]
+        m.d.sync += [take.eq(Mux(go, grant, 0)), t_sf.eq(~blocked | (grant & sf).any())]
         with m.If(go):
-            m.d.sync += [a_port.eq(Cat(*(Cat(*(grant[p] for p in range(P) if p >> k & 1)).any()
+            m.d.sync += [t_port.eq(Cat(*(Cat(*(grant[p] for p in range(P) if p >> k & 1)).any()
                                          for k in range(max(1, ceil_log2(P)))))),
                          above_last.eq(Cat(*((grant & ((1 << p) - 1)).any() for p in range(P))))]
+
+        # ------------------------------------------------------------ T: the take, the header registered
+        a_valid, a_port, a_me, a_sf = Signal(), Signal(range(P)), Signal(P), Signal()
+        a_meta = Signal(self.meta_layout)
         meta = 0
         for p in range(P):
-            meta = meta | Mux(grant[p], self.meta[p].as_value(), 0)
-        m.d.sync += a_meta.eq(meta)
+            meta = meta | Mux(take[p], self.meta[p].as_value(), 0)
+        m.d.sync += [a_valid.eq(take.any()), a_port.eq(t_port), a_me.eq(take), a_sf.eq(t_sf), a_meta.eq(meta)]
 
         # ------------------------------------------------------------ B1: table lookups
         key = FrameHeader(a_meta.hdr)
@@ -215,14 +219,14 @@ class Decision(wiring.Component):
         ]
         # Per rule, beside the match: the set bit of seq_num (bit count_log2), a foreign port, a type mismatch.
         set_bits = Cat(*(key.seq_num.bit_select(rules.entry[i].count_log2, 1) for i in range(R)))
-        foreign = Cat(*(~(rules.entry[i].contributors & take).any() for i in range(R)))
+        foreign = Cat(*(~(rules.entry[i].contributors & a_me).any() for i in range(R)))
         type_bad = Cat(*((key.dtype != rules.entry[i].dtype) | (key.red_op != rules.entry[i].red_op)
                          for i in range(R)))
         m_valid, m_port, m_me, m_sf, m_meta = Signal(), Signal(range(P)), Signal(P), Signal(), Signal(self.meta_layout)
         m_pick, m_mac_hits = Signal(R), Signal(prm.mac_entries)
         m_set, m_foreign, m_type_bad = Signal(R), Signal(R), Signal(R)
         m.d.sync += [
-            m_valid.eq(a_valid), m_port.eq(a_port), m_me.eq(take), m_sf.eq(a_valid & a_sf), m_meta.eq(a_meta),
+            m_valid.eq(a_valid), m_port.eq(a_port), m_me.eq(a_me), m_sf.eq(a_valid & a_sf), m_meta.eq(a_meta),
             m_pick.eq(rules.first), m_mac_hits.eq(macs.hits),
             m_set.eq(set_bits), m_foreign.eq(foreign), m_type_bad.eq(type_bad),
         ]
@@ -404,6 +408,7 @@ class Decision(wiring.Component):
             m.d.comb += [st_wr.addr.eq(clr_cur), st_wr.data.eq(0), st_wr.en.eq(1)]
             m.d.sync += in_use.eq(in_use - used(f_mem_v))
 
-        m.d.comb += drained.eq(~((a_valid & a_sf) | m_sf | b_cand | r_agg | f_agg | u_agg | w_agg))
-        m.d.comb += self.busy.eq(a_valid | m_valid | b_valid | r_valid | f_valid | u_valid)
+        m.d.comb += drained.eq(~((take.any() & t_sf) | (a_valid & a_sf) | m_sf | b_cand | r_agg | f_agg | u_agg
+                                 | w_agg))
+        m.d.comb += self.busy.eq(take.any() | a_valid | m_valid | b_valid | r_valid | f_valid | u_valid)
         return m

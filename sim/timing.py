@@ -1,7 +1,7 @@
 """The switch's documented cycle figures and the scenarios that check them: the amaranth.sim white-box tests
 (tests/test_switch_timing.py) use the figures and scenarios; :func:`timing_job` checks them on any link.
 
-The figures are docs/interface.md's, written here once: result latency ``beats + rows + F + 15`` cycles
+The figures are docs/interface.md's, written here once: result latency ``beats + rows + F + 16`` cycles
 (one more when the last payload row ends in the frame's last beat) from the completing contribution's
 last beat to the result's first beat, where ``F`` is the fold chain's latency
 (:attr:`SwitchParams.fold_latency`), the same for every kind of rule.
@@ -37,7 +37,7 @@ def documented_latency(params: SwitchParams, payload_len: int) -> int:
     rows = -(-payload_len // params.beat_bytes)
     beats = frame_beats(params, payload_len)
     flush = beats == rows + proto.HEADERS_BYTES // params.beat_bytes
-    return beats + rows + params.fold_latency + 15 + int(flush)
+    return beats + rows + params.fold_latency + 16 + int(flush)
 
 
 def contribution(port: int, seq: int, payload: bytes, group: int = 1,
@@ -127,7 +127,7 @@ async def measure_latency(link, payload_len: int, reproducible: bool = False,
 
 
 async def result_latency(link, seed: int) -> list[str]:
-    """beats + rows + F + 15 cycles from the completing contribution's last beat to the result's first
+    """beats + rows + F + 16 cycles from the completing contribution's last beat to the result's first
     beat, on every port in the same cycle, for reproducible rules as for the others."""
     params = link.params
     B = params.beat_bytes
