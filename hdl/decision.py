@@ -3,21 +3,22 @@ for the port's lane and, for a set that completes or a resend, a result job.
 
 Stages (one header per cycle, never stalled; the arbiter holds headers back instead)::
 
-    G:  round-robin grant of a port with a header waiting and room in its lane   (registered: take)
-    T:  the take; the taken header registered                                      (a_*)
-    B1: rule match (the winning entry, one-hot), MAC compares, per-rule set/port/type bits (m_*)
-    B2: the rule's fields by AND-OR pick, slot = base + (seq & quota), the MAC entry's port,
-        the stateless drops of a CAIS frame                                                (b_*)
-    S0: slot-state read issued from the registered slot; BAD_SLOT; an ordinary frame's ports (r_*)
-    S1: the memory's output registered; which in-flight write (if any) is the slot's newest (f_*)
-    S2: the slot's state forwarded from the writes the read missed; tag and length compares (u_*)
+    G:  round-robin grant of a port with a header waiting and room in its lane; the rule and MAC
+        compares of every port's offered header                                   (registered: take, g_*)
+    T:  the take; the taken header and its hits registered, the winning rule one-hot     (a_*)
+    B1: the rule's fields by AND-OR pick, the MAC entry's port                           (m_*)
+    B2: slot = base + (seq & quota), set, the stateless drops of a CAIS frame            (b_*)
+    S0: the slot-state read (addressed from B2's slot), its output registered; BAD_SLOT; an
+        ordinary frame's ports                                                           (r_*, f_mem0)
+    S1: the two oldest writes the read missed merged in; which newer write is the newest (f_*)
+    S2: the state forwarded from the two newer writes; tag and length compares          (u_*)
     U:  the previous header's write forwarded, SetUpdate, the outcome; decision and events (w_*, outputs)
     W:  the state write, the in_use counter
 
-Every memory output is registered before logic, and the slot-state loop is split: the state read in S0
-misses the writes of the four headers ahead of it. S2 takes the newest of three of them from a short
-history of written states (``w_*``, ``h1_*``, ``h2_*``, the slot matches found in S1), and U takes the
-fourth, the header one cycle ahead, from its registered result. The 32-bit tag and the length compares
+Every memory output is registered before logic, and the slot-state loop is split: the state read
+misses the writes of the five headers ahead of it. They come from a short history of written states
+(``w_*``, ``h1_*``, ``h2_*``; the slot matches are found a stage ahead): S1 merges the two oldest, S2
+the next two, and U takes the fifth, the header one cycle ahead, from its registered result. The 32-bit tag and the length compares
 are made in S2 (against the header one ahead too), so U works on bitmaps and a few bits.
 
 ``take`` is a register: the grant is computed from this cycle's requests and takes the header in the
@@ -40,7 +41,7 @@ from .enums import Action, DropReason, DType, ReduceOp
 from .header import FrameHeader
 from .ingress import frame_meta_layout
 from .slots import SetUpdate, SlotOutcome, entry_layout, set_layout
-from .tables import MacTable, RuleTable, TableProgramSignature
+from .tables import MacTable, RuleTable, TableProgramSignature, lowest_one, or_tree, rule_layout
 
 __all__ = ["Decision", "decision_layout", "job_layout", "bank_addr_bits", "DECISION_LATENCY", "DECISION_HEADERS"]
 
@@ -200,52 +201,54 @@ class Decision(wiring.Component):
                                          for k in range(max(1, ceil_log2(P)))))),
                          above_last.eq(Cat(*((grant & ((1 << p) - 1)).any() for p in range(P))))]
 
+        # The tables' compares, for every port's offered header at once (registered: the granted port's
+        # header is still the one offered when it is taken).
+        m.submodules.rules = rules = RuleTable(prm, self.regmap, keys=P)
+        m.submodules.macs = macs = MacTable(prm, self.regmap, keys=P)
+        wiring.connect(m, wiring.flipped(self.program), rules.program, macs.program)
+        g_hits = [Signal(R, name=f"g_hits{p}", reset_less=True) for p in range(P)]
+        g_mac = [Signal(prm.mac_entries, name=f"g_mac{p}", reset_less=True) for p in range(P)]
+        for p, h in enumerate(offered):
+            m.d.comb += [rules.key[p].group_id.eq(h.group_id), rules.key[p].layer_id.eq(h.layer_id),
+                         rules.key[p].chunk_id.eq(h.chunk_id), macs.mac[p].eq(h.dst_mac)]
+            m.d.sync += [g_hits[p].eq(rules.hits[p]), g_mac[p].eq(macs.hits[p])]
+
         # ------------------------------------------------------------ T: the take, the header registered
         a_valid, a_port, a_me, a_sf = Signal(), Signal(range(P)), Signal(P), Signal()
-        a_meta = Signal(self.meta_layout)
-        meta = 0
-        for p in range(P):
-            meta = meta | Mux(take[p], self.meta[p].as_value(), 0)
-        m.d.sync += [a_valid.eq(take.any()), a_port.eq(t_port), a_me.eq(take), a_sf.eq(t_sf), a_meta.eq(meta)]
-
-        # ------------------------------------------------------------ B1: table lookups
-        key = FrameHeader(a_meta.hdr)
-        m.submodules.rules = rules = RuleTable(prm, self.regmap)
-        m.submodules.macs = macs = MacTable(prm, self.regmap)
-        wiring.connect(m, wiring.flipped(self.program), rules.program, macs.program)
-        m.d.comb += [
-            rules.group_id.eq(key.group_id), rules.layer_id.eq(key.layer_id), rules.chunk_id.eq(key.chunk_id),
-            macs.mac.eq(key.dst_mac),
+        a_meta = Signal(self.meta_layout, reset_less=True)
+        a_pick, a_mac = Signal(R, reset_less=True), Signal(prm.mac_entries, reset_less=True)
+        meta = or_tree(Mux(take[p], self.meta[p].as_value(), 0) for p in range(P))
+        m.d.sync += [
+            a_valid.eq(take.any()), a_port.eq(t_port), a_me.eq(take), a_sf.eq(t_sf), a_meta.eq(meta),
+            a_pick.eq(lowest_one(or_tree(Mux(take[p], g_hits[p], 0) for p in range(P)), R)),  # the winning rule
+            a_mac.eq(lowest_one(or_tree(Mux(take[p], g_mac[p], 0) for p in range(P)), prm.mac_entries)),
         ]
-        # Per rule, beside the match: the set bit of seq_num (bit count_log2), a foreign port, a type mismatch.
-        set_bits = Cat(*(key.seq_num.bit_select(rules.entry[i].count_log2, 1) for i in range(R)))
-        foreign = Cat(*(~(rules.entry[i].contributors & a_me).any() for i in range(R)))
-        type_bad = Cat(*((key.dtype != rules.entry[i].dtype) | (key.red_op != rules.entry[i].red_op)
-                         for i in range(R)))
-        m_valid, m_port, m_me, m_sf, m_meta = Signal(), Signal(range(P)), Signal(P), Signal(), Signal(self.meta_layout)
-        m_pick, m_mac_hits = Signal(R), Signal(prm.mac_entries)
-        m_set, m_foreign, m_type_bad = Signal(R), Signal(R), Signal(R)
+
+        # ------------------------------------------------------------ B1: the rule's and the MAC entry's fields
+        m.d.comb += [rules.pick.eq(a_pick), macs.pick.eq(a_mac)]
+        m_valid, m_port, m_me, m_sf = Signal(), Signal(range(P)), Signal(P), Signal()
+        m_meta = Signal(self.meta_layout, reset_less=True)
+        m_hit, m_rule, m_quota = Signal(), Signal(rule_layout(prm), reset_less=True), Signal(32, reset_less=True)
+        m_mac_hit, m_mac_mask = Signal(), Signal(P, reset_less=True)
         m.d.sync += [
             m_valid.eq(a_valid), m_port.eq(a_port), m_me.eq(a_me), m_sf.eq(a_valid & a_sf), m_meta.eq(a_meta),
-            m_pick.eq(rules.first), m_mac_hits.eq(macs.hits),
-            m_set.eq(set_bits), m_foreign.eq(foreign), m_type_bad.eq(type_bad),
+            m_hit.eq(a_pick.any()), m_rule.eq(rules.picked), m_quota.eq(rules.picked_quota),
+            m_mac_hit.eq(macs.hit), m_mac_mask.eq(macs.port_mask),
         ]
 
-        # ------------------------------------------------------------ B2: the rule and stateless checks
+        # ------------------------------------------------------------ B2: slot, the stateless checks
         hdr = FrameHeader(m_meta.hdr)
-        m.d.comb += [rules.pick.eq(m_pick), macs.pick.eq(m_mac_hits)]
-        rule = rules.picked
-        rule_hit = m_pick.any()
+        rule = m_rule
         # Slot and set from seq_num within the group's quota, at full width: with count_log2 up to 31 the
         # offset can be any 32-bit value, and every slot >= slots is BAD_SLOT (found in S0).
         seq = hdr.seq_num
         slot = Signal(33)
-        m.d.comb += slot.eq(rule.base + (seq & rules.picked_quota))
+        m.d.comb += slot.eq(rule.base + (seq & m_quota))
 
         b_valid, b_action, b_reason, b_mask = Signal(), Signal(Action), Signal(DropReason), Signal(P)
-        b_slot = Signal(33)
+        b_slot = Signal(33, reset_less=True)
         b_l2, b_group, b_mac_hit, b_mac_mask = Signal(), Signal(), Signal(), Signal(P)   # an ordinary frame
-        b_c = Signal(carry_l)
+        b_c = Signal(carry_l, reset_less=True)
         s_action, s_reason, s_mask = Signal(Action), Signal(DropReason), Signal(P)
 
         def drop(reason):
@@ -257,22 +260,21 @@ class Decision(wiring.Component):
 
         with m.If(~hdr.is_cais):
             m.d.comb += s_action.eq(Action.FORWARD)       # (its ports are found in S0)
-        with m.Elif(~rule_hit):
+        with m.Elif(~m_hit):
             m.d.comb += drop(DropReason.NO_RULE)
-        with m.Elif((m_pick & m_foreign).any()):
+        with m.Elif(~(rule.contributors & m_me).any()):
             m.d.comb += drop(DropReason.FOREIGN_PORT)
         with m.Elif(hdr.op_type != proto.OpType.ALL_REDUCE):
             m.d.comb += forward(rule.results & ~m_me)
-        with m.Elif((m_pick & m_type_bad).any()):
+        with m.Elif((hdr.dtype != rule.dtype) | (hdr.red_op != rule.red_op)):
             m.d.comb += drop(DropReason.TYPE_MISMATCH)
         with m.Else():
             m.d.comb += s_action.eq(Action.AGGREGATE)      # (BAD_SLOT is checked in S0)
 
         m.d.sync += [
             b_valid.eq(m_valid), b_action.eq(s_action), b_reason.eq(s_reason), b_mask.eq(s_mask), b_slot.eq(slot),
-            b_l2.eq(~hdr.is_cais), b_group.eq(hdr.dst_is_group), b_mac_hit.eq(macs.hit),
-            b_mac_mask.eq(macs.port_mask),
-            b_c.port.eq(m_port), b_c.me.eq(m_me), b_c.set.eq((m_pick & m_set).any()),
+            b_l2.eq(~hdr.is_cais), b_group.eq(hdr.dst_is_group), b_mac_hit.eq(m_mac_hit), b_mac_mask.eq(m_mac_mask),
+            b_c.port.eq(m_port), b_c.me.eq(m_me), b_c.set.eq(seq.bit_select(rule.count_log2, 1)),
             b_c.tag.eq(seq), b_c.plen.eq(hdr.payload_len),
             b_c.cais.eq(hdr.cais_bytes()), b_c.rows.eq((hdr.payload_len + B - 1) >> lb),
             b_c.beats.eq(m_meta.beats), b_c.length.eq(m_meta.length),
@@ -282,16 +284,39 @@ class Decision(wiring.Component):
             b_c.kind.acc_fp32.eq(rule.acc_fp32 & ((rule.dtype == DType.FP16) | (rule.dtype == DType.BF16))),
         ]
 
+        # The stages after S0, each a header and what it carries; w, h1, h2 hold the written states.
+        f_valid, f_agg, f_action, f_reason, f_mask = Signal(), Signal(), Signal(Action), Signal(DropReason), Signal(P)
+        f_c = Signal(carry_l, reset_less=True)
+        f_mem, f_sel = Signal(ent, reset_less=True), Signal(3, reset_less=True)
+        u_valid, u_agg, u_action, u_reason, u_mask = Signal(), Signal(), Signal(Action), Signal(DropReason), Signal(P)
+        u_c, u_cur, u_other = (Signal(carry_l, reset_less=True), Signal(setl, reset_less=True),
+                               Signal(setl, reset_less=True))
+        u_tag_eq, u_len_eq, u_prev_same, u_same_set = (Signal(reset_less=True), Signal(reset_less=True), Signal(),
+                                                       Signal(reset_less=True))
+        u_eq_prev_tag, u_eq_prev_len = Signal(reset_less=True), Signal(reset_less=True)
+        w_agg, w_slot, w_new, w_first = Signal(), Signal(slot_bits, reset_less=True), Signal(ent, reset_less=True), Signal()
+        w_old = Signal(2 * P, reset_less=True)
+        h1_agg, h1_slot, h1_new = Signal(), Signal(slot_bits, reset_less=True), Signal(ent, reset_less=True)
+        h2_agg, h2_slot, h2_new = Signal(), Signal(slot_bits, reset_less=True), Signal(ent, reset_less=True)
+
         # ------------------------------------------------------------ S0: state read, BAD_SLOT, L2 ports
         m.submodules.state_mem = self.state_mem
         st_wr = self.state_mem.write_port()
-        st_rd = self.state_mem.read_port()         # synchronous, not transparent: a write this cycle is missed
-        m.d.comb += st_rd.addr.eq(Mux(clr_read, clr_cur, b_slot[:slot_bits]))
+        # Synchronous, not transparent (a write in the cycle of the read is missed); addressed from B2's
+        # slot add (its low bits), so its output has a register of its own (f_mem0) in S0.
+        st_rd = self.state_mem.read_port()
+        m.d.comb += st_rd.addr.eq(Mux(clr_read, clr_cur, slot[:slot_bits]))
         b_cand = b_valid & ~b_l2 & (b_action == Action.AGGREGATE)
         bad = b_slot >= prm.slots
         l2_dest = Mux(b_group | ~b_mac_hit, all_ports, b_mac_mask) & ~b_c.me
         r_valid, r_agg, r_action, r_reason, r_mask = Signal(), Signal(), Signal(Action), Signal(DropReason), Signal(P)
-        r_c = Signal(carry_l)
+        r_c = Signal(carry_l, reset_less=True)
+        # The read missed the writes of the five headers ahead; of them, the ones now in W and h1 are in
+        # h1 and h2 when this one is in S1 (the newest wins).
+        f_mem0, r_sel = Signal(ent, reset_less=True), Signal(3, reset_less=True)
+        hit4 = w_agg & (w_slot == b_slot[:slot_bits])
+        hit5 = h1_agg & (h1_slot == b_slot[:slot_bits])
+        m.d.sync += [f_mem0.eq(st_rd.data), r_sel.eq(Cat(hit4, ~hit4 & hit5, ~hit4 & ~hit5))]
         m.d.sync += [
             r_valid.eq(b_valid), r_agg.eq(b_cand & ~bad), r_mask.eq(Mux(b_l2, l2_dest, b_mask)),
             r_action.eq(Mux(b_l2, Mux(l2_dest == 0, Action.DROP, Action.FORWARD),
@@ -301,32 +326,20 @@ class Decision(wiring.Component):
             r_c.row_base.eq(Cat(b_c.set, b_slot[:slot_bits]) * prm.rows_per_set),
         ]
 
-        # The stages after S0, each a header and what it carries; w, h1, h2 hold the written states.
-        f_valid, f_agg, f_action, f_reason, f_mask = Signal(), Signal(), Signal(Action), Signal(DropReason), Signal(P)
-        f_c, f_mem, f_sel = Signal(carry_l), Signal(ent), Signal(4)
-        u_valid, u_agg, u_action, u_reason, u_mask = Signal(), Signal(), Signal(Action), Signal(DropReason), Signal(P)
-        u_c, u_cur, u_other = Signal(carry_l), Signal(setl), Signal(setl)
-        u_tag_eq, u_len_eq, u_prev_same, u_same_set = Signal(), Signal(), Signal(), Signal()
-        u_eq_prev_tag, u_eq_prev_len = Signal(), Signal()
-        w_agg, w_slot, w_new, w_first, w_old = Signal(), Signal(slot_bits), Signal(ent), Signal(), Signal(2 * P)
-        h1_agg, h1_slot, h1_new = Signal(), Signal(slot_bits), Signal(ent)
-        h2_agg, h2_slot, h2_new = Signal(), Signal(slot_bits), Signal(ent)
-
-        # ------------------------------------------------------------ S1: memory output, newest write
-        # The read missed the writes of the headers now in U, W and h1 (in W, h1, h2 when this one is in S2).
-        hit_w = u_agg & (u_c.slot == r_c.slot)
-        hit_h1 = w_agg & (w_slot == r_c.slot)
-        hit_h2 = h1_agg & (h1_slot == r_c.slot)
+        # ------------------------------------------------------------ S1: older writes merged, newest write
         m.d.sync += [
             f_valid.eq(r_valid), f_agg.eq(r_agg), f_action.eq(r_action), f_reason.eq(r_reason), f_mask.eq(r_mask),
-            f_c.eq(r_c), f_mem.eq(st_rd.data),
-            f_sel.eq(Cat(hit_w, ~hit_w & hit_h1, ~hit_w & ~hit_h1 & hit_h2, ~hit_w & ~hit_h1 & ~hit_h2)),
+            f_c.eq(r_c),
+            f_mem.eq(or_tree(Mux(r_sel[k], src, 0) for k, src in enumerate((h1_new, h2_new, f_mem0)))),
         ]
+        # Of the rest, the ones now in U and W are in W and h1 when this one is in S2.
+        hit_w = u_agg & (u_c.slot == r_c.slot)
+        hit_h1 = w_agg & (w_slot == r_c.slot)
+        m.d.sync += f_sel.eq(Cat(hit_w, ~hit_w & hit_h1, ~hit_w & ~hit_h1))
 
         # ------------------------------------------------------------ S2: forwarding, compares
         fwd = Signal(ent)
-        m.d.comb += fwd.eq(Mux(f_sel[0], w_new, 0) | Mux(f_sel[1], h1_new, 0) | Mux(f_sel[2], h2_new, 0)
-                           | Mux(f_sel[3], f_mem, 0))
+        m.d.comb += fwd.eq(or_tree(Mux(f_sel[k], src, 0) for k, src in enumerate((w_new, h1_new, f_mem))))
         cur, other = fwd[f_c.set], fwd[~f_c.set]
         m.d.sync += [
             u_valid.eq(f_valid), u_agg.eq(f_agg), u_action.eq(f_action), u_reason.eq(f_reason), u_mask.eq(f_mask),
@@ -396,7 +409,7 @@ class Decision(wiring.Component):
         # ------------------------------------------------------------ W: the state write, in_use
         def used(bitmaps):
             return (bitmaps[0].bitmap != 0) + (bitmaps[1].bitmap != 0)
-        w_new_v, f_mem_v = data.View(ent, w_new), data.View(ent, f_mem)
+        w_new_v, f_mem_v = data.View(ent, w_new), data.View(ent, f_mem0)
         in_use = Signal(32)
         m.d.comb += self.slots_in_use.eq(in_use)
         with m.If(sweeping):
@@ -404,7 +417,7 @@ class Decision(wiring.Component):
         with m.Elif(w_agg):
             m.d.comb += [st_wr.addr.eq(w_slot), st_wr.data.eq(w_new), st_wr.en.eq(1)]
             m.d.sync += in_use.eq(in_use + (used(w_new_v) - ((w_old[:P] != 0) + (w_old[P:] != 0))))
-        with m.Elif(clr_write):                    # (f_mem holds the slot clr_read read)
+        with m.Elif(clr_write):                    # (f_mem0 holds the slot clr_read read)
             m.d.comb += [st_wr.addr.eq(clr_cur), st_wr.data.eq(0), st_wr.en.eq(1)]
             m.d.sync += in_use.eq(in_use - used(f_mem_v))
 
