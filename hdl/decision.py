@@ -6,8 +6,9 @@ Stages (one header per cycle, never stalled; the arbiter holds headers back inst
     G:  round-robin grant of a port with a header waiting and room in its lane; the rule and MAC
         compares of every port's offered header                                   (registered: take, g_*)
     T:  the take; the taken header and its hits registered, the winning rule one-hot     (a_*)
-    B1: the rule's fields by AND-OR pick, the MAC entry's port                           (m_*)
-    B2: slot = base + (seq & quota), set, the stateless drops of a CAIS frame            (b_*)
+    B1: the rule's fields by AND-OR pick, the winning MAC entry one-hot                  (m_*)
+    B2: slot = base + (seq & quota), set, the stateless drops of a CAIS frame, the MAC
+        entry's port                                                                      (b_*)
     S0: the slot-state read (addressed from B2's slot), its output registered; BAD_SLOT; an
         ordinary frame's ports                                                           (r_*, f_mem0)
     S1: the two oldest writes the read missed merged in; which newer write is the newest (f_*)
@@ -221,24 +222,25 @@ class Decision(wiring.Component):
         m.d.sync += [
             a_valid.eq(take.any()), a_port.eq(t_port), a_me.eq(take), a_sf.eq(t_sf), a_meta.eq(meta),
             a_pick.eq(lowest_one(or_tree(Mux(take[p], g_hits[p], 0) for p in range(P)), R)),  # the winning rule
-            a_mac.eq(lowest_one(or_tree(Mux(take[p], g_mac[p], 0) for p in range(P)), prm.mac_entries)),
+            a_mac.eq(or_tree(Mux(take[p], g_mac[p], 0) for p in range(P))),
         ]
 
         # ------------------------------------------------------------ B1: the rule's and the MAC entry's fields
-        m.d.comb += [rules.pick.eq(a_pick), macs.pick.eq(a_mac)]
+        m.d.comb += rules.pick.eq(a_pick)
         m_valid, m_port, m_me, m_sf = Signal(), Signal(range(P)), Signal(P), Signal()
         m_meta = Signal(self.meta_layout, reset_less=True)
         m_hit, m_rule, m_quota = Signal(), Signal(rule_layout(prm), reset_less=True), Signal(32, reset_less=True)
-        m_mac_hit, m_mac_mask = Signal(), Signal(P, reset_less=True)
+        m_mac = Signal(prm.mac_entries, reset_less=True)
         m.d.sync += [
             m_valid.eq(a_valid), m_port.eq(a_port), m_me.eq(a_me), m_sf.eq(a_valid & a_sf), m_meta.eq(a_meta),
             m_hit.eq(a_pick.any()), m_rule.eq(rules.picked), m_quota.eq(rules.picked_quota),
-            m_mac_hit.eq(macs.hit), m_mac_mask.eq(macs.port_mask),
+            m_mac.eq(lowest_one(a_mac, prm.mac_entries)),           # the winning MAC entry
         ]
 
         # ------------------------------------------------------------ B2: slot, the stateless checks
         hdr = FrameHeader(m_meta.hdr)
         rule = m_rule
+        m.d.comb += macs.pick.eq(m_mac)
         # Slot and set from seq_num within the group's quota, at full width: with count_log2 up to 31 the
         # offset can be any 32-bit value, and every slot >= slots is BAD_SLOT (found in S0).
         seq = hdr.seq_num
@@ -273,7 +275,7 @@ class Decision(wiring.Component):
 
         m.d.sync += [
             b_valid.eq(m_valid), b_action.eq(s_action), b_reason.eq(s_reason), b_mask.eq(s_mask), b_slot.eq(slot),
-            b_l2.eq(~hdr.is_cais), b_group.eq(hdr.dst_is_group), b_mac_hit.eq(m_mac_hit), b_mac_mask.eq(m_mac_mask),
+            b_l2.eq(~hdr.is_cais), b_group.eq(hdr.dst_is_group), b_mac_hit.eq(macs.hit), b_mac_mask.eq(macs.port_mask),
             b_c.port.eq(m_port), b_c.me.eq(m_me), b_c.set.eq(seq.bit_select(rule.count_log2, 1)),
             b_c.tag.eq(seq), b_c.plen.eq(hdr.payload_len),
             b_c.cais.eq(hdr.cais_bytes()), b_c.rows.eq((hdr.payload_len + B - 1) >> lb),
