@@ -97,7 +97,8 @@ class SwitchCore(wiring.Component):
         m.submodules.reader = reader = FoldReader(prm)
         m.submodules.results = res = ResultGenerator(prm)
         m.submodules.egress = xbar = EgressCrossbar(P + 1, P, prm.data_width, prm.max_frame_beats, prm.egress_depth)
-        # Headers in the decision pipeline may each queue a job: take one only if they all fit.
+        # Headers in the decision pipeline (and the one granted now) may each queue a job: grant one only
+        # if they all fit.
         m.d.comb += dec.hold.eq(jobs.level > jobs.depth - DECISION_HEADERS)
 
         for p in range(P):

@@ -26,6 +26,10 @@ are made in S2 (against the header one ahead too), so U works on bitmaps and a f
 next cycle (the header stays offered until taken), which registers it through a mux driven by ``take``.
 A port being taken is not granted again in the same cycle, so each port is granted at most every other
 cycle and the ports together one header per cycle.
+
+A header meets the rule table twice: its match in G and its rule's fields in B1, two cycles later (a
+RULE_WRITE in between, to the entry it matched, gives it the new entry's fields: the control plane
+does not rewrite a group's rule under its traffic).
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
