@@ -25,7 +25,7 @@ from cais.params import SwitchParams
 from cais.registers import RegisterMap
 
 from .completion import FoldReader, JobQueue
-from .decision import DECISION_LATENCY, Decision
+from .decision import DECISION_HEADERS, Decision
 from .egress import EgressCrossbar
 from .enums import Action, DropReason
 from .ingress import frame_meta_layout
@@ -98,8 +98,9 @@ class SwitchCore(wiring.Component):
         m.submodules.reader = reader = FoldReader(prm)
         m.submodules.results = res = ResultGenerator(prm)
         m.submodules.egress = xbar = EgressCrossbar(P + 1, P, prm.data_width, prm.max_frame_beats, prm.egress_depth)
-        # Headers in the decision pipeline may each queue a job: take one only if they all fit.
-        m.d.comb += dec.hold.eq(jobs.level > jobs.depth - (DECISION_LATENCY + 1))
+        # Headers in the decision pipeline (and the one granted now) may each queue a job: grant one only
+        # if they all fit.
+        m.d.comb += dec.hold.eq(jobs.level > jobs.depth - DECISION_HEADERS)
 
         for p in range(P):
             m.submodules[f"lane{p}"] = lane = IngressLane(prm)

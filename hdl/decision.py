@@ -1,17 +1,35 @@
 """The decision pipeline: one frame header per cycle, from the ingress ports' queued headers to a decision
 for the port's lane and, for a set that completes or a resend, a result job.
 
-Stages (one header per cycle, no stall; the arbiter holds headers back instead)::
+Stages (one header per cycle, never stalled; the arbiter holds headers back instead)::
 
-    A:  round-robin pick of a port with a header waiting and room in its lane  (registered: a_*)
-    B1: rule match (the winning entry, one-hot), MAC lookup                     (registered: m_*)
-    B2: the rule's fields, slot and set, every drop that needs no state         (registered: b_*)
-    C:  slot-state read, SlotUpdate, the state-dependent outcome, state write  (outputs registered)
+    G:  round-robin grant of a port with a header waiting and room in its lane; the rule and MAC
+        compares of every port's offered header                                   (registered: take, g_*)
+    T:  the take; the taken header and its hits registered, the winning rule one-hot     (a_*)
+    B1: the rule's fields by AND-OR pick, the winning MAC entry one-hot                  (m_*)
+    B2: slot = base + (seq & quota), set, the stateless drops of a CAIS frame, the MAC
+        entry's port                                                                      (b_*)
+    S0: the slot-state read (addressed from B2's slot), its output registered; BAD_SLOT; an
+        ordinary frame's ports                                                           (r_*, f_mem0)
+    S1: the two oldest writes the read missed merged in; which newer write is the newest (f_*)
+    S2: the state forwarded from the two newer writes; tag and length compares          (u_*)
+    U:  the previous header's write forwarded, SetUpdate, the outcome; decision and events (w_*, outputs)
+    W:  the state write, the in_use counter
 
-The slot state is a small memory read asynchronously in C and written at the end of C, so the next
-header in C sees the new state: the state loop is one stage, and everything before it (the ternary match,
-the one-hot pick, the slot address add) is in A and B. The decision leaves registered, four clock edges
-after the arbiter took the header.
+Every memory output is registered before logic, and the slot-state loop is split: the state read
+misses the writes of the five headers ahead of it. They come from a short history of written states
+(``w_*``, ``h1_*``, ``h2_*``; the slot matches are found a stage ahead): S1 merges the two oldest, S2
+the next two, and U takes the fifth, the header one cycle ahead, from its registered result. The 32-bit tag and the length compares
+are made in S2 (against the header one ahead too), so U works on bitmaps and a few bits.
+
+``take`` is a register: the grant is computed from this cycle's requests and takes the header in the
+next cycle (the header stays offered until taken), which registers it through a mux driven by ``take``.
+A port being taken is not granted again in the same cycle, so each port is granted at most every other
+cycle and the ports together one header per cycle.
+
+A header meets the rule table twice: its match in G and its rule's fields in B1, two cycles later (a
+RULE_WRITE in between, to the entry it matched, gives it the new entry's fields: the control plane
+does not rewrite a group's rule under its traffic).
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
@@ -27,13 +45,17 @@ from cais.registers import RegisterMap
 from .enums import Action, DropReason, DType, ReduceOp
 from .header import FrameHeader
 from .ingress import frame_meta_layout
-from .slots import SlotOutcome, SlotUpdate, entry_layout
-from .tables import MacTable, RuleTable, TableProgramSignature
+from .slots import SetUpdate, SlotOutcome, entry_layout, set_layout
+from .tables import MacTable, RuleTable, TableProgramSignature, lowest_one, or_tree, rule_layout
 
-__all__ = ["Decision", "decision_layout", "job_layout", "bank_addr_bits", "DECISION_LATENCY"]
+__all__ = ["Decision", "decision_layout", "job_layout", "bank_addr_bits", "DECISION_LATENCY", "DECISION_HEADERS"]
 
-#: Clock edges from the arbiter taking a header to its decision on ``push``/``decision``.
-DECISION_LATENCY = 4
+#: Clock edges from the cycle a header is taken (``take``) to its decision on ``push``/``decision``
+#: (and its events, and its job on ``job_valid``/``job``).
+DECISION_LATENCY = 7
+#: Headers that may each still queue a job when ``hold`` is sampled: the one granted in that cycle (taken
+#: in the next) and those taken in the ``DECISION_LATENCY + 1`` cycles up to it.
+DECISION_HEADERS = DECISION_LATENCY + 2
 
 
 def bank_addr_bits(params: SwitchParams) -> int:
@@ -73,18 +95,24 @@ class Decision(wiring.Component):
     -------
     meta[p] : In(frame_meta_layout); request : In(ports); take : Out(ports)
         Port p's oldest undecided header, offered while ``request[p]`` (the port has a header and room
-        for its decision); ``take[p]`` pops it.
+        for its decision); ``take[p]`` pops it. ``take`` is a register, granted in the cycle before from
+        ``request``: a request must stay up, with the same ``meta``, until taken.
     hold : In(1)
-        Take no header this cycle (the result jobs have no room for what may complete).
+        Grant no header this cycle (the result jobs have no room for what may complete: the
+        :data:`DECISION_HEADERS` headers in flight may each queue one).
     push : Out(ports); decision : Out(decision_layout)
-        A decision for the lane of the port in ``push`` (one-hot, at most one per cycle).
+        A decision for the lane of the port in ``push`` (one-hot, at most one per cycle),
+        :data:`DECISION_LATENCY` cycles after the take.
     job_valid : Out(1); job : Out(job_layout)
-        A result to send, in decision order.
+        A result to send, in decision order, with the decision.
     program : In(TableProgramSignature); ev_* : Out(1); ev_drop_reason : Out(DropReason);
     slots_in_use : Out(32)
-        Table programming, one event pulse per decided frame for the counters, non-empty sets.
+        Table programming, one event pulse per decided frame for the counters (with its decision), non-empty
+        sets (one cycle after the decision).
     busy : Out(1)
-        A header is in the pipeline.
+        A header is in the pipeline (not counting the outputs).
+
+    Every output is a register.
     """
 
     def __init__(self, params: SwitchParams, regmap: RegisterMap):
@@ -106,92 +134,127 @@ class Decision(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         prm = self.params
-        P, B = prm.ports, prm.beat_bytes
+        P, B, R = prm.ports, prm.beat_bytes, prm.rules
         lb = ceil_log2(B)
         slot_bits = max(1, ceil_log2(prm.slots))
         all_ports = (1 << P) - 1
+        ent = entry_layout(P, prm.slot_len_bits)
+        setl = set_layout(P, prm.slot_len_bits)
+        kind_l = data.StructLayout({"dtype": DType, "op": ReduceOp, "acc_fp32": 1, "saturate": 1})
+        # What a header carries from B2 to its decision.
+        carry_l = data.StructLayout({
+            "port": range(P), "me": P, "slot": slot_bits, "set": 1, "tag": 32, "plen": prm.slot_len_bits,
+            "row_base": bank_addr_bits(prm), "rows": range(prm.rows_per_set + 1),
+            "beats": self.meta_layout["beats"].shape, "length": self.meta_layout["length"].shape,
+            "cais": proto.CAIS_HEADER_BYTES * 8, "contributors": P, "results": P, "kind": kind_l,
+        })
 
-        # After reset the slot state is swept to empty, one slot per cycle (memories do not reset). A
-        # SLOT_CLEAR owns the state memory's write port in the first cycle stage C does not write it.
-        sweep = Signal(range(prm.slots + 1))
-        sweeping = sweep != prm.slots
+        # After reset the slot state is swept to empty, one slot per cycle (memories do not reset); no
+        # header that needs slot state is granted meanwhile.
+        sweep = Signal(range(max(2, prm.slots)))
+        sweeping = Signal(init=1)
         with m.If(sweeping):
-            m.d.sync += sweep.eq(sweep + 1)
+            m.d.sync += [sweep.eq(sweep + 1), sweeping.eq(sweep != prm.slots - 1)]
+        # A SLOT_CLEAR waits (granting no stateful header) until no stateful header is in the pipeline,
+        # then reads the slot (for in_use) and writes it empty: clr_read, clr_wait, clr_write.
         clear_pending = Signal()
         clear_slot = Signal(16)
+        clr_read, clr_wait, clr_write = Signal(), Signal(), Signal()
+        clr_cur = Signal(slot_bits)
+        clearing = clr_read | clr_wait | clr_write
+        drained = Signal()
+        start_clear = clear_pending & ~clearing & ~sweeping & drained
+        next_pending = self.program.slot_clear_stb | (clear_pending & ~start_clear)
+        next_read = start_clear & (clear_slot < prm.slots)
         with m.If(self.program.slot_clear_stb):
-            m.d.sync += [clear_pending.eq(1), clear_slot.eq(self.program.slot_clear_data[:16])]
+            m.d.sync += clear_slot.eq(self.program.slot_clear_data[:16])
+        with m.If(start_clear):
+            m.d.sync += clr_cur.eq(clear_slot[:slot_bits])
+        m.d.sync += [clear_pending.eq(next_pending), clr_read.eq(next_read), clr_wait.eq(clr_read),
+                     clr_write.eq(clr_wait)]
+        # While the state is swept or a clear waits, only headers that need no slot state are granted. One
+        # granted in the cycle after the clear starts reads the slot state (S0) after the clear's write.
+        blocked = Signal(init=1)
+        m.d.sync += blocked.eq((sweeping & (sweep != prm.slots - 1)) | next_pending)
 
-        # ------------------------------------------------------------ A: arbiter
-        a_valid, a_port = Signal(), Signal(range(P))
-        a_meta = Signal(self.meta_layout)
-        last = Signal(range(P))
-        # During the sweep after reset and while a SLOT_CLEAR waits, only frames that need no slot state
-        # are taken.
+        # ------------------------------------------------------------ G: grant (take in the next cycle)
+        take = Signal(P)
+        t_port, t_sf = Signal(range(P)), Signal()
+        # Whether each port's header needs slot state, registered: valid for the header offered now if the
+        # port offered it in the cycle before too and it was not taken then.
         offered = [FrameHeader(self.meta[p].hdr) for p in range(P)]
-        stateless = Cat(*(~(h.is_cais & (h.op_type == proto.OpType.ALL_REDUCE)) for h in offered))
-        req = Mux(self.hold, 0, self.request & Mux(sweeping | clear_pending, stateless, (1 << P) - 1))
-        above = Signal(P)
-        m.d.comb += above.eq(req & ~((Const(2, P + 1) << last) - 1)[:P])
-        grant = Signal(range(P))
-        for p in reversed(range(P)):           # round robin: the lowest requester above the last grant,
-            with m.If(req[p]):                 # else the lowest requester
-                m.d.comb += grant.eq(p)
-        with m.If(above.any()):
-            for p in reversed(range(P)):
-                with m.If(above[p]):
-                    m.d.comb += grant.eq(p)
-        m.d.sync += a_valid.eq(req.any())
-        with m.If(req.any()):
-            m.d.comb += self.take.eq(1 << grant)
-            m.d.sync += [a_port.eq(grant), last.eq(grant)]
-            with m.Switch(grant):
-                for p in range(P):
-                    with m.Case(p):
-                        m.d.sync += a_meta.eq(self.meta[p])
+        stateful = Cat(*(h.is_cais & (h.op_type == proto.OpType.ALL_REDUCE) for h in offered))
+        sf_known, sf = Signal(P), Signal(P)
+        m.d.sync += [sf_known.eq(self.request & ~take), sf.eq(stateful)]
+        req = Signal(P)
+        m.d.comb += req.eq(self.request & ~take & (Mux(blocked, 0, all_ports) | (sf_known & ~sf)))
+        # Round robin, one-hot: the lowest requester above the last grant, else the lowest requester.
+        above_last = Signal(P, init=all_ports & ~1)     # ports above the last grant (registered)
+        above = req & above_last
+        grant = Signal(P)
 
-        # ------------------------------------------------------------ B1: table lookups
-        key = FrameHeader(a_meta.hdr)
-        m.submodules.rules = rules = RuleTable(prm, self.regmap)
-        m.submodules.macs = macs = MacTable(prm, self.regmap)
+        def lowest(x):
+            return Cat(*(x[p] & ~x[:p].any() if p else x[0] for p in range(P)))
+        m.d.comb += grant.eq(Mux(above.any(), lowest(above), lowest(req)))
+        m.d.comb += self.take.eq(take)
+        go = req.any() & ~self.hold
+        # (a_sf, for the SLOT_CLEAR's wait: exact while blocked, when only known stateless headers are
+        # granted; taken as stateful otherwise)
+        m.d.sync += [take.eq(Mux(go, grant, 0)), t_sf.eq(~blocked | (grant & sf).any())]
+        with m.If(go):
+            m.d.sync += [t_port.eq(Cat(*(Cat(*(grant[p] for p in range(P) if p >> k & 1)).any()
+                                         for k in range(max(1, ceil_log2(P)))))),
+                         above_last.eq(Cat(*((grant & ((1 << p) - 1)).any() for p in range(P))))]
+
+        # The tables' compares, for every port's offered header at once (registered: the granted port's
+        # header is still the one offered when it is taken).
+        m.submodules.rules = rules = RuleTable(prm, self.regmap, keys=P)
+        m.submodules.macs = macs = MacTable(prm, self.regmap, keys=P)
         wiring.connect(m, wiring.flipped(self.program), rules.program, macs.program)
-        m.d.comb += [
-            rules.group_id.eq(key.group_id), rules.layer_id.eq(key.layer_id), rules.chunk_id.eq(key.chunk_id),
-            macs.mac.eq(key.dst_mac),
-        ]
-        m_valid, m_port, m_meta = Signal(), Signal(range(P)), Signal(self.meta_layout)
-        m_pick, m_mac_hit, m_mac_port = Signal(prm.rules), Signal(), Signal(range(P))
+        g_hits = [Signal(R, name=f"g_hits{p}", reset_less=True) for p in range(P)]
+        g_mac = [Signal(prm.mac_entries, name=f"g_mac{p}", reset_less=True) for p in range(P)]
+        for p, h in enumerate(offered):
+            m.d.comb += [rules.key[p].group_id.eq(h.group_id), rules.key[p].layer_id.eq(h.layer_id),
+                         rules.key[p].chunk_id.eq(h.chunk_id), macs.mac[p].eq(h.dst_mac)]
+            m.d.sync += [g_hits[p].eq(rules.hits[p]), g_mac[p].eq(macs.hits[p])]
+
+        # ------------------------------------------------------------ T: the take, the header registered
+        a_valid, a_port, a_me, a_sf = Signal(), Signal(range(P)), Signal(P), Signal()
+        a_meta = Signal(self.meta_layout, reset_less=True)
+        a_pick, a_mac = Signal(R, reset_less=True), Signal(prm.mac_entries, reset_less=True)
+        meta = or_tree(Mux(take[p], self.meta[p].as_value(), 0) for p in range(P))
         m.d.sync += [
-            m_valid.eq(a_valid), m_port.eq(a_port), m_meta.eq(a_meta),
-            m_pick.eq(rules.first),
-            m_mac_hit.eq(macs.hit), m_mac_port.eq(macs.port),
+            a_valid.eq(take.any()), a_port.eq(t_port), a_me.eq(take), a_sf.eq(t_sf), a_meta.eq(meta),
+            a_pick.eq(lowest_one(or_tree(Mux(take[p], g_hits[p], 0) for p in range(P)), R)),  # the winning rule
+            a_mac.eq(or_tree(Mux(take[p], g_mac[p], 0) for p in range(P))),
         ]
 
-        # ------------------------------------------------------------ B2: the rule and stateless checks
+        # ------------------------------------------------------------ B1: the rule's and the MAC entry's fields
+        m.d.comb += rules.pick.eq(a_pick)
+        m_valid, m_port, m_me, m_sf = Signal(), Signal(range(P)), Signal(P), Signal()
+        m_meta = Signal(self.meta_layout, reset_less=True)
+        m_hit, m_rule, m_quota = Signal(), Signal(rule_layout(prm), reset_less=True), Signal(32, reset_less=True)
+        m_mac = Signal(prm.mac_entries, reset_less=True)
+        m.d.sync += [
+            m_valid.eq(a_valid), m_port.eq(a_port), m_me.eq(a_me), m_sf.eq(a_valid & a_sf), m_meta.eq(a_meta),
+            m_hit.eq(a_pick.any()), m_rule.eq(rules.picked), m_quota.eq(rules.picked_quota),
+            m_mac.eq(lowest_one(a_mac, prm.mac_entries)),           # the winning MAC entry
+        ]
+
+        # ------------------------------------------------------------ B2: slot, the stateless checks
         hdr = FrameHeader(m_meta.hdr)
-        m.d.comb += rules.pick.eq(m_pick)
-        rule = rules.picked
-        rule_hit = m_pick.any()
-        me = Signal(P)
-        m.d.comb += me.eq(1 << m_port)
+        rule = m_rule
+        m.d.comb += macs.pick.eq(m_mac)
         # Slot and set from seq_num within the group's quota, at full width: with count_log2 up to 31 the
-        # offset can be any 32-bit value, and every slot >= slots is BAD_SLOT.
+        # offset can be any 32-bit value, and every slot >= slots is BAD_SLOT (found in S0).
         seq = hdr.seq_num
         slot = Signal(33)
-        m.d.comb += slot.eq(rule.base + (seq & ((Const(1, 33) << rule.count_log2) - 1)))
-        set_sel = (seq >> rule.count_log2)[0]
+        m.d.comb += slot.eq(rule.base + (seq & m_quota))
 
-        # What B2 found: a drop (reason), a forward (mask), or an all-reduce contribution for C.
-        b_valid, b_port, b_me = Signal(), Signal(range(P)), Signal(P)
-        b_action, b_reason, b_mask = Signal(Action), Signal(DropReason), Signal(P)
-        b_slot, b_set = Signal(slot_bits), Signal()
-        b_tag, b_plen = Signal(32), Signal(prm.slot_len_bits)
-        b_cais = Signal(proto.CAIS_HEADER_BYTES * 8)
-        b_rows = Signal(range(prm.rows_per_set + 1))
-        b_beats, b_length = Signal.like(m_meta.beats), Signal.like(m_meta.length)
-        b_contributors, b_results = Signal(P), Signal(P)
-        b_kind = Signal(data.StructLayout({"dtype": DType, "op": ReduceOp, "acc_fp32": 1, "saturate": 1}))
-
+        b_valid, b_action, b_reason, b_mask = Signal(), Signal(Action), Signal(DropReason), Signal(P)
+        b_slot = Signal(33, reset_less=True)
+        b_l2, b_group, b_mac_hit, b_mac_mask = Signal(), Signal(), Signal(), Signal(P)   # an ordinary frame
+        b_c = Signal(carry_l, reset_less=True)
         s_action, s_reason, s_mask = Signal(Action), Signal(DropReason), Signal(P)
 
         def drop(reason):
@@ -202,89 +265,169 @@ class Decision(wiring.Component):
                     s_mask.eq(dest)]
 
         with m.If(~hdr.is_cais):
-            m.d.comb += forward(Mux(hdr.dst_is_group | ~m_mac_hit, all_ports, Const(1, P) << m_mac_port) & ~me)
-        with m.Elif(~rule_hit):
+            m.d.comb += s_action.eq(Action.FORWARD)       # (its ports are found in S0)
+        with m.Elif(~m_hit):
             m.d.comb += drop(DropReason.NO_RULE)
-        with m.Elif(~(rule.contributors & me).any()):
+        with m.Elif(~(rule.contributors & m_me).any()):
             m.d.comb += drop(DropReason.FOREIGN_PORT)
         with m.Elif(hdr.op_type != proto.OpType.ALL_REDUCE):
-            m.d.comb += forward(rule.results & ~me)
+            m.d.comb += forward(rule.results & ~m_me)
         with m.Elif((hdr.dtype != rule.dtype) | (hdr.red_op != rule.red_op)):
             m.d.comb += drop(DropReason.TYPE_MISMATCH)
-        with m.Elif(slot >= prm.slots):
-            m.d.comb += drop(DropReason.BAD_SLOT)
         with m.Else():
-            m.d.comb += s_action.eq(Action.AGGREGATE)
+            m.d.comb += s_action.eq(Action.AGGREGATE)      # (BAD_SLOT is checked in S0)
 
         m.d.sync += [
-            b_valid.eq(m_valid), b_port.eq(m_port), b_me.eq(me),
-            b_action.eq(s_action), b_reason.eq(s_reason), b_mask.eq(s_mask),
-            b_slot.eq(slot[:slot_bits]), b_set.eq(set_sel), b_tag.eq(seq), b_plen.eq(hdr.payload_len),
-            b_cais.eq(hdr.cais_bytes()), b_rows.eq((hdr.payload_len + B - 1) >> lb),
-            b_beats.eq(m_meta.beats), b_length.eq(m_meta.length),
-            b_contributors.eq(rule.contributors), b_results.eq(rule.results),
-            b_kind.dtype.eq(rule.dtype), b_kind.op.eq(rule.red_op), b_kind.saturate.eq(rule.saturate),
+            b_valid.eq(m_valid), b_action.eq(s_action), b_reason.eq(s_reason), b_mask.eq(s_mask), b_slot.eq(slot),
+            b_l2.eq(~hdr.is_cais), b_group.eq(hdr.dst_is_group), b_mac_hit.eq(macs.hit), b_mac_mask.eq(macs.port_mask),
+            b_c.port.eq(m_port), b_c.me.eq(m_me), b_c.set.eq(seq.bit_select(rule.count_log2, 1)),
+            b_c.tag.eq(seq), b_c.plen.eq(hdr.payload_len),
+            b_c.cais.eq(hdr.cais_bytes()), b_c.rows.eq((hdr.payload_len + B - 1) >> lb),
+            b_c.beats.eq(m_meta.beats), b_c.length.eq(m_meta.length),
+            b_c.contributors.eq(rule.contributors), b_c.results.eq(rule.results),
+            b_c.kind.dtype.eq(rule.dtype), b_c.kind.op.eq(rule.red_op), b_c.kind.saturate.eq(rule.saturate),
             # fp16/bf16 accumulated in fp32 inside the fold (the flag means nothing for other types)
-            b_kind.acc_fp32.eq(rule.acc_fp32 & ((rule.dtype == DType.FP16) | (rule.dtype == DType.BF16))),
+            b_c.kind.acc_fp32.eq(rule.acc_fp32 & ((rule.dtype == DType.FP16) | (rule.dtype == DType.BF16))),
         ]
 
-        # ------------------------------------------------------------ C: slot state
+        # The stages after S0, each a header and what it carries; w, h1, h2 hold the written states.
+        f_valid, f_agg, f_action, f_reason, f_mask = Signal(), Signal(), Signal(Action), Signal(DropReason), Signal(P)
+        f_c = Signal(carry_l, reset_less=True)
+        f_mem, f_sel = Signal(ent, reset_less=True), Signal(3, reset_less=True)
+        u_valid, u_agg, u_action, u_reason, u_mask = Signal(), Signal(), Signal(Action), Signal(DropReason), Signal(P)
+        u_c, u_cur, u_other = (Signal(carry_l, reset_less=True), Signal(setl, reset_less=True),
+                               Signal(setl, reset_less=True))
+        u_tag_eq, u_len_eq, u_prev_same, u_same_set = (Signal(reset_less=True), Signal(reset_less=True), Signal(),
+                                                       Signal(reset_less=True))
+        u_eq_prev_tag, u_eq_prev_len = Signal(reset_less=True), Signal(reset_less=True)
+        w_agg, w_slot, w_new, w_first = Signal(), Signal(slot_bits, reset_less=True), Signal(ent, reset_less=True), Signal()
+        w_old = Signal(2 * P, reset_less=True)
+        h1_agg, h1_slot, h1_new = Signal(), Signal(slot_bits, reset_less=True), Signal(ent, reset_less=True)
+        h2_agg, h2_slot, h2_new = Signal(), Signal(slot_bits, reset_less=True), Signal(ent, reset_less=True)
+
+        # ------------------------------------------------------------ S0: state read, BAD_SLOT, L2 ports
         m.submodules.state_mem = self.state_mem
         st_wr = self.state_mem.write_port()
-        st_rd = self.state_mem.read_port(domain="comb")
-        clr_rd = self.state_mem.read_port(domain="comb")
-        m.submodules.update = upd = SlotUpdate(P, prm.slot_len_bits)
-        m.d.comb += [
-            st_rd.addr.eq(b_slot),
-            upd.state.eq(st_rd.data), upd.set.eq(b_set), upd.port.eq(b_port), upd.tag.eq(b_tag),
-            upd.length.eq(b_plen), upd.contributors.eq(b_contributors),
+        # Synchronous, not transparent (a write in the cycle of the read is missed); addressed from B2's
+        # slot add (its low bits), so its output has a register of its own (f_mem0) in S0.
+        st_rd = self.state_mem.read_port()
+        m.d.comb += st_rd.addr.eq(Mux(clr_read, clr_cur, slot[:slot_bits]))
+        b_cand = b_valid & ~b_l2 & (b_action == Action.AGGREGATE)
+        bad = b_slot >= prm.slots
+        l2_dest = Mux(b_group | ~b_mac_hit, all_ports, b_mac_mask) & ~b_c.me
+        r_valid, r_agg, r_action, r_reason, r_mask = Signal(), Signal(), Signal(Action), Signal(DropReason), Signal(P)
+        r_c = Signal(carry_l, reset_less=True)
+        # The read missed the writes of the five headers ahead; of them, the ones now in W and h1 are in
+        # h1 and h2 when this one is in S1 (the newest wins).
+        f_mem0, r_sel = Signal(ent, reset_less=True), Signal(3, reset_less=True)
+        hit4 = w_agg & (w_slot == b_slot[:slot_bits])
+        hit5 = h1_agg & (h1_slot == b_slot[:slot_bits])
+        m.d.sync += [f_mem0.eq(st_rd.data), r_sel.eq(Cat(hit4, ~hit4 & hit5, ~hit4 & ~hit5))]
+        m.d.sync += [
+            r_valid.eq(b_valid), r_agg.eq(b_cand & ~bad), r_mask.eq(Mux(b_l2, l2_dest, b_mask)),
+            r_action.eq(Mux(b_l2, Mux(l2_dest == 0, Action.DROP, Action.FORWARD),
+                            Mux(b_cand & bad, Action.DROP, b_action))),
+            r_reason.eq(Mux(b_l2, DropReason.NO_ROUTE, Mux(b_cand & bad, DropReason.BAD_SLOT, b_reason))),
+            r_c.eq(b_c), r_c.slot.eq(b_slot[:slot_bits]),
+            r_c.row_base.eq(Cat(b_c.set, b_slot[:slot_bits]) * prm.rows_per_set),
         ]
-        agg = b_valid & (b_action == Action.AGGREGATE)
+
+        # ------------------------------------------------------------ S1: older writes merged, newest write
+        m.d.sync += [
+            f_valid.eq(r_valid), f_agg.eq(r_agg), f_action.eq(r_action), f_reason.eq(r_reason), f_mask.eq(r_mask),
+            f_c.eq(r_c),
+            f_mem.eq(or_tree(Mux(r_sel[k], src, 0) for k, src in enumerate((h1_new, h2_new, f_mem0)))),
+        ]
+        # Of the rest, the ones now in U and W are in W and h1 when this one is in S2.
+        hit_w = u_agg & (u_c.slot == r_c.slot)
+        hit_h1 = w_agg & (w_slot == r_c.slot)
+        m.d.sync += f_sel.eq(Cat(hit_w, ~hit_w & hit_h1, ~hit_w & ~hit_h1))
+
+        # ------------------------------------------------------------ S2: forwarding, compares
+        fwd = Signal(ent)
+        m.d.comb += fwd.eq(or_tree(Mux(f_sel[k], src, 0) for k, src in enumerate((w_new, h1_new, f_mem))))
+        cur, other = fwd[f_c.set], fwd[~f_c.set]
+        m.d.sync += [
+            u_valid.eq(f_valid), u_agg.eq(f_agg), u_action.eq(f_action), u_reason.eq(f_reason), u_mask.eq(f_mask),
+            u_c.eq(f_c), u_cur.eq(cur), u_other.eq(other),
+            u_tag_eq.eq(cur.tag == f_c.tag), u_len_eq.eq(cur.length == f_c.plen),
+            # the header one ahead (in U now, in W when this one is in U)
+            u_prev_same.eq(u_agg & (u_c.slot == f_c.slot)), u_same_set.eq(u_c.set == f_c.set),
+            u_eq_prev_tag.eq(u_c.tag == f_c.tag), u_eq_prev_len.eq(u_c.plen == f_c.plen),
+        ]
+
+        # ------------------------------------------------------------ U: the update
+        prev = u_prev_same
+        s_cur, s_other = Signal(setl), Signal(setl)
+        m.d.comb += [s_cur.eq(Mux(prev, w_new[u_c.set], u_cur)), s_other.eq(Mux(prev, w_new[~u_c.set], u_other))]
+        # The header ahead changed this set's tag and length only if it was its FIRST.
+        took_set = prev & u_same_set & w_first
+        m.submodules.update = upd = SetUpdate(P)
+        m.d.comb += [
+            upd.cur_bitmap.eq(s_cur.bitmap), upd.cur_done.eq(s_cur.done), upd.other_bitmap.eq(s_other.bitmap),
+            upd.tag_eq.eq(Mux(took_set, u_eq_prev_tag, u_tag_eq)),
+            upd.len_eq.eq(Mux(took_set, u_eq_prev_len, u_len_eq)),
+            upd.me.eq(u_c.me), upd.contributors.eq(u_c.contributors),
+        ]
+        new_cur, new_other = Signal(setl), Signal(setl)
+        m.d.comb += [
+            new_cur.bitmap.eq(upd.new_cur_bitmap), new_cur.done.eq(upd.new_cur_done),
+            new_cur.tag.eq(Mux(upd.first, u_c.tag, s_cur.tag)), new_cur.length.eq(Mux(upd.first, u_c.plen, s_cur.length)),
+            new_other.eq(s_other), new_other.bitmap.eq(upd.new_other_bitmap),
+        ]
+        agg = u_valid & u_agg
         outcome = upd.outcome
-        accepted = agg & ((outcome == SlotOutcome.FIRST) | (outcome == SlotOutcome.ADD))
+        accepted = agg & upd.accepted
         resend = agg & (outcome == SlotOutcome.RESEND)
         refused = agg & ((outcome == SlotOutcome.MISMATCH) | (outcome == SlotOutcome.LENGTH_MISMATCH))
-        completes = accepted & upd.complete
-        row_base = Signal(len(self.decision.row_base))
-        m.d.comb += row_base.eq(Cat(b_set, b_slot) * prm.rows_per_set)
-
-        drop_now = b_valid & ((b_action == Action.DROP) | refused)
+        completes = agg & upd.complete
+        drop_now = u_valid & ((u_action == Action.DROP) | refused)
         reason = Mux(refused, Mux(outcome == SlotOutcome.MISMATCH, DropReason.TAG_MISMATCH,
-                                  DropReason.LENGTH_MISMATCH), b_reason)
-        m.d.comb += [
+                                  DropReason.LENGTH_MISMATCH), u_reason)
+        # Every contribution writes its slot back (unchanged when refused), so every one is forwarded.
+        m.d.sync += [
+            w_agg.eq(agg), w_slot.eq(u_c.slot), w_first.eq(agg & upd.first),
+            w_new.eq(Mux(u_c.set, Cat(new_other, new_cur), Cat(new_cur, new_other))),
+            w_old.eq(Cat(s_cur.bitmap, s_other.bitmap)),
+            h1_agg.eq(w_agg), h1_slot.eq(w_slot), h1_new.eq(w_new),
+            h2_agg.eq(h1_agg), h2_slot.eq(h1_slot), h2_new.eq(h1_new),
+        ]
+        m.d.sync += [
             self.ev_drop.eq(drop_now), self.ev_drop_reason.eq(reason),
-            self.ev_forwarded.eq(b_valid & (b_action == Action.FORWARD)),
+            self.ev_forwarded.eq(u_valid & (u_action == Action.FORWARD)),
             self.ev_contribution.eq(accepted), self.ev_completed.eq(completes),
             self.ev_duplicate.eq(agg & ((outcome == SlotOutcome.REPEAT) | (outcome == SlotOutcome.RESEND))),
             self.ev_resent.eq(resend),
         ]
-
         d = self.decision
         m.d.sync += [
-            self.push.eq(Mux(b_valid, b_me, 0)),
-            d.action.eq(Mux(drop_now, Action.DROP, b_action)), d.mask.eq(b_mask), d.write.eq(accepted),
-            d.row_base.eq(row_base), d.rows.eq(b_rows), d.beats.eq(b_beats), d.length.eq(b_length),
+            self.push.eq(Mux(u_valid, u_c.me, 0)),
+            d.action.eq(Mux(drop_now, Action.DROP, u_action)), d.mask.eq(u_mask), d.write.eq(accepted),
+            d.row_base.eq(u_c.row_base), d.rows.eq(u_c.rows), d.beats.eq(u_c.beats), d.length.eq(u_c.length),
             self.job_valid.eq(completes | resend),
-            self.job.cais.eq(b_cais), self.job.mask.eq(Mux(resend, b_me, b_results)),
-            self.job.contributors.eq(b_contributors), self.job.row_base.eq(row_base), self.job.rows.eq(b_rows),
-            self.job.dtype.eq(b_kind.dtype), self.job.op.eq(b_kind.op), self.job.acc_fp32.eq(b_kind.acc_fp32),
-            self.job.saturate.eq(b_kind.saturate),
+            self.job.cais.eq(u_c.cais), self.job.mask.eq(Mux(resend, u_c.me, u_c.results)),
+            self.job.contributors.eq(u_c.contributors), self.job.row_base.eq(u_c.row_base),
+            self.job.rows.eq(u_c.rows),
+            self.job.dtype.eq(u_c.kind.dtype), self.job.op.eq(u_c.kind.op), self.job.acc_fp32.eq(u_c.kind.acc_fp32),
+            self.job.saturate.eq(u_c.kind.saturate),
         ]
 
+        # ------------------------------------------------------------ W: the state write, in_use
+        def used(bitmaps):
+            return (bitmaps[0].bitmap != 0) + (bitmaps[1].bitmap != 0)
+        w_new_v, f_mem_v = data.View(ent, w_new), data.View(ent, f_mem0)
         in_use = Signal(32)
         m.d.comb += self.slots_in_use.eq(in_use)
         with m.If(sweeping):
-            m.d.comb += [st_wr.addr.eq(sweep[:slot_bits]), st_wr.data.eq(0), st_wr.en.eq(1)]
-        with m.Elif(agg & ~refused):
-            m.d.comb += [st_wr.addr.eq(b_slot), st_wr.data.eq(upd.new_state), st_wr.en.eq(1)]
-            m.d.sync += in_use.eq(in_use + upd.in_use_delta)
-        with m.Elif(clear_pending):          # (the sweep empties every slot: a clear during it has no work)
-            in_range = clear_slot < prm.slots
-            m.d.comb += [clr_rd.addr.eq(clear_slot[:slot_bits]),
-                         st_wr.addr.eq(clear_slot[:slot_bits]), st_wr.data.eq(0), st_wr.en.eq(in_range)]
-            with m.If(in_range):
-                m.d.sync += in_use.eq(in_use - (clr_rd.data[0].bitmap != 0) - (clr_rd.data[1].bitmap != 0))
-            m.d.sync += clear_pending.eq(self.program.slot_clear_stb)
+            m.d.comb += [st_wr.addr.eq(sweep), st_wr.data.eq(0), st_wr.en.eq(1)]
+        with m.Elif(w_agg):
+            m.d.comb += [st_wr.addr.eq(w_slot), st_wr.data.eq(w_new), st_wr.en.eq(1)]
+            m.d.sync += in_use.eq(in_use + (used(w_new_v) - ((w_old[:P] != 0) + (w_old[P:] != 0))))
+        with m.Elif(clr_write):                    # (f_mem0 holds the slot clr_read read)
+            m.d.comb += [st_wr.addr.eq(clr_cur), st_wr.data.eq(0), st_wr.en.eq(1)]
+            m.d.sync += in_use.eq(in_use - used(f_mem_v))
 
-        m.d.comb += self.busy.eq(a_valid | m_valid | b_valid)
+        m.d.comb += drained.eq(~((take.any() & t_sf) | (a_valid & a_sf) | m_sf | b_cand | r_agg | f_agg | u_agg
+                                 | w_agg))
+        m.d.comb += self.busy.eq(take.any() | a_valid | m_valid | b_valid | r_valid | f_valid | u_valid)
         return m

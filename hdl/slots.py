@@ -6,7 +6,7 @@ from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["SlotOutcome", "set_layout", "entry_layout", "SlotUpdate"]
+__all__ = ["SlotOutcome", "set_layout", "entry_layout", "SetUpdate", "SlotUpdate"]
 
 
 class SlotOutcome(enum.IntEnum):
@@ -28,8 +28,79 @@ def entry_layout(ports: int, len_bits: int) -> data.ArrayLayout:
     return data.ArrayLayout(set_layout(ports, len_bits), 2)
 
 
+class SetUpdate(wiring.Component):
+    """The state transition of one slot for one contribution, on the bits that change, combinational.
+
+    The tag and length comparisons come in as two bits, so a pipeline can make them a stage earlier (or
+    forward them) and keep this, the part of the slot update that depends on the previous contribution's
+    bitmaps, short. A set's tag and length change only in FIRST, to the contribution's own.
+
+    Members
+    -------
+    cur_bitmap : In(ports); cur_done : In(1); other_bitmap : In(ports)
+        The set the chunk maps to (bitmap, done) and the other set's bitmap, before the contribution.
+    tag_eq : In(1); len_eq : In(1)
+        The set's tag equals the chunk's seq_num; its length equals the chunk's payload_len.
+    me : In(ports); contributors : In(ports)
+        The contributing port (one-hot) and the rule's contributor ports.
+    outcome : Out(SlotOutcome)
+    first : Out(1)
+        FIRST: the set takes the chunk's tag and length.
+    accepted : Out(1)
+        FIRST or ADD: the payload is a contribution.
+    complete : Out(1)
+        This contribution completed the set: multicast the result.
+    new_cur_bitmap : Out(ports); new_cur_done : Out(1); new_other_bitmap : Out(ports)
+        The bits after the contribution.
+    """
+
+    def __init__(self, ports: int):
+        self.ports = ports
+        super().__init__({
+            "cur_bitmap": In(ports), "cur_done": In(1), "other_bitmap": In(ports), "tag_eq": In(1), "len_eq": In(1),
+            "me": In(ports), "contributors": In(ports),
+            "outcome": Out(SlotOutcome), "first": Out(1), "accepted": Out(1), "complete": Out(1),
+            "new_cur_bitmap": Out(ports), "new_cur_done": Out(1), "new_other_bitmap": Out(ports),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        b, me, teq, leq = self.cur_bitmap, self.me, self.tag_eq, self.len_eq
+        # The cases of docs/protocol.md 7.3 in their order, as flat terms (each case excludes the ones before).
+        resend_case = self.cur_done & teq
+        free = b == 0
+        first = ~resend_case & free
+        mismatch = ~resend_case & ~free & ~teq
+        lmm = (resend_case & ~leq) | (~resend_case & ~free & teq & ~leq)
+        repeat = ~resend_case & ~free & teq & leq & (b & me).any()
+        add = ~resend_case & ~free & teq & leq & ~(b & me).any()
+        accepted = first | add
+        done = (b | me) == self.contributors           # (b is 0 in FIRST)
+        m.d.comb += [
+            self.first.eq(first), self.accepted.eq(accepted), self.complete.eq(accepted & done),
+            self.new_cur_bitmap.eq(Mux(accepted, b | me, b)),
+            self.new_cur_done.eq(Mux(accepted, done, self.cur_done)),
+            # The implicit acknowledgement: a port that contributes to one set has its result of the other.
+            self.new_other_bitmap.eq(Mux(mismatch | lmm, self.other_bitmap, self.other_bitmap & ~me)),
+        ]
+        with m.If(resend_case & leq):
+            m.d.comb += self.outcome.eq(SlotOutcome.RESEND)
+        with m.Elif(first):
+            m.d.comb += self.outcome.eq(SlotOutcome.FIRST)
+        with m.Elif(mismatch):
+            m.d.comb += self.outcome.eq(SlotOutcome.MISMATCH)
+        with m.Elif(lmm):
+            m.d.comb += self.outcome.eq(SlotOutcome.LENGTH_MISMATCH)
+        with m.Elif(repeat):
+            m.d.comb += self.outcome.eq(SlotOutcome.REPEAT)
+        with m.Else():
+            m.d.comb += self.outcome.eq(SlotOutcome.ADD)
+        return m
+
+
 class SlotUpdate(wiring.Component):
-    """The state transition of one slot for one contribution, combinational.
+    """The state transition of one slot for one contribution, combinational: the whole slot in and out,
+    the comparisons and :class:`SetUpdate`.
 
     Members
     -------
@@ -58,38 +129,22 @@ class SlotUpdate(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        me = Signal(self.ports)
-        m.d.comb += me.eq(1 << self.port)
+        m.submodules.step = step = SetUpdate(self.ports)
         cur = self.state[self.set]
         other = self.state[~self.set]
         new_cur = self.new_state[self.set]
         new_other = self.new_state[~self.set]
-
-        same_length = cur.length == self.length
-        m.d.comb += self.new_state.eq(self.state)
-        with m.If(cur.done & (cur.tag == self.tag)):
-            m.d.comb += self.outcome.eq(Mux(same_length, SlotOutcome.RESEND, SlotOutcome.LENGTH_MISMATCH))
-        with m.Elif(cur.bitmap == 0):
-            m.d.comb += [
-                self.outcome.eq(SlotOutcome.FIRST),
-                new_cur.bitmap.eq(me), new_cur.tag.eq(self.tag), new_cur.length.eq(self.length),
-                new_cur.done.eq(me == self.contributors), self.complete.eq(me == self.contributors),
-            ]
-        with m.Elif(cur.tag != self.tag):
-            m.d.comb += self.outcome.eq(SlotOutcome.MISMATCH)
-        with m.Elif(~same_length):
-            m.d.comb += self.outcome.eq(SlotOutcome.LENGTH_MISMATCH)
-        with m.Elif((cur.bitmap & me).any()):
-            m.d.comb += self.outcome.eq(SlotOutcome.REPEAT)
-        with m.Else():
-            done = (cur.bitmap | me) == self.contributors
-            m.d.comb += [
-                self.outcome.eq(SlotOutcome.ADD),
-                new_cur.bitmap.eq(cur.bitmap | me), new_cur.done.eq(done), self.complete.eq(done),
-            ]
-        # The implicit acknowledgement: a port that contributes to one set has its result of the other.
-        with m.If((self.outcome != SlotOutcome.MISMATCH) & (self.outcome != SlotOutcome.LENGTH_MISMATCH)):
-            m.d.comb += new_other.bitmap.eq(other.bitmap & ~me)
+        m.d.comb += [
+            step.cur_bitmap.eq(cur.bitmap), step.cur_done.eq(cur.done), step.other_bitmap.eq(other.bitmap),
+            step.tag_eq.eq(cur.tag == self.tag), step.len_eq.eq(cur.length == self.length),
+            step.me.eq(1 << self.port), step.contributors.eq(self.contributors),
+            self.outcome.eq(step.outcome), self.complete.eq(step.complete),
+            self.new_state.eq(self.state),
+            new_cur.bitmap.eq(step.new_cur_bitmap), new_cur.done.eq(step.new_cur_done),
+            new_other.bitmap.eq(step.new_other_bitmap),
+        ]
+        with m.If(step.first):
+            m.d.comb += [new_cur.tag.eq(self.tag), new_cur.length.eq(self.length)]
 
         def used(entry):
             return (entry[0].bitmap != 0) + (entry[1].bitmap != 0)

@@ -9,7 +9,7 @@ from cais.registers import Kind, RegisterMap
 
 from .enums import DType, ReduceOp
 
-__all__ = ["RuleTable", "MacTable", "rule_layout", "TableProgramSignature", "TABLE_REGISTERS"]
+__all__ = ["RuleTable", "MacTable", "rule_layout", "TableProgramSignature", "TABLE_REGISTERS", "or_tree", "lowest_one"]
 
 #: The registers that program the tables and the slot memory, as the register bank presents them.
 TABLE_REGISTERS = ("RULE_GROUP", "RULE_LAYER", "RULE_CHUNK", "RULE_PORTS", "RULE_SLOTS", "RULE_TYPE", "RULE_WRITE",
@@ -37,6 +37,19 @@ def _get(word, field):
     return word[field.lsb:field.lsb + field.width]
 
 
+def or_tree(values):
+    """The OR of ``values`` as a balanced tree (a chain of ORs would stay a chain of LUTs)."""
+    values = list(values)
+    while len(values) > 1:
+        values = [values[i] | values[i + 1] if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
+    return values[0]
+
+
+def lowest_one(x, n):
+    """The lowest set bit of the ``n``-bit value ``x``, one-hot, without a carry chain."""
+    return Cat(*(x[i] & ~x[:i].any() if i else x[0] for i in range(n)))
+
+
 def rule_layout(params: SwitchParams) -> data.StructLayout:
     return data.StructLayout({
         "valid": 1,
@@ -53,29 +66,39 @@ class RuleTable(wiring.Component):
     """Ternary match on (group_id, layer_id, chunk_id); the lowest-index valid match wins.
 
     Entries are registers. A lookup has two halves, so a pipeline can register between them: the match
-    gives the winner as a one-hot ``first``; ``pick`` (that winner, registered or not) reads its fields. An entry is written whole from the staging
-    registers when RULE_WRITE is written (``write_stb``), so a lookup never sees a half-written rule.
+    gives the matching entries (``hits``) and the winner as a one-hot ``first``; ``pick`` (that winner,
+    registered or not) reads its fields. The match is made for ``keys`` keys at once (one per port, say),
+    the pick for one. An entry is written whole from the staging registers when RULE_WRITE is written
+    (``write_stb``), so a lookup never sees a half-written rule.
 
     Members
     -------
     program : In(TableProgramSignature)
         The RULE_WRITE strobe and data and the staging registers, as words of the register map (the MAC
         and slot members are not used here).
-    group_id : In(8); layer_id : In(16); chunk_id : In(16)
-        The key to look up.
-    first : Out(rules)
-        The winning entry, one-hot (0: no entry matches).
-    pick : In(rules); picked : Out(rule_layout)
-        The entry in the one-hot ``pick`` (an AND-OR mux).
+    key[k] : In(key_layout)
+        The keys to look up: ``group_id`` (8 bits), ``layer_id`` (16), ``chunk_id`` (16).
+    hits[k] : Out(rules); first[k] : Out(rules)
+        The valid entries that match key k, and the winner among them, one-hot (0: no entry matches).
+    pick : In(rules); picked : Out(rule_layout); picked_quota : Out(32)
+        The entry in the one-hot ``pick`` (an AND-OR mux), and its ``quota``.
+    entry[i] : Out(rule_layout); quota[i] : Out(32)
+        The entries as written, and each one's slot offset mask ``2**count_log2 - 1``, a register written
+        with the entry (so a lookup adds no decoder before the slot add).
     """
 
-    def __init__(self, params: SwitchParams, regmap: RegisterMap):
+    key_layout = data.StructLayout({"group_id": 8, "layer_id": 16, "chunk_id": 16})
+
+    def __init__(self, params: SwitchParams, regmap: RegisterMap, keys: int = 1):
         self.params, self.regmap = params, regmap
         self.layout = rule_layout(params)
         super().__init__({
             "program": In(TableProgramSignature(regmap)),
-            "group_id": In(8), "layer_id": In(16), "chunk_id": In(16),
-            "first": Out(params.rules), "pick": In(params.rules), "picked": Out(self.layout),
+            "key": In(self.key_layout).array(keys),
+            "hits": Out(params.rules).array(keys), "first": Out(params.rules).array(keys),
+            "pick": In(params.rules), "picked": Out(self.layout),
+            "picked_quota": Out(32),
+            "entry": Out(self.layout).array(params.rules), "quota": Out(32).array(params.rules),
         })
 
     def elaborate(self, platform):
@@ -83,6 +106,7 @@ class RuleTable(wiring.Component):
         R = self.regmap
         P = self.params.ports
         entries = [Signal(self.layout, name=f"rule{i}") for i in range(self.params.rules)]
+        quotas = [Signal(32, name=f"quota{i}") for i in range(self.params.rules)]
 
         new = Signal(self.layout)
         prog = self.program
@@ -100,49 +124,60 @@ class RuleTable(wiring.Component):
             new.reproducible.eq(f("RULE_TYPE", "reproducible")),
         ]
         index = _get(prog.rule_write_data, R["RULE_WRITE"].field("index"))
-        for i, e in enumerate(entries):
+        for i, (e, q) in enumerate(zip(entries, quotas)):
             with m.If(prog.rule_write_stb & (index == i)):
-                m.d.sync += e.eq(new)
+                m.d.sync += [e.eq(new), q.eq((1 << new.count_log2) - 1)]
+            m.d.comb += [self.entry[i].eq(e), self.quota[i].eq(q)]
 
-        def matches(e):
+        def matches(key, e):
             return (e.valid
-                    & (((self.group_id ^ e.group_value) & e.group_mask) == 0)
-                    & (((self.layer_id ^ e.layer_value) & e.layer_mask) == 0)
-                    & (((self.chunk_id ^ e.chunk_value) & e.chunk_mask) == 0))
+                    & (((key.group_id ^ e.group_value) & e.group_mask) == 0)
+                    & (((key.layer_id ^ e.layer_value) & e.layer_mask) == 0)
+                    & (((key.chunk_id ^ e.chunk_value) & e.chunk_mask) == 0))
 
-        hits = Cat(*(matches(e) for e in entries))
-        m.d.comb += self.first.eq(hits & -hits)           # the lowest index has priority
-        picked = 0
-        for i, e in enumerate(entries):
-            picked = picked | Mux(self.pick[i], e.as_value(), 0)
-        m.d.comb += self.picked.eq(picked)
+        for key, hits, first in zip(self.key, self.hits, self.first):
+            m.d.comb += [hits.eq(Cat(*(matches(key, e) for e in entries))),
+                         first.eq(lowest_one(hits, len(entries)))]     # the lowest index has priority
+        m.d.comb += [
+            self.picked.eq(or_tree(Mux(self.pick[i], e.as_value(), 0) for i, e in enumerate(entries))),
+            self.picked_quota.eq(or_tree(Mux(self.pick[i], q, 0) for i, q in enumerate(quotas))),
+        ]
         return m
 
 
 class MacTable(wiring.Component):
     """Exact match of a destination MAC address to an egress port; the lowest-index valid match wins.
 
+    A lookup has two halves, so a pipeline can register between them: the compares give ``hits`` and the
+    winner, one-hot, ``first`` (for ``keys`` addresses at once); ``pick`` (a winner, registered or not)
+    gives its port.
+
     Members
     -------
     program : In(TableProgramSignature)
         MAC_WRITE strobe and data, and the staged address registers (the rule and slot members are not
         used here).
-    mac : In(48)
-        The address to look up.
-    hit : Out(1); port : Out(range(ports))
+    mac[k] : In(48); hits[k] : Out(mac_entries); first[k] : Out(mac_entries)
+        The addresses to look up; the valid entries that hold each, and the lowest of them, one-hot.
+    pick : In(mac_entries); hit : Out(1); port : Out(range(ports)); port_mask : Out(ports)
+        The entry in the one-hot ``pick``: whether there is one, its port, and that port one-hot (each
+        entry's port is also kept one-hot, written with the entry).
     """
 
-    def __init__(self, params: SwitchParams, regmap: RegisterMap):
+    def __init__(self, params: SwitchParams, regmap: RegisterMap, keys: int = 1):
         self.params, self.regmap = params, regmap
+        E = params.mac_entries
         super().__init__({
             "program": In(TableProgramSignature(regmap)),
-            "mac": In(48), "hit": Out(1), "port": Out(range(params.ports)),
+            "mac": In(48).array(keys), "hits": Out(E).array(keys), "first": Out(E).array(keys),
+            "pick": In(E), "hit": Out(1), "port": Out(range(params.ports)), "port_mask": Out(params.ports),
         })
 
     def elaborate(self, platform):
         m = Module()
         R = self.regmap
-        layout = data.StructLayout({"valid": 1, "mac": 48, "port": range(self.params.ports)})
+        P = self.params.ports
+        layout = data.StructLayout({"valid": 1, "mac": 48, "port": range(P), "port_mask": P})
         entries = [Signal(layout, name=f"mac{i}") for i in range(self.params.mac_entries)]
         prog, cmd = self.program, R["MAC_WRITE"]
         index = _get(prog.mac_write_data, cmd.field("index"))
@@ -150,14 +185,18 @@ class MacTable(wiring.Component):
         for i, e in enumerate(entries):
             with m.If(prog.mac_write_stb & (index == i)):
                 m.d.sync += [
-                    e.valid.eq(_get(prog.mac_write_data, cmd.field("valid")) & (port < self.params.ports)),
+                    e.valid.eq(_get(prog.mac_write_data, cmd.field("valid")) & (port < P)),
                     e.mac.eq(Cat(_get(prog.mac_addr_lo, R["MAC_ADDR_LO"].field("mac")),
                                  _get(prog.mac_addr_hi, R["MAC_ADDR_HI"].field("mac")))),
-                    e.port.eq(port),
+                    e.port.eq(port), e.port_mask.eq(1 << port),
                 ]
-        hits = Cat(*(e.valid & (e.mac == self.mac) for e in entries))
-        m.d.comb += self.hit.eq(hits.any())
-        for i, e in reversed(list(enumerate(entries))):
-            with m.If(hits[i]):
-                m.d.comb += self.port.eq(e.port)
+        for mac, hits, first in zip(self.mac, self.hits, self.first):
+            m.d.comb += [hits.eq(Cat(*(e.valid & (e.mac == mac) for e in entries))),
+                         first.eq(lowest_one(hits, len(entries)))]     # the lowest index has priority
+        first = self.pick
+        m.d.comb += [
+            self.hit.eq(self.pick.any()),
+            self.port.eq(or_tree(Mux(first[i], e.port, 0) for i, e in enumerate(entries))),
+            self.port_mask.eq(or_tree(Mux(first[i], e.port_mask, 0) for i, e in enumerate(entries))),
+        ]
         return m

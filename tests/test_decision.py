@@ -1,13 +1,16 @@
 """The decision pipeline (cais.hdl.decision.Decision) under amaranth.sim against the reference model.
 
 Good frames (all-reduce chunks of several rules with repeats, tag and length mismatches, resends,
-all-gathers, ordinary frames to known and unknown MACs) are offered one header at a time on their ports;
-the reference model ``cais.sim.refmodel.SwitchModel`` is fed the same frames in the order the block takes
-them. For every frame the block's one-cycle events must equal the model's counter changes (the drop
+all-gathers, ordinary frames to known and unknown MACs) are offered on their ports, each held until taken
+(one port at a time, every port with random gaps and ``hold``, or every port at once); the reference model
+``cais.sim.refmodel.SwitchModel`` is fed the same frames in the order the block takes them, and a
+SLOT_CLEAR written in mid-traffic after the stateful frames granted before it. The block must grant in
+every cycle it has a grantable request (one header per cycle at full load: back-to-back headers to the
+same slot exercise the state forwarding), and its count of non-empty sets must be the model's. For every frame the block's one-cycle events must equal the model's counter changes (the drop
 reason, forwarded, contribution, duplicate, completed, resent), a forwarded frame's port mask the ports the
 model sends it to, and a result job's mask the ports the model sends the result to; the decision goes to
 the lane of the frame's port, and exactly when the decision says "aggregate and write" did the model take
-the payload.
+the payload. Events and decision come DECISION_LATENCY cycles after the take.
 """
 
 import random
@@ -96,53 +99,74 @@ def program(ctx, dut, regs, writes):
     return apply()
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_decisions_match_the_reference_model(seed):
+MODES = {"single": 1, "gaps": 2, "full": 3}
+
+
+@pytest.mark.parametrize("seed,mode", [(1, "single"), (2, "gaps"), (3, "full"), (4, "gaps")])
+def test_decisions_match_the_reference_model(seed, mode):
     rng = random.Random(seed)
     regs = register_map(PARAMS)
     dut = Decision(PARAMS, regs)
+    P, B = PARAMS.ports, PARAMS.beat_bytes
     frames = random_frames(rng, 40)
+    queues = [[f for q, f in frames if q == p] for p in range(P)]
     model = SwitchModel(PARAMS)
     writes = setup_writes(regs)
     for addr, value in writes:
         model.write(addr, value)
-    problems, seen = [], {"jobs": 0, "forwards": 0, "writes": 0, "drops": 0}
-    B = PARAMS.beat_bytes
+    problems, seen, final = [], {"jobs": 0, "forwards": 0, "writes": 0, "drops": 0}, {}
+    clear_reg = regs["SLOT_CLEAR"]
+    # One SLOT_CLEAR in mid-traffic (gaps): a slot of group 1 while its sets fill.
+    clear = {"at": len(frames) // 2 if mode == "gaps" else None, "slot": 1, "model_at": None, "quiet_until": -1}
 
     async def tb(ctx):
         await program(ctx, dut, regs, writes)
         for _ in range(PARAMS.slots + 4):                       # the slot-state sweep after reset
             await ctx.tick()
         expected = {}                                           # cycle the outputs are due -> what
-        i = cycle = 0
-        while i < len(frames) or expected:
-            offered = None
-            if i < len(frames) and rng.random() < 0.7:
-                port, frame = frames[i]
-                offered = port
-                ctx.set(dut.meta[port], {"hdr": to_word(frame[:proto.HEADERS_BYTES]), "length": len(frame),
-                                         "beats": -(-len(frame) // B)})
-            ctx.set(dut.request, 0 if offered is None else 1 << offered)
+        offer = [None] * P                                      # the frame each port offers, held until taken
+        taken = cycle = 0
+        grantable = False                                       # a request the block could grant last cycle
+        while taken < len(frames) or expected:
+            order = [p for p in range(P) if queues[p]]
+            if mode == "single":                                # the frames in their global order, one at a time
+                if not any(o is not None for o in offer) and taken < len(frames):
+                    port = frames[taken][0]
+                    offer[port] = queues[port].pop(0)
+            else:
+                for p in order:
+                    if offer[p] is None and (mode == "full" or rng.random() < 0.5):
+                        offer[p] = queues[p].pop(0)
+            for p in range(P):
+                if offer[p] is not None:
+                    f = offer[p]
+                    ctx.set(dut.meta[p], {"hdr": to_word(f[:proto.HEADERS_BYTES]), "length": len(f),
+                                          "beats": -(-len(f) // B)})
+            request = sum(1 << p for p in range(P) if offer[p] is not None)
+            hold = mode == "gaps" and rng.random() < 0.1
+            ctx.set(dut.request, request)
+            ctx.set(dut.hold, hold)
+            clear_now = clear["at"] is not None and taken >= clear["at"]
+            if clear_now:
+                ctx.set(dut.program.slot_clear_data, clear_reg.pack(slot=clear["slot"]))
+                ctx.set(dut.program.slot_clear_stb, 1)
+                # the model clears after the takes granted up to this cycle; the block grants no stateful
+                # header until the pipeline has drained of them and the clear is done (DECISION_LATENCY + 4)
+                clear.update(at=None, model_at=cycle + 1, quiet_until=cycle + DECISION_LATENCY + 6)
             await ctx.delay(1e-9)
-            # outputs of the frame taken DECISION_LATENCY cycles ago (events one cycle before the outputs)
             ev = {k: ctx.get(getattr(dut, v)) for k, v in EVENTS.items()}
             ev_drop, reason = ctx.get(dut.ev_drop), ctx.get(dut.ev_drop_reason)
             push, dec, job_valid, job = (ctx.get(dut.push), ctx.get(dut.decision), ctx.get(dut.job_valid),
                                          ctx.get(dut.job))
-            due_ev = expected.pop(("ev", cycle), None)
-            due_out = expected.pop(("out", cycle), None)
-            if due_ev is not None:
-                counts = due_ev
+            due = expected.pop(cycle, None)
+            if due is not None:
+                port, outs, counts = due
                 want_drop = next((r for r in proto.DropReason if counts.get(f"DROP_{r.name}")), None)
                 if bool(ev_drop) != (want_drop is not None) or (want_drop is not None and reason != want_drop):
                     problems.append(f"cycle {cycle}: drop {ev_drop}/{reason}, model {want_drop}")
                 for k in EVENTS:
                     if ev[k] != counts.get(k, 0):
                         problems.append(f"cycle {cycle}: {k} {ev[k]}, model {counts.get(k, 0)}")
-            elif any(ev.values()) or ev_drop:
-                problems.append(f"cycle {cycle}: events with no frame decided")
-            if due_out is not None:
-                port, outs, counts = due_out
                 if push != 1 << port:
                     problems.append(f"cycle {cycle}: decision pushed to {push:#x}, frame of port {port}")
                 action = dec["action"]
@@ -162,23 +186,40 @@ def test_decisions_match_the_reference_model(seed):
                 if job_valid != bool(result_ports) or (job_valid and job["mask"] != result_ports):
                     problems.append(f"cycle {cycle}: job {job_valid}/{job['mask']:#x}, model to {result_ports:#x}")
                 seen["jobs"] += job_valid
-            elif push or job_valid:
-                problems.append(f"cycle {cycle}: a decision with no frame")
-            if offered is not None and ctx.get(dut.take) == 1 << offered:
-                before = model.counters()
-                outs = model.receive(offered, frames[i][1])
-                after = model.counters()
-                counts = {k: after[k] - before[k] for k in after
-                          if not isinstance(after[k], list) and after[k] != before[k]}
-                expected[("ev", cycle + DECISION_LATENCY - 1)] = counts
-                expected[("out", cycle + DECISION_LATENCY)] = (offered, outs, counts)
-                i += 1
+            elif push or job_valid or any(ev.values()) or ev_drop:
+                problems.append(f"cycle {cycle}: a decision or events with no frame")
+            take = ctx.get(dut.take)
+            if take & (take - 1) or take & ~request:
+                problems.append(f"cycle {cycle}: take {take:#x} with requests {request:#x}")
+            if grantable != bool(take) and not (cycle <= clear["quiet_until"] and not take):
+                problems.append(f"cycle {cycle}: take {take:#x}, a grantable request in the cycle before: {grantable}")
+            grantable = bool(request & ~take) and not hold
+            for p in range(P):
+                if take >> p & 1 and offer[p] is not None:
+                    before = model.counters()
+                    outs = model.receive(p, offer[p])
+                    after = model.counters()
+                    counts = {k: after[k] - before[k] for k in after
+                              if not isinstance(after[k], list) and after[k] != before[k]}
+                    expected[cycle + DECISION_LATENCY] = (p, outs, counts)
+                    offer[p] = None
+                    taken += 1
+            if clear["model_at"] == cycle:
+                model.write(clear_reg.address(), clear_reg.pack(slot=clear["slot"]))
             await ctx.tick()
+            if clear_now:
+                ctx.set(dut.program.slot_clear_stb, 0)
             cycle += 1
             if cycle > 20 * len(frames):
                 problems.append("the block stopped taking headers")
                 return
+        await ctx.tick()
+        in_use = model.read(regs["SLOTS_IN_USE"].address())
+        if ctx.get(dut.slots_in_use) != in_use:
+            problems.append(f"slots_in_use {ctx.get(dut.slots_in_use)}, model {in_use}")
+        final["in_use"] = in_use
 
     run(dut, tb)
     assert not problems, problems[:8]
     assert min(seen.values()) > 5, seen                     # every kind of outcome happened
+    assert final["in_use"] > 0, final                       # (a count that can be wrong)

@@ -41,25 +41,28 @@ class RuleRef:
             contributors=stage["contributors"] & pm, results=stage["results"] & pm,
             base=stage["base"], count_log2=stage["count_log2"])
 
+    def matches(self, e, g, l_, c):
+        return bool(e and e["valid"] and (g & e["group_mask"]) == (e["group_value"] & e["group_mask"])
+                    and (l_ & e["layer_mask"]) == (e["layer_value"] & e["layer_mask"])
+                    and (c & e["chunk_mask"]) == (e["chunk_value"] & e["chunk_mask"]))
+
+    def hits(self, g, l_, c):
+        return sum(1 << i for i, e in enumerate(self.entries) if self.matches(e, g, l_, c))
+
     def lookup(self, g, l_, c):
-        for e in self.entries:
-            if e and e["valid"] and (g & e["group_mask"]) == (e["group_value"] & e["group_mask"]) \
-                    and (l_ & e["layer_mask"]) == (e["layer_value"] & e["layer_mask"]) \
-                    and (c & e["chunk_mask"]) == (e["chunk_value"] & e["chunk_mask"]):
-                return e
-        return None
+        return next((e for e in self.entries if self.matches(e, g, l_, c)), None)
 
 
 def rule_hit(ctx, dut) -> bool:
     """Whether the lookup found a rule; the winner must be one entry (one-hot) or none."""
-    first = ctx.get(dut.first)
+    first = ctx.get(dut.first[0])
     assert first & (first - 1) == 0, f"first = {first:#b} is not one-hot"
     return first != 0
 
 
 def looked_up(ctx, dut):
     """The winning rule's fields: ``pick`` fed the one-hot ``first`` (the two halves of a lookup)."""
-    ctx.set(dut.pick, ctx.get(dut.first))
+    ctx.set(dut.pick, ctx.get(dut.first[0]))
     return ctx.get(dut.picked)
 
 
@@ -90,9 +93,12 @@ class RuleBench:
 
     def check(self, g, l_, c):
         ctx, dut = self.ctx, self.dut
-        ctx.set(dut.group_id, g)
-        ctx.set(dut.layer_id, l_)
-        ctx.set(dut.chunk_id, c)
+        ctx.set(dut.key[0], {"group_id": g, "layer_id": l_, "chunk_id": c})
+        # a second key, the same key with one bit flipped: its hits are its own
+        g2, l2, c2 = g ^ (1 << (self.lookups % 8)), l_, c
+        ctx.set(dut.key[1], {"group_id": g2, "layer_id": l2, "chunk_id": c2})
+        assert ctx.get(dut.hits[1]) == self.ref.hits(g2, l2, c2), "second key"
+        assert ctx.get(dut.hits[0]) == self.ref.hits(g, l_, c), "first key"
         want = self.ref.lookup(g, l_, c)
         self.lookups += 1
         key = f"key=({g:#x}, {l_:#x}, {c:#x})"
@@ -102,6 +108,12 @@ class RuleBench:
             rule = looked_up(ctx, dut)
             got = {f: getattr(rule, f) for f in RULE_FIELDS}
             assert got == want, f"{key}: rule {got} != {want}"
+            quota = (1 << want["count_log2"]) - 1
+            assert ctx.get(dut.picked_quota) == quota, f"{key}: quota {ctx.get(dut.picked_quota):#x} != {quota:#x}"
+        for i, e in enumerate(self.ref.entries):       # the entries and their quotas as written
+            if e:
+                assert ctx.get(dut.entry[i].valid) == e["valid"] and ctx.get(dut.entry[i].base) == e["base"], i
+                assert ctx.get(dut.quota[i]) == (1 << e["count_log2"]) - 1, i
 
 
 def random_stage(rng, params):
@@ -114,7 +126,7 @@ def random_stage(rng, params):
 
 
 def rule_test(params, body):
-    dut = RuleTable(params, register_map(params))
+    dut = RuleTable(params, register_map(params), keys=2)
 
     async def tb(ctx):
         await body(RuleBench(ctx, dut, params))
@@ -158,10 +170,10 @@ def test_rule_directed(params):
         for g in (2, 3, 4):
             for layer in (0x0F00, 0x0E00, 0xFF00, 0x0FFF, 0x1F00):
                 b.check(g, layer, 0)
-        ctx.set(dut.group_id, 3)
-        ctx.set(dut.layer_id, 0x0F00)
+        ctx.set(dut.key[0].group_id, 3)
+        ctx.set(dut.key[0].layer_id, 0x0F00)
         assert looked_up(ctx, dut).base == 1            # entry 1 beats entry 5
-        ctx.set(dut.layer_id, 0x0E00)
+        ctx.set(dut.key[0].layer_id, 0x0E00)
         assert looked_up(ctx, dut).base == 12           # entry 1 misses on layer: entry 5
         # invalidate entry 1: entry 5 matches again; the stored fields of an invalid entry never leak
         await b.write(1, 0, wide)
@@ -234,17 +246,25 @@ class MacBench:
 
     def check(self, mac):
         ctx, dut = self.ctx, self.dut
-        ctx.set(dut.mac, mac)
+        ctx.set(dut.mac[0], mac)
+        ctx.set(dut.mac[1], mac ^ 1)                  # a second address, looked up at once
+        first = ctx.get(dut.first[0])
+        assert first & (first - 1) == 0, f"first = {first:#b} is not one-hot"
+        ctx.set(dut.pick, first)                      # the two halves of a lookup
+        for k, a in enumerate((mac, mac ^ 1)):
+            hits = sum(1 << i for i, (v, m, p) in enumerate(self.entries) if v and m == a)
+            assert ctx.get(dut.hits[k]) == hits, f"mac={a:012x} hits {ctx.get(dut.hits[k]):#x} table={self.entries}"
         want = next((p for v, m, p in self.entries if v and m == mac), None)
         self.lookups += 1
         assert ctx.get(dut.hit) == (want is not None), f"mac={mac:012x} table={self.entries}"
         if want is not None:
             self.hits += 1
             assert ctx.get(dut.port) == want, f"mac={mac:012x} table={self.entries}"
+            assert ctx.get(dut.port_mask) == 1 << want, f"mac={mac:012x} table={self.entries}"
 
 
 def mac_test(params, body):
-    dut = MacTable(params, register_map(params))
+    dut = MacTable(params, register_map(params), keys=2)
 
     async def tb(ctx):
         await body(MacBench(ctx, dut, params))
