@@ -18,11 +18,15 @@ from .lane import LANE_DECISIONS, OPEN_BITS
 from .pipeline import delay_line
 from .results import ResultRow, result_frame_layout
 
-__all__ = ["JobQueue", "FoldReader", "job_depth", "ROW_QUEUE_LATENCY"]
+__all__ = ["JobQueue", "FoldReader", "job_depth", "ROW_QUEUE_LATENCY", "BANK_READ_REGISTERS"]
 
 #: Cycles from a folded row's write into the row queue to its first cycle on ``FoldReader.row`` (the block
 #: RAM queue and the registered queue behind it, 2 each).
 ROW_QUEUE_LATENCY = 4
+
+#: Register ranks between a bank's block RAM output and the fold chain.
+BANK_READ_REGISTERS = 2
+
 
 def job_depth(params: SwitchParams) -> int:
     """Result jobs the queue holds. A job waits for the frames decided before it (up to LANE_DECISIONS + 1
@@ -135,9 +139,10 @@ class FoldReader(wiring.Component):
     issued only when the queue is sure to have room for it, so the reader runs at one row per cycle while
     the generator keeps up, across jobs without a bubble.
 
-    Timing: a row read (``rd_en``) in cycle ``t`` is written into the row queue in cycle ``t + 2 + F``
-    (the bank's read, its output register, then ``F`` = ``SwitchParams.fold_latency``: the chain and the
-    rounding) and is offered on ``row`` from cycle ``t + 2 + F +`` :data:`ROW_QUEUE_LATENCY`; it counts
+    Timing: a row read (``rd_en``) in cycle ``t`` is written into the row queue in cycle ``t + 3 + F``
+    (the bank's read, its output's :data:`BANK_READ_REGISTERS` = 2 registers, then ``F`` =
+    ``SwitchParams.fold_latency``: the chain and the rounding) and is offered on ``row`` from cycle
+    ``t + 3 + F +`` :data:`ROW_QUEUE_LATENCY`; it counts
     in ``rows_held`` one cycle before. ``rd_addr``, ``rows_held`` and the room check are registers;
     ``rd_en`` and ``job_ready`` are two LUT levels from registers (the head's ``job_valid``, the frame
     queue's room); ``row``/``row_valid`` and ``frame``/``frame_valid`` come from registers (the row
@@ -238,16 +243,19 @@ class FoldReader(wiring.Component):
         with m.Elif(issue & last):
             m.d.sync += active.eq(0)
 
-        # The banks' read data is registered (a block RAM's output is slow); the chain takes it the cycle
-        # after, with the job's kind as it was at the read.
+        # The banks' read data is registered twice: a block RAM's output is slow (5.6-5.8 ns) and the banks
+        # sit apart on the die, so the first register stays beside its RAM and the second carries the row
+        # to the chain (with one, the whole switch measured 4.8 ns of routing behind the RAM). The chain
+        # takes the row with the job's kind as it was at the read.
         m.submodules.chain = chain = self.chain
-        read_kind = delay_line(m, kind, 2, "read_kind")
-        read_valid = delay_line(m, issue, 2, "read_valid", reset_less=False)
+        read_kind = delay_line(m, kind, 1 + BANK_READ_REGISTERS, "read_kind")
+        read_valid = delay_line(m, issue, 1 + BANK_READ_REGISTERS, "read_valid", reset_less=False)
         m.d.comb += [
             chain.i_valid.eq(read_valid), chain.mask.eq(read_kind.contributors),
             chain.dtype.eq(read_kind.dtype), chain.op.eq(read_kind.op), chain.acc_fp32.eq(read_kind.acc_fp32),
             chain.saturate.eq(read_kind.saturate),
-            *(chain.rows[p].eq(delay_line(m, self.rd_data[p], 1, f"rd_data{p}")) for p in range(prm.ports)),
+            *(chain.rows[p].eq(delay_line(m, self.rd_data[p], BANK_READ_REGISTERS, f"rd_data{p}"))
+              for p in range(prm.ports)),
         ]
         out_acc = delay_line(m, read_kind.acc_fp32, chain.latency, "out_acc")
         out_dtype = delay_line(m, read_kind.dtype, chain.latency, "out_dtype")

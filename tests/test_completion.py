@@ -186,7 +186,7 @@ def test_fold_reader_against_the_port_order_fold(float_units):
 
 def test_fold_reader_one_row_per_cycle_across_jobs():
     """Jobs back to back, nothing refused: the rows leave one per cycle without a bubble, the first
-    2 + F + ROW_QUEUE_LATENCY cycles after its read (bank read and register, F, the queues)."""
+    3 + F + ROW_QUEUE_LATENCY cycles after its read (bank read, its two registers, F, the queues)."""
     params = SwitchParams()
     rng = random.Random(11)
     jobs = random_jobs(rng, params, 12, 8)
@@ -200,4 +200,4 @@ def test_fold_reader_one_row_per_cycle_across_jobs():
     cycles = [c for _, c in rows]
     assert cycles == list(range(cycles[0], cycles[0] + base))
     # job offered in cycle 0 and taken at once: its first row read in cycle 1
-    assert cycles[0] == 1 + 2 + params.fold_latency + ROW_QUEUE_LATENCY
+    assert cycles[0] == 1 + 1 + 2 + params.fold_latency + ROW_QUEUE_LATENCY
