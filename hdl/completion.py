@@ -12,7 +12,7 @@ from amaranth.utils import ceil_log2
 from cais import protocol as proto
 from cais.params import SwitchParams
 
-from .decision import DECISION_LATENCY, bank_addr_bits, job_layout
+from .decision import DECISION_HEADERS, bank_addr_bits, job_layout
 from .fold import FoldChain
 from .lane import LANE_DECISIONS, OPEN_BITS
 from .pipeline import delay_line
@@ -35,7 +35,7 @@ def job_depth(params: SwitchParams) -> int:
     (its own depth of headers may each add one)."""
     shortest = -(-proto.MIN_FRAME_BYTES // params.beat_bytes)
     chain = params.fold_latency
-    in_flight = ((LANE_DECISIONS + 1) * shortest + chain + 8) // shortest + DECISION_LATENCY + 1
+    in_flight = ((LANE_DECISIONS + 1) * shortest + chain + 8) // shortest + DECISION_HEADERS
     return 1 << ceil_log2(in_flight)
 
 

@@ -24,7 +24,7 @@ __all__ = ["frame_beats", "documented_latency", "RESULT_OVERHEAD", "FORWARD_LATE
 
 #: Cycles from a forwarded frame's last beat in to its first beat out on each of its ports, when its lane
 #: and its egress ports are free (docs/interface.md), whatever the frame's length and the build.
-FORWARD_LATENCY = 11
+FORWARD_LATENCY = 17
 
 #: The result latency's cycles besides the frame's beats, its rows and the fold chain (documented_latency).
 RESULT_OVERHEAD = 25
