@@ -260,11 +260,10 @@ def _result_gen_stage(P, regmap):
 def _wide_core_alu():
     """Candidate A of docs/core-design.md: one core of ports x data_width bits (gearboxes after ingress and
     before egress) reduces a wide word per cycle, so its slot ALU is ports x data_width bits wide."""
-    from cais.hdl.completion import FOLD_FADD_STAGES
     from cais.hdl.slot_alu import SlotALU
     from cais.params import SwitchParams
     P = SwitchParams()
-    return SlotALU(data_width=P.ports * P.data_width, fadd_stages=FOLD_FADD_STAGES), True
+    return SlotALU(data_width=P.ports * P.data_width), True     # the fold chain's adder depth (FADD_STAGES)
 
 
 def _wide_core_bram_loop():

@@ -32,7 +32,7 @@ RULE_WRITE in between, to the entry it matched, gives it the new entry's fields:
 does not rewrite a group's rule under its traffic).
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out

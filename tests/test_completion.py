@@ -117,7 +117,7 @@ def run_reader(params, jobs, banks, *, seed, job_gap, frame_refuse, row_refuse):
     taken with random refusals. Returns (frames, rows with their cycles, problems)."""
     rng = random.Random(seed)
     dut = FoldReader(params)
-    W, P = params.data_width, params.ports
+    P = params.ports
     frames, rows, problems = [], [], []
     total = sum(job["rows"] for job in jobs)
 

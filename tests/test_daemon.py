@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from cais import protocol as proto
 from cais.params import SwitchParams
 from cais.rawsock import read_pcap
 from cais.registers import register_map

@@ -12,7 +12,6 @@ import time
 import pytest
 
 from cais.cluster import Cluster
-from cais.endpoint import EndpointError
 from netns import namespace, require_root, veth
 
 
