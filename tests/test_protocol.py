@@ -1,39 +1,23 @@
 """The CAIS header layout of cais.protocol against an independent description written with scapy.
 
-The scapy layer below is written from the documented field widths (docs/protocol.md), not from
-protocol.HEADER_FIELDS, so a mistake in either shows up as a disagreement.
+The scapy layers of cais.dissect (what the package ships for tools and captures) are written from the
+documented field widths (docs/protocol.md, docs/ring.md), not from protocol.HEADER_FIELDS, so a mistake in
+either shows up as a disagreement.
 """
 
 import random
 
 import pytest
 from scapy.layers.l2 import Ether
-from scapy.packet import Packet, Raw, bind_layers
-from scapy.fields import BitField, ByteField, IntField, ShortField
+from scapy.packet import Raw
+
+from cais.dissect import Cais as CaisScapy, CaisHost
 
 from cais.protocol import (BROADCAST_MAC, CAIS_HEADER_BYTES, ETHERTYPE, HEADER_FIELDS, HEADERS_BYTES,
-                           MIN_FRAME_BYTES, RESERVED_FIELDS, CaisHeader, DType, EthHeader, Flags, OpType,
-                           ReduceOp, build_frame, mac_to_str, parse_frame, result_mac)
+                           HOST_ETHERTYPE, HOST_HEADER_BYTES, MIN_FRAME_BYTES, RESERVED_FIELDS, CaisHeader, DType,
+                           EthHeader, Flags, HostHeader, OpType, ReduceOp, build_frame, build_host_frame,
+                           mac_to_str, parse_frame, result_mac)
 
-
-class CaisScapy(Packet):
-    """The 16-byte CAIS header, big-endian, as documented."""
-    name = "CAIS"
-    fields_desc = [
-        ByteField("op_type", 0),        # header byte 0
-        ByteField("group_id", 0),       # 1
-        ShortField("layer_id", 0),      # 2..3
-        ShortField("chunk_id", 0),      # 4..5
-        ShortField("total_chunks", 1),  # 6..7
-        IntField("seq_num", 0),         # 8..11
-        ShortField("payload_len", 0),   # 12..13
-        BitField("dtype", 0, 4),        # 14, high nibble
-        BitField("red_op", 0, 4),       # 14, low nibble
-        ByteField("flags", 0),          # 15
-    ]
-
-
-bind_layers(Ether, CaisScapy, type=0x88B5)
 
 FIELDS = ("op_type", "group_id", "layer_id", "chunk_id", "total_chunks", "seq_num", "payload_len",
           "dtype", "red_op", "flags")
@@ -167,3 +151,35 @@ def test_code_points():
     assert [(m.name, m.value) for m in ReduceOp] == [("SUM", 0), ("MAX", 1), ("MIN", 2)]
     assert Flags.RESULT == 0x01 and Flags.RETRANSMIT == 0x02
     assert DType.INT32 == 0
+
+
+HOST_WIDTHS = {"kind": 8, "group_id": 8, "op_seq": 32, "step": 16, "frag": 16, "frags": 16, "length": 16}
+
+
+def test_host_layer_matches_the_host_header():
+    """cais.dissect.CaisHost against cais.protocol.HostHeader / build_host_frame, both ways."""
+    rng = random.Random(6)
+    assert len(CaisHost()) == HOST_HEADER_BYTES
+    for _ in range(200):
+        f = {name: rng.randrange(1 << w) for name, w in HOST_WIDTHS.items()}
+        f["kind"] = rng.randrange(2)
+        f["length"] = rng.randrange(0, 40)
+        payload = bytes(rng.randrange(256) for _ in range(f["length"]))
+        dst, src = mac(rng), mac(rng)
+        raw = build_host_frame(HostHeader(**f), payload, dst=dst, src=src)
+        pkt = Ether(raw)
+        assert pkt.type == HOST_ETHERTYPE
+        layer = pkt[CaisHost]
+        assert {n: layer.getfieldval(n) for n in HOST_WIDTHS} == f
+        assert (pkt[Raw].load if Raw in pkt else b"") == payload     # the padding to 60 bytes is not payload
+        theirs = bytes(Ether(dst=mac_to_str(dst), src=mac_to_str(src), type=HOST_ETHERTYPE) / CaisHost(**f)
+                       / Raw(payload))
+        assert raw[:len(theirs)] == theirs and not any(raw[len(theirs):])
+
+
+def test_cais_layer_stops_at_payload_len():
+    raw = build_frame(CaisHeader(payload_len=4, flags=Flags.RESULT | Flags.RETRANSMIT), b"\x01\x02\x03\x04", pad=True)
+    layer = Ether(raw)[CaisScapy]
+    assert layer[Raw].load == b"\x01\x02\x03\x04"            # then the padding
+    assert layer.flags.RESULT and layer.flags.RETRANSMIT
+    assert layer.sprintf("%op_type% %dtype% %red_op%") == "ALL_REDUCE INT32 SUM"
