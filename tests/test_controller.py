@@ -5,6 +5,7 @@ import logging
 import pytest
 
 from cais.config import Config
+from cais import controller as ctl_mod
 from cais.controller import Controller, offload_score
 from cais.link import run_sync
 from cais.params import SwitchParams
@@ -233,7 +234,8 @@ def test_retype_waits_for_an_idle_switch():
     assert link.model.counters()["DROP_TYPE_MISMATCH"] == 0                 # the old frame met the old rule
 
 
-def test_a_waiting_retype_holds_new_collectives_until_the_switch_drains():
+def test_a_waiting_retype_holds_only_its_own_group():
+    """Issue 12: retyping group a's rule waits for a's frames, not for the whole switch to drain."""
     link, ctl = make(offload="always")
     a = run_sync(ctl.create_group([0, 1]))
     b = run_sync(ctl.create_group([2, 3]))
@@ -241,17 +243,124 @@ def test_a_waiting_retype_holds_new_collectives_until_the_switch_drains():
     link.send(2, _frame(b.group_id, CollectiveKind()))                     # and sends: the switch is busy
     int8_max = CollectiveKind.make(proto.DType.INT8, proto.ReduceOp.MAX)
     assert ctl.decide(a.group_id, 0, 100, 0.0, int8_max) is None           # held for the retype
-    assert ctl.pending_work() == [f"group {a.group_id}: rule waits for an idle switch to be retyped to int8 max"]
+    assert ctl.pending_work() == [f"group {a.group_id}: rule waits for the group's frames to drain to be "
+                                  "retyped to int8 max"]
     assert ctl.decide(b.group_id, 0, 100, 0.0) is db                       # rank 3 gets the same answer
     for r in (2, 3):
         ctl.finished(r, b.group_id, 0)
-    assert ctl.decide(b.group_id, 1, 100, 0.0) is None                     # a new collective waits: no new
-    run_sync(ctl.service(0.0))                                             # traffic keeps the switch busy
-    assert ctl.pending
-    run_sync(link.advance(1000))
+    assert ctl.decide(b.group_id, 1, 100, 0.0).offload                     # b goes on while a waits
     run_sync(ctl.service(0.0))
+    assert ctl.pending                                                     # busy, a's drain time not over
+
+    async def never_idle():                                                # other groups' traffic goes on
+        return False
+    ctl.switch_idle = never_idle
+    drain = ctl_mod.DRAIN_TIMEOUTS * ctl.config.timeout_s
+    run_sync(ctl.service(drain * 0.99))
+    assert ctl.pending
+    run_sync(ctl.service(drain))                                           # a's frames are out by now
     assert not ctl.pending
-    assert ctl.decide(a.group_id, 0, 100, 0.0, int8_max).offload and ctl.decide(b.group_id, 1, 100, 0.0).offload
+    assert ctl.decide(a.group_id, 0, 100, drain, int8_max).offload
+    assert ctl.group_counters(a.group_id)["kind"] == "int8 max"
+
+
+def test_alerts_fire_once_and_clear_once(caplog):
+    """One event when the fallback ratio goes above 10% and one when it is back, not one per evaluation."""
+    link, ctl = make(offload="always")
+    g = run_sync(ctl.create_group([0, 1]))
+    ctl.decide(g.group_id, 0, 1000, 0.0)
+    ctl.request_fallback(g.group_id, 0, 0, 0.0, "test")
+    for r in (0, 1):
+        ctl.finished(r, g.group_id, 0)
+    run_sync(ctl.service(0.0))                                            # the quota emptied
+    with caplog.at_level(logging.INFO, logger="cais.controller"):
+        for t in range(1, 21):
+            run_sync(ctl.evaluate(0.1 * t))
+    fired = [e for _, e in ctl.events if e.startswith("ALERT fallback_ratio")]
+    assert len(fired) == 1 and "100% exceeds 10%" in fired[0]
+    assert caplog.text.count("ALERT fallback_ratio") == 1
+    # good collectives: at 1 in 10 (10% <= 10%) it clears, once
+    for op in range(1, 11):
+        assert ctl.decide(g.group_id, op, 1000, 3.0).offload
+        for r in (0, 1):
+            ctl.finished(r, g.group_id, op)
+        run_sync(ctl.evaluate(3.0 + op))
+    cleared = [e for _, e in ctl.events if e.startswith("CLEARED fallback_ratio")]
+    assert len(cleared) == 1 and "fallback ratio 10% back" in cleared[0]
+    assert len([e for _, e in ctl.events if "fallback_ratio" in e]) == 2
+    alert = next(a for a in ctl.stats()["alerts"] if a["name"] == "fallback_ratio")
+    assert (alert["active"], alert["fired"], alert["cleared"]) == (False, 1, 1)
+
+
+def test_throughput_counts_the_bytes_actually_reduced():
+    """fp16 collectives reduce 2-byte elements in chunks of their own size: the throughput is the bytes
+    the collectives carried through the switch per second, not completed chunks x chunk_size."""
+    link, ctl = make(offload="always", chunk_size=256)
+    g = run_sync(ctl.create_group([0, 1, 2, 3]))
+    fp16 = CollectiveKind.make(proto.DType.FP16, proto.ReduceOp.SUM, acc_fp32=True)
+    run_sync(ctl.evaluate(1.0))
+    assert ctl.decide(g.group_id, 0, 3000, 1.0, fp16) is None             # retype first
+    run_sync(ctl.service(1.0))
+    d = ctl.decide(g.group_id, 0, 3000, 1.0, fp16)
+    for r in range(4):
+        ctl.finished(r, g.group_id, 0)
+    stats = run_sync(ctl.evaluate(3.0))
+    assert stats["reduce_throughput_Bps"] == pytest.approx(3000 / 2.0)
+    chunks = -(-3000 // d.chunk_bytes)
+    gc = stats["groups"][g.group_id]
+    assert (gc["completions"], gc["contributions"], gc["bytes_reduced"]) == (chunks, 4 * chunks, 3000)
+    assert stats["collective_latency_s"]["count"] == 1
+
+
+def test_operator_rules_are_checked_and_dumped():
+    from cais.tables import Rule
+    link, ctl = make(SwitchParams(slots=64), slots_per_group=16)
+    g = run_sync(ctl.create_group([0, 1]))
+    writes = spy_writes(link)
+    for rule, index, why in [
+            (Rule.for_group(200, 0b11, base=48, count_log2=2), g.rule_index, "belongs to group"),
+            (Rule.for_group(200, 0b11, base=8, count_log2=2), 5, "overlap group"),
+            (Rule.for_group(200, 0b11, base=62, count_log2=2), 5, "beyond the switch's 64 slots"),
+            (Rule(group=(0, 0), contributors=1, base=48), 5, "would take group"),
+            (Rule.for_group(200, 1 << 20, base=48), 5, "contributors"),
+            (Rule.for_group(200, 0b11, base=48), 99, "not in 0..")]:
+        with pytest.raises(ValueError, match=why):
+            run_sync(ctl.add_rule(index, rule))
+    assert writes == []                                                     # refused: nothing written
+    rule = Rule.for_group(200, 0b11, base=48, count_log2=2)
+    run_sync(ctl.add_rule(5, rule))
+    with pytest.raises(ValueError, match="exists"):
+        run_sync(ctl.add_rule(5, rule))
+    assert [(i, o) for i, o, _ in ctl.dump_rules()] == [(g.rule_index, f"group {g.group_id}"), (5, "operator")]
+    # the rule is in the switch: a contribution of group 200 on port 0 takes a set
+    link.model.receive(0, _frame(200, CollectiveKind()))
+    assert link.model.counters()["CONTRIBUTIONS"] == 1
+    h = run_sync(ctl.create_group([2, 3]))                                  # skips the operator's slots
+    assert not (48 <= h.base < 52) and h.rule_index != 5
+    with pytest.raises(ValueError, match="goes with the group"):
+        run_sync(ctl.del_rule(g.rule_index))
+    assert run_sync(ctl.del_rule(5)) == rule
+    with pytest.raises(KeyError):
+        run_sync(ctl.del_rule(5))
+
+
+def test_a_new_controller_adopts_the_groups_the_ranks_re_register():
+    link, ctl = make(offload="always")
+    g = run_sync(ctl.create_group([0, 1, 2]))
+    d = ctl.decide(g.group_id, 0, 4000, 0.0)
+    for r in range(3):
+        ctl.finished(r, g.group_id, 0)
+    # a restart: a new controller on the same switch, the ranks tell it what they hold
+    new = Controller(link, ctl.config, list(range(link.params.ports)), ctl.rank_macs)
+    run_sync(new.start())
+    info = run_sync(new.adopt_group(g.group_id, [0, 1, 2], g.base, g.count_log2, g.rule_index, g.next_seq, 1))
+    assert (info.base, info.slot_count, info.rule_index, info.next_seq) == (g.base, g.slot_count, g.rule_index,
+                                                                            d.seq_base + -(-4000 // d.chunk_bytes))
+    with pytest.raises(ValueError, match="differently"):
+        run_sync(new.adopt_group(g.group_id, [0, 1], g.base, g.count_log2, g.rule_index, 0, 1))
+    d1 = new.decide(g.group_id, 1, 4000, 0.0)                              # collective 0 was before it
+    assert d1.offload and d1.seq_base == info.next_seq - -(-4000 // d1.chunk_bytes)
+    assert run_sync(new.create_group([0, 1])).group_id != g.group_id
 
 
 def test_kinds_the_switch_cannot_reduce_stay_on_the_hosts():

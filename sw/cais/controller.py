@@ -16,14 +16,24 @@ One controller serves every rank. It
 - keeps each group's rule typed for the collective that uses it: a collective whose kind (element type,
   operator, acc_fp32, saturate, reproducible: :class:`~cais.allreduce.CollectiveKind`) differs from the
   rule's is held (``decide`` answers None) until :meth:`service` has rewritten the rule (``RULE_TYPE`` and
-  ``RULE_WRITE``; the slots emptied first when the accumulator layout changes), which it does once the
-  switch is idle, so no rank sends a frame of the new kind to the old rule and no late frame of the old
-  kind meets the new one. One collective of a group is on the switch at a time, so this is safe. Idle
-  is switch-wide (BUSY), so while a retype waits no other collective gets a decision either: the switch
-  drains and the retype cannot starve behind other groups' traffic;
+  ``RULE_WRITE``; the slots emptied first when the accumulator layout changes), so no rank sends a frame
+  of the new kind to the old rule. One collective of a group is on the switch at a time, so the group's
+  previous collective has finished on every rank when the retype is asked for. The retype is isolated:
+  it holds only that group's decisions, and it waits until no late frame of the group's previous
+  collective can still be inside the switch: the switch is idle (BUSY), or :data:`DRAIN_TIMEOUTS` x the
+  ranks' retransmission timeout has passed since that collective finished on every rank (no rank
+  retransmits once it has every result, and a frame stays in the switch far less than a retransmission
+  timeout, or the ranks would retransmit every chunk). Other groups' traffic neither is held nor holds it;
+- keeps per-group accounting (collectives, offloaded, fallbacks, chunk completions and contributions,
+  bytes reduced: exact, since each offloaded chunk that does not fall back completes once in the switch
+  with one contribution per member) and the recent collective latencies (first decision to the last
+  rank's ``finished``) and queueing delays (first-chunk round trip minus the smallest);
+- serves operator rules beside the groups' (:meth:`add_rule`, :meth:`del_rule`, :meth:`dump_rules`),
+  refusing one that would overlap a group's rule, quota or frames;
 - reads the switch's counters every ``reevaluate_interval_ms`` and keeps the statistics operators expect
-  (:meth:`stats`), raising the offload threshold while slot memory stays above 80% in use and warning when
-  more than 10% of offloaded collectives fall back.
+  (:meth:`stats`), raising the offload threshold while slot memory stays above 80% in use; the alerts
+  (:class:`cais.monitor.Alert`: slot memory pressure, fallback ratio above 10%) log once when they fire
+  and once when they clear.
 
 The offload score, for a collective of D bytes over N ranks (docs/driver.md)::
 
@@ -47,6 +57,7 @@ from dataclasses import dataclass, field
 from .allreduce import CollectiveKind, chunk_count, chunk_payload
 from .config import Config
 from .link import SwitchLink
+from .monitor import Alert, Samples
 from .protocol import DropReason, supported_dtypes
 from .registers import RegisterMap, read_counters, register_map
 from .tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
@@ -59,6 +70,7 @@ MEMORY_PRESSURE = 0.80      # sets in use above this fraction raise the threshol
 FALLBACK_WARNING = 0.10     # warn above this fallback ratio
 THRESHOLD_STEP = 0.05
 THRESHOLD_CAP = 0.95
+DRAIN_TIMEOUTS = 2          # a retype goes on this many retransmission timeouts after the group's last frame
 
 
 @dataclass
@@ -72,6 +84,13 @@ class GroupInfo:
     why_not: str = ""                # why the group has no quota
     kind: CollectiveKind = CollectiveKind()   # what the group's rule is programmed for now
     next_seq: int = 0                # seq_num of the next offloaded chunk (offloaded collectives only)
+    first_op: int = 0                # op_seq of the first collective this controller saw (restart: > 0)
+    collectives: int = 0             # accounting (module docstring): collectives finished on every rank
+    offloaded: int = 0               # of which went through the switch
+    fell_back: int = 0               # of which fell back to the host ring
+    completions: int = 0             # chunks the switch completed for the group (offloaded, not fallen back)
+    contributions: int = 0           # contributions the switch accepted for them (chunks x members)
+    bytes_reduced: int = 0           # bytes of those collectives (the wire format)
 
     @property
     def slot_count(self) -> int:
@@ -97,8 +116,14 @@ class Decision:
 class _Op:
     decision: Decision
     nbytes: int
+    started: float = 0.0
     fell_back: bool = False
     finished: set = field(default_factory=set)
+
+
+def _matches_group(rule: Rule, group_id: int) -> bool:
+    value, mask = rule.group
+    return (group_id & mask) == (value & mask)
 
 
 def offload_score(nbytes: int, ranks: int, bandwidth: float, latency: float, queue_delay: float) -> float:
@@ -134,6 +159,14 @@ class Controller:
         self.retypes = 0                                 # rule rewrites done (statistics, tests)
         self.float_units = bool(self.params.float_units)  # read from FEATURES by start()
         self.reproducible = True                          # read from FEATURES by start()
+        self.latency = Samples()       # collective latency, s: first decision to the last rank's finished
+        self.queue_delay = Samples()   # first-chunk round trip minus the smallest, s
+        self.alerts = {"sram_pressure": Alert("sram_pressure", MEMORY_PRESSURE, "slot sets in use"),
+                       "fallback_ratio": Alert("fallback_ratio", FALLBACK_WARNING, "fallback ratio")}
+        self.operator_rules: dict[int, Rule] = {}       # rule index -> rule added by an operator
+        self._reduced_bytes = 0
+        self._now = 0.0                                  # the latest time a caller gave
+        self._quiet_since: dict[int, float] = {}         # group -> when its last collective finished
 
     @property
     def dtypes(self):
@@ -147,7 +180,7 @@ class Controller:
 
     def pending_work(self) -> list[str]:
         """The register work that is waiting, one line each (for hang reports)."""
-        return ([f"group {g}: rule waits for an idle switch to be retyped to {k}"
+        return ([f"group {g}: rule waits for the group's frames to drain to be retyped to {k}"
                  for g, k in sorted(self._retypes.items())]
                 + [f"group {g}: slots wait to be emptied" for g in self._cleanups])
 
@@ -173,7 +206,7 @@ class Controller:
     def _allocate(self, count: int) -> int | None:
         """First aligned free range of `count` slots within the memory limit."""
         limit = int(self.params.slots * self.config.sram_usage_limit)
-        used = sorted((g.base, g.base + g.slot_count) for g in self.groups.values() if g.base is not None)
+        used = sorted(self._slot_ranges())
         for base in range(0, limit - count + 1, count):
             if all(base + count <= lo or base >= hi for lo, hi in used):
                 return base
@@ -188,12 +221,13 @@ class Controller:
             if not 0 <= r < len(self.rank_ports):
                 raise ValueError(f"group ranks {list(ranks)}: rank {r} does not exist")
         used_ids = set(self.groups)
-        group_id = next((g for g in range(1, 256) if g not in used_ids), None)
+        group_id = next((g for g in range(1, 256) if g not in used_ids
+                         and not any(_matches_group(r, g) for r in self.operator_rules.values())), None)
         if group_id is None:
             raise RuntimeError("no free group id (255 groups exist)")
         ports = tuple(self.rank_ports[r] for r in ranks)
         info = GroupInfo(group_id, ranks, ports)
-        used_rules = {g.rule_index for g in self.groups.values()}
+        used_rules = {g.rule_index for g in self.groups.values()} | set(self.operator_rules)
         rule_index = next((i for i in range(self.params.rules) if i not in used_rules), None)
         count = min(self.config.slots_per_group, self.params.slots)
         base = None
@@ -207,14 +241,114 @@ class Controller:
             info.why_not = f"slot memory above sram_usage_limit={self.config.sram_usage_limit}"
         else:
             info.base, info.count_log2, info.rule_index = base, count.bit_length() - 1, rule_index
-            mask = sum(1 << p for p in ports)
             await self._apply(slot_clear_writes(self.regs, base, count))
-            await self._apply(rule_writes(self.regs, rule_index, Rule.for_group(
-                group_id, contributors=mask, results=mask, base=base, count_log2=info.count_log2)))
+            await self._apply(rule_writes(self.regs, rule_index, self.group_rule(info)))
         self.groups[group_id] = info
         log.info("group %d: ranks %s, %s", group_id, list(ranks),
                  f"slots {base}..{base + count - 1}" if info.offloadable else f"host only ({info.why_not})")
         return info
+
+    def _slot_ranges(self) -> list[tuple[int, int]]:
+        """[lo, hi) of every quota in use: the groups' and the operator rules'."""
+        return ([(g.base, g.base + g.slot_count) for g in self.groups.values() if g.base is not None]
+                + [(r.base, r.base + r.slot_count) for r in self.operator_rules.values()])
+
+    @staticmethod
+    def group_rule(info: GroupInfo) -> Rule:
+        """The rule a group's entry holds: every frame of the group, its ports, its quota, its kind."""
+        mask = sum(1 << p for p in info.ports)
+        return Rule.for_group(info.group_id, contributors=mask, results=mask, base=info.base,
+                              count_log2=info.count_log2, **info.kind.rule_fields())
+
+    async def adopt_group(self, group_id: int, ranks: list[int], base: int | None, count_log2: int,
+                          rule_index: int | None, next_seq: int, next_op: int) -> GroupInfo:
+        """Take over a group the ranks re-register after a controller restart (docs/controller.md): the
+        same id, ranks, quota and rule entry; its rule rewritten for int32 SUM (the rule table is write
+        only: the kind is not readable, so the next collective of another kind retypes it), its slots
+        emptied (no collective of it runs while its ranks re-register), sequence numbers going on from
+        `next_seq` (no late frame's seq_num can meet a new chunk's) and collectives from `next_op`."""
+        ranks = tuple(int(r) for r in ranks)
+        if group_id in self.groups:
+            old = self.groups[group_id]
+            if (old.ranks, old.base, old.count_log2, old.rule_index) != (ranks, base, count_log2, rule_index):
+                raise ValueError(f"group {group_id}: re-registered as ranks {list(ranks)} slots {base} "
+                                 f"rule {rule_index}, but another rank registered it differently")
+            old.next_seq, old.first_op = max(old.next_seq, next_seq), max(old.first_op, next_op)
+            return old
+        if not 1 <= group_id <= 255:
+            raise ValueError(f"group {group_id}: not in 1..255")
+        for r in ranks:
+            if not 0 <= r < len(self.rank_ports):
+                raise ValueError(f"group {group_id}: rank {r} does not exist")
+        info = GroupInfo(group_id, ranks, tuple(self.rank_ports[r] for r in ranks), next_seq=int(next_seq),
+                         first_op=int(next_op))
+        if base is not None and rule_index is not None:
+            count = 1 << count_log2
+            if not (0 <= base and base + count <= self.params.slots and 0 <= rule_index < self.params.rules):
+                raise ValueError(f"group {group_id}: slots {base}+{count} or rule {rule_index} outside the switch")
+            if any(g.rule_index == rule_index for g in self.groups.values()) or any(
+                    base < hi and lo < base + count for lo, hi in self._slot_ranges()):
+                raise ValueError(f"group {group_id}: its rule {rule_index} or slots {base}+{count} are taken")
+            info.base, info.count_log2, info.rule_index = base, count_log2, rule_index
+            await self._apply(slot_clear_writes(self.regs, base, count))
+            await self._apply(rule_writes(self.regs, rule_index, self.group_rule(info)))
+        else:
+            info.why_not = "host only before the restart"
+        self.groups[group_id] = info
+        log.info("group %d: adopted after a restart (ranks %s)", group_id, list(ranks))
+        return info
+
+    # ---------------------------------------------------------------- operator rules
+    def check_rule(self, index: int, rule: Rule) -> None:
+        """Why an operator rule at `index` cannot be added (ValueError), or nothing."""
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.params.rules:
+            raise ValueError(f"rule index {index!r}: not in 0..{self.params.rules - 1}")
+        owner = next((g for g in self.groups.values() if g.rule_index == index), None)
+        if owner is not None:
+            raise ValueError(f"rule {index} belongs to group {owner.group_id}")
+        if index in self.operator_rules:
+            raise ValueError(f"rule {index} exists: del-rule {index} first")
+        if rule.count_log2 > 16 or rule.base + rule.slot_count > self.params.slots:
+            raise ValueError(f"slots {rule.base}+2**{rule.count_log2}: beyond the switch's {self.params.slots} slots")
+        lo, hi = rule.base, rule.base + rule.slot_count
+        for g in self.groups.values():
+            if g.base is not None and lo < g.base + g.slot_count and g.base < hi:
+                raise ValueError(f"slots {lo}..{hi - 1} overlap group {g.group_id}'s quota {g.base}..{g.base + g.slot_count - 1}")
+            if _matches_group(rule, g.group_id):
+                raise ValueError(f"group match {rule.group[0]}/{rule.group[1]:#x} would take group {g.group_id}'s frames")
+        for i, r in self.operator_rules.items():
+            if lo < r.base + r.slot_count and r.base < hi:
+                raise ValueError(f"slots {lo}..{hi - 1} overlap rule {i}'s {r.base}..{r.base + r.slot_count - 1}")
+        rule_writes(self.regs, index, rule)          # the register fields' own checks (ports, widths)
+
+    async def add_rule(self, index: int, rule: Rule) -> None:
+        """Program an operator rule (its quota emptied first); refused (ValueError, nothing written) when
+        :meth:`check_rule` says so."""
+        self.check_rule(index, rule)
+        await self._apply(slot_clear_writes(self.regs, rule.base, rule.slot_count))
+        await self._apply(rule_writes(self.regs, index, rule))
+        self.operator_rules[index] = rule
+
+    async def del_rule(self, index: int) -> Rule:
+        """Invalidate an operator rule (a group's rule goes with its group only)."""
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.params.rules:
+            raise ValueError(f"rule index {index!r}: not in 0..{self.params.rules - 1}")
+        owner = next((g for g in self.groups.values() if g.rule_index == index), None)
+        if owner is not None:
+            raise ValueError(f"rule {index} belongs to group {owner.group_id}: it goes with the group")
+        if index not in self.operator_rules:
+            raise KeyError(f"rule {index}: no such rule")
+        rule = self.operator_rules[index]
+        await self._apply(rule_writes(self.regs, index, None, valid=False))
+        await self._apply(slot_clear_writes(self.regs, rule.base, rule.slot_count))
+        return self.operator_rules.pop(index)
+
+    def dump_rules(self) -> list[tuple[int, str, Rule]]:
+        """(index, owner, rule) of every valid entry the controller programmed, by index."""
+        out = [(g.rule_index, f"group {g.group_id}", self.group_rule(g)) for g in self.groups.values()
+               if g.rule_index is not None]
+        out += [(i, "operator", r) for i, r in self.operator_rules.items()]
+        return sorted(out, key=lambda t: t[0])
 
     async def remove_group(self, group_id: int) -> None:
         info = self.groups.pop(group_id)
@@ -268,12 +402,14 @@ class Controller:
         if key in self._ops:
             return None if group_id in self._retypes else self._ops[key].decision
         # One collective of a group at a time on the switch: the next waits until every rank finished the
-        # previous one (and its slots are emptied if it fell back). A waiting retype holds every new
-        # collective, so that the switch drains and goes idle (module docstring).
-        if (self._retypes or group_id in self._blocked
-                or (op_seq > 0 and not self.all_finished(group_id, op_seq - 1))):
-            return None
+        # previous one (and its slots are emptied if it fell back). A waiting retype holds only its group.
+        self._now = max(self._now, now)
+        if group_id not in self.groups:
+            raise ValueError(f"group {group_id}: no such group")
         info = self.groups[group_id]
+        if (group_id in self._retypes or group_id in self._blocked
+                or (op_seq > info.first_op and not self.all_finished(group_id, op_seq - 1))):
+            return None
         unsupported = self.why_not_offloadable(kind)
         if not info.offloadable:
             decision = Decision(False, 0.0, self.threshold, f"host only: {info.why_not}", kind=kind)
@@ -293,7 +429,7 @@ class Controller:
                 decision.chunk_bytes = chunk_payload(self.config.chunk_size, self.capacity(kind), kind.itemsize)
                 decision.seq_base = info.next_seq
                 info.next_seq += chunk_count(nbytes // kind.itemsize, kind.itemsize, decision.chunk_bytes)
-        self._ops[key] = _Op(decision, nbytes)
+        self._ops[key] = _Op(decision, nbytes, started=now)
         self.decisions.append((now, group_id, op_seq, decision))
         if decision.offload and kind != info.kind:
             self._retypes[group_id] = kind      # service() rewrites the rule; then the decision is given
@@ -306,7 +442,8 @@ class Controller:
 
     def request_fallback(self, group_id: int, op_seq: int, rank: int, now: float, why: str) -> None:
         """A rank gave up on the switch for this collective: every rank moves it to the host ring."""
-        op = self._ops[(group_id, op_seq)]
+        self._now = max(self._now, now)
+        op = self._op(group_id, op_seq)
         if not op.fell_back:
             op.fell_back = True
             self.events.append((now, f"group {group_id} collective {op_seq}: falls back to the host ring "
@@ -314,25 +451,59 @@ class Controller:
             log.warning("group %d collective %d falls back to the host ring: rank %d %s", group_id, op_seq,
                         rank, why)
 
-    def all_finished(self, group_id: int, op_seq: int) -> bool:
+    def _op(self, group_id: int, op_seq: int) -> _Op:
         op = self._ops.get((group_id, op_seq))
-        return op is not None and len(op.finished) == len(self.groups[group_id].ranks)
+        if op is None:
+            raise ValueError(f"group {group_id} collective {op_seq}: not decided yet")
+        return op
+
+    def all_finished(self, group_id: int, op_seq: int) -> bool:
+        info = self.groups.get(group_id)
+        if info is not None and op_seq < info.first_op:
+            return True          # before a restart: every rank re-registered after it (adopt_group)
+        op = self._ops.get((group_id, op_seq))
+        return op is not None and info is not None and len(op.finished) == len(info.ranks)
 
     def finished(self, rank: int, group_id: int, op_seq: int) -> None:
-        op = self._ops[(group_id, op_seq)]
-        op.finished.add(rank)
+        op = self._op(group_id, op_seq)
         info = self.groups[group_id]
+        if rank not in info.ranks:
+            raise ValueError(f"group {group_id}: rank {rank} is not a member")
+        if rank in op.finished:
+            return
+        op.finished.add(rank)
         if len(op.finished) == len(info.ranks):
+            self._quiet_since[group_id] = self._now
+            self.latency.add(max(0.0, self._now - op.started))
+            info.collectives += 1
+            info.offloaded += op.decision.offload
+            info.fell_back += op.fell_back
             if op.decision.offload and not op.fell_back:
                 self._switch_bytes += op.nbytes
+                self._reduced_bytes += op.nbytes
+                kind = op.decision.kind
+                chunks = chunk_count(op.nbytes // kind.itemsize, kind.itemsize, op.decision.chunk_bytes)
+                info.completions += chunks
+                info.contributions += chunks * len(info.ranks)
+                info.bytes_reduced += op.nbytes
             if op.fell_back and info.offloadable:
                 # Abandoned chunks may hold sets: empty the quota before the next collective.
                 self._blocked.add(group_id)
                 self._cleanups.append(group_id)
 
     def report_rtts(self, rtts: list[float]) -> None:
-        self._rtts.extend(rtts)
+        for rtt in rtts:
+            if not rtt >= 0.0:              # also NaN
+                raise ValueError(f"round trip {rtt!r}: must be a number >= 0")
+        self._rtts.extend(float(r) for r in rtts)
         del self._rtts[:-4096]
+        low = min(self._rtts) if self._rtts else 0.0
+        for rtt in rtts:
+            self.queue_delay.add(rtt - low)
+
+    def tick(self, now: float) -> None:
+        """Tell the controller the time (the service calls it on every request)."""
+        self._now = max(self._now, now)
 
     # ---------------------------------------------------------------- periodic work
     async def switch_idle(self) -> bool:
@@ -350,11 +521,8 @@ class Controller:
         old = info.kind
         if (old.dtype, old.acc_fp32, old.saturate) != (kind.dtype, kind.acc_fp32, kind.saturate):
             await self._apply(slot_clear_writes(self.regs, info.base, info.slot_count))
-        mask = sum(1 << p for p in info.ports)
-        await self._apply(rule_writes(self.regs, info.rule_index, Rule.for_group(
-            group_id, contributors=mask, results=mask, base=info.base, count_log2=info.count_log2,
-            **kind.rule_fields())))
         info.kind = kind
+        await self._apply(rule_writes(self.regs, info.rule_index, self.group_rule(info)))
         self.retypes += 1
         log.debug("group %d: rule %d retyped %s -> %s", group_id, info.rule_index, old, kind)
 
@@ -363,17 +531,25 @@ class Controller:
         """When (seconds of switch time) :meth:`service` next re-evaluates the offload decisions."""
         return self._next_eval
 
+    def _drained(self, group_id: int, now: float) -> bool:
+        """No late frame of the group's previous collective can still be in the switch (module docstring)."""
+        return now - self._quiet_since.get(group_id, 0.0) >= DRAIN_TIMEOUTS * self.config.timeout_s
+
     async def service(self, now: float) -> None:
         """Pending register work, and the periodic re-evaluation when it is due."""
+        self._now = max(self._now, now)
         while self._cleanups:
             group_id = self._cleanups.pop(0)
-            info = self.groups[group_id]
-            await self._apply(slot_clear_writes(self.regs, info.base, info.slot_count))
+            info = self.groups.get(group_id)
+            if info is not None:
+                await self._apply(slot_clear_writes(self.regs, info.base, info.slot_count))
             self._blocked.discard(group_id)
-        if self._retypes and await self.switch_idle():
-            for group_id, kind in sorted(self._retypes.items()):
-                await self.retype(group_id, kind)
-            self._retypes.clear()
+        if self._retypes:
+            ready = [g for g in sorted(self._retypes) if self._drained(g, now)]
+            if len(ready) < len(self._retypes) and await self.switch_idle():
+                ready = sorted(self._retypes)
+            for group_id in ready:
+                await self.retype(group_id, self._retypes.pop(group_id))
         if now >= self._next_eval:
             await self.evaluate(now)
             self._next_eval = now + self.config.reevaluate_interval_ms / 1000.0
@@ -388,13 +564,12 @@ class Controller:
         in_use = counters["SLOTS_IN_USE"] / sets
         offloaded = [op for op in self._ops.values() if op.decision.offload]
         fallback_ratio = sum(op.fell_back for op in offloaded) / len(offloaded) if offloaded else 0.0
+        # bytes actually reduced (each collective in its own wire format and chunk size), per second
         if self._last is not None:
-            t0, c0 = self._last
-            dt = max(now - t0, 1e-12)
-            completed = (counters["COMPLETED"] - c0["COMPLETED"]) % 2**32
-            throughput = completed * self.config.chunk_size / dt
+            t0, _, b0 = self._last
+            throughput = (self._reduced_bytes - b0) / max(now - t0, 1e-12)
         else:
-            throughput = counters["COMPLETED"] * self.config.chunk_size / max(now, 1e-12)
+            throughput = self._reduced_bytes / max(now, 1e-12)
         allocated = sum(g.slot_count for g in self.groups.values() if g.base is not None)
         self._stats = {
             "time_s": now,
@@ -403,6 +578,9 @@ class Controller:
             "reduce_throughput_Bps": throughput,
             "avg_queue_delay_s": self._queue_delay(),
             "min_rtt_s": min(self._rtts) if self._rtts else None,
+            "bytes_reduced": self._reduced_bytes,
+            "queue_delay_s": self.queue_delay.summary(),
+            "collective_latency_s": self.latency.summary(),
             "fallback_ratio": fallback_ratio,
             "collectives": len(self._ops),
             "offloaded": len(offloaded),
@@ -412,6 +590,7 @@ class Controller:
                        "tx_frames": counters["TX_FRAMES"][p], "tx_bytes": counters["TX_BYTES"][p]}
                       for p in range(self.params.ports)],
             "counters": counters,
+            "groups": {g: self.group_counters(g) for g in sorted(self.groups)},
         }
         if in_use > MEMORY_PRESSURE:
             new = min(THRESHOLD_CAP, self.threshold + THRESHOLD_STEP)
@@ -420,12 +599,24 @@ class Controller:
         if new != self.threshold:
             self.events.append((now, f"threshold {self.threshold:.2f} -> {new:.2f} (slot sets in use {in_use:.0%})"))
             self.threshold = new
-        if fallback_ratio > FALLBACK_WARNING:
-            msg = f"fallback ratio {fallback_ratio:.0%} exceeds {FALLBACK_WARNING:.0%}"
-            self.events.append((now, msg))
-            log.warning(msg)
-        self._last = (now, counters)
+        for alert, value in ((self.alerts["sram_pressure"], in_use), (self.alerts["fallback_ratio"], fallback_ratio)):
+            msg = alert.update(value)
+            if msg:
+                self.events.append((now, msg))
+                (log.warning if alert.active else log.info)(msg)
+        self._stats["alerts"] = [a.as_dict() for a in self.alerts.values()]
+        self._last = (now, counters, self._reduced_bytes)
         return self._stats
+
+    def group_counters(self, group_id: int) -> dict:
+        """The accounting of one group (module docstring) and its quota."""
+        g = self.groups[group_id]
+        return {"group_id": g.group_id, "ranks": list(g.ranks), "ports": list(g.ports), "rule_index": g.rule_index,
+                "base": g.base, "slots": g.slot_count if g.base is not None else 0, "why_not": g.why_not,
+                "kind": str(g.kind), "collectives": g.collectives, "offloaded": g.offloaded,
+                "fell_back": g.fell_back, "completions": g.completions, "contributions": g.contributions,
+                "bytes_reduced": g.bytes_reduced, "next_seq": g.next_seq,
+                "retype_pending": group_id in self._retypes}
 
     def stats(self) -> dict:
         """The statistics of the last evaluation (call :meth:`evaluate` for fresh ones)."""
