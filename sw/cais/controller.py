@@ -303,6 +303,7 @@ class Controller:
         """Why an operator rule at `index` cannot be added (ValueError), or nothing."""
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.params.rules:
             raise ValueError(f"rule index {index!r}: not in 0..{self.params.rules - 1}")
+        rule_writes(self.regs, index, rule)          # the register fields' own checks (ports, widths)
         owner = next((g for g in self.groups.values() if g.rule_index == index), None)
         if owner is not None:
             raise ValueError(f"rule {index} belongs to group {owner.group_id}")
@@ -319,7 +320,6 @@ class Controller:
         for i, r in self.operator_rules.items():
             if lo < r.base + r.slot_count and r.base < hi:
                 raise ValueError(f"slots {lo}..{hi - 1} overlap rule {i}'s {r.base}..{r.base + r.slot_count - 1}")
-        rule_writes(self.regs, index, rule)          # the register fields' own checks (ports, widths)
 
     async def add_rule(self, index: int, rule: Rule) -> None:
         """Program an operator rule (its quota emptied first); refused (ValueError, nothing written) when

@@ -14,14 +14,20 @@ Requests (JSON lines; every answer carries ``dead``, the ranks whose connection 
     group    {rank, ranks, call}              -> the group, once every member asked (else an error after
                                                  the rendezvous timeout)
     decide   {group, op_seq, nbytes, kind}    -> decision or null (ask again)
-    finished {rank, group, op_seq}
+    finished {rank, group, op_seq, rtt}       rtt: the first chunk's round trip, s (switch path), or null
     fallback {rank, group, op_seq, why}
     status   {group, op_seq}                  -> fell_back, all_finished
     bye      {rank}
+    rejoin   {rank, world_size, groups}        after a controller restart (docs/controller.md): the groups
+                                                 this rank is in, each with next_op and next_seq
+
+With a token (:class:`cais.service.ControllerService`, ``CAIS_TOKEN``), every request must carry it as
+``"token"``; one without it or with another is refused (``ok`` false) and counted in ``refused``.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import socket
 import sys
@@ -117,7 +123,7 @@ class Coordinator:
     """
 
     def __init__(self, switch: str, world_size: int, config: Config, *, rank_ports: list[int] | None = None,
-                 switch_retry_s: float = 0.0):
+                 switch_retry_s: float = 0.0, token: str | None = None, recover: bool = False):
         self.link = ControlLink(switch, retry_for=switch_retry_s)
         ports = list(rank_ports) if rank_ports is not None else list(range(world_size))
         if len(ports) != world_size:
@@ -128,8 +134,11 @@ class Coordinator:
         self.controller = Controller(self.link, config, ports, [host_mac(r) for r in range(world_size)])
         self._lock = threading.Condition()
         self._t0 = time.monotonic()
+        self.token = token
+        self.refused: dict[str, int] = {"token": 0, "invalid": 0}   # requests refused, by reason
         run_sync(self.controller.start())
-        self.world = run_sync(self.controller.create_group(list(range(world_size))))
+        # after a restart the world group, like every group, comes back with the ranks' rejoin
+        self.world = None if recover else run_sync(self.controller.create_group(list(range(world_size))))
         self.dead: set[int] = set()
         self._joined: set[int] = set()
         self._groups: dict[tuple, dict] = {}         # (ranks, call) -> {"arrived": set, "info": dict | None}
@@ -144,6 +153,10 @@ class Coordinator:
     def handle(self, req: dict, conn_state: dict) -> dict:
         op = req.get("op")
         with self._lock:
+            if op == "rejoin":
+                return self._rejoin(req, conn_state)
+            if self.world is None:
+                raise ValueError("the controller restarted and waits for the ranks to rejoin")
             if op == "hello":
                 rank, size = int(req["rank"]), int(req["world_size"])
                 if size != self.world_size:
@@ -168,6 +181,9 @@ class Coordinator:
                 return {"decision": {"offload": d.offload, "reason": d.reason, "seq_base": d.seq_base,
                                      "chunk_bytes": d.chunk_bytes}}
             if op == "finished":
+                self.controller.tick(self.now())
+                if req.get("rtt") is not None:          # the first chunk's round trip (switch path)
+                    self.controller.report_rtts([float(req["rtt"])])
                 self.controller.finished(int(req["rank"]), int(req["group"]), int(req["op_seq"]))
                 run_sync(self.controller.service(self.now()))
                 return {}
@@ -184,6 +200,34 @@ class Coordinator:
             if op == "ping":
                 return {}
         raise ValueError(f"unknown op {op!r}")
+
+    def _rejoin(self, req: dict, conn_state: dict) -> dict:
+        rank, size = int(req["rank"]), int(req["world_size"])
+        if size != self.world_size or not 0 <= rank < size:
+            raise ValueError(f"rank {rank} of {size}: this controller serves {self.world_size} ranks")
+        groups = req["groups"]
+        if not isinstance(groups, list):
+            raise ValueError("rejoin: groups must be a list")
+        for g in groups:
+            if rank not in g["ranks"]:
+                raise ValueError(f"rejoin: rank {rank} is not in group {g['group_id']}")
+        for g in groups:
+            info = run_sync(self.controller.adopt_group(int(g["group_id"]), [int(r) for r in g["ranks"]],
+                                                        g["base"], int(g["count_log2"]), g["rule_index"],
+                                                        int(g["next_seq"]), int(g["next_op"])))
+            if len(info.ranks) == self.world_size and self.world is None:
+                self.world = info
+        self._joined.add(rank)
+        conn_state["rank"] = rank
+        self.dead.discard(rank)
+        return {"groups": sorted(int(g["group_id"]) for g in groups)}
+
+    def authorised(self, req) -> bool:
+        """The request carries the token (always, when none is configured)."""
+        if self.token is None:
+            return True
+        given = req.get("token") if isinstance(req, dict) else None
+        return isinstance(given, str) and hmac.compare_digest(given.encode(), self.token.encode())
 
     def _group(self, rank: int, ranks: tuple, call: int) -> dict:
         if rank not in ranks:
@@ -212,6 +256,14 @@ class Coordinator:
         return {"group": entry["info"]}
 
     # ------------------------------------------------------------------ server
+    def _answer(self, req: dict, state: dict) -> dict:
+        try:
+            return {"ok": True, **self.handle(req, state)}
+        except (KeyError, ValueError, TypeError, RuntimeError, EndpointError) as e:
+            with self._lock:
+                self.refused["invalid"] += 1
+            return {"ok": False, "error": str(e.args[0]) if isinstance(e, KeyError) else str(e)}
+
     def _serve_connection(self, sock: socket.socket) -> None:
         conn = JsonLines(sock, None, name="rank connection")
         state: dict = {}
@@ -221,10 +273,17 @@ class Coordinator:
                     req = conn.recv()
                 except (EndpointError, ValueError):
                     break
-                try:
-                    reply = {"ok": True, **self.handle(req, state)}
-                except (KeyError, ValueError, TypeError, RuntimeError, EndpointError) as e:
-                    reply = {"ok": False, "error": str(e.args[0]) if isinstance(e, KeyError) else str(e)}
+                if not isinstance(req, dict):
+                    with self._lock:
+                        self.refused["invalid"] += 1
+                    reply = {"ok": False, "error": "a request is a JSON object"}
+                elif not self.authorised(req):
+                    with self._lock:
+                        self.refused["token"] += 1
+                    log.warning("refused a request without the controller's token (op %r)", req.get("op"))
+                    reply = {"ok": False, "error": "unauthorised: missing or wrong token"}
+                else:
+                    reply = self._answer(req, state)
                 with self._lock:
                     reply["dead"] = sorted(self.dead)
                 try:

@@ -57,7 +57,7 @@ __all__ = ["init", "is_initialized", "destroy_process_group", "new_group", "get_
 #: environment variables :func:`init` reads for the arguments it is not given
 ENV = {"rank": "CAIS_RANK", "world_size": "CAIS_WORLD_SIZE", "interface": "CAIS_IFACE",
        "switch": "CAIS_SWITCH", "controller": "CAIS_CONTROLLER", "config": "CAIS_CONFIG",
-       "timeout": "CAIS_TIMEOUT"}
+       "timeout": "CAIS_TIMEOUT", "token": "CAIS_TOKEN"}
 #: configuration for real time: Python ranks answer in about a millisecond, not in switch cycles
 DEPLOY_DEFAULTS = {"timeout_ms": 50.0, "reevaluate_interval_ms": 1000.0}
 DEFAULT_TIMEOUT_S = 60.0     # a collective that has not completed by then fails
@@ -124,18 +124,20 @@ class ProcessGroup:
         self.config, self.timeout = config, float(timeout)
         self.mac = host_mac(rank)
         self.coordinator = None
+        token = os.environ.get(ENV["token"]) or None    # the controller service's shared secret
         self.port = RawPort(interface)         # OSError naming the interface when it is not there
         try:
             if rank == 0 and os.environ.get("CAIS_COORDINATOR") != "external":
                 if not switch:
                     raise ValueError("rank 0 starts the coordinator: it needs the switch's control endpoint "
                                      f"(switch=... or {ENV['switch']})")
-                self.coordinator = Coordinator(switch, world_size, config, switch_retry_s=connect_timeout)
+                self.coordinator = Coordinator(switch, world_size, config, switch_retry_s=connect_timeout,
+                                               token=token)
                 self.coordinator.serve(controller)
             self._user = connect(controller, timeout=max(self.timeout, 70.0), retry_for=connect_timeout,
-                                 name="coordinator")
+                                 name="coordinator", token=token)
             hello = self._user.request("hello", rank=rank, world_size=world_size)
-            self._ctl = connect(controller, timeout=10.0, name="coordinator")
+            self._ctl = connect(controller, timeout=10.0, name="coordinator", token=token)
         except BaseException:
             self.port.close()
             if self.coordinator is not None:
@@ -366,7 +368,7 @@ class ProcessGroup:
                           why=f"a chunk ran out of {self.config.retry_limit} retries")
                 self._start_ring(op, now)
             elif e.done:
-                self._rpc("finished", rank=self.rank, group=g, op_seq=ar)
+                self._rpc("finished", rank=self.rank, group=g, op_seq=ar, rtt=e.first_rtt)
                 op.reported, op.state, op.next_poll = True, "settle", now
             elif now >= op.next_poll:
                 op.next_poll = now + STATUS_S

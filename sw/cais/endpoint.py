@@ -95,10 +95,13 @@ class JsonLines:
     -------
     sock : socket.socket
         The connection (blocking, with the timeout given).
+    token : str | None
+        Sent as ``"token"`` with every request when set (the controller service's shared secret).
     """
 
-    def __init__(self, sock: socket.socket, timeout: float | None = None, name: str = "endpoint"):
-        self.sock, self.name = sock, name
+    def __init__(self, sock: socket.socket, timeout: float | None = None, name: str = "endpoint",
+                 token: str | None = None):
+        self.sock, self.name, self.token = sock, name, token
         self.sock.settimeout(timeout)
         self._buf = b""
 
@@ -123,7 +126,7 @@ class JsonLines:
     def request(self, op: str, **fields):
         """Send a request and return its answer; an answer with ``ok`` false raises EndpointError."""
         try:
-            self.send({"op": op, **fields})
+            self.send({"op": op, **fields, **({"token": self.token} if self.token else {})})
         except OSError as e:
             raise EndpointError(f"{self.name}: {e.strerror or e}") from None
         reply = self.recv()
@@ -139,7 +142,7 @@ class JsonLines:
 
 
 def connect(address: Address | str, *, timeout: float = 10.0, retry_for: float = 0.0,
-            name: str = "endpoint") -> JsonLines:
+            name: str = "endpoint", token: str | None = None) -> JsonLines:
     """Connect to `address`, retrying for up to `retry_for` seconds while nobody listens yet (a peer
     still starting); EndpointError naming the address after that."""
     address = parse_address(address) if isinstance(address, str) else address
@@ -149,7 +152,7 @@ def connect(address: Address | str, *, timeout: float = 10.0, retry_for: float =
         sock.settimeout(timeout)
         try:
             sock.connect(address.target)
-            return JsonLines(sock, timeout, name=f"{name} {address}")
+            return JsonLines(sock, timeout, name=f"{name} {address}", token=token)
         except OSError as e:
             sock.close()
             if time.monotonic() >= deadline:

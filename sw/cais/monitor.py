@@ -32,17 +32,22 @@ class Samples:
         Samples added since start (the window keeps the last ``window`` of them).
     total : float
         Their sum.
+    listeners : list
+        Called with every new sample (the service's Prometheus histograms).
     """
 
     def __init__(self, window: int = 4096):
         self._values: collections.deque[float] = collections.deque(maxlen=window)
         self.count = 0
         self.total = 0.0
+        self.listeners: list = []
 
     def add(self, value: float) -> None:
         self._values.append(float(value))
         self.count += 1
         self.total += float(value)
+        for listener in self.listeners:
+            listener(float(value))
 
     def __len__(self) -> int:
         return len(self._values)
