@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from cais.cluster import SUITE
+from cais.cluster import CLI_COMMANDS, LOSSY, RESTARTED, SUITE
 from netns import namespaces_with, require_root
 
 
@@ -23,11 +23,24 @@ def test_cluster_every_collective_correct():
     assert len(rows) == len(SUITE), out
     for name in SUITE:
         assert any(line.startswith(name) for line in rows), (name, out)
-    lossy = next(line for line in rows if line.startswith(SUITE[-1]))
+    lossy = next(line for line in rows if line.startswith(LOSSY))
     dropped = int(lossy.split("(")[-1].split()[0])
     assert dropped > 0, lossy                      # the 5% loss really dropped frames
     assert "every collective CORRECT" in out
     assert "all_reduce int32 sum" in out and "switch" in rows[0]
+    # the controller restarted and every rank rejoined, losing no group (the pair's all-reduce ran)
+    assert "(every rank rejoined: 1 time)" in next(line for line in rows if line.startswith(RESTARTED))
+    # every cais-cli command succeeded against the running cluster, the metrics were scraped
+    for args in CLI_COMMANDS:
+        assert f"$ cais-cli {' '.join(args)}\n" in out, (args, out)
+    assert "rule 7 added" in out and "rule 7 deleted" in out and " 7 operator  200/0xff" in out
+    assert "P50" in out and "P99" in out
+    metrics = dict(line.strip().rsplit(" ", 1) for line in out.splitlines() if line.startswith("  cais_"))
+    assert float(metrics['cais_group_completions_total{group="1"}']) >= 1
+    assert float(metrics['cais_group_contributions_total{group="1"}']) == \
+        4 * float(metrics['cais_group_completions_total{group="1"}'])      # 4 members, no fallback after the restart
+    assert float(metrics['cais_group_sets_allocated{group="2"}']) > 0        # the pair, made before the restart
+    assert float(metrics["cais_collective_latency_seconds_count"]) >= 2
     assert not namespaces_with(f"c{p.pid}"), "namespaces left behind"
 
 

@@ -12,12 +12,18 @@ What it does:
    ``c<pid>h<i>`` in rank i's; IPv6 is turned off in them so that the kernel sends nothing of its own;
 2. starts ``cais-switch`` (``python -m cais.sim.daemon``, the model backend) in the switch namespace on the
    ``s`` ends, its control endpoint a Unix socket in a temporary folder;
-3. starts one rank process per namespace (``python -m cais.cluster --worker``, configured through the
-   ``CAIS_*`` variables of :func:`cais.dist.init`); rank 0 hosts the coordinator (a Unix socket too);
-4. each rank runs every collective of :data:`SUITE` and checks its result against numpy (each rank
+3. starts ``cais-controller`` (:mod:`cais.service`) in the switch namespace: the ranks' endpoint a Unix
+   socket, the HTTP API and /metrics on the namespace's loopback, a fresh random token in a file;
+4. starts one rank process per namespace (``python -m cais.cluster --worker``, configured through the
+   ``CAIS_*`` variables of :func:`cais.dist.init`, ``CAIS_COORDINATOR=external``, ``CAIS_TOKEN``);
+5. each rank runs every collective of :data:`SUITE` and checks its result against numpy (each rank
    knows every rank's contribution: they come from a seed); one all-reduce runs with 5% loss on one link
-   (rank 0 sets it through the switch's control endpoint between two barriers);
-5. prints the summary table, CORRECT per collective when every rank's result matched, and removes the
+   (rank 0 sets it through the switch's control endpoint between two barriers); then every rank pauses,
+   the controller is stopped and started again with ``--recover``, and the ranks go on (they rejoin with
+   their groups): an all-reduce of the world group and of a group made before the restart;
+6. runs every cais-cli command against the controller (add-rule, dump-rules, show-groups, show-stats,
+   watch, del-rule, and one with --json) and scrapes /metrics, printing a few lines of each;
+7. prints the summary table, CORRECT per collective when every rank's result matched, and removes the
    namespaces (and with them the veth pairs) and the temporary folder, also on Ctrl-C or SIGTERM.
 
 No traffic leaves the namespaces it made: the ranks and the switch only use the veth pairs and Unix
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -45,9 +52,18 @@ LOSSY_PORT = 1       # on the wire of switch port 1 (rank 1), both directions
 RANK_TIMEOUT_S = 240.0
 
 #: (name, what it runs): the collectives every rank runs, in this order
+LOSSY = f"all_reduce int32 sum, {LOSS:.0%} loss on link {LOSSY_PORT}"
+RESTARTED = "all_reduce int32 sum after a controller restart"
+RESTARTED_PAIR = "all_reduce int32 sum, group [0, 1], after the restart"
 SUITE = ["all_reduce int32 sum", "all_reduce int32 max", "all_reduce fp16 sum", "all_reduce bf16 sum",
          "all_reduce fp32 avg", "broadcast fp32 (src last)", "all_gather int32", "reduce_scatter int32 sum",
-         "barrier", f"all_reduce int32 sum, {LOSS:.0%} loss on link {LOSSY_PORT}"]
+         "barrier", LOSSY, RESTARTED, RESTARTED_PAIR]
+RESTART_WAIT_S = 60.0
+#: what make cluster asks cais-cli, in this order (the rule: an operator rule on a free index and slots)
+CLI_COMMANDS = [["add-rule", "7", "--group", "200", "--contributors", "0,1", "--base", "60", "--count-log2", "1",
+                 "--dtype", "fp16", "--op", "max"],
+                ["dump-rules"], ["show-groups"], ["show-stats"], ["watch", "--count", "1"], ["del-rule", "7"],
+                ["--json", "show-groups"]]
 
 
 class Interrupted(Exception):
@@ -87,6 +103,7 @@ def _worker() -> int:
         pg = dist.init()
         r, N = pg.rank, pg.world_size
         xs = lambda dt, n=n_elem: [contribution(q, n, dt) for q in range(N)]       # noqa: E731
+        pair = dist.new_group([0, 1])          # a group made before the controller restart (None off it)
 
         for name, dt, op, reduce in (("all_reduce int32 sum", np.int32, "sum", np.sum),
                                      ("all_reduce int32 max", np.int32, "max", np.max),
@@ -152,13 +169,38 @@ def _worker() -> int:
         t0 = time.monotonic()
         work = dist.all_reduce(buf, async_op=True)
         work.wait()
-        record(SUITE[-1], buf, np.sum(np.stack(a), axis=0).astype(np.int32), work.path, t0)
+        record(LOSSY, buf, np.sum(np.stack(a), axis=0).astype(np.int32), work.path, t0)
         dist.barrier()
         if switch:
             stats = switch.request("stats")["faults"].get(str(LOSSY_PORT), {})
             rows[-1]["dropped"] = stats.get("ingress_dropped", 0) + stats.get("egress_dropped", 0)
             switch.request("fault", port=LOSSY_PORT, drop=0.0)
             switch.close()
+        # the controller restarts while every rank waits: the orchestrator sees every rank's file
+        pause = Path(os.environ["CAIS_PAUSE_DIR"])
+        (pause / f"paused{r}").write_text("")
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while not (pause / "resumed").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the controller was not restarted within {RESTART_WAIT_S:g} s")
+            time.sleep(0.02)
+        a = xs(np.int32)
+        buf = a[r].copy()
+        t0 = time.monotonic()
+        work = dist.all_reduce(buf, async_op=True)
+        work.wait()
+        record(RESTARTED, buf, np.sum(np.stack(a), axis=0).astype(np.int32), work.path, t0)
+        rows[-1]["rejoins"] = pg.rejoins
+        if pair is not None:
+            buf = a[r].copy()
+            t0 = time.monotonic()
+            work = dist.all_reduce(buf, group=pair, async_op=True)
+            work.wait()
+            record(RESTARTED_PAIR, buf, (a[0] + a[1]).astype(np.int32), work.path, t0)
+        else:
+            rows.append({"name": RESTARTED_PAIR, "correct": True, "path": "-", "ms": 0.0, "elements": n_elem,
+                         "wrong": 0, "member": False})
+        dist.barrier()
         dist.destroy_process_group()
         status = 0
     except BaseException as e:        # noqa: BLE001 - reported to the orchestrator, then the exit status
@@ -194,12 +236,18 @@ class Cluster:
         self.namespaces: list[str] = []
         self.procs: list[subprocess.Popen] = []
         self.control = str(tmp / "switch.sock")
-        self.controller = str(tmp / "coordinator.sock")
+        self.controller = str(tmp / "controller.sock")
+        self.token_file = tmp / "token"
+        self.token_file.write_text(secrets.token_hex(16))
+        self.token_file.chmod(0o600)
+        self.http = None                     # 127.0.0.1:PORT in the switch's namespace, once it listens
 
     def create(self) -> None:
         for ns in [self.switch_ns] + self.rank_ns:
             _ip("netns", "add", ns)
             self.namespaces.append(ns)
+            if ns == self.switch_ns:
+                _ip("-n", ns, "link", "set", "lo", "up")     # the controller's HTTP endpoint is on loopback
             for key in ("all", "default"):
                 subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1"],
                                check=True, capture_output=True)
@@ -230,13 +278,62 @@ class Cluster:
             time.sleep(0.05)
         return p
 
+    def start_controller(self, recover: bool = False, wait_s: float = 30.0) -> subprocess.Popen:
+        """cais-controller in the switch's namespace; returns once it listens (its HTTP port known)."""
+        ready = self.tmp / "controller.ready"
+        ready.unlink(missing_ok=True)
+        n = sum(1 for p in self.tmp.glob("controller*.log"))
+        log = self.tmp / f"controller{n}.log"
+        p = self._spawn(self.switch_ns, ["-m", "cais.service", "--switch", self.control, "--listen", self.controller,
+                                         "--http", "127.0.0.1:0", "--world-size", str(self.ranks), "--token-file",
+                                         str(self.token_file), "--ready-file", str(ready)]
+                        + (["--recover"] if recover else []), dict(os.environ), log)
+        deadline = time.monotonic() + wait_s
+        while not ready.exists() or not ready.read_text().strip():
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("cais-controller did not start: " + log.read_text()[-2000:])
+            time.sleep(0.05)
+        self.http = f"127.0.0.1:{int(ready.read_text())}"
+        return p
+
+    def restart_controller(self, old: subprocess.Popen, ranks: list[subprocess.Popen]) -> subprocess.Popen:
+        """Once every rank paused: stop the controller, start it again with --recover, let the ranks on."""
+        deadline = time.monotonic() + RANK_TIMEOUT_S
+        while not all((self.tmp / f"paused{i}").exists() for i in range(self.ranks)):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in ranks):
+                raise RuntimeError("the ranks did not reach the controller restart")
+            time.sleep(0.05)
+        os.killpg(old.pid, signal.SIGTERM)
+        old.wait(10)
+        new = self.start_controller(recover=True)
+        (self.tmp / "resumed").write_text("")
+        return new
+
+    def cli(self, args: list[str]) -> subprocess.CompletedProcess:
+        """cais-cli in the switch's namespace (where the controller's loopback is)."""
+        return subprocess.run(["ip", "netns", "exec", self.switch_ns, sys.executable, "-m", "cais.admin",
+                               "--controller", self.http, "--token-file", str(self.token_file), *args],
+                              capture_output=True, text=True, timeout=60)
+
+    def scrape(self) -> str:
+        """/metrics of the controller, with the token."""
+        code = ("import sys, urllib.request; r = urllib.request.Request(sys.argv[1] + '/metrics', headers="
+                "{'Authorization': 'Bearer ' + open(sys.argv[2]).read().strip()}); "
+                "sys.stdout.write(urllib.request.urlopen(r, timeout=10).read().decode())")
+        p = subprocess.run(["ip", "netns", "exec", self.switch_ns, sys.executable, "-c", code, f"http://{self.http}",
+                            str(self.token_file)], capture_output=True, text=True, timeout=60)
+        if p.returncode:
+            raise RuntimeError(f"scraping /metrics failed: {p.stderr.strip()[-500:]}")
+        return p.stdout
+
     def start_ranks(self, elements: int) -> list[subprocess.Popen]:
         out = []
         for i, ns in enumerate(self.rank_ns):
             env = dict(os.environ, CAIS_RANK=str(i), CAIS_WORLD_SIZE=str(self.ranks), CAIS_IFACE=f"{self.tag}h{i}",
                        CAIS_SWITCH=self.control, CAIS_CONTROLLER=self.controller,
                        CAIS_REPORT=str(self.tmp / f"rank{i}.json"), CAIS_ELEMENTS=str(elements),
-                       CAIS_TIMEOUT="60")
+                       CAIS_TIMEOUT="60", CAIS_COORDINATOR="external", CAIS_TOKEN=self.token_file.read_text(),
+                       CAIS_PAUSE_DIR=str(self.tmp))
             out.append(self._spawn(ns, ["-m", "cais.cluster", "--worker"], env, self.tmp / f"rank{i}.log"))
         return out
 
@@ -276,8 +373,10 @@ def summary(reports: list[dict], ranks: int, backend: str = "model") -> tuple[st
             all_ok = False
             continue
         wrong = [i for i, x in enumerate(rows) if not x["correct"]]
-        paths = sorted({x["path"] or "?" for x in rows})
+        paths = sorted({x["path"] or "?" for x in rows if x.get("member", True)})
         extra = f" ({rows[0]['dropped']} frames dropped)" if "dropped" in rows[0] else ""
+        if "rejoins" in rows[0]:
+            extra = f" (every rank rejoined: {min(x.get('rejoins', 0) for x in rows)} time)"
         result = "CORRECT" if not wrong else f"WRONG on ranks {wrong}"
         all_ok &= not wrong
         lines.append(f"{name:<40} {rows[0]['elements']:>8} {'/'.join(paths):<7} "
@@ -291,6 +390,32 @@ def summary(reports: list[dict], ranks: int, backend: str = "model") -> tuple[st
     lines.append(f"{ranks} rank processes, cais-switch ({backend}): "
                  + ("every collective CORRECT" if all_ok else "FAILED"))
     return "\n".join(lines), all_ok
+
+
+def operate(cluster: Cluster) -> bool:
+    """Every cais-cli command of :data:`CLI_COMMANDS` and a scrape of /metrics, a few lines of each;
+    True when every command succeeded and the metrics have every family make cluster looks for."""
+    ok = True
+    for args in CLI_COMMANDS:
+        p = cluster.cli(args)
+        lines = (p.stdout.strip() or p.stderr.strip()).splitlines()
+        print(f"\n$ cais-cli {' '.join(args)}" + ("" if p.returncode == 0 else f"   (exit {p.returncode})"))
+        for line in lines[:8] if args[0] != "--json" else [lines[0][:200] + " ..."] if lines else []:
+            print("  " + line)
+        ok &= p.returncode == 0
+    metrics = cluster.scrape()
+    wanted = ("cais_group_completions_total", "cais_group_contributions_total", "cais_collective_latency_seconds_count",
+              "cais_queue_delay_seconds_count", "cais_reduce_throughput_bytes_per_second", "cais_fallback_ratio",
+              'cais_drops_total{reason="NO_RULE"}', 'cais_port_rx_frames_total{port="0"}', "cais_sets_in_use",
+              "cais_group_sets_allocated")
+    print("\n$ curl -H 'Authorization: Bearer ...' http://" + cluster.http + "/metrics   (a few lines)")
+    for line in metrics.splitlines():
+        if line.startswith(wanted):
+            print("  " + line)
+    missing = [w for w in wanted if w not in metrics]
+    if missing:
+        print(f"cais.cluster: /metrics lacks {missing}", file=sys.stderr)
+    return ok and not missing
 
 
 def main(argv=None) -> int:
@@ -321,7 +446,9 @@ def main(argv=None) -> int:
     try:
         cluster.create()
         cluster.start_switch(["--backend", args.backend], wait_s=30.0 if args.backend == "model" else 600.0)
+        controller = cluster.start_controller()
         ranks = cluster.start_ranks(args.elements)
+        controller = cluster.restart_controller(controller, ranks)
         deadline = time.monotonic() + RANK_TIMEOUT_S
         for proc in ranks:
             try:
@@ -337,6 +464,7 @@ def main(argv=None) -> int:
                                       "error": "no report; log tail: " + (tmp / f"rank{i}.log").read_text()[-800:]}]})
         table, ok = summary(reports, args.ranks, args.backend)
         print(table, flush=True)
+        ok &= operate(cluster)
     except Interrupted as e:
         print(f"cais.cluster: interrupted ({e}); cleaning up", file=sys.stderr)
     except (subprocess.CalledProcessError, RuntimeError) as e:

@@ -465,8 +465,12 @@ class Controller:
         return op is not None and info is not None and len(op.finished) == len(info.ranks)
 
     def finished(self, rank: int, group_id: int, op_seq: int) -> None:
+        info = self.groups.get(group_id)
+        if info is None:
+            raise ValueError(f"group {group_id}: no such group")
+        if op_seq < info.first_op and (group_id, op_seq) not in self._ops:
+            return               # decided before a restart: nothing of it is accounted here
         op = self._op(group_id, op_seq)
-        info = self.groups[group_id]
         if rank not in info.ranks:
             raise ValueError(f"group {group_id}: rank {rank} is not a member")
         if rank in op.finished:

@@ -38,12 +38,12 @@ import numpy as np
 
 from . import numerics
 from . import protocol as proto
-from .allreduce import CollectiveKind, SwitchAllReduce
+from .allreduce import CollectiveKind, SwitchAllReduce, chunk_count
 from .comm import CollectiveError, Communicator, Group, Work as _CommWork, host_mac
 from .config import Config
 from .controller import GroupInfo
-from .coordinator import Coordinator, group_from_dict, kind_to_dict
-from .endpoint import EndpointError, connect
+from .coordinator import Coordinator, group_from_dict, group_to_dict, kind_to_dict
+from .endpoint import EndpointError, RefusedError, connect
 from .forward import ForwardGather
 from .numerics import native_dtype
 from .params import SwitchParams
@@ -143,6 +143,9 @@ class ProcessGroup:
             if self.coordinator is not None:
                 self.coordinator.close()
             raise
+        self._controller_address, self._token, self._connect_timeout = controller, token, connect_timeout
+        self._next_op: dict[int, int] = {}     # group -> op_seq after the last decision this rank got
+        self.rejoins = 0                        # controller restarts this rank went through
         self.params = SwitchParams(**hello["params"])
         self.controller = _ControllerView(bool(hello["float_units"]))
         self._world_group = group_from_dict(hello["world"])
@@ -179,7 +182,14 @@ class ProcessGroup:
         call = self._group_calls.get(tuple(ranks), 0)
         self._group_calls[tuple(ranks)] = call + 1
         try:
-            info = group_from_dict(self._user.request("group", rank=rank, ranks=ranks, call=call)["group"])
+            try:
+                reply = self._user.request("group", rank=rank, ranks=ranks, call=call)
+            except RefusedError:
+                raise
+            except EndpointError:
+                self._rejoin()                  # the controller restarted: tell it our groups, ask again
+                reply = self._user.request("group", rank=rank, ranks=ranks, call=call)
+            info = group_from_dict(reply["group"])
         except EndpointError as e:
             raise CollectiveError(f"rank {self.rank}: new_group({ranks}): {e}") from None
         with self._lock:
@@ -282,8 +292,7 @@ class ProcessGroup:
         op.work._done.set()
 
     def _check_peers(self, op: _Op) -> None:
-        reply = self._ctl.request("ping")
-        self._dead = set(reply.get("dead", ()))
+        reply = self._rpc("ping")
         lost = self._dead & set(op.group.ranks)
         if lost:
             raise CollectiveError(f"rank {self.rank}: {op.kind} of group {op.group.group_id} ranks "
@@ -333,9 +342,31 @@ class ProcessGroup:
         self._stash = keep
 
     def _rpc(self, name: str, **fields) -> dict:
-        reply = self._ctl.request(name, **fields)
+        try:
+            reply = self._ctl.request(name, **fields)
+        except RefusedError:
+            raise                               # an answer: the connection is fine
+        except EndpointError:
+            self._rejoin()                      # the connection is lost: a controller restart?
+            reply = self._ctl.request(name, **fields)
         self._dead = set(reply.get("dead", ()))
         return reply
+
+    def _rejoin(self) -> None:
+        """After a controller restart (cais-controller --recover): connect again and re-register this
+        rank's groups, each with the next collective and sequence number (docs/controller.md)."""
+        for conn in (self._user, self._ctl):
+            conn.close()
+        addr, token = self._controller_address, self._token
+        self._user = connect(addr, timeout=max(self.timeout, 70.0), retry_for=self._connect_timeout,
+                             name="coordinator", token=token)
+        self._ctl = connect(addr, timeout=10.0, retry_for=self._connect_timeout, name="coordinator", token=token)
+        with self._lock:
+            groups = [dict(group_to_dict(info), next_op=self._next_op.get(g, 0), next_seq=info.next_seq)
+                      for g, info in sorted(self.controller.groups.items())]
+        # on the connection that said hello: the one whose end without bye means this rank is gone
+        self._user.request("rejoin", rank=self.rank, world_size=self.world_size, groups=groups)
+        self.rejoins += 1
 
     def _step(self, op: _Op, now: float) -> bool:
         """Advance `op`; True when it is over (delivered)."""
@@ -353,7 +384,10 @@ class ProcessGroup:
             if d is None:
                 op.next_poll = now + POLL_S
                 return False
+            self._next_op[g] = ar + 1
             if d["offload"]:
+                # what a restarted controller must go on from (rejoin)
+                op.group.next_seq = d["seq_base"] + chunk_count(op.data.size, op.ckind.itemsize, d["chunk_bytes"])
                 op.engine = SwitchAllReduce(
                     data=op.data, op=op.ckind.op, group_id=g, seq_base=d["seq_base"], slot_count=op.group.slot_count,
                     window=self.config.max_pending_chunks, chunk_size=d["chunk_bytes"], timeout_s=self.config.timeout_s,

@@ -18,11 +18,15 @@ import os
 import socket
 import time
 
-__all__ = ["Address", "parse_address", "JsonLines", "EndpointError", "connect", "listen"]
+__all__ = ["Address", "parse_address", "JsonLines", "EndpointError", "RefusedError", "connect", "listen"]
 
 
 class EndpointError(ConnectionError):
     """A control endpoint could not be reached, closed, or answered with an error."""
+
+
+class RefusedError(EndpointError):
+    """The endpoint answered, with ``ok`` false (the connection is fine)."""
 
 
 class Address:
@@ -131,7 +135,7 @@ class JsonLines:
             raise EndpointError(f"{self.name}: {e.strerror or e}") from None
         reply = self.recv()
         if not reply.get("ok"):
-            raise EndpointError(f"{self.name}: {op}: {reply.get('error', 'refused')}")
+            raise RefusedError(f"{self.name}: {op}: {reply.get('error', 'refused')}")
         return reply
 
     def close(self) -> None:
