@@ -303,7 +303,7 @@ def run(args, client: Client, out=sys.stdout) -> int:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .service import read_token
+    from .endpoint import read_token
     try:
         token = read_token(args.token_file)
     except (OSError, ValueError) as e:

@@ -18,7 +18,8 @@ import os
 import socket
 import time
 
-__all__ = ["Address", "parse_address", "JsonLines", "EndpointError", "RefusedError", "connect", "listen"]
+__all__ = ["Address", "parse_address", "JsonLines", "EndpointError", "RefusedError", "connect", "listen",
+           "read_token"]
 
 
 class EndpointError(ConnectionError):
@@ -164,3 +165,19 @@ def connect(address: Address | str, *, timeout: float = 10.0, retry_for: float =
                 raise EndpointError(f"{name} {address}: cannot connect ({why})"
                                     + (f" within {retry_for:g} s" if retry_for else "")) from None
             time.sleep(0.05)
+
+
+def read_token(path: str | None) -> str | None:
+    """The controller service's shared secret: the file `path` (stripped), else ``CAIS_TOKEN``; None when
+    neither is given, ValueError when it is empty."""
+    if path:
+        with open(path) as f:
+            text = f.read()
+    else:
+        text = os.environ.get("CAIS_TOKEN")
+    if text is None:
+        return None
+    text = text.strip()
+    if not text:
+        raise ValueError(f"the token {'in ' + path if path else 'CAIS_TOKEN'} is empty")
+    return text

@@ -49,11 +49,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from . import cli
 from .config import Config
 from .coordinator import Coordinator
-from .endpoint import EndpointError, parse_address
+from .endpoint import EndpointError, parse_address, read_token
 from .link import run_sync
 from .protocol import DropReason
 
-__all__ = ["ControllerService", "MetricsCollector", "main", "read_token", "MAX_BODY"]
+__all__ = ["ControllerService", "MetricsCollector", "main", "http_target", "MAX_BODY"]
 
 log = logging.getLogger("cais.service")
 
@@ -71,17 +71,6 @@ def http_target(text: str) -> tuple[str, int]:
     if not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"{text!r}: port {port!r} is not in 0..65535")
     return host, int(port)
-
-
-def read_token(path: str | None) -> str | None:
-    """The token from `path` (stripped), else from ``CAIS_TOKEN``; ValueError if empty."""
-    text = open(path).read() if path else os.environ.get("CAIS_TOKEN")
-    if text is None:
-        return None
-    text = text.strip()
-    if not text:
-        raise ValueError(f"the token {'in ' + path if path else 'CAIS_TOKEN'} is empty")
-    return text
 
 
 class MetricsCollector:
@@ -378,7 +367,8 @@ def main(argv=None) -> int:
     p = cli.Parser(prog="cais-controller", description="The CAIS control plane as a service: groups, rules, "
                    "offload decisions, the ranks' endpoint, an HTTP+JSON API and Prometheus metrics.")
     p.add_argument("--switch", required=True, metavar="ADDR", help="cais-switch's control endpoint")
-    p.add_argument("--listen", required=True, metavar="ADDR", help="where ranks reach the controller")
+    p.add_argument("--listen", default=None, metavar="ADDR", help="where ranks reach the controller (default: "
+                   "the configuration's controller_address:controller_port, as cais.init's default)")
     p.add_argument("--http", required=True, metavar="127.0.0.1:PORT", help="HTTP API and /metrics (loopback)")
     p.add_argument("--world-size", required=True, type=cli.integer(1))
     p.add_argument("--config", default=None, metavar="TOML")
@@ -388,6 +378,12 @@ def main(argv=None) -> int:
     p.add_argument("--switch-wait", type=cli.number(0, 3600), default=10.0, metavar="S",
                    help="wait this long for the switch's endpoint (default 10)")
     args = p.parse_args(argv)
+    try:
+        config = Config.load(args.config)
+    except (OSError, ValueError) as e:
+        p.error(f"--config: {e}")
+    if args.listen is None:
+        args.listen = f"{config.controller_address}:{config.controller_port}"
     for flag, value, check in (("--listen", args.listen, parse_address), ("--http", args.http, http_target),
                                ("--switch", args.switch, parse_address)):
         try:
@@ -402,7 +398,7 @@ def main(argv=None) -> int:
         p.error("a token is required: --token-file PATH or CAIS_TOKEN")
     logging.basicConfig(level=logging.INFO, format="cais-controller: %(levelname)s %(message)s")
     try:
-        svc = ControllerService(args.switch, args.world_size, Config.load(args.config), token=token,
+        svc = ControllerService(args.switch, args.world_size, config, token=token,
                                 recover=args.recover, switch_retry_s=args.switch_wait)
         svc.serve(args.listen, args.http)
     except (EndpointError, ValueError, OSError, RuntimeError) as e:
