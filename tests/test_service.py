@@ -220,21 +220,21 @@ def test_catalogue_of_bad_requests_changes_nothing(switch, tmp_path):
             assert p.returncode == 2 and needle in p.stderr, (argv, p.stderr)
             assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
         # refused by the service: one line each, exit 2
-        for argv, needle in [
-                (["add-rule", "0", "--group", "200", "--contributors", "0", "--base", "48"], "belongs to group 1"),
-                (["add-rule", "7", "--group", "201", "--contributors", "0", "--base", "48"], "exists"),
-                (["add-rule", "6", "--group", "202", "--contributors", "0", "--base", "10"], "overlap group 1"),
-                (["add-rule", "6", "--group", "1", "--contributors", "0", "--base", "48"], "would take group 1"),
-                (["add-rule", "6", "--group", "202", "--contributors", "0", "--base", "56"], "overlap rule 7"),
-                (["add-rule", "6", "--group", "202", "--contributors", "0", "--base", "63", "--count-log2", "1"],
+        for argv, status, needle in [
+                (["add-rule", "0", "--group", "200", "--contributors", "0", "--base", "48"], 409, "belongs to group 1"),
+                (["add-rule", "7", "--group", "201", "--contributors", "0", "--base", "48"], 409, "exists"),
+                (["add-rule", "6", "--group", "202", "--contributors", "0", "--base", "10"], 409, "overlap group 1"),
+                (["add-rule", "6", "--group", "1", "--contributors", "0", "--base", "48"], 409, "would take group 1"),
+                (["add-rule", "6", "--group", "202", "--contributors", "0", "--base", "56"], 409, "overlap rule 7"),
+                (["add-rule", "6", "--group", "202", "--contributors", "0", "--base", "63", "--count-log2", "1"], 400,
                  "beyond the switch's 64 slots"),
-                (["add-rule", "99", "--group", "202", "--contributors", "0", "--base", "48"], "not in 0..7"),
-                (["add-rule", "6", "--group", "202", "--contributors", "5", "--base", "48"], "contributors"),
-                (["del-rule", "0"], "goes with the group"),
-                (["del-rule", "6"], "no such rule"),
-                (["del-rule", "99"], "not in 0..7")]:
+                (["add-rule", "99", "--group", "202", "--contributors", "0", "--base", "48"], 400, "not in 0..7"),
+                (["add-rule", "6", "--group", "202", "--contributors", "5", "--base", "48"], 400, "contributors"),
+                (["del-rule", "0"], 409, "goes with the group"),
+                (["del-rule", "6"], 404, "no such rule"),
+                (["del-rule", "99"], 400, "not in 0..7")]:
             p = cli(svc, *argv)
-            assert p.returncode == 2 and needle in p.stderr, (" ".join(argv), p.stderr)
+            assert p.returncode == 2 and f": {status} " in p.stderr and needle in p.stderr, (" ".join(argv), p.stderr)
             assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("cais-cli: error:"), p.stderr
         # no token, a wrong token: refused and counted
         for token in (None, "wrong"):

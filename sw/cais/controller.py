@@ -62,7 +62,7 @@ from .protocol import DropReason, supported_dtypes
 from .registers import RegisterMap, read_counters, register_map
 from .tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
 
-__all__ = ["Controller", "GroupInfo", "Decision", "CollectiveKind", "offload_score"]
+__all__ = ["Controller", "GroupInfo", "Decision", "CollectiveKind", "offload_score", "RuleConflict"]
 
 log = logging.getLogger("cais.controller")
 
@@ -119,6 +119,10 @@ class _Op:
     started: float = 0.0
     fell_back: bool = False
     finished: set = field(default_factory=set)
+
+
+class RuleConflict(ValueError):
+    """An operator rule collides with a group's or another rule's index, slots or frames."""
 
 
 def _matches_group(rule: Rule, group_id: int) -> bool:
@@ -306,20 +310,20 @@ class Controller:
         rule_writes(self.regs, index, rule)          # the register fields' own checks (ports, widths)
         owner = next((g for g in self.groups.values() if g.rule_index == index), None)
         if owner is not None:
-            raise ValueError(f"rule {index} belongs to group {owner.group_id}")
+            raise RuleConflict(f"rule {index} belongs to group {owner.group_id}")
         if index in self.operator_rules:
-            raise ValueError(f"rule {index} exists: del-rule {index} first")
+            raise RuleConflict(f"rule {index} exists: del-rule {index} first")
         if rule.count_log2 > 16 or rule.base + rule.slot_count > self.params.slots:
             raise ValueError(f"slots {rule.base}+2**{rule.count_log2}: beyond the switch's {self.params.slots} slots")
         lo, hi = rule.base, rule.base + rule.slot_count
         for g in self.groups.values():
             if g.base is not None and lo < g.base + g.slot_count and g.base < hi:
-                raise ValueError(f"slots {lo}..{hi - 1} overlap group {g.group_id}'s quota {g.base}..{g.base + g.slot_count - 1}")
+                raise RuleConflict(f"slots {lo}..{hi - 1} overlap group {g.group_id}'s quota {g.base}..{g.base + g.slot_count - 1}")
             if _matches_group(rule, g.group_id):
-                raise ValueError(f"group match {rule.group[0]}/{rule.group[1]:#x} would take group {g.group_id}'s frames")
+                raise RuleConflict(f"group match {rule.group[0]}/{rule.group[1]:#x} would take group {g.group_id}'s frames")
         for i, r in self.operator_rules.items():
             if lo < r.base + r.slot_count and r.base < hi:
-                raise ValueError(f"slots {lo}..{hi - 1} overlap rule {i}'s {r.base}..{r.base + r.slot_count - 1}")
+                raise RuleConflict(f"slots {lo}..{hi - 1} overlap rule {i}'s {r.base}..{r.base + r.slot_count - 1}")
 
     async def add_rule(self, index: int, rule: Rule) -> None:
         """Program an operator rule (its quota emptied first); refused (ValueError, nothing written) when
@@ -335,7 +339,7 @@ class Controller:
             raise ValueError(f"rule index {index!r}: not in 0..{self.params.rules - 1}")
         owner = next((g for g in self.groups.values() if g.rule_index == index), None)
         if owner is not None:
-            raise ValueError(f"rule {index} belongs to group {owner.group_id}: it goes with the group")
+            raise RuleConflict(f"rule {index} belongs to group {owner.group_id}: it goes with the group")
         if index not in self.operator_rules:
             raise KeyError(f"rule {index}: no such rule")
         rule = self.operator_rules[index]

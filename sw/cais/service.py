@@ -48,6 +48,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from . import cli
 from .config import Config
+from .controller import RuleConflict
 from .coordinator import Coordinator
 from .endpoint import EndpointError, parse_address, read_token
 from .link import run_sync
@@ -266,9 +267,10 @@ class ControllerService:
             with self.lock:
                 try:
                     ctl.check_rule(index, rule)
+                except RuleConflict as e:
+                    return self._bad("conflict", 409, str(e))
                 except ValueError as e:
-                    taken = "belongs to" in str(e) or "exists" in str(e) or "overlap" in str(e) or "would take" in str(e)
-                    return self._bad("conflict" if taken else "bad_request", 409 if taken else 400, str(e))
+                    return self._bad("bad_request", 400, str(e))
                 run_sync(ctl.add_rule(index, rule))
             return 201, {"ok": True, "index": index, "rule": rule_to_dict(rule)}
         m = re.fullmatch(r"/v1/rules/([^/]+)", path)
@@ -282,9 +284,10 @@ class ControllerService:
                     rule = run_sync(ctl.del_rule(index))
                 except KeyError as e:
                     return self._bad("not_found", 404, str(e.args[0]))
+                except RuleConflict as e:
+                    return self._bad("conflict", 409, str(e))
                 except ValueError as e:
-                    return self._bad("conflict" if "belongs" in str(e) else "bad_request",
-                                     409 if "belongs" in str(e) else 400, str(e))
+                    return self._bad("bad_request", 400, str(e))
             return 200, {"ok": True, "index": index, "rule": rule_to_dict(rule)}
         if path in ("/v1/health", "/v1/stats", "/v1/groups", "/v1/rules", "/metrics") or m:
             return self._bad("method", 405, f"{method} {path}: method not allowed")
