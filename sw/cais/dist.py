@@ -144,6 +144,8 @@ class ProcessGroup:
                 self.coordinator.close()
             raise
         self._controller_address, self._token, self._connect_timeout = controller, token, connect_timeout
+        # a controller of its own (cais-controller) may restart and be rejoined; rank 0's ends with rank 0
+        self._rejoinable = os.environ.get("CAIS_COORDINATOR") == "external"
         self._next_op: dict[int, int] = {}     # group -> op_seq after the last decision this rank got
         self.rejoins = 0                        # controller restarts this rank went through
         self.params = SwitchParams(**hello["params"])
@@ -187,6 +189,8 @@ class ProcessGroup:
             except RefusedError:
                 raise
             except EndpointError:
+                if not self._rejoinable:
+                    raise
                 self._rejoin()                  # the controller restarted: tell it our groups, ask again
                 reply = self._user.request("group", rank=rank, ranks=ranks, call=call)
             info = group_from_dict(reply["group"])
@@ -347,6 +351,8 @@ class ProcessGroup:
         except RefusedError:
             raise                               # an answer: the connection is fine
         except EndpointError:
+            if not self._rejoinable:
+                raise
             self._rejoin()                      # the connection is lost: a controller restart?
             reply = self._ctl.request(name, **fields)
         self._dead = set(reply.get("dead", ()))
