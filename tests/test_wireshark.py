@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 

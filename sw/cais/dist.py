@@ -296,7 +296,7 @@ class ProcessGroup:
         op.work._done.set()
 
     def _check_peers(self, op: _Op) -> None:
-        reply = self._rpc("ping")
+        self._rpc("ping")                       # updates self._dead
         lost = self._dead & set(op.group.ranks)
         if lost:
             raise CollectiveError(f"rank {self.rank}: {op.kind} of group {op.group.group_id} ranks "

@@ -39,7 +39,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import os
 import re
 import sys
 import threading
