@@ -255,7 +255,9 @@ def test_a_waiting_retype_holds_only_its_own_group():
     async def never_idle():                                                # other groups' traffic goes on
         return False
     ctl.switch_idle = never_idle
-    drain = ctl_mod.DRAIN_TIMEOUTS * ctl.config.timeout_s
+    ctl.report_rtts([3 * ctl.config.timeout_s])                           # a slow round trip: a longer bound
+    drain = ctl_mod.DRAIN_TIMEOUTS * 3 * ctl.config.timeout_s
+    assert ctl.drain_time() == pytest.approx(drain)
     run_sync(ctl.service(drain * 0.99))
     assert ctl.pending
     run_sync(ctl.service(drain))                                           # a's frames are out by now

@@ -20,10 +20,11 @@ One controller serves every rank. It
   of the new kind to the old rule. One collective of a group is on the switch at a time, so the group's
   previous collective has finished on every rank when the retype is asked for. The retype is isolated:
   it holds only that group's decisions, and it waits until no late frame of the group's previous
-  collective can still be inside the switch: the switch is idle (BUSY), or :data:`DRAIN_TIMEOUTS` x the
-  ranks' retransmission timeout has passed since that collective finished on every rank (no rank
-  retransmits once it has every result, and a frame stays in the switch far less than a retransmission
-  timeout, or the ranks would retransmit every chunk). Other groups' traffic neither is held nor holds it;
+  collective can still be inside the switch: the switch is idle (BUSY), or :meth:`drain_time` has passed
+  since that collective finished on every rank (no rank retransmits once it has every result, and a
+  frame's time in the switch is part of a round trip: :data:`DRAIN_TIMEOUTS` x the longer of the initial
+  retransmission timeout and the longest recent round trip). Other groups' traffic neither is held nor
+  holds it;
 - keeps per-group accounting (collectives, offloaded, fallbacks, chunk completions and contributions,
   bytes reduced: exact, since each offloaded chunk that does not fall back completes once in the switch
   with one contribution per member) and the recent collective latencies (first decision to the last
@@ -70,7 +71,7 @@ MEMORY_PRESSURE = 0.80      # sets in use above this fraction raise the threshol
 FALLBACK_WARNING = 0.10     # warn above this fallback ratio
 THRESHOLD_STEP = 0.05
 THRESHOLD_CAP = 0.95
-DRAIN_TIMEOUTS = 2          # a retype goes on this many retransmission timeouts after the group's last frame
+DRAIN_TIMEOUTS = 2          # a retype goes on this many round trips (or initial timeouts) after the group's last frame
 
 
 @dataclass
@@ -539,9 +540,15 @@ class Controller:
         """When (seconds of switch time) :meth:`service` next re-evaluates the offload decisions."""
         return self._next_eval
 
+    def drain_time(self) -> float:
+        """How long after a group's last collective no frame of it can still be in the switch: DRAIN_TIMEOUTS
+        x the longer of the initial retransmission timeout and the longest recent round trip (a frame's
+        time in the switch is part of its round trip)."""
+        return DRAIN_TIMEOUTS * max([self.config.timeout_s] + self._rtts[-256:])
+
     def _drained(self, group_id: int, now: float) -> bool:
         """No late frame of the group's previous collective can still be in the switch (module docstring)."""
-        return now - self._quiet_since.get(group_id, 0.0) >= DRAIN_TIMEOUTS * self.config.timeout_s
+        return now - self._quiet_since.get(group_id, 0.0) >= self.drain_time()
 
     async def service(self, now: float) -> None:
         """Pending register work, and the periodic re-evaluation when it is due."""
