@@ -361,15 +361,15 @@ class Cluster:
 def summary(reports: list[dict], ranks: int, backend: str = "model") -> tuple[str, bool]:
     """The table (one row per collective of :data:`SUITE`, CORRECT when every rank matched numpy) and
     whether all were."""
-    lines = [f"{'collective':<40} {'elements':>8} {'path':<7} {'ms (max)':>9}  result",
-             "-" * 78]
+    lines = [f"{'collective':<53} {'elements':>8} {'path':<7} {'ms (max)':>9}  result",
+             "-" * 91]
     all_ok = True
     names = list(SUITE)
     for name in names:
         rows = [next((x for x in rep.get("rows", []) if x["name"] == name), None) for rep in reports]
         if any(x is None for x in rows):
             missing = [i for i, x in enumerate(rows) if x is None]
-            lines.append(f"{name:<40} {'':>8} {'':<7} {'':>9}  NOT RUN (ranks {missing})")
+            lines.append(f"{name:<53} {'':>8} {'':<7} {'':>9}  NOT RUN (ranks {missing})")
             all_ok = False
             continue
         wrong = [i for i, x in enumerate(rows) if not x["correct"]]
@@ -379,14 +379,14 @@ def summary(reports: list[dict], ranks: int, backend: str = "model") -> tuple[st
             extra = f" (every rank rejoined: {min(x.get('rejoins', 0) for x in rows)} time)"
         result = "CORRECT" if not wrong else f"WRONG on ranks {wrong}"
         all_ok &= not wrong
-        lines.append(f"{name:<40} {rows[0]['elements']:>8} {'/'.join(paths):<7} "
+        lines.append(f"{name:<53} {rows[0]['elements']:>8} {'/'.join(paths):<7} "
                      f"{max(x['ms'] for x in rows):>9.1f}  {result}{extra}")
     for i, rep in enumerate(reports):
         for x in rep.get("rows", []):
             if x["name"] == "error":
                 lines.append(f"rank {i}: {x['error']}")
                 all_ok = False
-    lines.append("-" * 78)
+    lines.append("-" * 91)
     lines.append(f"{ranks} rank processes, cais-switch ({backend}): "
                  + ("every collective CORRECT" if all_ok else "FAILED"))
     return "\n".join(lines), all_ok
