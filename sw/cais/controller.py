@@ -134,6 +134,8 @@ class Controller:
         self.retypes = 0                                 # rule rewrites done (statistics, tests)
         self.float_units = bool(self.params.float_units)  # read from FEATURES by start()
         self.reproducible = True                          # read from FEATURES by start()
+        self.resets = 0                                   # switch resets noticed (EPOCH read 0) and repaired
+        self._next_epoch_check = 0.0
 
     @property
     def dtypes(self):
@@ -168,6 +170,7 @@ class Controller:
             if rank >= self.params.mac_entries:
                 break   # further hosts are flooded (unknown unicast)
             await self._apply(mac_writes(self.regs, rank, MacEntry(mac, port)))
+        await self.link.write(self.regs["EPOCH"].address(), 1)
         self._next_eval = self.config.reevaluate_interval_ms / 1000.0
 
     def _allocate(self, count: int) -> int | None:
@@ -363,8 +366,35 @@ class Controller:
         """When (seconds of switch time) :meth:`service` next re-evaluates the offload decisions."""
         return self._next_eval
 
+    async def check_reset(self, now: float) -> bool:
+        """Whether the switch was reset since it was programmed (EPOCH reads 0); if so, program it again:
+        the MAC entries, and for every group its slots emptied and its rule as it was. Chunks in flight
+        lost their partial sets with the reset; the drivers' retransmissions fill them again (or their
+        retries run out and they fall back to the host ring)."""
+        epoch = self.regs["EPOCH"]
+        if await self.link.read(epoch.address()) != 0:
+            return False
+        for rank, (port, mac) in enumerate(zip(self.rank_ports, self.rank_macs)):
+            if rank < self.params.mac_entries:
+                await self._apply(mac_writes(self.regs, rank, MacEntry(mac, port)))
+        for group_id, info in sorted(self.groups.items()):
+            if info.offloadable:
+                await self._apply(slot_clear_writes(self.regs, info.base, info.slot_count))
+                mask = sum(1 << p for p in info.ports)
+                await self._apply(rule_writes(self.regs, info.rule_index, Rule.for_group(
+                    group_id, contributors=mask, results=mask, base=info.base, count_log2=info.count_log2,
+                    **info.kind.rule_fields())))
+        self.resets += 1
+        await self.link.write(epoch.address(), self.resets + 1)
+        self.events.append((now, f"switch reset noticed (EPOCH read 0): {len(self.groups)} groups programmed again"))
+        log.warning("switch reset noticed: programmed again")
+        return True
+
     async def service(self, now: float) -> None:
         """Pending register work, and the periodic re-evaluation when it is due."""
+        if now >= self._next_epoch_check:          # a reset is noticed within one retransmission timeout
+            await self.check_reset(now)
+            self._next_epoch_check = now + self.config.timeout_ms / 1000.0
         while self._cleanups:
             group_id = self._cleanups.pop(0)
             info = self.groups[group_id]
