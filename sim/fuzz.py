@@ -4,7 +4,8 @@
 valid all-reduce chunks (some contributions lost, then retransmitted), repeats, resends, tag and length
 mismatches, CAIS headers with random bytes mutated, lengths, tkeep gaps (BAD_FRAMING), tuser (BAD_FCS),
 runts, oversize and ordinary frames, under random idle and per-port back-pressure, with register writes
-in between (staging registers, read-only and unmapped addresses: accepted or ignored, as documented).
+in between (staging registers, read-only and unmapped addresses, commands naming slots or entries the
+switch does not have: accepted or ignored, as documented).
 After each batch the switch drains and every port's frames are compared with the model's, frame by
 frame, and every counter and gauge with the model's, counter by counter.
 
@@ -42,7 +43,7 @@ __all__ = ["FuzzResult", "fuzz", "run_fuzz", "main", "FULL_FRAMES", "QUICK_FRAME
 
 #: Frames of the documented full run (make fuzz) and of the run in make test.
 FULL_FRAMES = 100_000
-QUICK_FRAMES = 4_000
+QUICK_FRAMES = 20_000
 #: Frames per batch, roughly (a batch drains before the next).
 BATCH = 120
 #: log2 of each group's quota; group 1 (every port) at slot 0, group 2 (even ports) right after it.
@@ -91,12 +92,22 @@ class _Groups:
 
 def _reg_noise(rng: random.Random, params: SwitchParams) -> tuple[int, int]:
     """A register write that must not change the traffic's outcome: a staging register (no RULE_WRITE or
-    MAC_WRITE follows), a read-only register, an unmapped address or one with bits 1:0 set."""
+    MAC_WRITE follows), a read-only register, an unmapped address, one with bits 1:0 set, or a SLOT_CLEAR /
+    RULE_WRITE / MAC_WRITE naming a slot or entry at or above the switch's count (ignored)."""
     regs = register_map(params)
     staging = [r for r in regs if r.kind is Kind.CONFIG and r.name.startswith(("RULE_", "MAC_ADDR"))]
     ro = [r for r in regs if r.access is Access.RO]
-    k = rng.randrange(4)
+    k = rng.randrange(5)
     value = rng.getrandbits(32)
+    if k == 4:                       # a command naming a slot or table entry the switch does not have
+        name, fld, size = rng.choice([("SLOT_CLEAR", "slot", params.slots), ("RULE_WRITE", "index", params.rules),
+                                      ("MAC_WRITE", "index", params.mac_entries)])
+        reg = regs[name]
+        top = 1 << reg.field(fld).width
+        if size >= top:
+            return regs.size, value
+        f = reg.field(fld)
+        return reg.address(), (value & ~f.mask) | (rng.randrange(size, top) << f.lsb)
     if k == 0:
         return rng.choice(staging).address(), value
     if k == 1:

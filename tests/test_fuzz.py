@@ -28,3 +28,25 @@ def test_a_seed_reproduces_its_run():
     assert (a.frames, a.batches, a.cycles, a.outcomes) == (b.frames, b.batches, b.cycles, b.outcomes)
     c = run_fuzz(600, seed=6)
     assert (c.cycles, c.outcomes) != (a.cycles, a.outcomes)
+
+
+def test_the_fuzz_sees_a_switch_that_differs_from_the_model(monkeypatch):
+    """The same run scored against a model with one bug each (a result's last byte, a repeat not counted):
+    the switch now differs from it, and the fuzz must say where."""
+    import cais.sim.fuzz as fuzz_mod
+    from cais.sim.refmodel import SwitchModel
+
+    class WrongResult(SwitchModel):
+        def _result_frame(self, *args):
+            frame = super()._result_frame(*args)
+            return frame[:-1] + bytes([frame[-1] ^ 1])
+
+    class UncountedRepeat(SwitchModel):
+        def _count(self, name, index=0, amount=1):
+            if name != "DUPLICATES":
+                super()._count(name, index, amount)
+
+    for model, needle in ((WrongResult, "missing"), (UncountedRepeat, "counter DUPLICATES")):
+        monkeypatch.setattr(fuzz_mod, "SwitchModel", model)
+        res = run_fuzz(600, seed=2)
+        assert not res.ok and any(needle in p for p in res.problems), res.problems[:5]
