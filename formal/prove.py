@@ -24,12 +24,15 @@ from amaranth.back import rtlil
 
 from .decision import FORMAL_PARAMS, MUTANTS, PROPERTIES, DecisionHarness
 
-__all__ = ["Result", "prove", "refute", "main", "INDUCTION_STEPS", "REFUTE_STEPS"]
+__all__ = ["Result", "prove", "refute", "main", "INDUCTION_FROM", "INDUCTION_STEPS", "REFUTE_STEPS"]
 
-#: The longest induction tried: the decision pipeline is 7 stages plus the take and the write.
-INDUCTION_STEPS = 12
-#: Cycles from reset a mutant's counterexample may take (the sweep, a rule write, a few frames).
-REFUTE_STEPS = 24
+#: The induction is first tried at this length (the base cases still grow from 1): the decision pipeline
+#: is 7 stages plus the take and the write, and the shorter inductions fail (and cost most of the time).
+INDUCTION_FROM = 10
+#: The longest induction tried.
+INDUCTION_STEPS = 16
+#: Cycles from reset a mutant's counterexample may take (the sweep, a rule write, a few frames: 3 to 14).
+REFUTE_STEPS = 20
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "formal"
@@ -75,7 +78,8 @@ def _run(name: str, harness, mode: str, steps: int, timeout: int, init: int = 1)
 
 def prove(check=PROPERTIES, params=FORMAL_PARAMS, steps=INDUCTION_STEPS, timeout=600) -> Result:
     """Prove the properties ``check`` of the unbroken decision by induction."""
-    out, secs, log = _run("prove", DecisionHarness(params, check=check), "-tempinduct", steps, timeout)
+    out, secs, log = _run("prove", DecisionHarness(params, check=check), "-tempinduct", steps, timeout,
+                          init=INDUCTION_FROM)
     m = re.findall(r"Trying induction with length (\d+)", out)
     if "Induction step proven: SUCCESS!" in out:
         return Result("prove", True, f"proved by induction, length {m[-1] if m else '?'}", secs, log)
