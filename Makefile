@@ -18,6 +18,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-fast sim verilog lint bench cluster clean distclean
+.PHONY: formal fuzz faults
 
 help: ## List the targets
 	@echo "CAIS make targets (ARGS=\"...\" passes options to sim/verilog/lint/bench):"
@@ -51,6 +52,15 @@ bench: $(STAMP) ## Run the datapath benchmark and print its table
 
 cluster: $(STAMP) ## 4 rank processes + cais-switch (model) in network namespaces it creates; prints CORRECT per collective (root; ARGS="--ranks 3 --elements 500")
 	$(VPY) -m cais.cluster $(ARGS)
+
+formal: $(STAMP) ## Prove the slot discipline by induction (Yosys sat) and check every broken variant fails (python -m cais.formal.prove)
+	$(VPY) -m cais.formal.prove $(ARGS)
+
+fuzz: $(STAMP) ## 100,000 fuzz frames on the Verilator link against the model (python -m cais.sim.fuzz; ARGS="--seed 3 --frames 5000")
+	$(VPY) -m cais.sim.fuzz $(ARGS)
+
+faults: $(STAMP) ## 8 ranks, 1000+ chunks, 10% loss + 5% duplication + 5% reordering per port, on the Verilated switch (python -m cais.sim.scale)
+	$(VPY) -m cais.sim.scale $(ARGS)
 
 clean: ## Remove build products and caches (keeps .venv)
 	rm -rf build sim_build .pytest_cache results.xml

@@ -23,6 +23,11 @@ CASES = [
     (["-m", "cais.hdl.export", "--data-width", "abc"], "data-width"),
     (["-m", "cais.hdl.export", "--float-units", "maybe"], "'maybe' is not a boolean"),
     (["bench/bench_datapath.py", "--ports", "0"], "ports=0"),
+    (["-m", "cais.sim.fuzz", "--frames", "0"], "--frames 0"),
+    (["-m", "cais.sim.fuzz", "--seed", "x"], "--seed"),
+    (["-m", "cais.sim.scale", "--chunks", "3"], "--chunks 3"),
+    (["-m", "cais.sim.scale", "--backend", "fpga"], "--backend"),
+    (["-m", "cais.formal.prove", "--mutant", "nope"], "--mutant"),
 ]
 
 

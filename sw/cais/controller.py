@@ -172,6 +172,8 @@ class Controller:
         self._reduced_bytes = 0
         self._now = 0.0                                  # the latest time a caller gave
         self._quiet_since: dict[int, float] = {}         # group -> when its last collective finished
+        self.resets = 0                                   # switch resets noticed (EPOCH read 0) and repaired
+        self._next_epoch_check = 0.0
 
     @property
     def dtypes(self):
@@ -206,6 +208,7 @@ class Controller:
             if rank >= self.params.mac_entries:
                 break   # further hosts are flooded (unknown unicast)
             await self._apply(mac_writes(self.regs, rank, MacEntry(mac, port)))
+        await self.link.write(self.regs["EPOCH"].address(), 1)
         self._next_eval = self.config.reevaluate_interval_ms / 1000.0
 
     def _allocate(self, count: int) -> int | None:
@@ -550,9 +553,36 @@ class Controller:
         """No late frame of the group's previous collective can still be in the switch (module docstring)."""
         return now - self._quiet_since.get(group_id, 0.0) >= self.drain_time()
 
+    async def check_reset(self, now: float) -> bool:
+        """Whether the switch was reset since it was programmed (EPOCH reads 0); if so, program it again:
+        the MAC entries, and for every group its slots emptied and its rule as it was. Chunks in flight
+        lost their partial sets with the reset; the drivers' retransmissions fill them again (or their
+        retries run out and they fall back to the host ring)."""
+        epoch = self.regs["EPOCH"]
+        if await self.link.read(epoch.address()) != 0:
+            return False
+        for rank, (port, mac) in enumerate(zip(self.rank_ports, self.rank_macs)):
+            if rank < self.params.mac_entries:
+                await self._apply(mac_writes(self.regs, rank, MacEntry(mac, port)))
+        for group_id, info in sorted(self.groups.items()):
+            if info.offloadable:
+                await self._apply(slot_clear_writes(self.regs, info.base, info.slot_count))
+                await self._apply(rule_writes(self.regs, info.rule_index, self.group_rule(info)))
+        for index, rule in sorted(self.operator_rules.items()):
+            await self._apply(rule_writes(self.regs, index, rule))
+        self.resets += 1
+        await self.link.write(epoch.address(), self.resets + 1)
+        self.events.append((now, f"switch reset noticed (EPOCH read 0): {len(self.groups)} groups and "
+                                 f"{len(self.operator_rules)} operator rules programmed again"))
+        log.warning("switch reset noticed: programmed again")
+        return True
+
     async def service(self, now: float) -> None:
         """Pending register work, and the periodic re-evaluation when it is due."""
         self._now = max(self._now, now)
+        if now >= self._next_epoch_check:          # a reset is noticed within one retransmission timeout
+            await self.check_reset(now)
+            self._next_epoch_check = now + self.config.timeout_ms / 1000.0
         while self._cleanups:
             group_id = self._cleanups.pop(0)
             info = self.groups.get(group_id)

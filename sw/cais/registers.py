@@ -216,6 +216,12 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
                                      ("TX_BYTES", "bytes sent"))):
         add(name, 0x200 + 4 * i, Access.RO, Kind.COUNTER, f"Per port: {doc}.", count=P.ports, stride=0x10)
 
+    # Added after the first map (offsets that were free; reliability, docs/reliability.md)
+    add("EPOCH", 0x03C, Access.RW, Kind.CONFIG,
+        "Free for the controller: it writes a nonzero value when it has programmed the switch, so a read of 0 "
+        "tells it the switch was reset (every table and slot is empty again) and must be programmed anew.",
+        [Field("epoch", 0, 32)])
+
     return RegisterMap(P, tuple(regs))
 
 

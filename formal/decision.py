@@ -1,0 +1,248 @@
+"""The formal harness of the decision pipeline and its slot state (``Decision`` with ``SetUpdate`` and
+the state memory inside it).
+
+Every input of the decision is free in every cycle (headers, requests, ``hold``, every table-programming
+word and strobe, SLOT_CLEAR), constrained only by the decision's input contract (a request stays up
+with the same header until taken) and by no reset after the start. The properties are stated on the
+decision's outputs and on its state memory, read through combinational read ports the harness adds:
+
+- ``push``: every taken header gets exactly one decision, on its own port, DECISION_LATENCY cycles later.
+- ``busy``: BUSY is 0 only when no header is inside (none taken and not yet decided).
+- ``events``: counters conserve frames: a decision comes with exactly one of drop / forwarded /
+  contribution / duplicate, nothing else does; a completion is a contribution, a resend a duplicate;
+  a result job exactly with a completion or a resend.
+- ``in_use``: SLOTS_IN_USE equals the number of sets whose bitmap is not empty, in every cycle.
+- ``gains``: a set's bitmap gains a port only from a contribution of that port to that set (and loses
+  nothing then); it loses a port only from a frame of that port to the other set of its slot (the
+  implicit acknowledgement), or everything to a clear or the sweep.
+- ``no_twice``: a contribution is accepted only from a port whose bit was clear, and sets it; a port
+  whose bit was set counts a duplicate and changes nothing in its set.
+- ``frozen``: a completed set keeps its tag, length and done bit and takes no contribution (its values
+  in the banks stay unchanged) until it is freed (bitmap empty).
+- ``isolation``: a frame changes no slot but the one its decision names, and there only its own set
+  and its own port's bit of the other set (the implicit acknowledgement); a clear or the sweep after
+  reset changes a slot only to empty. Groups own disjoint quotas, so no frame of one group changes
+  another group's sets.
+
+``MUTANTS`` are deliberately broken variants, one per property, built by substituting a broken
+``SetUpdate`` or by breaking one output of the decision as this harness sees it; each must fail its
+property with a counterexample reachable from reset (:mod:`cais.formal.prove`).
+"""
+
+from amaranth.hdl import Assert, Assume, Cat, Module, Mux, ResetSignal, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In
+
+from cais.hdl import decision as decision_mod
+from cais.hdl.decision import DECISION_LATENCY, Decision
+from cais.hdl.enums import DropReason
+from cais.hdl.slots import SetUpdate, SlotOutcome, set_layout
+from cais.hdl.tables import TableProgramSignature
+from cais.params import SwitchParams
+from cais.registers import register_map
+
+__all__ = ["PROPERTIES", "MUTANTS", "DecisionHarness", "FORMAL_PARAMS"]
+
+#: The properties, in the order of the module docstring.
+PROPERTIES = ("push", "busy", "events", "in_use", "gains", "no_twice", "frozen", "isolation")
+
+#: The smallest switch with everything in it: 2 ports, 2 slots (4 sets), one rule, one MAC entry.
+FORMAL_PARAMS = SwitchParams(ports=2, slots=2, rules=1, mac_entries=1)
+
+
+class _BrokenSetUpdate(SetUpdate):
+    """``SetUpdate`` with one deliberate bug (``kind``), for the mutants of the slot discipline."""
+
+    kind = None
+
+    def elaborate(self, platform):
+        m = Module()
+        # The real transition, fed from this component's inputs, its outputs passed on except the bug.
+        m.submodules.real = real = SetUpdate(self.ports)
+        for name in ("cur_bitmap", "cur_done", "other_bitmap", "tag_eq", "len_eq", "me", "contributors"):
+            m.d.comb += getattr(real, name).eq(getattr(self, name))
+        outs = {name: getattr(real, name) for name in ("outcome", "first", "accepted", "complete",
+                                                       "new_cur_bitmap", "new_cur_done", "new_other_bitmap")}
+        if self.kind == "bit_toggles":            # a repeat clears its port's bit
+            outs["new_cur_bitmap"] = Mux(real.outcome == SlotOutcome.REPEAT, self.cur_bitmap & ~self.me,
+                                         real.new_cur_bitmap)
+        elif self.kind == "repeat_accepted":      # a repeat is taken as a new contribution
+            rep = real.outcome == SlotOutcome.REPEAT
+            outs["outcome"] = Mux(rep, SlotOutcome.ADD, real.outcome)
+            outs["accepted"] = real.accepted | rep
+        elif self.kind == "done_overwritten":     # a completed set with another tag is taken as free
+            over = self.cur_done & ~self.tag_eq & (self.cur_bitmap != 0)
+            outs["outcome"] = Mux(over, SlotOutcome.FIRST, real.outcome)
+            outs["first"], outs["accepted"] = real.first | over, real.accepted | over
+            outs["new_cur_bitmap"] = Mux(over, self.me, real.new_cur_bitmap)
+            outs["new_cur_done"] = Mux(over, self.me == self.contributors, real.new_cur_done)
+            outs["complete"] = Mux(over, self.me == self.contributors, real.complete)
+        elif self.kind == "other_set_wiped":      # a contribution empties the whole other set
+            outs["new_other_bitmap"] = Mux(real.accepted, 0, real.new_other_bitmap)
+        for name, value in outs.items():
+            m.d.comb += getattr(self, name).eq(value)
+        return m
+
+
+#: mutant -> (the property it must fail, what is broken).
+MUTANTS = {
+    "push_lost": ("push", "the decision of a duplicate is not pushed to its lane"),
+    "busy_misses_take": ("busy", "BUSY does not count the header being taken"),
+    "event_lost": ("events", "a resend is not counted as a duplicate"),
+    "in_use_late": ("in_use", "SLOTS_IN_USE follows the state a cycle late"),
+    "bit_toggles": ("gains", "SetUpdate: a repeat clears its port's bit"),
+    "repeat_accepted": ("no_twice", "SetUpdate: a repeat is accepted as a new contribution"),
+    "done_overwritten": ("frozen", "SetUpdate: a completed set with another tag is overwritten"),
+    "other_set_wiped": ("isolation", "SetUpdate: a contribution empties the other set of its slot"),
+}
+
+
+class DecisionHarness(wiring.Component):
+    """The decision with free inputs, its input contract assumed and the properties asserted.
+
+    Members
+    -------
+    meta[p] : In(frame_meta_layout); request : In(ports); hold : In(1); program : In(TableProgramSignature)
+        Passed to the decision (free for the solver).
+
+    ``check`` names the properties asserted (default: all of :data:`PROPERTIES`); ``mutant`` one of
+    :data:`MUTANTS` (default: none, the design as it is).
+    """
+
+    def __init__(self, params: SwitchParams = FORMAL_PARAMS, *, check=PROPERTIES, mutant=None):
+        if mutant is not None and mutant not in MUTANTS:
+            raise ValueError(f"unknown mutant {mutant!r}")
+        rps = params.rows_per_set
+        if rps & (rps - 1):
+            raise ValueError("the harness decodes row_base by a shift: rows_per_set must be a power of two")
+        self.params, self.check, self.mutant = params, tuple(check), mutant
+        self.regmap = register_map(params)
+        self.dec = Decision(params, self.regmap)
+        self.dec._MustUse__silence = True        # elaborated by hand in elaborate()
+        # Combinational read ports of the slot state, one per slot (the harness's view of every set).
+        self.probes = [self.dec.state_mem.read_port(domain="comb") for _ in range(params.slots)]
+        super().__init__({
+            "meta": In(self.dec.meta_layout).array(params.ports), "request": In(params.ports), "hold": In(1),
+            "program": In(TableProgramSignature(self.regmap)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        prm = self.params
+        P, S, L = prm.ports, prm.slots, DECISION_LATENCY
+        setl = set_layout(P, prm.slot_len_bits)
+        if self.mutant in MUTANTS and MUTANTS[self.mutant][1].startswith("SetUpdate"):
+            broken = type("BrokenSetUpdate", (_BrokenSetUpdate,), {"kind": self.mutant})
+            orig, decision_mod.SetUpdate = decision_mod.SetUpdate, broken
+        else:
+            orig = None
+        dec = self.dec
+        try:
+            # Elaborated here, while a mutant's SetUpdate stands in for the real one.
+            m.submodules.dec = dec.elaborate(platform)
+        finally:
+            if orig is not None:
+                decision_mod.SetUpdate = orig
+
+        def asserted(name, test):
+            if name in self.check:
+                m.d.comb += Assert(test, name)
+
+        for p in range(P):
+            m.d.comb += dec.meta[p].eq(self.meta[p])
+        m.d.comb += [dec.request.eq(self.request), dec.hold.eq(self.hold)]
+        wiring.connect(m, wiring.flipped(self.program), dec.program)
+
+        # The decision's input contract, and no reset after the start (the initial state is the reset state).
+        prev_req, prev_take = Signal(P), Signal(P)
+        prev_meta = [Signal(self.dec.meta_layout, name=f"prev_meta{p}") for p in range(P)]
+        m.d.sync += [prev_req.eq(self.request), prev_take.eq(dec.take)]
+        m.d.sync += [prev_meta[p].eq(self.meta[p]) for p in range(P)]
+        for p in range(P):
+            with m.If(prev_req[p] & ~prev_take[p]):
+                m.d.comb += Assume(self.request[p] & (self.meta[p].as_value() == prev_meta[p].as_value()))
+        m.d.comb += Assume(~ResetSignal())
+
+        # The outputs as this harness sees them (a mutant breaks one).
+        push, busy, in_use = dec.push, dec.busy, dec.slots_in_use
+        ev_dup, ev_resent = dec.ev_duplicate, dec.ev_resent
+        if self.mutant == "push_lost":
+            push = Mux(dec.ev_duplicate, 0, dec.push)
+        elif self.mutant == "busy_misses_take":
+            busy = dec.busy & ~dec.take.any()
+        elif self.mutant == "event_lost":
+            ev_dup = dec.ev_duplicate & ~dec.ev_resent
+        elif self.mutant == "in_use_late":
+            late = Signal(32)
+            m.d.sync += late.eq(dec.slots_in_use)
+            in_use = late
+
+        # push, busy: the takes of the last L cycles.
+        dly = Signal(P * L)
+        m.d.sync += dly.eq(Cat(dec.take, dly[:-P]))
+        asserted("push", push == dly[-P:])
+        asserted("busy", busy | ((dly[:-P] == 0) & (dec.take == 0)))
+
+        # events
+        decided = push.any()
+        classes = Cat(dec.ev_drop, dec.ev_forwarded, dec.ev_contribution, ev_dup)
+        one = Mux(decided, (classes != 0) & ((classes & (classes - 1)) == 0), classes == 0)
+        asserted("events", one & (~dec.ev_completed | dec.ev_contribution) & (~ev_resent | ev_dup)
+                 & (dec.job_valid == (dec.ev_completed | ev_resent)))
+
+        # The slot state now and one cycle ago.
+        sets = [data.View(setl, self.probes[s].data.as_value()[k * setl.size:(k + 1) * setl.size])
+                for s in range(S) for k in range(2)]
+        for s in range(S):
+            m.d.comb += self.probes[s].addr.eq(s)
+        prev = [Signal(setl, name=f"prev_set{i}") for i in range(2 * S)]
+        m.d.sync += [prev[i].eq(sets[i]) for i in range(2 * S)]
+        started = Signal()                      # prev holds a real cycle
+        m.d.sync += started.eq(1)
+
+        def used(i):
+            return sets[i].bitmap != 0
+        count = sum(used(i) for i in range(2 * S))
+        asserted("in_use", in_use == count)
+
+        # The set the decision names (row_base = (slot * 2 + set) * rows_per_set) and its port, one cycle
+        # ago: its state write is in the cycle of the decision, so this cycle shows the set after it.
+        shift = (prm.rows_per_set - 1).bit_length()
+        named = Signal(range(2 * S))
+        m.d.comb += named.eq(dec.decision.row_base >> shift)
+        me = push
+        p_named, p_me = Signal.like(named), Signal(P)
+        p_contrib, p_dup = Signal(), Signal()
+        p_refused = Signal()
+        refused = dec.ev_drop & ((dec.ev_drop_reason == DropReason.TAG_MISMATCH)
+                                 | (dec.ev_drop_reason == DropReason.LENGTH_MISMATCH))
+        m.d.sync += [p_named.eq(named), p_me.eq(me), p_contrib.eq(decided & dec.ev_contribution),
+                     p_dup.eq(decided & ev_dup), p_refused.eq(decided & refused)]
+        p_agg = p_contrib | p_dup | p_refused
+
+        gains_ok, twice_ok, frozen_ok, iso_ok = [], [], [], []
+        for i in range(2 * S):
+            old, new = prev[i], sets[i]
+            mine = p_agg & (p_named == i)                 # the decision a cycle ago named this set
+            sibling = p_agg & (p_named == (i ^ 1))        # ... or the other set of its slot
+            gained, lost = new.bitmap & ~old.bitmap, old.bitmap & ~new.bitmap
+            emptied = new.as_value() == 0                 # a clear or the sweep
+            gains_ok.append(~started | emptied | ((gained == 0) & (lost == 0))
+                            | ((lost == 0) & p_contrib & (p_named == i) & (gained == p_me))
+                            | ((gained == 0) & sibling & (lost == p_me)))
+            twice_ok.append(~started | ~(p_contrib & (p_named == i)) | (((old.bitmap & p_me) == 0)
+                                                                         & (new.bitmap == (old.bitmap | p_me))))
+            twice_ok.append(~started | ~(p_dup & (p_named == i)) | (new.as_value() == old.as_value()))
+            busy_set = old.done & (old.bitmap != 0)
+            frozen_ok.append(~started | ~busy_set | (new.bitmap == 0)
+                             | ((new.tag == old.tag) & (new.length == old.length) & new.done))
+            frozen_ok.append(~started | ~(busy_set & p_contrib & (p_named == i)))
+            changed = new.as_value() != old.as_value()
+            own_ack = ((new.bitmap == (old.bitmap & ~p_me)) & (new.tag == old.tag) & (new.length == old.length)
+                       & (new.done == old.done))
+            iso_ok.append(~started | ~changed | emptied | mine | (sibling & own_ack))
+        asserted("gains", Cat(*gains_ok).all())
+        asserted("no_twice", Cat(*twice_ok).all())
+        asserted("frozen", Cat(*frozen_ok).all())
+        asserted("isolation", Cat(*iso_ok).all())
+        return m
