@@ -37,7 +37,7 @@ RULE_WRITE in between, to the entry it matched, gives it the new entry's fields:
 does not rewrite a group's rule under its traffic).
 """
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -229,7 +229,9 @@ class Decision(wiring.Component):
         a_valid, a_port, a_me, a_sf = Signal(), Signal(range(P)), Signal(P), Signal()
         a_meta = Signal(self.meta_layout, reset_less=True)
         a_pick, a_mac = Signal(R, reset_less=True), Signal(prm.mac_entries, reset_less=True)
-        meta = or_tree(Mux(take[p], self.meta[p].as_value(), 0) for p in range(P))
+        # The header by the binary port (a mux per bit), so the wide header does not load ``take``, which
+        # drives the hits' mux into the rule pick.
+        meta = Array(self.meta[p].as_value() for p in range(P))[t_port]
         m.d.sync += [
             a_valid.eq(take.any()), a_port.eq(t_port), a_me.eq(take), a_sf.eq(t_sf), a_meta.eq(meta),
             # the winning rule; the MAC entries that hold the address
