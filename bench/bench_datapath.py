@@ -31,7 +31,7 @@ from cais.hdl.tables import rule_layout
 from cais.params import ParamError, SwitchParams
 from cais.registers import register_map
 from cais.sim.backends import run_backend, wait_idle
-from cais.sim.timing import measure_latency
+from cais.sim.timing import frame_beats, measure_latency
 from cais.sim.traffic import host_mac
 from cais.tables import MacEntry, Rule, mac_writes, rule_writes
 
@@ -167,6 +167,14 @@ def decision_oversubscription(params: SwitchParams, frame_bytes: int) -> float:
     return params.ports / -(-frame_bytes // params.beat_bytes)
 
 
+def line_rate_payload(params: SwitchParams) -> int:
+    """The shortest all-reduce payload (a multiple of 4 bytes) whose frames every port can still take at
+    line rate: frames of ``max(2, ports)`` beats (the decision takes one header per cycle, and a port's at
+    most every other cycle), padded to 60 bytes if shorter."""
+    beats = max(2, params.ports)
+    return max(4, (beats * params.beat_bytes - proto.HEADERS_BYTES) // 4 * 4)
+
+
 def sizes(params: SwitchParams) -> list[tuple[str, int]]:
     P = params
     state_bits = Shape.cast(entry_layout(P.ports, P.slot_len_bits)).width * P.slots
@@ -207,6 +215,8 @@ def main(argv=None) -> int:
     # every port loaded at once: line rate would be 1.0 beat per cycle on every port
     scenarios = {name: run_load(P, args.chunks, P.max_payload, 5, args.backend, name)
                  for name in ("allreduce", "forward", "mix")}
+    short = line_rate_payload(P)
+    scenarios["short"] = run_load(P, args.chunks, short, 5, args.backend, "allreduce")
     lat = run_load_latency(P, args.backend)
     if args.json:
         print(json.dumps({
@@ -240,6 +250,9 @@ def main(argv=None) -> int:
               f"{baseline_per_port(P):>9.3f}  {' '.join(f'{x:.3f}' for x in per)}")
     print("(allreduce: contributions, each chunk its own set; forward: ordinary frames to the next port; mix: "
           "alternating; baseline: one shared core before the line-rate core, 1/ports)")
+    print(f"(short: contributions of {short} bytes, {frame_beats(P, short)}-beat "
+          f"frames, the shortest every port can send at line rate: the lanes' decisions hide the decision "
+          f"pipeline's latency)")
     print()
     before = (f" (before the line-rate core: {BASELINE_LATENCY_4X64})"
               if P == SwitchParams() else "")

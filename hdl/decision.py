@@ -4,8 +4,9 @@ for the port's lane and, for a set that completes or a resend, a result job.
 Stages (one header per cycle, never stalled; the arbiter holds headers back instead)::
 
     G:  round-robin grant of a port with a header waiting and room in its lane; the rule and MAC
-        compares of every port's offered header                                   (registered: take, g_*)
-    T:  the take; the taken header and its hits registered, the winning rule one-hot     (a_*)
+        compares of every port's offered header, in parts                         (registered: take, g_*)
+    T:  the take; the taken header and its hits (the parts ANDed) registered, the winning rule
+        one-hot                                                                             (a_*)
     B1: the rule's fields by AND-OR pick, the winning MAC entry one-hot                  (m_*)
     B2: slot = base + (seq & quota), set, the stateless drops of a CAIS frame, the MAC
         entry's port                                                                      (b_*)
@@ -13,14 +14,18 @@ Stages (one header per cycle, never stalled; the arbiter holds headers back inst
         ordinary frame's ports                                                           (r_*, f_mem0)
     S1: the two oldest writes the read missed merged in; which newer write is the newest (f_*)
     S2: the state forwarded from the two newer writes; tag and length compares          (u_*)
-    U:  the previous header's write forwarded, SetUpdate, the outcome; decision and events (w_*, outputs)
-    W:  the state write, the in_use counter
+    U:  the previous header's write forwarded, SetUpdate: the new state and the outcome, registered
+        (w_*, v_*)
+    V:  the decision, its events and its job from the registered outcome (the outputs); in the same
+        cycle, as W: the state write, the in_use counter
 
 Every memory output is registered before logic, and the slot-state loop is split: the state read
 misses the writes of the five headers ahead of it. They come from a short history of written states
 (``w_*``, ``h1_*``, ``h2_*``; the slot matches are found a stage ahead): S1 merges the two oldest, S2
-the next two, and U takes the fifth, the header one cycle ahead, from its registered result. The 32-bit tag and the length compares
-are made in S2 (against the header one ahead too), so U works on bitmaps and a few bits.
+the next two, and U takes the fifth, the header one cycle ahead, from its registered result. The 32-bit
+tag and the length compares are made in S2 (against the header one ahead too), so U works on bitmaps and
+a few bits, and it drives nothing but the next state and a few registered outcome bits: the outputs
+(decision, job, events) are made a cycle later in V, off the slot-state loop.
 
 ``take`` is a register: the grant is computed from this cycle's requests and takes the header in the
 next cycle (the header stays offered until taken), which registers it through a mux driven by ``take``.
@@ -32,7 +37,7 @@ RULE_WRITE in between, to the entry it matched, gives it the new entry's fields:
 does not rewrite a group's rule under its traffic).
 """
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -46,13 +51,14 @@ from .enums import Action, DropReason, DType, ReduceOp
 from .header import FrameHeader
 from .ingress import frame_meta_layout
 from .slots import SetUpdate, SlotOutcome, entry_layout, set_layout
-from .tables import MacTable, RuleTable, TableProgramSignature, lowest_one, or_tree, rule_layout
+from .tables import (MATCH_PARTS, MacTable, RuleTable, TableProgramSignature, hits_of_parts, lowest_one, or_tree,
+                     rule_layout)
 
 __all__ = ["Decision", "decision_layout", "job_layout", "bank_addr_bits", "DECISION_LATENCY", "DECISION_HEADERS"]
 
 #: Clock edges from the cycle a header is taken (``take``) to its decision on ``push``/``decision``
 #: (and its events, and its job on ``job_valid``/``job``).
-DECISION_LATENCY = 7
+DECISION_LATENCY = 8
 #: Headers that may each still queue a job when ``hold`` is sampled: the one granted in that cycle (taken
 #: in the next) and those taken in the ``DECISION_LATENCY + 1`` cycles up to it.
 DECISION_HEADERS = DECISION_LATENCY + 2
@@ -108,7 +114,7 @@ class Decision(wiring.Component):
     program : In(TableProgramSignature); ev_* : Out(1); ev_drop_reason : Out(DropReason);
     slots_in_use : Out(32)
         Table programming, one event pulse per decided frame for the counters (with its decision), non-empty
-        sets (one cycle after the decision).
+        sets (updated with the decision).
     busy : Out(1)
         A header is in the pipeline (not counting the outputs).
 
@@ -211,22 +217,26 @@ class Decision(wiring.Component):
         m.submodules.rules = rules = RuleTable(prm, self.regmap, keys=P)
         m.submodules.macs = macs = MacTable(prm, self.regmap, keys=P)
         wiring.connect(m, wiring.flipped(self.program), rules.program, macs.program)
-        g_hits = [Signal(R, name=f"g_hits{p}", reset_less=True) for p in range(P)]
-        g_mac = [Signal(prm.mac_entries, name=f"g_mac{p}", reset_less=True) for p in range(P)]
+        # Registered in parts (MATCH_PARTS per entry), ANDed in T: no stage holds a whole compare tree.
+        g_hits = [Signal(R * MATCH_PARTS, name=f"g_hits{p}", reset_less=True) for p in range(P)]
+        g_mac = [Signal(prm.mac_entries * MATCH_PARTS, name=f"g_mac{p}", reset_less=True) for p in range(P)]
         for p, h in enumerate(offered):
             m.d.comb += [rules.key[p].group_id.eq(h.group_id), rules.key[p].layer_id.eq(h.layer_id),
                          rules.key[p].chunk_id.eq(h.chunk_id), macs.mac[p].eq(h.dst_mac)]
-            m.d.sync += [g_hits[p].eq(rules.hits[p]), g_mac[p].eq(macs.hits[p])]
+            m.d.sync += [g_hits[p].eq(rules.parts[p]), g_mac[p].eq(macs.parts[p])]
 
         # ------------------------------------------------------------ T: the take, the header registered
         a_valid, a_port, a_me, a_sf = Signal(), Signal(range(P)), Signal(P), Signal()
         a_meta = Signal(self.meta_layout, reset_less=True)
         a_pick, a_mac = Signal(R, reset_less=True), Signal(prm.mac_entries, reset_less=True)
-        meta = or_tree(Mux(take[p], self.meta[p].as_value(), 0) for p in range(P))
+        # The header by the binary port (a mux per bit), so the wide header does not load ``take``, which
+        # drives the hits' mux into the rule pick.
+        meta = Array(self.meta[p].as_value() for p in range(P))[t_port]
         m.d.sync += [
             a_valid.eq(take.any()), a_port.eq(t_port), a_me.eq(take), a_sf.eq(t_sf), a_meta.eq(meta),
-            a_pick.eq(lowest_one(or_tree(Mux(take[p], g_hits[p], 0) for p in range(P)), R)),  # the winning rule
-            a_mac.eq(or_tree(Mux(take[p], g_mac[p], 0) for p in range(P))),
+            # the winning rule; the MAC entries that hold the address
+            a_pick.eq(lowest_one(hits_of_parts(or_tree(Mux(take[p], g_hits[p], 0) for p in range(P)), R), R)),
+            a_mac.eq(hits_of_parts(or_tree(Mux(take[p], g_mac[p], 0) for p in range(P)), prm.mac_entries)),
         ]
 
         # ------------------------------------------------------------ B1: the rule's and the MAC entry's fields
@@ -376,14 +386,6 @@ class Decision(wiring.Component):
             new_other.eq(s_other), new_other.bitmap.eq(upd.new_other_bitmap),
         ]
         agg = u_valid & u_agg
-        outcome = upd.outcome
-        accepted = agg & upd.accepted
-        resend = agg & (outcome == SlotOutcome.RESEND)
-        refused = agg & ((outcome == SlotOutcome.MISMATCH) | (outcome == SlotOutcome.LENGTH_MISMATCH))
-        completes = agg & upd.complete
-        drop_now = u_valid & ((u_action == Action.DROP) | refused)
-        reason = Mux(refused, Mux(outcome == SlotOutcome.MISMATCH, DropReason.TAG_MISMATCH,
-                                  DropReason.LENGTH_MISMATCH), u_reason)
         # Every contribution writes its slot back (unchanged when refused), so every one is forwarded.
         m.d.sync += [
             w_agg.eq(agg), w_slot.eq(u_c.slot), w_first.eq(agg & upd.first),
@@ -392,24 +394,42 @@ class Decision(wiring.Component):
             h1_agg.eq(w_agg), h1_slot.eq(w_slot), h1_new.eq(w_new),
             h2_agg.eq(h1_agg), h2_slot.eq(h1_slot), h2_new.eq(h1_new),
         ]
+        # The outcome registered for V: U computes only the state the next header needs.
+        v_valid, v_agg, v_action, v_reason, v_mask = Signal(), Signal(), Signal(Action), Signal(DropReason), Signal(P)
+        v_c = Signal(carry_l, reset_less=True)
+        v_outcome, v_accepted, v_complete = Signal(SlotOutcome), Signal(), Signal()
+        m.d.sync += [
+            v_valid.eq(u_valid), v_agg.eq(agg), v_action.eq(u_action), v_reason.eq(u_reason), v_mask.eq(u_mask),
+            v_c.eq(u_c), v_outcome.eq(upd.outcome), v_accepted.eq(upd.accepted), v_complete.eq(upd.complete),
+        ]
+
+        # ------------------------------------------------------------ V: the decision, its events and job
+        outcome = v_outcome
+        accepted = v_agg & v_accepted
+        resend = v_agg & (outcome == SlotOutcome.RESEND)
+        refused = v_agg & ((outcome == SlotOutcome.MISMATCH) | (outcome == SlotOutcome.LENGTH_MISMATCH))
+        completes = v_agg & v_complete
+        drop_now = v_valid & ((v_action == Action.DROP) | refused)
+        reason = Mux(refused, Mux(outcome == SlotOutcome.MISMATCH, DropReason.TAG_MISMATCH,
+                                  DropReason.LENGTH_MISMATCH), v_reason)
         m.d.sync += [
             self.ev_drop.eq(drop_now), self.ev_drop_reason.eq(reason),
-            self.ev_forwarded.eq(u_valid & (u_action == Action.FORWARD)),
+            self.ev_forwarded.eq(v_valid & (v_action == Action.FORWARD)),
             self.ev_contribution.eq(accepted), self.ev_completed.eq(completes),
-            self.ev_duplicate.eq(agg & ((outcome == SlotOutcome.REPEAT) | (outcome == SlotOutcome.RESEND))),
+            self.ev_duplicate.eq(v_agg & ((outcome == SlotOutcome.REPEAT) | (outcome == SlotOutcome.RESEND))),
             self.ev_resent.eq(resend),
         ]
         d = self.decision
         m.d.sync += [
-            self.push.eq(Mux(u_valid, u_c.me, 0)),
-            d.action.eq(Mux(drop_now, Action.DROP, u_action)), d.mask.eq(u_mask), d.write.eq(accepted),
-            d.row_base.eq(u_c.row_base), d.rows.eq(u_c.rows), d.beats.eq(u_c.beats), d.length.eq(u_c.length),
+            self.push.eq(Mux(v_valid, v_c.me, 0)),
+            d.action.eq(Mux(drop_now, Action.DROP, v_action)), d.mask.eq(v_mask), d.write.eq(accepted),
+            d.row_base.eq(v_c.row_base), d.rows.eq(v_c.rows), d.beats.eq(v_c.beats), d.length.eq(v_c.length),
             self.job_valid.eq(completes | resend),
-            self.job.cais.eq(u_c.cais), self.job.mask.eq(Mux(resend, u_c.me, u_c.results)),
-            self.job.contributors.eq(u_c.contributors), self.job.row_base.eq(u_c.row_base),
-            self.job.rows.eq(u_c.rows),
-            self.job.dtype.eq(u_c.kind.dtype), self.job.op.eq(u_c.kind.op), self.job.acc_fp32.eq(u_c.kind.acc_fp32),
-            self.job.saturate.eq(u_c.kind.saturate),
+            self.job.cais.eq(v_c.cais), self.job.mask.eq(Mux(resend, v_c.me, v_c.results)),
+            self.job.contributors.eq(v_c.contributors), self.job.row_base.eq(v_c.row_base),
+            self.job.rows.eq(v_c.rows),
+            self.job.dtype.eq(v_c.kind.dtype), self.job.op.eq(v_c.kind.op), self.job.acc_fp32.eq(v_c.kind.acc_fp32),
+            self.job.saturate.eq(v_c.kind.saturate),
         ]
 
         # ------------------------------------------------------------ W: the state write, in_use
@@ -429,5 +449,5 @@ class Decision(wiring.Component):
 
         m.d.comb += drained.eq(~((take.any() & t_sf) | (a_valid & a_sf) | m_sf | b_cand | r_agg | f_agg | u_agg
                                  | w_agg))
-        m.d.comb += self.busy.eq(take.any() | a_valid | m_valid | b_valid | r_valid | f_valid | u_valid)
+        m.d.comb += self.busy.eq(take.any() | a_valid | m_valid | b_valid | r_valid | f_valid | u_valid | v_valid)
         return m

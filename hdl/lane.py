@@ -9,15 +9,19 @@ from amaranth.utils import ceil_log2
 
 from cais.params import SwitchParams
 
-from .decision import bank_addr_bits, decision_layout
+from .decision import DECISION_LATENCY, bank_addr_bits, decision_layout
 from .egress import FrameSourceSignature
 from .enums import Action
 from .results import header_split
 
 __all__ = ["IngressLane", "LANE_DECISIONS", "OPEN_BITS"]
 
-#: Decisions a lane holds (queued or in the decision pipeline): enough to hide the pipeline's latency.
-LANE_DECISIONS = 4
+#: Decisions a lane holds (queued or in the decision pipeline): enough to hide the pipeline's latency for
+#: a port sending the shortest frames it can at line rate (two beats: a port's header is taken at most
+#: every other cycle). A credit is out for the decision latency and two cycles (the take's, after the
+#: grant, and the release's, after the decision), so a header every other cycle needs half of that, and
+#: one more for the decision queued while the frame ahead streams.
+LANE_DECISIONS = (DECISION_LATENCY + 2) // 2 + 1
 #: Bits of the count of a lane's decided, unfinished frames: the queued ones, the next one, the one
 #: streaming and one whose last row is being written.
 OPEN_BITS = ceil_log2(LANE_DECISIONS + 4)

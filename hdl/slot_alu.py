@@ -48,9 +48,9 @@ class SlotALU(wiring.Component):
     registered; the adder's ``fadd_stages`` (max/min and the integer result beside it); the lane results
     registered; the narrowing to the wire format in two stages (alignment, then rounding and packing into
     the output register): ``latency = fadd_stages + 6``. No input reaches an output or the adder without
-    a register rank between. Without float units only the integer ALU is built, in two stages (the sums
-    and compares registered, then the result chosen into the output register: ``latency = 2``), and float
-    dtypes give don't-care results.
+    a register rank between. Without float units only the integer ALU is built, in three stages (the
+    inputs registered, the sums and compares registered, then the result chosen into the output register:
+    ``latency = 3``), and float dtypes give don't-care results.
 
     Members
     -------
@@ -108,17 +108,24 @@ class SlotALU(wiring.Component):
         def reg(value, name, reset_less=True, cycles=1):
             return delay_line(m, value, cycles, name, reset_less=reset_less)
 
+        # Stage 0, in every build: the inputs registered (in a fold chain the stage before chooses this
+        # stage's accumulator right in front of them).
+        granule, row, acc = reg(self.granule, "in_granule"), reg(self.row, "in_row"), reg(self.acc, "in_acc")
+        dtype, op, acc_fp32 = reg(self.dtype, "in_dtype"), reg(self.op, "in_op"), reg(self.acc_fp32, "in_acc_fp32")
+        saturate, store = reg(self.saturate, "in_saturate"), reg(self.store, "in_store")
+        valid = reg(self.i_valid, "in_valid", reset_less=False)
+
         if not self.float_units:
             # Stage 1: the granule and the integer ALU's sums and compares (its register rank); stage 2:
             # the result chosen (op, saturation, dtype, store), into the output register.
-            acc32 = ((self.dtype == DT.FP16) | (self.dtype == DT.BF16)) & self.acc_fp32
+            acc32 = ((dtype == DT.FP16) | (dtype == DT.BF16)) & acc_fp32
             m.submodules.int_alu = int_alu = ReduceALU(W, stages=1)
-            m.d.comb += [int_alu.a.eq(Mux(self.granule & ~acc32, self.acc[W:], self.acc[:W])),
-                         int_alu.b.eq(self.row), int_alu.op.eq(self.op),
-                         int_alu.dtype.eq(self.dtype), int_alu.saturate.eq(self.saturate)]
-            we_r = reg(Mux(acc32, 0b11, Mux(self.granule, 0b10, 0b01)), "we")
-            row_r, store_r = reg(self.row, "row"), reg(self.store, "store")
-            valid_r = reg(self.i_valid, "valid", reset_less=False)
+            m.d.comb += [int_alu.a.eq(Mux(granule & ~acc32, acc[W:], acc[:W])),
+                         int_alu.b.eq(row), int_alu.op.eq(op),
+                         int_alu.dtype.eq(dtype), int_alu.saturate.eq(saturate)]
+            we_r = reg(Mux(acc32, 0b11, Mux(granule, 0b10, 0b01)), "we")
+            row_r, store_r = reg(row, "row"), reg(store, "store")
+            valid_r = reg(valid, "valid", reset_less=False)
             wire_result = Mux(store_r, row_r, int_alu.result)
             m.d.sync += [
                 self.o_valid.eq(valid_r),
@@ -132,13 +139,6 @@ class SlotALU(wiring.Component):
         def delay(value, name, reset_less=True):
             # A chain of L registers (none when L == 0) beside the adder: one write point whatever the path.
             return delay_line(m, value, L, name, reset_less=reset_less)
-
-        # Stage 0: the inputs registered (in a fold chain the stage before chooses this stage's
-        # accumulator right in front of them).
-        granule, row, acc = reg(self.granule, "in_granule"), reg(self.row, "in_row"), reg(self.acc, "in_acc")
-        dtype, op, acc_fp32 = reg(self.dtype, "in_dtype"), reg(self.op, "in_op"), reg(self.acc_fp32, "in_acc_fp32")
-        saturate, store = reg(self.saturate, "in_saturate"), reg(self.store, "in_store")
-        valid = reg(self.i_valid, "in_valid", reset_less=False)
 
         is_half = (dtype == DT.FP16) | (dtype == DT.BF16)
         acc32 = Signal()
@@ -262,4 +262,4 @@ class SlotALU(wiring.Component):
 
 def slot_alu_latency(float_units: bool, fadd_stages: int = FADD_STAGES) -> int:
     """:attr:`SlotALU.latency` of a slot ALU so built, without building it."""
-    return fadd_stages + 6 if float_units else 2
+    return fadd_stages + 6 if float_units else 3

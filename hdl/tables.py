@@ -9,7 +9,12 @@ from cais.registers import Kind, RegisterMap
 
 from .enums import DType, ReduceOp
 
-__all__ = ["RuleTable", "MacTable", "rule_layout", "TableProgramSignature", "TABLE_REGISTERS", "or_tree", "lowest_one"]
+__all__ = ["RuleTable", "MacTable", "rule_layout", "TableProgramSignature", "TABLE_REGISTERS", "or_tree", "lowest_one",
+           "MATCH_PARTS", "hits_of_parts"]
+
+#: Parts of each entry's compare in ``parts``: a pipeline registers them and ANDs them a stage later, so
+#: neither stage holds a whole 40- or 48-bit compare tree.
+MATCH_PARTS = 4
 
 #: The registers that program the tables and the slot memory, as the register bank presents them.
 TABLE_REGISTERS = ("RULE_GROUP", "RULE_LAYER", "RULE_CHUNK", "RULE_PORTS", "RULE_SLOTS", "RULE_TYPE", "RULE_WRITE",
@@ -50,6 +55,19 @@ def lowest_one(x, n):
     return Cat(*(x[i] & ~x[:i].any() if i else x[0] for i in range(n)))
 
 
+def split(value, parts):
+    """``value``'s bits in ``parts`` slices as equal as can be (the low bits first)."""
+    n = len(value)
+    cuts = [n * k // parts for k in range(parts + 1)]
+    return [value[cuts[k]:cuts[k + 1]] for k in range(parts)]
+
+
+def hits_of_parts(parts, entries: int):
+    """The match bits of ``entries`` entries from their ``parts`` bits (entry i's are
+    ``parts[i * MATCH_PARTS:(i + 1) * MATCH_PARTS]``): an entry matches when all its parts do."""
+    return Cat(*(parts[i * MATCH_PARTS:(i + 1) * MATCH_PARTS].all() for i in range(entries)))
+
+
 def rule_layout(params: SwitchParams) -> data.StructLayout:
     return data.StructLayout({
         "valid": 1,
@@ -80,6 +98,9 @@ class RuleTable(wiring.Component):
         The keys to look up: ``group_id`` (8 bits), ``layer_id`` (16), ``chunk_id`` (16).
     hits[k] : Out(rules); first[k] : Out(rules)
         The valid entries that match key k, and the winner among them, one-hot (0: no entry matches).
+    parts[k] : Out(rules * MATCH_PARTS)
+        The same match in :data:`MATCH_PARTS` parts per entry (the valid bit and slices of the masked
+        compare): :func:`hits_of_parts` of them is ``hits[k]``.
     pick : In(rules); picked : Out(rule_layout); picked_quota : Out(32)
         The entry in the one-hot ``pick`` (an AND-OR mux), and its ``quota``.
     entry[i] : Out(rule_layout); quota[i] : Out(32)
@@ -96,6 +117,7 @@ class RuleTable(wiring.Component):
             "program": In(TableProgramSignature(regmap)),
             "key": In(self.key_layout).array(keys),
             "hits": Out(params.rules).array(keys), "first": Out(params.rules).array(keys),
+            "parts": Out(params.rules * MATCH_PARTS).array(keys),
             "pick": In(params.rules), "picked": Out(self.layout),
             "picked_quota": Out(32),
             "entry": Out(self.layout).array(params.rules), "quota": Out(32).array(params.rules),
@@ -129,14 +151,15 @@ class RuleTable(wiring.Component):
                 m.d.sync += [e.eq(new), q.eq((1 << new.count_log2) - 1)]
             m.d.comb += [self.entry[i].eq(e), self.quota[i].eq(q)]
 
-        def matches(key, e):
-            return (e.valid
-                    & (((key.group_id ^ e.group_value) & e.group_mask) == 0)
-                    & (((key.layer_id ^ e.layer_value) & e.layer_mask) == 0)
-                    & (((key.chunk_id ^ e.chunk_value) & e.chunk_mask) == 0))
+        def match_parts(key, e):
+            # the bits that differ where the mask cares, in parts; the valid bit joins the first part
+            differ = Cat((key.group_id ^ e.group_value) & e.group_mask, (key.layer_id ^ e.layer_value) & e.layer_mask,
+                         (key.chunk_id ^ e.chunk_value) & e.chunk_mask)
+            return Cat(*((part == 0) & (e.valid if k == 0 else 1) for k, part in enumerate(split(differ, MATCH_PARTS))))
 
-        for key, hits, first in zip(self.key, self.hits, self.first):
-            m.d.comb += [hits.eq(Cat(*(matches(key, e) for e in entries))),
+        for key, hits, first, parts in zip(self.key, self.hits, self.first, self.parts):
+            m.d.comb += [parts.eq(Cat(*(match_parts(key, e) for e in entries))),
+                         hits.eq(hits_of_parts(parts, len(entries))),
                          first.eq(lowest_one(hits, len(entries)))]     # the lowest index has priority
         m.d.comb += [
             self.picked.eq(or_tree(Mux(self.pick[i], e.as_value(), 0) for i, e in enumerate(entries))),
@@ -159,6 +182,9 @@ class MacTable(wiring.Component):
         used here).
     mac[k] : In(48); hits[k] : Out(mac_entries); first[k] : Out(mac_entries)
         The addresses to look up; the valid entries that hold each, and the lowest of them, one-hot.
+    parts[k] : Out(mac_entries * MATCH_PARTS)
+        The same compare in :data:`MATCH_PARTS` parts per entry: :func:`hits_of_parts` of them is
+        ``hits[k]``.
     pick : In(mac_entries); hit : Out(1); port : Out(range(ports)); port_mask : Out(ports)
         The entry in the one-hot ``pick``: whether there is one, its port, and that port one-hot (each
         entry's port is also kept one-hot, written with the entry).
@@ -170,6 +196,7 @@ class MacTable(wiring.Component):
         super().__init__({
             "program": In(TableProgramSignature(regmap)),
             "mac": In(48).array(keys), "hits": Out(E).array(keys), "first": Out(E).array(keys),
+            "parts": Out(E * MATCH_PARTS).array(keys),
             "pick": In(E), "hit": Out(1), "port": Out(range(params.ports)), "port_mask": Out(params.ports),
         })
 
@@ -190,8 +217,13 @@ class MacTable(wiring.Component):
                                  _get(prog.mac_addr_hi, R["MAC_ADDR_HI"].field("mac")))),
                     e.port.eq(port), e.port_mask.eq(1 << port),
                 ]
-        for mac, hits, first in zip(self.mac, self.hits, self.first):
-            m.d.comb += [hits.eq(Cat(*(e.valid & (e.mac == mac) for e in entries))),
+        def match_parts(mac, e):
+            return Cat(*((a == b) & (e.valid if k == 0 else 1)
+                         for k, (a, b) in enumerate(zip(split(mac, MATCH_PARTS), split(e.mac, MATCH_PARTS)))))
+
+        for mac, hits, first, parts in zip(self.mac, self.hits, self.first, self.parts):
+            m.d.comb += [parts.eq(Cat(*(match_parts(mac, e) for e in entries))),
+                         hits.eq(hits_of_parts(parts, len(entries))),
                          first.eq(lowest_one(hits, len(entries)))]     # the lowest index has priority
         first = self.pick
         m.d.comb += [

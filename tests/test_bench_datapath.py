@@ -23,7 +23,7 @@ def test_json_figures(capsys):
     assert out["latency_cycles"] == documented_latency(params, params.max_payload)  # docs/interface.md: 96
     banks = P * params.slots * 2 * params.max_payload * 8            # one bank per port, two sets per slot
     assert out["memory_bits"]["contribution banks (bits)"] == banks
-    for name in ("allreduce", "forward", "mix"):
+    for name in ("allreduce", "forward", "mix", "short"):
         assert all(x >= 0.98 for x in out["per_port_beats_per_cycle"][name]), name
     assert out["baseline_per_port_beats_per_cycle"] == 1 / P
 

@@ -70,7 +70,7 @@ def test_floats(pname):
 @pytest.mark.verilator
 @pytest.mark.parametrize("pname", PARAM_SETS)
 def test_timing(pname):
-    """docs/interface.md's cycle figures on the exported Verilog: result latency (beats + rows + F + 25), a held port never stalls the others mid-frame, BUSY read back to back against
+    """docs/interface.md's cycle figures on the exported Verilog: result latency (beats + rows + F + 26), a held port never stalls the others mid-frame, BUSY read back to back against
     stamped frame intervals (cais.sim.timing)."""
     got = run_backend("verilator", PARAM_SETS[pname], "cais.sim.timing:timing_job", {"seed": SEED}, seed=SEED)
     assert set(got) == {"result_latency", "held_port", "busy_register"}
