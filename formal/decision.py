@@ -34,7 +34,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In
 
 from cais.hdl import decision as decision_mod
-from cais.hdl.decision import DECISION_LATENCY, Decision
+from cais.hdl.decision import DECISION_LATENCY, STATE_WRITE_LEAD, Decision
 from cais.hdl.enums import DropReason
 from cais.hdl.slots import SetUpdate, SlotOutcome, set_layout
 from cais.hdl.tables import TableProgramSignature
@@ -205,19 +205,23 @@ class DecisionHarness(wiring.Component):
         count = sum(used(i) for i in range(2 * S))
         asserted("in_use", in_use == count)
 
-        # The set the decision names (row_base = (slot * 2 + set) * rows_per_set) and its port, one cycle
-        # ago: its state write is in the cycle of the decision, so this cycle shows the set after it.
+        # The set the decision names (row_base = (slot * 2 + set) * rows_per_set) and its port, as of the
+        # cycle whose state shows the decision's write: the write is STATE_WRITE_LEAD cycles before the
+        # decision and shows in the memory one cycle after it, so the decision is delayed by
+        # 1 - STATE_WRITE_LEAD cycles (0: the decision's own cycle shows the set after its write).
+        delay = 1 - STATE_WRITE_LEAD
+        assert delay in (0, 1), "the harness compares the state one cycle apart"
         shift = (prm.rows_per_set - 1).bit_length()
         named = Signal(range(2 * S))
         m.d.comb += named.eq(dec.decision.row_base >> shift)
-        me = push
         p_named, p_me = Signal.like(named), Signal(P)
         p_contrib, p_dup = Signal(), Signal()
         p_refused = Signal()
         refused = dec.ev_drop & ((dec.ev_drop_reason == DropReason.TAG_MISMATCH)
                                  | (dec.ev_drop_reason == DropReason.LENGTH_MISMATCH))
-        m.d.sync += [p_named.eq(named), p_me.eq(me), p_contrib.eq(decided & dec.ev_contribution),
-                     p_dup.eq(decided & ev_dup), p_refused.eq(decided & refused)]
+        m.d["sync" if delay else "comb"] += [
+            p_named.eq(named), p_me.eq(push), p_contrib.eq(decided & dec.ev_contribution),
+            p_dup.eq(decided & ev_dup), p_refused.eq(decided & refused)]
         p_agg = p_contrib | p_dup | p_refused
 
         gains_ok, twice_ok, frozen_ok, iso_ok = [], [], [], []

@@ -54,7 +54,8 @@ from .slots import SetUpdate, SlotOutcome, entry_layout, set_layout
 from .tables import (MATCH_PARTS, MacTable, RuleTable, TableProgramSignature, hits_of_parts, lowest_one, or_tree,
                      rule_layout)
 
-__all__ = ["Decision", "decision_layout", "job_layout", "bank_addr_bits", "DECISION_LATENCY", "DECISION_HEADERS"]
+__all__ = ["Decision", "decision_layout", "job_layout", "bank_addr_bits", "DECISION_LATENCY", "DECISION_HEADERS",
+           "STATE_WRITE_LEAD"]
 
 #: Clock edges from the cycle a header is taken (``take``) to its decision on ``push``/``decision``
 #: (and its events, and its job on ``job_valid``/``job``).
@@ -62,6 +63,9 @@ DECISION_LATENCY = 8
 #: Headers that may each still queue a job when ``hold`` is sampled: the one granted in that cycle (taken
 #: in the next) and those taken in the ``DECISION_LATENCY + 1`` cycles up to it.
 DECISION_HEADERS = DECISION_LATENCY + 2
+#: Cycles from a header's slot-state write (W) to its decision on the outputs: the outputs are registered
+#: in W's cycle (stage V), so the cycle that shows a decision also shows, in the state memory, its write.
+STATE_WRITE_LEAD = 1
 
 
 def bank_addr_bits(params: SwitchParams) -> int:
