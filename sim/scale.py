@@ -72,16 +72,10 @@ def _inputs(ranks: int, elements: int, seed: int) -> list[np.ndarray]:
     return [rng.integers(-2**31, 2**31, elements, dtype=np.int64).astype(np.int32) for _ in range(ranks)]
 
 
-async def scale_job(link, job: dict) -> dict:
-    """``job``: ranks, chunks, loss, duplicate, reorder, seed. Returns the summary :func:`check_scale` reads."""
-    ranks, seed = job["ranks"], job.get("seed", 0)
-    config = Config(offload="always", retry_limit=job.get("retry_limit", 64))
-    elements = job["chunks"] * (config.chunk_size // 4)
-    flink = FaultyLink(link, FaultSpec(drop=job["loss"], duplicate=job["duplicate"], reorder=job["reorder"],
-                                       seed=seed))
-    data = _inputs(ranks, elements, seed)
-    world = World(flink, ranks=ranks, config=config)
-    paths = [None] * ranks
+async def _all_reduce_checked(world, data) -> tuple[bool, list[str]]:
+    """One all-reduce (SUM) of ``data[rank]`` on every rank of ``world``: whether every result equals
+    numpy's, and the paths the ranks took (sorted, each once)."""
+    paths = [None] * len(data)
 
     def rank_main(comm):
         work = comm.all_reduce(data[comm.rank], async_op=True)
@@ -91,9 +85,22 @@ async def scale_job(link, job: dict) -> dict:
 
     results = await world.run(rank_main)
     want = reference_reduce(data, ReduceOp.SUM)
+    return all(np.array_equal(r, want) for r in results), sorted(set(paths))
+
+
+async def scale_job(link, job: dict) -> dict:
+    """``job``: ranks, chunks, loss, duplicate, reorder, seed. Returns the summary :func:`check_scale` reads."""
+    ranks, seed = job["ranks"], job.get("seed", 0)
+    config = Config(offload="always", retry_limit=job.get("retry_limit", 64))
+    elements = job["chunks"] * (config.chunk_size // 4)
+    flink = FaultyLink(link, FaultSpec(drop=job["loss"], duplicate=job["duplicate"], reorder=job["reorder"],
+                                       seed=seed))
+    data = _inputs(ranks, elements, seed)
+    world = World(flink, ranks=ranks, config=config)
+    exact, paths = await _all_reduce_checked(world, data)
     counters = await world.controller.read_counters()
     return {"ranks": ranks, "chunks": job["chunks"], "elements": elements,
-            "exact": all(np.array_equal(r, want) for r in results), "paths": sorted(set(paths)),
+            "exact": exact, "paths": paths,
             "counters": counters, "faults": dict(flink.stats), "cycles": link.cycle,
             "retransmissions": int(sum(world.retransmissions))}
 
@@ -131,18 +138,9 @@ async def reset_job(link, job: dict) -> dict:
 
     rlink = ResettingLink(link, trigger)
     world = holder["world"] = World(rlink, ranks=ranks, config=config)
-    paths = [None] * ranks
-
-    def rank_main(comm):
-        work = comm.all_reduce(data[comm.rank], async_op=True)
-        out = work.wait()
-        paths[comm.rank] = work.path
-        return out
-
-    results = await world.run(rank_main)
-    want = reference_reduce(data, ReduceOp.SUM)
-    return {"ranks": ranks, "chunks": job["chunks"], "exact": all(np.array_equal(r, want) for r in results),
-            "paths": sorted(set(paths)), "reset_at": rlink.reset_at, "resets_noticed": world.controller.resets,
+    exact, paths = await _all_reduce_checked(world, data)
+    return {"ranks": ranks, "chunks": job["chunks"], "exact": exact,
+            "paths": paths, "reset_at": rlink.reset_at, "resets_noticed": world.controller.resets,
             "events": [e for _, e in world.controller.events], "cycles": rlink.cycle}
 
 
