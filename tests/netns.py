@@ -54,6 +54,33 @@ def python_in(ns: str, args: list[str], **kw) -> subprocess.Popen:
     return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, *args], start_new_session=True, **kw)
 
 
+@contextlib.contextmanager
+def switch_daemon(ns: str, tmp_path, interfaces: list[str]):
+    """cais-switch (the model) in `ns` on `interfaces`, its control socket and a pcap folder in `tmp_path`,
+    up until its ready file appears (20 s at most); yields ``(daemon, sock, pcap)``, stopped on exit."""
+    import time
+    sock, ready, pcap = tmp_path / "sw.sock", tmp_path / "ready", tmp_path / "pcap"
+    log = open(tmp_path / "switch.log", "wb")
+    daemon = python_in(ns, ["-m", "cais.sim.daemon", "--control", str(sock), "--pcap", str(pcap),
+                            "--ready-file", str(ready), *interfaces], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists():
+            assert daemon.poll() is None and time.monotonic() < deadline, (tmp_path / "switch.log").read_text()
+            time.sleep(0.05)
+        yield daemon, sock, pcap
+    finally:
+        stop(daemon)
+
+
+def run_probe(ns: str, probe: str, *args) -> str:
+    """Run the Python source `probe` in `ns` with `args`; its standard output (it must exit 0)."""
+    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", probe, *map(str, args)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         try:

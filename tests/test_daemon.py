@@ -4,14 +4,13 @@ through AF_PACKET, the control endpoint, per-port faults, the pcap files, and ba
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
 from cais.params import SwitchParams
 from cais.rawsock import read_pcap
 from cais.registers import register_map
-from netns import namespace, python_in, stop, veth
+from netns import namespace, run_probe, switch_daemon, veth
 
 PROBE = r"""
 import json, sys, time
@@ -91,21 +90,8 @@ def test_daemon_on_veth_pairs(tmp_path):
     with namespace() as ns:
         for i in range(3):
             veth(ns, f"s{i}", f"h{i}")
-        sock, ready, pcap = tmp_path / "sw.sock", tmp_path / "ready", tmp_path / "pcap"
-        log = open(tmp_path / "switch.log", "wb")
-        daemon = python_in(ns, ["-m", "cais.sim.daemon", "--control", str(sock), "--pcap", str(pcap),
-                                "--ready-file", str(ready), "s0", "s1", "s2"], stdout=log, stderr=log)
-        try:
-            deadline = time.monotonic() + 20
-            while not ready.exists():
-                assert daemon.poll() is None and time.monotonic() < deadline, (tmp_path / "switch.log").read_text()
-                time.sleep(0.05)
-            probe = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", PROBE, str(sock)],
-                                   capture_output=True, text=True, timeout=60)
-            assert probe.returncode == 0, probe.stderr
-            out = json.loads(probe.stdout)
-        finally:
-            stop(daemon)
+        with switch_daemon(ns, tmp_path, ["s0", "s1", "s2"]) as (daemon, sock, pcap):
+            out = json.loads(run_probe(ns, PROBE, sock))
         assert daemon.returncode == 0            # SIGTERM: a clean stop
         assert not sock.exists()                 # the control socket is removed
 

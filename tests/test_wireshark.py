@@ -9,8 +9,6 @@ namespace and veth pairs) and fails without it, as the other interface tests do.
 import json
 import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,7 @@ from scapy.packet import Raw
 from cais import protocol as proto
 from cais.dissect import Cais, CaisHost
 from cais.rawsock import PcapWriter, read_pcap
-from netns import namespace, python_in, stop, veth
+from netns import namespace, run_probe, switch_daemon, veth
 
 LUA = Path(__file__).resolve().parents[1] / "wireshark" / "cais.lua"
 CAIS_FIELDS = ("op_type", "group_id", "layer_id", "chunk_id", "total_chunks", "seq_num", "payload_len", "dtype",
@@ -137,20 +135,8 @@ def test_decode_a_pcap_written_by_cais_switch(tmp_path):
     with namespace() as ns:
         for i in range(2):
             veth(ns, f"s{i}", f"h{i}")
-        sock, ready, pcap = tmp_path / "sw.sock", tmp_path / "ready", tmp_path / "pcap"
-        log = open(tmp_path / "switch.log", "wb")
-        daemon = python_in(ns, ["-m", "cais.sim.daemon", "--control", str(sock), "--pcap", str(pcap),
-                                "--ready-file", str(ready), "s0", "s1"], stdout=log, stderr=log)
-        try:
-            deadline = time.monotonic() + 20
-            while not ready.exists():
-                assert daemon.poll() is None and time.monotonic() < deadline, (tmp_path / "switch.log").read_text()
-                time.sleep(0.05)
-            probe = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", PROBE, str(sock)],
-                                   capture_output=True, text=True, timeout=60)
-            assert probe.returncode == 0, probe.stderr
-        finally:
-            stop(daemon)
+        with switch_daemon(ns, tmp_path, ["s0", "s1"]) as (_, sock, pcap):
+            run_probe(ns, PROBE, sock)
     frames = [f for _, f in read_pcap(pcap / "port0.pcap")]
     decoded = tshark_decode(pcap / "port0.pcap") if shutil.which("tshark") else None
     seen = check_frames(frames, decoded)
