@@ -28,7 +28,8 @@ from scapy.fields import BitEnumField, BitField, ByteEnumField, ByteField, Flags
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, bind_layers
 
-from .protocol import ETHERTYPE, HOST_ETHERTYPE, DType, HostKind, OpType, ReduceOp
+from .protocol import (ETHERTYPE, HEADER_FIELDS, HOST_ETHERTYPE, HOST_HEADER_FIELDS, RESERVED_FIELDS, DType,
+                       HostKind, OpType, ReduceOp)
 
 __all__ = ["Cais", "CaisHost", "FLAG_NAMES"]
 
@@ -40,21 +41,29 @@ def _names(enum) -> dict:
     return {int(m): m.name for m in enum}
 
 
+#: Fields whose values have names, and the defaults that differ from 0.
+_ENUMS = {"op_type": _names(OpType), "dtype": _names(DType), "red_op": _names(ReduceOp), "kind": _names(HostKind)}
+_DEFAULTS = {"total_chunks": 1, "frags": 1}
+
+
+def _field(name: str, bits: int):
+    """The scapy field of one (name, bits) entry of cais.protocol's header layouts."""
+    default = _DEFAULTS.get(name, 0)
+    if name == "flags":
+        return FlagsField(name, default, bits, FLAG_NAMES)
+    if name in _ENUMS:
+        return ByteEnumField(name, default, _ENUMS[name]) if bits == 8 else \
+            BitEnumField(name, default, bits, _ENUMS[name])
+    return {8: ByteField, 16: ShortField, 32: IntField}[bits](name, default)
+
+
 class Cais(Packet):
-    """The CAIS header: 16 bytes, big-endian (docs/protocol.md)."""
+    """The CAIS header: 16 bytes, big-endian (docs/protocol.md), from HEADER_FIELDS with the reserved
+    word split as RESERVED_FIELDS says."""
     name = "CAIS"
-    fields_desc = [
-        ByteEnumField("op_type", 0, _names(OpType)),      # header byte 0
-        ByteField("group_id", 0),                          # 1
-        ShortField("layer_id", 0),                         # 2..3
-        ShortField("chunk_id", 0),                         # 4..5
-        ShortField("total_chunks", 1),                     # 6..7
-        IntField("seq_num", 0),                            # 8..11
-        ShortField("payload_len", 0),                      # 12..13
-        BitEnumField("dtype", 0, 4, _names(DType)),        # 14, high nibble
-        BitEnumField("red_op", 0, 4, _names(ReduceOp)),    # 14, low nibble
-        FlagsField("flags", 0, 8, FLAG_NAMES),             # 15
-    ]
+    fields_desc = [f for name, bits in HEADER_FIELDS
+                   for f in ([_field(n, b) for n, b in RESERVED_FIELDS] if name == "reserved"
+                             else [_field(name, bits)])]
 
     def extract_padding(self, s):
         # the payload is payload_len bytes; what follows is Ethernet padding to 60 bytes
@@ -62,18 +71,10 @@ class Cais(Packet):
 
 
 class CaisHost(Packet):
-    """The host ring's header: 16 bytes, big-endian (docs/ring.md)."""
+    """The host ring's header: 16 bytes, big-endian (docs/ring.md), from HOST_HEADER_FIELDS."""
     name = "CAIS host ring"
-    fields_desc = [
-        ByteEnumField("kind", 0, _names(HostKind)),        # frame byte 14
-        ByteField("group_id", 0),                          # 15
-        IntField("op_seq", 0),                             # 16..19
-        ShortField("step", 0),                             # 20..21
-        ShortField("frag", 0),                             # 22..23
-        ShortField("frags", 1),                            # 24..25
-        ShortField("length", 0),                           # 26..27
-        BitField("reserved", 0, 16),                       # 28..29
-    ]
+    fields_desc = [BitField(name, 0, bits) if name == "reserved" else _field(name, bits)
+                   for name, bits in HOST_HEADER_FIELDS]
 
     def extract_padding(self, s):
         return s[:self.length], s[self.length:]
