@@ -63,7 +63,7 @@ class ReduceALU(wiring.Component):
 
         def cut(value, name):
             # the register rank (stages=1) or a wire
-            s = Signal(len(value), name=name)
+            s = Signal(len(value), name=name, reset_less=True)      # data: a valid bit travels beside it
             if self.stages:
                 m.d.sync += s.eq(value)
             else:

@@ -94,7 +94,8 @@ class JobQueue(wiring.Component):
         m.d.sync += [wp.eq(wp + push), rp.eq(rp + pop), level.eq(level + push - pop)]
 
         # Position k holds the counts of the k-th oldest job; occ is the thermometer code of the level.
-        counts = [[Signal(OPEN_BITS, name=f"open{k}_{p}") for p in range(P)] for k in range(D)]
+        # A free position's counts are never read (a job landing there writes them): no reset.
+        counts = [[Signal(OPEN_BITS, name=f"open{k}_{p}", reset_less=True) for p in range(P)] for k in range(D)]
         occ = Signal(D)
         with m.If(push & ~pop):
             m.d.sync += occ.eq(Cat(1, occ[:-1]))
@@ -206,12 +207,13 @@ class FoldReader(wiring.Component):
             taken.eq(self.row_ready & rows_out.r_rdy), self.rows_held.eq(held),
         ]
 
+        # the job being read: written at its start, used only while active (no reset)
         kind = Signal(data.StructLayout({"contributors": prm.ports, "dtype": 4, "op": 4, "acc_fp32": 1,
-                                         "saturate": 1}))
+                                         "saturate": 1}), reset_less=True)
         active = Signal()
-        addr = Signal(len(self.rd_addr))                # the next row's bank address
-        left = Signal(range(prm.rows_per_set + 1))      # rows of the job not yet read
-        last = Signal()                                 # left == 1
+        addr = Signal(len(self.rd_addr), reset_less=True)              # the next row's bank address
+        left = Signal(range(prm.rows_per_set + 1), reset_less=True)    # rows of the job not yet read
+        last = Signal(reset_less=True)                                 # left == 1
 
         # Rows read and not yet taken by the generator (in flight or queued): a read is issued only while
         # that is below the queue's depth, so every row read finds room. depth is a power of two and

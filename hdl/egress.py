@@ -121,11 +121,13 @@ class EgressCrossbar(wiring.Component):
             w_en = owned[p] & sel("valid", 1)
             last = sel("last", 1)
             m.d.comb += releasing[p].eq(w_en & last)
+            # the beat itself needs no reset: w_en says whether there is one
+            beat = Signal(len(self.w_data[p]) + len(self.w_keep[p]) + 1, name=f"beat{p}", reset_less=True)
             m.d.sync += [
-                self.w_en[p].eq(w_en), self.w_last[p].eq(last),
-                self.w_data[p].eq(sel("data", len(self.w_data[p]))),
-                self.w_keep[p].eq(sel("keep", len(self.w_keep[p]))),
+                self.w_en[p].eq(w_en),
+                beat.eq(Cat(sel("data", len(self.w_data[p])), sel("keep", len(self.w_keep[p])), last)),
             ]
+            m.d.comb += Cat(self.w_data[p], self.w_keep[p], self.w_last[p]).eq(beat)
             with m.If(new[p]):
                 m.d.sync += owner[p].eq(new_owner[p])
         m.d.sync += owned.eq((owned & ~releasing) | new)

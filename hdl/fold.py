@@ -90,6 +90,8 @@ class FoldChain(wiring.Component):
             nxt_acc, nxt_seen = Signal(2 * W, name=f"acc{p + 1}"), Signal(name=f"seen{p + 1}")
             m.d.comb += [nxt_acc.eq(Mux(take_d, alu.result, acc_d)), nxt_seen.eq(seen_d | take_d)]
             acc, seen = nxt_acc, nxt_seen
-        m.d.sync += [self.o_valid.eq(valid), self.result.eq(acc)]        # registered out
+        result = Signal(2 * W, name="result_r", reset_less=True)
+        m.d.sync += [self.o_valid.eq(valid), result.eq(acc)]        # registered out
+        m.d.comb += self.result.eq(result)
         return m
 

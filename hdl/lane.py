@@ -89,23 +89,24 @@ class IngressLane(wiring.Component):
         m.submodules.queue = queue = SyncFIFO(width=Shape.cast(self.layout).width, depth=LANE_DECISIONS)
         m.d.comb += queue.w_data.eq(self.decision)
 
-        # The current frame: its decision and, set when it starts, what its beats need.
+        # The current frame: its decision and, set when it starts, what its beats need. Only the valid
+        # bits and counts are reset (active, nxt_valid, held, flush, open_): the rest is written before use.
         active = Signal()
-        cur = Signal(self.layout)
-        cur_fwd = Signal()
-        stores = Signal()                          # AGGREGATE with write: rows into the bank
-        late = Signal()                            # ... and the last row ends in the last beat
-        idx = Signal(range(prm.max_frame_beats))
-        left = Signal(range(prm.max_frame_beats + 1))          # beats not yet taken, this one included
-        is_last = Signal()                         # idx == beats - 1
-        last_keep = Signal(B)
-        prev = Signal(W)
+        cur = Signal(self.layout, reset_less=True)
+        cur_fwd = Signal(reset_less=True)
+        stores = Signal(reset_less=True)           # AGGREGATE with write: rows into the bank
+        late = Signal(reset_less=True)             # ... and the last row ends in the last beat
+        idx = Signal(range(prm.max_frame_beats), reset_less=True)
+        left = Signal(range(prm.max_frame_beats + 1), reset_less=True)   # beats not yet taken, this one included
+        is_last = Signal(reset_less=True)          # idx == beats - 1
+        last_keep = Signal(B, reset_less=True)
+        prev = Signal(W, reset_less=True)
         take = active & self.beat_valid
         ending = take & is_last
         m.d.comb += self.beat_ready.eq(active)
 
         # The next frame, out of the queue ahead of time.
-        nxt = Signal(self.layout)
+        nxt = Signal(self.layout, reset_less=True)
         nxt_valid = Signal()
         nxt_fwd = nxt.action == Action.FORWARD
         fwd = self.fwd
@@ -144,10 +145,10 @@ class IngressLane(wiring.Component):
         m.d.comb += [fwd.req.eq(req), fwd.mask.eq(nxt.mask), fwd.beats.eq(nxt.beats)]
 
         # Payload rows: the bank address counts up from row_base; row writing opens after the header.
-        addr = Signal.like(self.bank_addr)
-        late_addr = Signal.like(self.bank_addr)    # the last row's address
-        rows_todo = Signal.like(cur.rows)
-        after_hdr = Signal()                       # idx > h
+        addr = Signal.like(self.bank_addr, reset_less=True)
+        late_addr = Signal.like(self.bank_addr, reset_less=True)    # the last row's address
+        rows_todo = Signal.like(cur.rows, reset_less=True)
+        after_hdr = Signal(reset_less=True)        # idx > h
         row_now = take & stores & after_hdr & (rows_todo != 0)
 
         with m.If(take & ~is_last):
@@ -181,7 +182,7 @@ class IngressLane(wiring.Component):
         with m.If(take & stores):
             m.d.sync += prev.eq(self.beat_data)
         flush = Signal()                          # the last row ended in the last beat: written now
-        flush_addr = Signal.like(self.bank_addr)
+        flush_addr = Signal.like(self.bank_addr, reset_less=True)
         m.d.sync += flush.eq(ending & late)
         with m.If(ending & late):
             m.d.sync += flush_addr.eq(late_addr)

@@ -76,11 +76,14 @@ class ResultRow(wiring.Component):
                 m.d.comb += [unit.a.eq(byteswap(self.word[32 * i:32 * i + 32], 4)),
                              out[16 * i:16 * i + 16].eq(byteswap(unit.result, 2))]
             narrowed[dtype] = out
-        wire_r, acc_r, bf16_r = Signal(W), Signal(), Signal()
+        # Data only (the caller's valid bits travel beside it): no register here needs a reset.
+        wire_r, acc_r, bf16_r = Signal(W, reset_less=True), Signal(reset_less=True), Signal(reset_less=True)
         m.d.sync += [wire_r.eq(wire), acc_r.eq(self.acc_fp32), bf16_r.eq(self.dtype == proto.DType.BF16)]
         # Stage 2: the rounding and the choice, into the output register.
-        m.d.sync += self.row.eq(Mux(acc_r, Mux(bf16_r, narrowed[proto.DType.BF16], narrowed[proto.DType.FP16]),
-                                    wire_r))
+        row = Signal(W, reset_less=True)
+        m.d.sync += row.eq(Mux(acc_r, Mux(bf16_r, narrowed[proto.DType.BF16], narrowed[proto.DType.FP16]),
+                               wire_r))
+        m.d.comb += self.row.eq(row)
         return m
 
 
@@ -156,23 +159,24 @@ class ResultGenerator(wiring.Component):
             hdr = self.header(cais)
             return hdr[8 * B * beat:min(8 * B * (beat + 1), len(hdr))]
 
-        # The next frame, taken from the fold reader ahead of time, with its beats and last keep.
-        nxt = Signal(self.layout)
+        # The next frame, taken from the fold reader ahead of time, with its beats and last keep. Only the
+        # valid bits and counts are reset (nxt_valid, active, owed, req): the rest is written before use.
+        nxt = Signal(self.layout, reset_less=True)
         nxt_valid = Signal()
-        nxt_beats = Signal(beats_bits)
-        nxt_keep = Signal(B)
+        nxt_beats = Signal(beats_bits, reset_less=True)
+        nxt_keep = Signal(B, reset_less=True)
 
         # The current frame.
         active = Signal()
-        cais = Signal.like(nxt.cais)
-        left = Signal(beats_bits)                  # beats not yet sent, this one included
-        is_last = Signal()
-        last_keep = Signal(B)
-        rows_left = Signal(rows_bits)              # its rows not yet taken
-        hsel = Signal(h + 1)                       # one-hot: the beat being presented, while a header beat
-        past_hdr = Signal()                        # beat >= h: a payload row may be in it
-        hdr_cur = Signal(W)                        # this beat's header bytes
-        prev = Signal(W)                           # the last payload row taken (0 before the first)
+        cais = Signal.like(nxt.cais, reset_less=True)
+        left = Signal(beats_bits, reset_less=True)     # beats not yet sent, this one included
+        is_last = Signal(reset_less=True)
+        last_keep = Signal(B, reset_less=True)
+        rows_left = Signal(rows_bits, reset_less=True)  # its rows not yet taken
+        hsel = Signal(h + 1, reset_less=True)      # one-hot: the beat being presented, while a header beat
+        past_hdr = Signal(reset_less=True)         # beat >= h: a payload row may be in it
+        hdr_cur = Signal(W, reset_less=True)       # this beat's header bytes
+        prev = Signal(W, reset_less=True)          # the last payload row taken (0 before the first)
 
         # Beat k carries payload row k - h (from its byte o on), if that row exists. A frame starts only
         # once all its rows are waiting, so a beat leaves in every cycle of the frame.

@@ -127,11 +127,13 @@ class SlotALU(wiring.Component):
             row_r, store_r = reg(row, "row"), reg(store, "store")
             valid_r = reg(valid, "valid", reset_less=False)
             wire_result = Mux(store_r, row_r, int_alu.result)
+            result = Signal(2 * W, name="result_r", reset_less=True)
             m.d.sync += [
                 self.o_valid.eq(valid_r),
-                self.result.eq(Cat(wire_result, wire_result)),
+                result.eq(Cat(wire_result, wire_result)),
                 self.we.eq(Mux(valid_r, we_r, 0)),
             ]
+            m.d.comb += self.result.eq(result)
             return m
 
         L = self.fadd_stages
@@ -252,11 +254,13 @@ class SlotALU(wiring.Component):
             m.d.comb += new_gran.eq(Cat(*rowbf))
         with m.Else():
             m.d.comb += new_gran.eq(Cat(*row16))
+        result = Signal(2 * W, name="result_r", reset_less=True)
         m.d.sync += [
-            self.result.eq(Mux(acc32_r, Cat(*word32), Cat(new_gran, new_gran))),
+            result.eq(Mux(acc32_r, Cat(*word32), Cat(new_gran, new_gran))),
             self.we.eq(Mux(valid_r, we_r, 0)),
             self.o_valid.eq(valid_r),
         ]
+        m.d.comb += self.result.eq(result)
         return m
 
 

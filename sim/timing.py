@@ -24,10 +24,10 @@ __all__ = ["frame_beats", "documented_latency", "RESULT_OVERHEAD", "FORWARD_LATE
 
 #: Cycles from a forwarded frame's last beat in to its first beat out on each of its ports, when its lane
 #: and its egress ports are free (docs/interface.md), whatever the frame's length and the build.
-FORWARD_LATENCY = 18
+FORWARD_LATENCY = 20
 
 #: The result latency's cycles besides the frame's beats, its rows and the fold chain (documented_latency).
-RESULT_OVERHEAD = 26
+RESULT_OVERHEAD = 28
 
 
 def frame_beats(params: SwitchParams, payload_len: int) -> int:

@@ -545,3 +545,45 @@ def test_drop_and_busy_timing_of_one_bad_frame(params):
     assert busy[:first + 1] == [0] * (first + 1), busy
     assert all(busy[first + 1:last + 5]), busy
     assert not any(busy[last + 5:]), busy
+
+
+# ----------------------------------------------------------------------------- the header queue alone
+@pytest.mark.parametrize("seed", [1, 2])
+def test_header_queue_keeps_only_committed_entries(seed):
+    """HeaderQueue against a model of its docstring: every write fills the tail slot, only a committed one
+    is kept (the next write replaces one that is not), an entry committed in cycle t is at the head from
+    t + 2 when the queue is empty, the head register takes the next entry in the cycle it is read, and
+    the caller never writes with ``depth`` entries queued."""
+    from cais.hdl.ingress import HeaderQueue
+
+    depth, width = 8, 12
+    dut = HeaderQueue(width, depth)
+    rng = random.Random(seed)
+    seen = []
+
+    async def tb(ctx):
+        ram, out = [], None            # the model: kept entries not yet at the head, and the head
+        for cycle in range(3000):
+            queued = len(ram) + (out is not None)
+            w_en = queued <= depth - 1 and rng.random() < 0.6
+            commit, value, r_en = rng.random() < 0.7, rng.randrange(1 << width), rng.random() < 0.5
+            ctx.set(dut.w_en, w_en)
+            ctx.set(dut.commit, commit)
+            ctx.set(dut.w_data, value)
+            ctx.set(dut.r_en, r_en)
+            assert ctx.get(dut.r_valid) == (out is not None), cycle
+            if out is not None:
+                assert ctx.get(dut.r_data) == out, cycle
+                if r_en:
+                    seen.append(out)
+            # next cycle: the head takes the oldest kept entry (not this cycle's write) when free or read
+            if ram and (out is None or r_en):
+                out = ram.pop(0)
+            elif r_en:
+                out = None
+            if w_en and commit:
+                ram.append(value)
+            await ctx.tick()
+
+    run(dut, tb)
+    assert len(seen) > 500
