@@ -342,24 +342,30 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
 
 # The wrapper's registers make every timed path start and end at a flip-flop, as inside the switch.
 def register_wrapper(inner):
-    """A Component with *inner*'s ports that registers every input and every output on ``sync``."""
-    from amaranth.hdl import Module, Signal
+    """A Component with *inner*'s ports, flat (``a__b`` as in the Verilog), that registers every input
+    and every output on ``sync``. A stream's ``always_ready`` / ``always_valid`` member is a constant,
+    not a port, and is left out."""
+    from amaranth.hdl import Const, Module, Shape, Signal
     from amaranth.lib import wiring
-    from amaranth.lib.wiring import In
+    from amaranth.lib.wiring import In, Out
+
+    ports = [(path, member, value) for path, member, value in inner.signature.flatten(inner)
+             if not isinstance(value, Const)]
 
     class Registered(wiring.Component):
         def __init__(self):
             self.inner = inner
-            super().__init__(dict(inner.signature.members))
+            super().__init__({"__".join(map(str, path)): (In if member.flow == In else Out)(
+                Shape.cast(value.shape())) for path, member, value in ports})
 
         def elaborate(self, platform):
             m = Module()
             m.submodules.dut = self.inner
-            outer_ports = self.signature.flatten(self)
-            inner_ports = self.inner.signature.flatten(self.inner)
-            for (path, member, outer), (_, _, port) in zip(outer_ports, inner_ports):
+            for path, member, port in ports:
+                name = "__".join(map(str, path))
+                outer = getattr(self, name)
                 if member.flow == In:
-                    reg = Signal.like(port, name="in_" + "__".join(map(str, path)))
+                    reg = Signal.like(port, name="in_" + name)
                     m.d.sync += reg.eq(outer)
                     m.d.comb += port.eq(reg)
                 else:
@@ -371,8 +377,9 @@ def register_wrapper(inner):
 
 def port_bits(component) -> int:
     """Total width of the component's ports (the wrapper adds one flip-flop per bit)."""
-    from amaranth.hdl import Shape
-    return sum(Shape.cast(value.shape()).width for _path, _member, value in component.signature.flatten(component))
+    from amaranth.hdl import Const, Shape
+    return sum(Shape.cast(value.shape()).width for _path, _member, value in component.signature.flatten(component)
+               if not isinstance(value, Const))
 
 
 # --- command line ---------------------------------------------------------------------------------------------

@@ -149,14 +149,16 @@ class DecisionHarness(wiring.Component):
                 m.d.comb += Assert(test, name)
 
         for p in range(P):
-            m.d.comb += dec.meta[p].eq(self.meta[p])
-        m.d.comb += [dec.request.eq(self.request), dec.hold.eq(self.hold)]
+            m.d.comb += [dec.headers[p].payload.eq(self.meta[p]), dec.headers[p].valid.eq(self.request[p])]
+        m.d.comb += dec.hold.eq(self.hold)
+        take = Cat(h.ready for h in dec.headers)           # the decision's streams as vectors
+        dec_push = Cat(lane.valid for lane in dec.lanes)
         wiring.connect(m, wiring.flipped(self.program), dec.program)
 
         # The decision's input contract, and no reset after the start (the initial state is the reset state).
         prev_req, prev_take = Signal(P), Signal(P)
         prev_meta = [Signal(self.dec.meta_layout, name=f"prev_meta{p}") for p in range(P)]
-        m.d.sync += [prev_req.eq(self.request), prev_take.eq(dec.take)]
+        m.d.sync += [prev_req.eq(self.request), prev_take.eq(take)]
         m.d.sync += [prev_meta[p].eq(self.meta[p]) for p in range(P)]
         for p in range(P):
             with m.If(prev_req[p] & ~prev_take[p]):
@@ -164,12 +166,12 @@ class DecisionHarness(wiring.Component):
         m.d.comb += Assume(~ResetSignal())
 
         # The outputs as this harness sees them (a mutant breaks one).
-        push, busy, in_use = dec.push, dec.busy, dec.slots_in_use
+        push, busy, in_use = dec_push, dec.busy, dec.slots_in_use
         ev_dup, ev_resent = dec.ev_duplicate, dec.ev_resent
         if self.mutant == "push_lost":
-            push = Mux(dec.ev_duplicate, 0, dec.push)
+            push = Mux(dec.ev_duplicate, 0, dec_push)
         elif self.mutant == "busy_misses_take":
-            busy = dec.busy & ~dec.take.any()
+            busy = dec.busy & ~take.any()
         elif self.mutant == "event_lost":
             ev_dup = dec.ev_duplicate & ~dec.ev_resent
         elif self.mutant == "in_use_late":
@@ -179,16 +181,16 @@ class DecisionHarness(wiring.Component):
 
         # push, busy: the takes of the last L cycles.
         dly = Signal(P * L)
-        m.d.sync += dly.eq(Cat(dec.take, dly[:-P]))
+        m.d.sync += dly.eq(Cat(take, dly[:-P]))
         asserted("push", push == dly[-P:])
-        asserted("busy", busy | ((dly[:-P] == 0) & (dec.take == 0)))
+        asserted("busy", busy | ((dly[:-P] == 0) & (take == 0)))
 
         # events
         decided = push.any()
         classes = Cat(dec.ev_drop, dec.ev_forwarded, dec.ev_contribution, ev_dup)
         one = Mux(decided, (classes != 0) & ((classes & (classes - 1)) == 0), classes == 0)
         asserted("events", one & (~dec.ev_completed | dec.ev_contribution) & (~ev_resent | ev_dup)
-                 & (dec.job_valid == (dec.ev_completed | ev_resent)))
+                 & (dec.jobs.valid == (dec.ev_completed | ev_resent)))
 
         # The slot state now and one cycle ago.
         sets = [data.View(setl, self.probes[s].data.as_value()[k * setl.size:(k + 1) * setl.size])
@@ -213,7 +215,7 @@ class DecisionHarness(wiring.Component):
         assert delay in (0, 1), "the harness compares the state one cycle apart"
         shift = (prm.rows_per_set - 1).bit_length()
         named = Signal(range(2 * S))
-        m.d.comb += named.eq(dec.decision.row_base >> shift)
+        m.d.comb += named.eq(dec.lanes[0].payload.row_base >> shift)
         p_named, p_me = Signal.like(named), Signal(P)
         p_contrib, p_dup = Signal(), Signal()
         p_refused = Signal()

@@ -3,7 +3,7 @@ it folds are written, and the fold reader, which reads one row of every contribu
 folds it in ascending port order (docs/core-design.md, candidate B)."""
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
-from amaranth.lib import data, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -21,7 +21,7 @@ from .results import ResultRow, result_frame_layout
 
 __all__ = ["JobQueue", "FoldReader", "job_depth", "ROW_QUEUE_LATENCY", "BANK_READ_REGISTERS"]
 
-#: Cycles from a folded row's write into the row queue to its first cycle on ``FoldReader.row`` (a
+#: Cycles from a folded row's write into the row queue to its first cycle on ``FoldReader.rows`` (a
 #: :class:`~cais.hdl.frame_fifo.FrameFifo` with a registered output: the block RAM's output goes straight
 #: into a register, no logic between).
 ROW_QUEUE_LATENCY = 3
@@ -50,23 +50,25 @@ class JobQueue(wiring.Component):
     it was queued (``open_after``), and counts them down as the lanes finish frames (``finished``); the
     head leaves when its counts are all zero.
 
-    The jobs sit in a LUT RAM (written at ``push``, ``head`` read from it at the registered read
+    The jobs sit in a LUT RAM (written at ``i.valid``, ``o.payload`` read from it at the registered read
     pointer: one LUT-RAM read from a register). The counts sit in a shift register ordered by age,
-    position 0 being the head's, so that ``head_ready`` is a register computed from the next counts of
+    position 0 being the head's, so that ``o.valid`` is a register computed from the next counts of
     position 0 alone: no pointer-selected read on the path into the fold reader. ``level`` is a
     register. A job pushed with all counts zero, or one whose last frame finishes in cycle ``t``, is
     ready in cycle ``t + 1`` (as with counts read combinationally). Inputs to outputs: none
-    combinational (``pop`` only enters registers).
+    combinational (``o.ready`` only enters registers).
 
     Members
     -------
-    push : In(1); job : In(job_layout); open_after : In(OPEN_BITS).array(ports)
+    i : In(stream.Signature(job_layout, always_ready=True)); open_after : In(OPEN_BITS).array(ports)
+        Jobs in decision order (the queue never refuses one: the decision holds back by ``level``), and
+        with each, per port, the frames it waits for.
     finished[p] : In(range(3))
         Per port: frames finished this cycle (their bank writes are done).
     level : Out(range(depth + 1))
         Jobs queued (registered).
-    head : Out(job_layout); head_ready : Out(1); pop : In(1)
-        The oldest job; ``head_ready`` (registered): it is queued and its frames are finished.
+    o : Out(stream.Signature(job_layout))
+        The oldest job; ``o.valid`` (registered): it is queued and its frames are finished.
     """
 
     def __init__(self, params: SwitchParams):
@@ -75,9 +77,10 @@ class JobQueue(wiring.Component):
         self.layout = job_layout(params)
         self.depth = job_depth(params)
         super().__init__({
-            "push": In(1), "job": In(self.layout), "open_after": In(OPEN_BITS).array(P), "finished": In(range(3)).array(P),
+            "i": In(stream.Signature(self.layout, always_ready=True)),
+            "open_after": In(OPEN_BITS).array(P), "finished": In(range(3)).array(P),
             "level": Out(range(self.depth + 1)),
-            "head": Out(self.layout), "head_ready": Out(1), "pop": In(1),
+            "o": Out(stream.Signature(self.layout)),
         })
         self._mem = Memory(shape=self.layout, depth=self.depth, init=[])
 
@@ -90,9 +93,9 @@ class JobQueue(wiring.Component):
         assert D >= 2 and D == 1 << abits
         wp, rp = Signal(abits), Signal(abits)          # D is a power of two: the pointers wrap by themselves
         level = Signal(range(D + 1))
-        push, pop = self.push, self.pop & self.head_ready
-        m.d.comb += [wr.addr.eq(wp), wr.data.eq(self.job), wr.en.eq(push), rd.addr.eq(rp),
-                     self.head.eq(rd.data), self.level.eq(level)]
+        push, pop = self.i.valid, self.o.ready & self.o.valid
+        m.d.comb += [wr.addr.eq(wp), wr.data.eq(self.i.payload), wr.en.eq(push), rd.addr.eq(rp),
+                     self.o.payload.eq(rd.data), self.level.eq(level)]
         m.d.sync += [wp.eq(wp + push), rp.eq(rp + pop), level.eq(level + push - pop)]
 
         # Position k holds the counts of the k-th oldest job; occ is the thermometer code of the level.
@@ -128,7 +131,7 @@ class JobQueue(wiring.Component):
                     head_if[case] = Mux(push & land, zero_open, held & done)
         ready = Signal()
         m.d.sync += ready.eq(Mux(pop, head_if["pop"], head_if["keep"]))
-        m.d.comb += self.head_ready.eq(ready)
+        m.d.comb += self.o.valid.eq(ready)
         return m
 
 
@@ -144,23 +147,23 @@ class FoldReader(wiring.Component):
 
     Timing: a row read (``rd_en``) in cycle ``t`` is written into the row queue in cycle ``t + 3 + F``
     (the bank's read, its output's :data:`BANK_READ_REGISTERS` = 2 registers, then ``F`` =
-    ``SwitchParams.fold_latency``: the chain and the rounding) and is offered on ``row`` from cycle
+    ``SwitchParams.fold_latency``: the chain and the rounding) and is offered on ``rows`` from cycle
     ``t + 3 + F +`` :data:`ROW_QUEUE_LATENCY`; it counts
     in ``rows_held`` one cycle before. ``rd_addr``, ``rows_held`` and the room check are registers;
-    ``rd_en`` and ``job_ready`` are two LUT levels from registers (the head's ``job_valid``, the frame
-    queue's room); ``row``/``row_valid`` and ``frame``/``frame_valid`` come from registers (the row
-    queue's block RAM output goes straight into its output register). Combinational input-to-output paths:
-    ``job_valid`` -> ``job_ready`` (one level), ``row_ready`` -> the queues' read enables (internal).
+    ``rd_en`` and ``jobs.ready`` are two LUT levels from registers (the head's ``jobs.valid``, the frame
+    queue's room); ``rows`` and ``frames`` come from registers (the row queue's block RAM output goes
+    straight into its output register). Combinational input-to-output paths: ``jobs.valid`` ->
+    ``jobs.ready`` (one level), ``rows.ready`` -> the queues' read enables (internal).
 
     Members
     -------
-    job : In(job_layout); job_valid : In(1); job_ready : Out(1)
+    jobs : In(stream.Signature(job_layout))
         The head of the :class:`JobQueue`.
-    frame : Out(result_frame_layout); frame_valid : Out(1); frame_ready : In(1)
+    frames : Out(stream.Signature(result_frame_layout))
         The job's frame, for the result generator, queued as its first row is read.
     rd_addr : Out(bank_addr_bits); rd_en : Out(1); rd_data[p] : In(data_width)
         The banks' read ports (synchronous: data the cycle after an enabled address).
-    row : Out(data_width); row_valid : Out(1); row_ready : In(1); rows_held : Out(16)
+    rows : Out(stream.Signature(data_width)); rows_held : Out(16)
         Result rows in job order; how many are queued.
     busy : Out(1)
     """
@@ -180,10 +183,10 @@ class FoldReader(wiring.Component):
         shortest = -(-proto.MIN_FRAME_BYTES // params.beat_bytes)
         self.frame_depth = 1 << ceil_log2((params.fold_latency + 9) // shortest + 2)
         super().__init__({
-            "job": In(job_layout(params)), "job_valid": In(1), "job_ready": Out(1),
-            "frame": Out(result_frame_layout(params)), "frame_valid": Out(1), "frame_ready": In(1),
+            "jobs": In(stream.Signature(job_layout(params))),
+            "frames": Out(stream.Signature(result_frame_layout(params))),
             "rd_addr": Out(bank_addr_bits(params)), "rd_en": Out(1), "rd_data": In(W).array(P),
-            "row": Out(W), "row_valid": Out(1), "row_ready": In(1), "rows_held": Out(16),
+            "rows": Out(stream.Signature(W)), "rows_held": Out(16),
             "busy": Out(1),
         })
 
@@ -193,18 +196,20 @@ class FoldReader(wiring.Component):
         W = prm.data_width
         depth = self.row_depth
 
-        m.submodules.frames = frames = SyncFIFOBuffered(
+        m.submodules.frame_queue = frames = SyncFIFOBuffered(
             width=data.Layout.cast(result_frame_layout(prm)).size, depth=self.frame_depth)
         # The row queue: a block RAM whose slow output goes straight into the output register (a FIFO of
         # LUT RAM behind it measured 3.0 ns of routing after the RAM's 5.8 ns), so the result generator's
         # logic starts at a flip-flop. Every row is committed as it is written.
-        m.submodules.rows = rows_q = FrameFifo(W, depth, registered_output=True)
+        m.submodules.row_queue = rows_q = FrameFifo(W, depth, registered_output=True)
         taken = Signal()
         held = Signal(range(depth + 4))                 # rows queued, counted one cycle before they show
         m.d.comb += [
-            self.frame.eq(frames.r_data), self.frame_valid.eq(frames.r_rdy), frames.r_en.eq(self.frame_ready),
-            self.row.eq(rows_q.r_data), self.row_valid.eq(rows_q.r_valid), rows_q.r_ready.eq(self.row_ready),
-            taken.eq(self.row_ready & rows_q.r_valid), self.rows_held.eq(held),
+            self.frames.payload.eq(frames.r_data), self.frames.valid.eq(frames.r_rdy),
+            frames.r_en.eq(self.frames.ready),
+            self.rows.payload.eq(rows_q.r_data), self.rows.valid.eq(rows_q.r_valid),
+            rows_q.r_ready.eq(self.rows.ready),
+            taken.eq(self.rows.ready & rows_q.r_valid), self.rows_held.eq(held),
         ]
 
         # the job being read: written at its start, used only while active (no reset)
@@ -228,11 +233,11 @@ class FoldReader(wiring.Component):
 
         # The next job starts as the current one reads its last row.
         can_start = ~active | (issue & last)
-        start = can_start & self.job_valid & frames.w_rdy
-        job = self.job
+        start = can_start & self.jobs.valid & frames.w_rdy
+        job = self.jobs.payload
         frame = data.View(result_frame_layout(prm), frames.w_data)
         m.d.comb += [
-            self.job_ready.eq(start),
+            self.jobs.ready.eq(start),
             frames.w_en.eq(start),
             frame.cais.eq(job.cais), frame.mask.eq(job.mask), frame.rows.eq(job.rows),
         ]
@@ -265,7 +270,7 @@ class FoldReader(wiring.Component):
         m.d.comb += [narrow.word.eq(chain.result), narrow.acc_fp32.eq(out_acc), narrow.dtype.eq(out_dtype)]
         wrote = delay_line(m, chain.o_valid, narrow.latency, "wrote", reset_less=False)
         m.d.comb += [rows_q.w_en.eq(wrote), rows_q.commit.eq(wrote), rows_q.w_data.eq(narrow.row)]
-        # A row written in cycle c shows on ``row`` from cycle c + ROW_QUEUE_LATENCY; it counts in
+        # A row written in cycle c shows on ``rows`` from cycle c + ROW_QUEUE_LATENCY; it counts in
         # rows_held a cycle before, so a frame whose rows are all held finds its first row when it starts.
         # (The rows behind it follow one per cycle.)
         m.d.sync += held.eq(held + delay_line(m, wrote, ROW_QUEUE_LATENCY - 2, "held_in", reset_less=False) - taken)

@@ -17,7 +17,7 @@ of arrival. The decision pipeline takes one header per cycle from all ports toge
 """
 
 from amaranth.hdl import Cat, Module
-from amaranth.lib import wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -26,7 +26,7 @@ from cais.registers import RegisterMap
 
 from .completion import FoldReader, JobQueue
 from .decision import DECISION_HEADERS, Decision
-from .egress import EgressCrossbar
+from .egress import EgressCrossbar, beat_layout
 from .enums import Action, DropReason
 from .ingress import frame_meta_layout
 from .lane import IngressLane
@@ -41,9 +41,10 @@ class SwitchCore(wiring.Component):
 
     Members
     -------
-    meta[p], meta_valid[p], meta_ready[p]; beat_data[p], beat_valid[p], beat_ready[p]
-        The good frames of each ingress port (see :class:`cais.hdl.ingress.IngressPort`).
-    e_data[p], e_keep[p], e_last[p], e_valid[p] : Out
+    headers[p] : In(stream.Signature(frame_meta_layout)); beats[p] : In(stream.Signature(data_width))
+        The good frames of each ingress port (see :class:`cais.hdl.ingress.IngressPort`): a header is
+        taken (``ready``, a register of the decision) only while its lane has room for its decision.
+    egress[p] : Out(stream.Signature(beat_layout(data_width), always_ready=True))
         Beats for egress FIFO p (registers); each is taken the cycle it is offered.
     e_freed[p] : In(1)
         A beat left egress FIFO p, in this cycle or earlier (the crossbar's credit: a frame starts only
@@ -59,13 +60,12 @@ class SwitchCore(wiring.Component):
 
     def __init__(self, params: SwitchParams, regmap: RegisterMap):
         self.params, self.regmap = params, regmap
-        P, W, B = params.ports, params.data_width, params.beat_bytes
+        P, W = params.ports, params.data_width
         self.meta_layout = frame_meta_layout(params)
         super().__init__({
-            "meta": In(self.meta_layout).array(P), "meta_valid": In(1).array(P), "meta_ready": Out(1).array(P),
-            "beat_data": In(W).array(P), "beat_valid": In(1).array(P), "beat_ready": Out(1).array(P),
-            "e_data": Out(W).array(P), "e_keep": Out(B).array(P), "e_last": Out(1).array(P),
-            "e_valid": Out(1).array(P), "e_freed": In(1).array(P),
+            "headers": In(stream.Signature(self.meta_layout)).array(P),
+            "beats": In(stream.Signature(W)).array(P),
+            "egress": Out(stream.Signature(beat_layout(W), always_ready=True)).array(P), "e_freed": In(1).array(P),
             "program": In(TableProgramSignature(regmap)),
             "switch_mac": In(48),
             "ev_drop": Out(1), "ev_drop_reason": Out(DropReason), "ev_forwarded": Out(1), "ev_contribution": Out(1),
@@ -92,7 +92,7 @@ class SwitchCore(wiring.Component):
             self.ev_duplicate.eq(dec.ev_duplicate), self.ev_completed.eq(dec.ev_completed),
             self.ev_resent.eq(dec.ev_resent), self.slots_in_use.eq(dec.slots_in_use),
         ]
-        busy += [dec.busy, dec.push.any(), dec.job_valid]
+        busy += [dec.busy, *(lane.valid for lane in dec.lanes), dec.jobs.valid]
 
         m.submodules.jobs = jobs = JobQueue(prm)
         m.submodules.reader = reader = FoldReader(prm)
@@ -106,35 +106,30 @@ class SwitchCore(wiring.Component):
             m.submodules[f"lane{p}"] = lane = IngressLane(prm)
             m.submodules[f"bank{p}"] = bank = self.banks[p]
             wr, rd = bank.write_port(), bank.read_port()
+            # a header is offered only while its lane has room for the decision
+            hdr = self.headers[p]
             m.d.comb += [
-                dec.meta[p].eq(self.meta[p]), dec.request[p].eq(self.meta_valid[p] & lane.credit),
-                self.meta_ready[p].eq(dec.take[p]), lane.taken.eq(dec.take[p]),
-                lane.push.eq(dec.push[p]), lane.decision.eq(dec.decision),
-                lane.beat_data.eq(self.beat_data[p]), lane.beat_valid.eq(self.beat_valid[p]),
-                self.beat_ready[p].eq(lane.beat_ready),
+                dec.headers[p].payload.eq(hdr.payload), dec.headers[p].valid.eq(hdr.valid & lane.credit),
+                hdr.ready.eq(dec.headers[p].ready), lane.taken.eq(dec.headers[p].ready),
                 wr.addr.eq(lane.bank_addr), wr.data.eq(lane.bank_data), wr.en.eq(lane.bank_en),
                 rd.addr.eq(reader.rd_addr), rd.en.eq(reader.rd_en), reader.rd_data[p].eq(rd.data),
                 jobs.finished[p].eq(lane.finished), jobs.open_after[p].eq(lane.open_after),
             ]
+            wiring.connect(m, dec.lanes[p], lane.decisions)
+            wiring.connect(m, wiring.flipped(self.beats[p]), lane.beats)
             wiring.connect(m, lane.fwd, xbar.sources[p])
             busy.append(lane.busy)
 
-        m.d.comb += [
-            jobs.push.eq(dec.job_valid), jobs.job.eq(dec.job),
-            reader.job.eq(jobs.head), reader.job_valid.eq(jobs.head_ready), jobs.pop.eq(reader.job_ready),
-            res.job.eq(reader.frame), res.job_valid.eq(reader.frame_valid), reader.frame_ready.eq(res.job_ready),
-            res.row.eq(reader.row), reader.row_ready.eq(res.row_ready),
-            res.rows_held.eq(reader.rows_held),
-            res.switch_mac.eq(self.switch_mac),
-        ]
+        wiring.connect(m, dec.jobs, jobs.i)
+        wiring.connect(m, jobs.o, reader.jobs)
+        wiring.connect(m, reader.frames, res.jobs)
+        wiring.connect(m, reader.rows, res.rows)
+        m.d.comb += [res.rows_held.eq(reader.rows_held), res.switch_mac.eq(self.switch_mac)]
         wiring.connect(m, res.out, xbar.sources[P])
         busy += [jobs.level != 0, reader.busy, res.busy, xbar.busy]
 
         for p in range(P):
-            m.d.comb += [
-                self.e_data[p].eq(xbar.w_data[p]), self.e_keep[p].eq(xbar.w_keep[p]),
-                self.e_last[p].eq(xbar.w_last[p]), self.e_valid[p].eq(xbar.w_en[p]),
-                xbar.freed[p].eq(self.e_freed[p]),
-            ]
-        m.d.comb += self.busy.eq(Cat(*busy).any() | Cat(*self.meta_valid).any())
+            wiring.connect(m, xbar.egress[p], wiring.flipped(self.egress[p]))
+            m.d.comb += xbar.freed[p].eq(self.e_freed[p])
+        m.d.comb += self.busy.eq(Cat(*busy).any() | Cat(*(h.valid for h in self.headers)).any())
         return m

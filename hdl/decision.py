@@ -38,7 +38,7 @@ does not rewrite a group's rule under its traffic).
 """
 
 from amaranth.hdl import Array, Cat, Module, Mux, Signal
-from amaranth.lib import data, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -103,17 +103,17 @@ class Decision(wiring.Component):
 
     Members
     -------
-    meta[p] : In(frame_meta_layout); request : In(ports); take : Out(ports)
-        Port p's oldest undecided header, offered while ``request[p]`` (the port has a header and room
-        for its decision); ``take[p]`` pops it. ``take`` is a register, granted in the cycle before from
-        ``request``: a request must stay up, with the same ``meta``, until taken.
+    headers[p] : In(stream.Signature(frame_meta_layout))
+        Port p's oldest undecided header, offered while ``valid`` (the port has a header and room for its
+        decision); ``ready`` takes it. ``ready`` is a register, granted in the cycle before from the
+        ``valid`` bits: a header must stay offered, the same, until taken.
     hold : In(1)
         Grant no header this cycle (the result jobs have no room for what may complete: the
         :data:`DECISION_HEADERS` headers in flight may each queue one).
-    push : Out(ports); decision : Out(decision_layout)
-        A decision for the lane of the port in ``push`` (one-hot, at most one per cycle),
-        :data:`DECISION_LATENCY` cycles after the take.
-    job_valid : Out(1); job : Out(job_layout)
+    lanes[p] : Out(stream.Signature(decision_layout, always_ready=True))
+        A decision for port p's lane (at most one port's ``valid`` per cycle, the same ``payload`` on
+        every port), :data:`DECISION_LATENCY` cycles after the take.
+    jobs : Out(stream.Signature(job_layout, always_ready=True))
         A result to send, in decision order, with the decision.
     program : In(TableProgramSignature); ev_* : Out(1); ev_drop_reason : Out(DropReason);
     slots_in_use : Out(32)
@@ -130,9 +130,9 @@ class Decision(wiring.Component):
         P = params.ports
         self.meta_layout = frame_meta_layout(params)
         super().__init__({
-            "meta": In(self.meta_layout).array(P), "request": In(P), "take": Out(P), "hold": In(1),
-            "push": Out(P), "decision": Out(decision_layout(params)),
-            "job_valid": Out(1), "job": Out(job_layout(params)),
+            "headers": In(stream.Signature(self.meta_layout)).array(P), "hold": In(1),
+            "lanes": Out(stream.Signature(decision_layout(params), always_ready=True)).array(P),
+            "jobs": Out(stream.Signature(job_layout(params), always_ready=True)),
             "program": In(TableProgramSignature(regmap)),
             "ev_drop": Out(1), "ev_drop_reason": Out(DropReason), "ev_forwarded": Out(1), "ev_contribution": Out(1),
             "ev_duplicate": Out(1), "ev_completed": Out(1), "ev_resent": Out(1),
@@ -192,12 +192,13 @@ class Decision(wiring.Component):
         t_port, t_sf = Signal(range(P)), Signal()
         # Whether each port's header needs slot state, registered: valid for the header offered now if the
         # port offered it in the cycle before too and it was not taken then.
-        offered = [FrameHeader(self.meta[p].hdr) for p in range(P)]
+        request = Cat(h.valid for h in self.headers)
+        offered = [FrameHeader(h.payload.hdr) for h in self.headers]
         stateful = Cat(*(h.is_cais & (h.op_type == proto.OpType.ALL_REDUCE) for h in offered))
         sf_known, sf = Signal(P), Signal(P)
-        m.d.sync += [sf_known.eq(self.request & ~take), sf.eq(stateful)]
+        m.d.sync += [sf_known.eq(request & ~take), sf.eq(stateful)]
         req = Signal(P)
-        m.d.comb += req.eq(self.request & ~take & (Mux(blocked, 0, all_ports) | (sf_known & ~sf)))
+        m.d.comb += req.eq(request & ~take & (Mux(blocked, 0, all_ports) | (sf_known & ~sf)))
         # Round robin, one-hot: the lowest requester above the last grant, else the lowest requester.
         above_last = Signal(P, init=all_ports & ~1)     # ports above the last grant (registered)
         above = req & above_last
@@ -206,7 +207,7 @@ class Decision(wiring.Component):
         def lowest(x):
             return Cat(*(x[p] & ~x[:p].any() if p else x[0] for p in range(P)))
         m.d.comb += grant.eq(Mux(above.any(), lowest(above), lowest(req)))
-        m.d.comb += self.take.eq(take)
+        m.d.comb += [h.ready.eq(take[p]) for p, h in enumerate(self.headers)]
         go = req.any() & ~self.hold
         # (a_sf, for the SLOT_CLEAR's wait: exact while blocked, when only known stateless headers are
         # granted; taken as stateful otherwise)
@@ -235,7 +236,7 @@ class Decision(wiring.Component):
         a_pick, a_mac = Signal(R, reset_less=True), Signal(prm.mac_entries, reset_less=True)
         # The header by the binary port (a mux per bit), so the wide header does not load ``take``, which
         # drives the hits' mux into the rule pick.
-        meta = Array(self.meta[p].as_value() for p in range(P))[t_port]
+        meta = Array(h.payload.as_value() for h in self.headers)[t_port]
         m.d.sync += [
             a_valid.eq(take.any()), a_port.eq(t_port), a_me.eq(take), a_sf.eq(t_sf), a_meta.eq(meta),
             # the winning rule; the MAC entries that hold the address
@@ -423,17 +424,21 @@ class Decision(wiring.Component):
             self.ev_duplicate.eq(v_agg & ((outcome == SlotOutcome.REPEAT) | (outcome == SlotOutcome.RESEND))),
             self.ev_resent.eq(resend),
         ]
-        d = self.decision
+        push, d = Signal(P), Signal(decision_layout(prm))
+        job_valid, job = Signal(), Signal(job_layout(prm))
+        m.d.comb += [*(lane.valid.eq(push[p]) for p, lane in enumerate(self.lanes)),
+                     *(lane.payload.eq(d) for lane in self.lanes),
+                     self.jobs.valid.eq(job_valid), self.jobs.payload.eq(job)]
         m.d.sync += [
-            self.push.eq(Mux(v_valid, v_c.me, 0)),
+            push.eq(Mux(v_valid, v_c.me, 0)),
             d.action.eq(Mux(drop_now, Action.DROP, v_action)), d.mask.eq(v_mask), d.write.eq(accepted),
             d.row_base.eq(v_c.row_base), d.rows.eq(v_c.rows), d.beats.eq(v_c.beats), d.length.eq(v_c.length),
-            self.job_valid.eq(completes | resend),
-            self.job.cais.eq(v_c.cais), self.job.mask.eq(Mux(resend, v_c.me, v_c.results)),
-            self.job.contributors.eq(v_c.contributors), self.job.row_base.eq(v_c.row_base),
-            self.job.rows.eq(v_c.rows),
-            self.job.dtype.eq(v_c.kind.dtype), self.job.op.eq(v_c.kind.op), self.job.acc_fp32.eq(v_c.kind.acc_fp32),
-            self.job.saturate.eq(v_c.kind.saturate),
+            job_valid.eq(completes | resend),
+            job.cais.eq(v_c.cais), job.mask.eq(Mux(resend, v_c.me, v_c.results)),
+            job.contributors.eq(v_c.contributors), job.row_base.eq(v_c.row_base),
+            job.rows.eq(v_c.rows),
+            job.dtype.eq(v_c.kind.dtype), job.op.eq(v_c.kind.op), job.acc_fp32.eq(v_c.kind.acc_fp32),
+            job.saturate.eq(v_c.kind.saturate),
         ]
 
         # ------------------------------------------------------------ W: the state write, in_use

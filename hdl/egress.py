@@ -2,10 +2,16 @@
 generator) to the egress FIFOs, every port at its own line rate."""
 
 from amaranth.hdl import Cat, Const, Module, Signal
-from amaranth.lib import wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["EgressCrossbar", "FrameSourceSignature"]
+__all__ = ["EgressCrossbar", "FrameSourceSignature", "beat_layout"]
+
+
+def beat_layout(data_width: int) -> data.StructLayout:
+    """One beat for an egress FIFO: its bytes, which of them are valid, and whether it ends its frame (in
+    this order, so ``as_value()`` is the FIFO's word)."""
+    return data.StructLayout({"data": data_width, "keep": data_width // 8, "last": 1})
 
 
 class FrameSourceSignature(wiring.Signature):
@@ -60,27 +66,25 @@ class EgressCrossbar(wiring.Component):
     ranked behind it, and the first requester keeps the head of the order until it is granted, so a
     multicast frame is not starved by unicast frames taking its ports one at a time.
 
-    The beats pass through the crossbar's output registers (one cycle): ``w_*`` are registers.
+    The beats pass through the crossbar's output registers (one cycle): ``egress`` is registers.
 
     Members
     -------
     sources[s] : In(FrameSourceSignature)
     freed[p] : In(1)
         A beat left egress FIFO p (in this cycle or earlier: a late credit is only conservative).
-    w_data[p], w_keep[p], w_last[p], w_en[p] : Out
-        Beats for egress FIFO p, registered.
+    egress[p] : Out(stream.Signature(beat_layout(data_width), always_ready=True))
+        Beats for egress FIFO p, registered (the credits make sure it has room).
     busy : Out(1)
         A frame is granted and not yet written.
     """
 
     def __init__(self, sources: int, ports: int, data_width: int, max_beats: int, depth: int):
         self.n_sources, self.ports, self.max_beats, self.depth = sources, ports, max_beats, depth
-        B = data_width // 8
         super().__init__({
             "sources": In(FrameSourceSignature(ports, data_width, max_beats)).array(sources),
             "freed": In(1).array(ports),
-            "w_data": Out(data_width).array(ports), "w_keep": Out(B).array(ports),
-            "w_last": Out(1).array(ports), "w_en": Out(1).array(ports),
+            "egress": Out(stream.Signature(beat_layout(data_width), always_ready=True)).array(ports),
             "busy": Out(1),
         })
 
@@ -121,13 +125,15 @@ class EgressCrossbar(wiring.Component):
             w_en = owned[p] & sel("valid", 1)
             last = sel("last", 1)
             m.d.comb += releasing[p].eq(w_en & last)
-            # the beat itself needs no reset: w_en says whether there is one
-            beat = Signal(len(self.w_data[p]) + len(self.w_keep[p]) + 1, name=f"beat{p}", reset_less=True)
+            # the beat itself needs no reset: valid says whether there is one
+            out = self.egress[p]
+            beat = Signal(out.payload.shape(), name=f"beat{p}", reset_less=True)
             m.d.sync += [
-                self.w_en[p].eq(w_en),
-                beat.eq(Cat(sel("data", len(self.w_data[p])), sel("keep", len(self.w_keep[p])), last)),
+                out.valid.eq(w_en),
+                beat.data.eq(sel("data", len(out.payload.data))), beat.keep.eq(sel("keep", len(out.payload.keep))),
+                beat.last.eq(last),
             ]
-            m.d.comb += Cat(self.w_data[p], self.w_keep[p], self.w_last[p]).eq(beat)
+            m.d.comb += out.payload.eq(beat)
             with m.If(new[p]):
                 m.d.sync += owner[p].eq(new_owner[p])
         m.d.sync += owned.eq((owned & ~releasing) | new)
@@ -177,5 +183,5 @@ class EgressCrossbar(wiring.Component):
                 after = order_after(S, (s + 1) % S)
                 m.d.sync += [before[t][u].eq(after[t][u]) for t in range(S) for u in range(S)]
 
-        m.d.comb += self.busy.eq(owned.any() | granted.any() | Cat(*self.w_en).any())
+        m.d.comb += self.busy.eq(owned.any() | granted.any() | Cat(e.valid for e in self.egress).any())
         return m

@@ -1,7 +1,7 @@
 """Per-port ingress: checks each frame as it arrives and hands only good frames to the switch core."""
 
 from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal
-from amaranth.lib import data, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -70,9 +70,9 @@ class IngressPort(wiring.Component):
     Members
     -------
     s_axis : In(AxisSignature(user=True))
-    meta : Out(frame_meta_layout); meta_valid : Out(1); meta_ready : In(1)
+    headers : Out(stream.Signature(frame_meta_layout))
         One entry per good frame, valid once all its beats are in the FIFO.
-    beat_data : Out(data_width); beat_valid : Out(1); beat_ready : In(1)
+    beats : Out(stream.Signature(data_width))
         The beats of the good frames, in order.
     drop : Out(1); drop_reason : Out(DropReason)
         Pulses once per dropped frame, :attr:`DROP_DELAY` cycles after its last beat was accepted.
@@ -94,8 +94,8 @@ class IngressPort(wiring.Component):
         self.meta_layout = frame_meta_layout(params)
         super().__init__({
             "s_axis": In(AxisSignature(params.data_width, user=True)),
-            "meta": Out(self.meta_layout), "meta_valid": Out(1), "meta_ready": In(1),
-            "beat_data": Out(params.data_width), "beat_valid": Out(1), "beat_ready": In(1),
+            "headers": Out(stream.Signature(self.meta_layout)),
+            "beats": Out(stream.Signature(params.data_width)),
             "drop": Out(1), "drop_reason": Out(DropReason),
             "rx_frame": Out(1), "rx_bytes": Out(8),
             "busy": Out(1),
@@ -214,7 +214,7 @@ class IngressPort(wiring.Component):
 
         # ---- room: header queue entries held for every frame whose last beat is in (checked or queued)
         meta_held = Signal(range(META_DEPTH + 1))
-        popped = meta_fifo.r_valid & self.meta_ready
+        popped = meta_fifo.r_valid & self.headers.ready
         m.d.sync += meta_held.eq(meta_held + (take & s.tlast) - (v2 & bad) - popped)
         meta_room = (meta_held + (take & s.tlast)) < META_DEPTH
         # A beat taken in the next cycle is written 2 cycles later, behind at most 3 beats not yet in the
@@ -232,12 +232,12 @@ class IngressPort(wiring.Component):
         m.d.sync += [holds.eq((beat != 0) | too_long | (meta_held != 0) | self.drop | fifo.held), took.eq(take)]
         m.d.comb += self.busy.eq(holds | took)
         m.d.comb += [
-            self.meta.eq(meta_fifo.r_data),
-            self.meta_valid.eq(meta_fifo.r_valid),
-            meta_fifo.r_en.eq(self.meta_ready),
-            self.beat_data.eq(fifo.r_data),
-            self.beat_valid.eq(fifo.r_valid),
-            fifo.r_ready.eq(self.beat_ready),
+            self.headers.payload.eq(meta_fifo.r_data),
+            self.headers.valid.eq(meta_fifo.r_valid),
+            meta_fifo.r_en.eq(self.headers.ready),
+            self.beats.payload.eq(fifo.r_data),
+            self.beats.valid.eq(fifo.r_valid),
+            fifo.r_ready.eq(self.beats.ready),
         ]
         return m
 

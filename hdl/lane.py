@@ -2,7 +2,7 @@
 (forwarded frames), into the port's contribution bank (all-reduce payload rows) or nowhere (drops)."""
 
 from amaranth.hdl import Const, Module, Mux, Shape, Signal
-from amaranth.lib import data, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -48,9 +48,9 @@ class IngressLane(wiring.Component):
     -------
     credit : Out(1); taken : In(1)
         The lane has room for one more decision; the decision pipeline took a header of this port.
-    push : In(1); decision : In(decision_layout)
-        A decision for this port's oldest undecided frame.
-    beat_data : In(W); beat_valid : In(1); beat_ready : Out(1)
+    decisions : In(stream.Signature(decision_layout, always_ready=True))
+        A decision for this port's oldest undecided frame (the credit guarantees room for it).
+    beats : In(stream.Signature(W))
         The port's frames (ingress FIFO, whole frames only: a frame's beats come one per cycle).
     fwd : Out(FrameSourceSignature)
         Forwarded frames, to the egress crossbar.
@@ -71,8 +71,8 @@ class IngressLane(wiring.Component):
         self.layout = decision_layout(params)
         super().__init__({
             "credit": Out(1), "taken": In(1),
-            "push": In(1), "decision": In(self.layout),
-            "beat_data": In(W), "beat_valid": In(1), "beat_ready": Out(1),
+            "decisions": In(stream.Signature(self.layout, always_ready=True)),
+            "beats": In(stream.Signature(W)),
             "fwd": Out(FrameSourceSignature(P, W, params.max_frame_beats)),
             "bank_addr": Out(bank_addr_bits(params)), "bank_data": Out(W), "bank_en": Out(1),
             "finished": Out(range(3)), "open_after": Out(OPEN_BITS),
@@ -87,7 +87,9 @@ class IngressLane(wiring.Component):
         lb = ceil_log2(B)
 
         m.submodules.queue = queue = SyncFIFO(width=Shape.cast(self.layout).width, depth=LANE_DECISIONS)
-        m.d.comb += queue.w_data.eq(self.decision)
+        push, decision = self.decisions.valid, self.decisions.payload
+        beat_data = self.beats.payload
+        m.d.comb += queue.w_data.eq(decision)
 
         # The current frame: its decision and, set when it starts, what its beats need. Only the valid
         # bits and counts are reset (active, nxt_valid, held, flush, open_): the rest is written before use.
@@ -101,9 +103,9 @@ class IngressLane(wiring.Component):
         is_last = Signal(reset_less=True)          # idx == beats - 1
         last_keep = Signal(B, reset_less=True)
         prev = Signal(W, reset_less=True)
-        take = active & self.beat_valid
+        take = active & self.beats.valid
         ending = take & is_last
-        m.d.comb += self.beat_ready.eq(active)
+        m.d.comb += self.beats.ready.eq(active)
 
         # The next frame, out of the queue ahead of time.
         nxt = Signal(self.layout, reset_less=True)
@@ -117,9 +119,9 @@ class IngressLane(wiring.Component):
         # queue is empty (so an idle lane adds no cycle).
         free = ~nxt_valid | start
         load = queue.r_rdy & free
-        bypass = ~queue.r_rdy & free & self.push
-        m.d.comb += [queue.r_en.eq(load), queue.w_en.eq(self.push & ~bypass)]
-        new_head = data.View(self.layout, Mux(queue.r_rdy, queue.r_data, self.decision))
+        bypass = ~queue.r_rdy & free & push
+        m.d.comb += [queue.r_en.eq(load), queue.w_en.eq(push & ~bypass)]
+        new_head = data.View(self.layout, Mux(queue.r_rdy, queue.r_data, decision))
         with m.If(load | bypass):
             m.d.sync += [nxt.eq(new_head), nxt_valid.eq(1)]
         with m.Elif(start):
@@ -173,14 +175,14 @@ class IngressLane(wiring.Component):
 
         # Forwarded beats.
         m.d.comb += [
-            fwd.data.eq(self.beat_data), fwd.last.eq(is_last),
+            fwd.data.eq(beat_data), fwd.last.eq(is_last),
             fwd.keep.eq(Mux(is_last, last_keep, (1 << B) - 1)),
             fwd.valid.eq(take & cur_fwd),
         ]
 
         # Payload rows into the bank.
         with m.If(take & stores):
-            m.d.sync += prev.eq(self.beat_data)
+            m.d.sync += prev.eq(beat_data)
         flush = Signal()                          # the last row ended in the last beat: written now
         flush_addr = Signal.like(self.bank_addr, reset_less=True)
         m.d.sync += flush.eq(ending & late)
@@ -191,12 +193,12 @@ class IngressLane(wiring.Component):
         with m.Else():
             m.d.comb += [
                 self.bank_en.eq(row_now), self.bank_addr.eq(addr),
-                self.bank_data.eq(((prev >> (8 * o)) | (self.beat_data << (8 * (B - o))))[:W]),
+                self.bank_data.eq(((prev >> (8 * o)) | (beat_data << (8 * (B - o))))[:W]),
             ]
         m.d.comb += self.finished.eq(flush + (ending & ~late))
 
         open_ = Signal(OPEN_BITS)
-        m.d.comb += self.open_after.eq(open_ + self.push - self.finished)
+        m.d.comb += self.open_after.eq(open_ + push - self.finished)
         m.d.sync += open_.eq(self.open_after)
 
         m.d.comb += self.busy.eq(active | flush | nxt_valid | queue.r_rdy | (held != 0))

@@ -1,7 +1,7 @@
 """The result generator: reads a completed slot set and sends it as a CAIS result frame."""
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
-from amaranth.lib import data, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from cais import protocol as proto
@@ -105,16 +105,18 @@ class ResultGenerator(wiring.Component):
     when the generator is idle.
 
     Every output is a register or a register through one or two LUT levels, except ``out.data``: the
-    payload row (``row``) masked and ORed with registers, two levels.
+    payload row (``rows.payload``) masked and ORed with registers, two levels.
 
     Members
     -------
-    job : In(result_frame_layout); job_valid : In(1); job_ready : Out(1)
+    jobs : In(stream.Signature(result_frame_layout))
+        The frames to send, from the fold reader.
     switch_mac : In(48)
         Source MAC of the result frames.
-    row : In(data_width); row_ready : Out(1); rows_held : In(16)
+    rows : In(stream.Signature(data_width)); rows_held : In(16)
         The payload rows of the jobs, in order: ``ceil(payload_len / B)`` per job; how many are waiting
-        (``row`` is the oldest of them when ``rows_held`` is not 0).
+        (``rows.payload`` is the oldest of them when ``rows_held`` is not 0: ``rows.valid`` is not used,
+        ``rows.ready`` takes only a row ``rows_held`` counts).
     out : Out(FrameSourceSignature)
         The result frames, to the egress crossbar: a frame asks for its ports; granted, it starts in the
         next cycle, and the egress takes each beat the cycle it is offered.
@@ -126,9 +128,9 @@ class ResultGenerator(wiring.Component):
         self.layout = result_frame_layout(params)
         W = params.data_width
         super().__init__({
-            "job": In(self.layout), "job_valid": In(1), "job_ready": Out(1),
+            "jobs": In(stream.Signature(self.layout)),
             "switch_mac": In(48),
-            "row": In(W), "row_ready": Out(1), "rows_held": In(16),
+            "rows": In(stream.Signature(W)), "rows_held": In(16),
             "out": Out(FrameSourceSignature(params.ports, W, params.max_frame_beats)),
             "busy": Out(1),
         })
@@ -183,12 +185,12 @@ class ResultGenerator(wiring.Component):
         needs_row = past_hdr & (rows_left != 0)
         fire = active
         ending = fire & is_last
-        cur_row = Mux(needs_row, self.row, 0)
+        cur_row = Mux(needs_row, self.rows.payload, 0)
         payload = (prev >> (8 * (B - o))) | (cur_row << (8 * o))
         m.d.comb += [
             out.valid.eq(fire), out.data.eq(hdr_cur | payload[:W]), out.last.eq(is_last),
             out.keep.eq(Mux(is_last, last_keep, (1 << B) - 1)),
-            self.row_ready.eq(fire & needs_row),
+            self.rows.ready.eq(fire & needs_row),
         ]
         with m.If(fire):
             m.d.sync += [prev.eq(cur_row), hsel.eq(hsel << 1)]
@@ -209,13 +211,14 @@ class ResultGenerator(wiring.Component):
         # A grant comes only when the current frame ends by then (the request's promise, below).
         can_start = ~active | ending
         start = nxt_valid & can_start & out.grant
-        m.d.comb += self.job_ready.eq(~nxt_valid | start)
-        load = self.job_valid & self.job_ready
-        job_len = proto.HEADERS_BYTES + cais_field(self.job.cais, "payload_len")
+        job = self.jobs.payload
+        m.d.comb += self.jobs.ready.eq(~nxt_valid | start)
+        load = self.jobs.valid & self.jobs.ready
+        job_len = proto.HEADERS_BYTES + cais_field(job.cais, "payload_len")
         job_tail = job_len[:lb]
         with m.If(load):
             m.d.sync += [
-                nxt.eq(self.job), nxt_valid.eq(1), nxt_beats.eq((job_len + B - 1) >> lb),
+                nxt.eq(job), nxt_valid.eq(1), nxt_beats.eq((job_len + B - 1) >> lb),
                 nxt_keep.eq(Mux(job_tail != 0, (Const(1, B + 1) << job_tail) - 1, (1 << B) - 1)),
             ]
         with m.Elif(start):
@@ -229,7 +232,7 @@ class ResultGenerator(wiring.Component):
 
         # Rows owed: the current frame's not yet taken and the next frame's.
         owed = Signal(range(2 * P.rows_per_set + 1))
-        m.d.sync += owed.eq(Mux(load, owed + self.job.rows, owed) - self.row_ready)
+        m.d.sync += owed.eq(Mux(load, owed + job.rows, owed) - self.rows.ready)
 
         # The request, registered: the next frame is there, all the rows owed are waiting (rows_held only
         # falls by the rows taken here), and the current frame's last beat comes in the request's next
@@ -242,7 +245,7 @@ class ResultGenerator(wiring.Component):
         with m.Else():
             m.d.comb += ends_soon.eq(left <= Mux(fire, 3, 2))
         req = Signal()
-        rows_in = Mux(load, self.rows_held >= owed + self.job.rows, self.rows_held >= owed)
+        rows_in = Mux(load, self.rows_held >= owed + job.rows, self.rows_held >= owed)
         m.d.sync += req.eq((load | (nxt_valid & ~start)) & ends_soon & rows_in)
         m.d.comb += [out.req.eq(req), out.mask.eq(nxt.mask), out.beats.eq(nxt_beats)]
         m.d.comb += self.busy.eq(active | nxt_valid)

@@ -78,12 +78,9 @@ class Switch(wiring.Component):
         for p in range(P.ports):
             m.submodules[f"ingress{p}"] = ing = IngressPort(P)
             connect(m, wiring.flipped(self.s_axis[p]), ing.s_axis)
-            m.d.comb += [
-                core.meta[p].eq(ing.meta), core.meta_valid[p].eq(ing.meta_valid), ing.meta_ready.eq(core.meta_ready[p]),
-                core.beat_data[p].eq(ing.beat_data), core.beat_valid[p].eq(ing.beat_valid),
-                ing.beat_ready.eq(core.beat_ready[p]),
-                regs.rx_frames_inc[p].eq(ing.rx_frame), regs.rx_bytes_inc[p].eq(ing.rx_bytes),
-            ]
+            connect(m, ing.headers, core.headers[p])
+            connect(m, ing.beats, core.beats[p])
+            m.d.comb += [regs.rx_frames_inc[p].eq(ing.rx_frame), regs.rx_bytes_inc[p].eq(ing.rx_bytes)]
             busy.append(ing.busy)
             for r in proto.PARSER_DROPS:
                 drops[r].append(ing.drop & (ing.drop_reason == r))
@@ -96,8 +93,8 @@ class Switch(wiring.Component):
             m.submodules[f"egress{p}"] = fifo = FrameFifo(P.data_width + B + 1, P.egress_depth,
                                                           registered_output=True)
             m.d.comb += [
-                fifo.w_data.eq(Cat(core.e_data[p], core.e_keep[p], core.e_last[p])),
-                fifo.w_en.eq(core.e_valid[p]), fifo.commit.eq(core.e_valid[p]),
+                fifo.w_data.eq(core.egress[p].payload), fifo.w_en.eq(core.egress[p].valid),
+                fifo.commit.eq(core.egress[p].valid),
             ]
             busy.append(fifo.held)
             out = self.m_axis[p]

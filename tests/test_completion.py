@@ -49,16 +49,16 @@ def test_jobs_wait_for_the_frames_decided_before_them(seed):
                 if rng.random() < 0.4 and len(jobs) < dut.depth:
                     push = True
                     jobs.append((job_id, {q: (open_frames[q][-1] if open_frames[q] else None) for q in range(P)}))
-            ctx.set(dut.push, push)
-            ctx.set(dut.job, {"row_base": job_id % 128, "mask": job_id % 8} if push else {"row_base": 0})
+            ctx.set(dut.i.valid, push)
+            ctx.set(dut.i.payload, {"row_base": job_id % 128, "mask": job_id % 8} if push else {"row_base": 0})
             for q in range(P):
                 ctx.set(dut.open_after[q], len(open_frames[q]))
             if push:
                 job_id += 1
             pop = rng.random() < 0.7
-            ctx.set(dut.pop, pop)
+            ctx.set(dut.o.ready, pop)
             await ctx.delay(1e-9)
-            ready, head = ctx.get(dut.head_ready), ctx.get(dut.head)
+            ready, head = ctx.get(dut.o.valid), ctx.get(dut.o.payload)
             if ctx.get(dut.level) != len(jobs) - push:      # the jobs queued before this cycle
                 problems.append(f"cycle {cycle}: level {ctx.get(dut.level)}, expected {len(jobs) - push}")
             if ready and pop:
@@ -130,24 +130,24 @@ def run_reader(params, jobs, banks, *, seed, job_gap, frame_refuse, row_refuse):
             for p in range(P):
                 ctx.set(dut.rd_data[p], banks[p][read] if read is not None else 0)
             offer = next_job < len(jobs) and rng.random() >= job_gap
-            ctx.set(dut.job_valid, offer)
+            ctx.set(dut.jobs.valid, offer)
             if offer:
-                ctx.set(dut.job, {k: int(v) for k, v in jobs[next_job].items()})
+                ctx.set(dut.jobs.payload, {k: int(v) for k, v in jobs[next_job].items()})
             take_frame, take_row = rng.random() >= frame_refuse, rng.random() >= row_refuse
-            ctx.set(dut.frame_ready, take_frame)
-            ctx.set(dut.row_ready, take_row)
+            ctx.set(dut.frames.ready, take_frame)
+            ctx.set(dut.rows.ready, take_row)
             await ctx.delay(1e-9)
-            if offer and ctx.get(dut.job_ready):
+            if offer and ctx.get(dut.jobs.ready):
                 next_job += 1
-            if take_frame and ctx.get(dut.frame_valid):
-                frames.append(ctx.get(dut.frame))
-            valid, held = ctx.get(dut.row_valid), ctx.get(dut.rows_held)
+            if take_frame and ctx.get(dut.frames.valid):
+                frames.append(ctx.get(dut.frames.payload))
+            valid, held = ctx.get(dut.rows.valid), ctx.get(dut.rows_held)
             if promised and not valid:
                 problems.append(f"cycle {cycle}: rows_held promised a row, none offered")
             if valid and not held:
                 problems.append(f"cycle {cycle}: a row offered, rows_held 0")
             if take_row and valid:
-                rows.append((ctx.get(dut.row), cycle))
+                rows.append((ctx.get(dut.rows.payload), cycle))
             promised = held - (take_row and valid)         # still counted after this cycle's take
             read = ctx.get(dut.rd_addr) if ctx.get(dut.rd_en) else None
             await ctx.tick()

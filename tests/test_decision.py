@@ -140,11 +140,12 @@ def test_decisions_match_the_reference_model(seed, mode):
             for p in range(P):
                 if offer[p] is not None:
                     f = offer[p]
-                    ctx.set(dut.meta[p], {"hdr": to_word(f[:proto.HEADERS_BYTES]), "length": len(f),
+                    ctx.set(dut.headers[p].payload, {"hdr": to_word(f[:proto.HEADERS_BYTES]), "length": len(f),
                                           "beats": -(-len(f) // B)})
             request = sum(1 << p for p in range(P) if offer[p] is not None)
             hold = mode == "gaps" and rng.random() < 0.1
-            ctx.set(dut.request, request)
+            for p in range(P):
+                ctx.set(dut.headers[p].valid, request >> p & 1)
             ctx.set(dut.hold, hold)
             clear_now = clear["at"] is not None and taken >= clear["at"]
             if clear_now:
@@ -156,8 +157,10 @@ def test_decisions_match_the_reference_model(seed, mode):
             await ctx.delay(1e-9)
             ev = {k: ctx.get(getattr(dut, v)) for k, v in EVENTS.items()}
             ev_drop, reason = ctx.get(dut.ev_drop), ctx.get(dut.ev_drop_reason)
-            push, dec, job_valid, job = (ctx.get(dut.push), ctx.get(dut.decision), ctx.get(dut.job_valid),
-                                         ctx.get(dut.job))
+            push = sum(ctx.get(lane.valid) << p for p, lane in enumerate(dut.lanes))
+            dec, job_valid, job = ctx.get(dut.lanes[0].payload), ctx.get(dut.jobs.valid), ctx.get(dut.jobs.payload)
+            if len({ctx.get(lane.payload.as_value()) for lane in dut.lanes}) != 1:
+                problems.append(f"cycle {cycle}: the lanes see different decisions")
             due = expected.pop(cycle, None)
             if due is not None:
                 port, outs, counts = due
@@ -188,7 +191,7 @@ def test_decisions_match_the_reference_model(seed, mode):
                 seen["jobs"] += job_valid
             elif push or job_valid or any(ev.values()) or ev_drop:
                 problems.append(f"cycle {cycle}: a decision or events with no frame")
-            take = ctx.get(dut.take)
+            take = sum(ctx.get(h.ready) << p for p, h in enumerate(dut.headers))
             if take & (take - 1) or take & ~request:
                 problems.append(f"cycle {cycle}: take {take:#x} with requests {request:#x}")
             if grantable != bool(take) and not (cycle <= clear["quiet_until"] and not take):

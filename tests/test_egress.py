@@ -78,8 +78,8 @@ def simulate(sources, ports, depth, frames, *, seed=0, drain_rate=0.7, idle=0.0)
                 ctx.set(dut.freed[p], drains[p])
             await ctx.delay(1e-9)
             grant = sum(ctx.get(dut.sources[s].grant) << s for s in range(sources))
-            w_en = [ctx.get(dut.w_en[p]) for p in range(ports)]
-            w_data = [ctx.get(dut.w_data[p]) for p in range(ports)]
+            w_en = [ctx.get(dut.egress[p].valid) for p in range(ports)]
+            w_data = [ctx.get(dut.egress[p].payload.data) for p in range(ports)]
             for p in range(ports):
                 if w_en[p]:
                     got[p].append((cycle, w_data[p]))

@@ -3,7 +3,7 @@
 Directed cases name their expected drop reason by hand (and the reference model is asked to agree); the
 random frames are judged by ``cais.sim.refmodel.SwitchModel.receive`` on a fresh model per frame: the block
 must drop exactly the frames the model drops for a parser reason (BAD_FRAMING .. BAD_LENGTH), with the
-same reason, and pass every other frame unchanged on meta/beat. Every bad frame in the directed lists is
+same reason, and pass every other frame unchanged on headers/beats. Every bad frame in the directed lists is
 followed by a good frame that must come out.
 
 The source inserts random idle cycles and fills the lanes whose tkeep bit is clear with garbage; the
@@ -156,7 +156,7 @@ def run_ingress(params, stims, *, seed=0, idle=0.0, meta_stall=0.0, beat_stall=0
                 expected_good=None) -> Outcome:
     """Send ``stims`` back to back; collect drops and good frames, with per-cycle checks.
 
-    ``hold_readers``: cycles during which meta_ready and beat_ready are held low.
+    ``hold_readers``: cycles during which headers.ready and beats.ready are held low.
     ``expected_good``: (frames, beats) to wait for before stopping (default: from the reference model).
     """
     B = params.beat_bytes
@@ -193,11 +193,11 @@ def run_ingress(params, stims, *, seed=0, idle=0.0, meta_stall=0.0, beat_stall=0
             readers = cycle >= hold_readers
             meta_ready = readers and rng.random() >= meta_stall
             beat_ready = readers and rng.random() >= beat_stall
-            pins.set(dut.meta_ready, meta_ready)
-            pins.set(dut.beat_ready, beat_ready)
+            pins.set(dut.headers.ready, meta_ready)
+            pins.set(dut.beats.ready, beat_ready)
             (_, _, tready, drop, reason, rx_frame, rx_bytes, meta_valid, meta, beat_valid, beat_data, busy
              ) = await ctx.tick().sample(s.tready, dut.drop, dut.drop_reason, dut.rx_frame, dut.rx_bytes,
-                                         dut.meta_valid, dut.meta, dut.beat_valid, dut.beat_data, dut.busy)
+                                         dut.headers.valid, dut.headers.payload, dut.beats.valid, dut.beats.payload, dut.busy)
             out.cycles += 1
             take = bool(offer and tready)
             history.append((take, take and bool(tlast), tkeep if take else 0, fi))

@@ -57,11 +57,11 @@ def stream(params, frames, *, refuse=0.0, seed=0):
             # one decision per cycle while the lane has credit (as the decision pipeline gives them)
             push = bool(pending) and ctx.get(dut.credit)
             ctx.set(dut.taken, push)
-            ctx.set(dut.push, push)
+            ctx.set(dut.decisions.valid, push)
             if push:
-                ctx.set(dut.decision, frames[pending.pop(0)][1])
-            ctx.set(dut.beat_valid, beat_i < len(beats))
-            ctx.set(dut.beat_data, beats[beat_i][0] if beat_i < len(beats) else 0)
+                ctx.set(dut.decisions.payload, frames[pending.pop(0)][1])
+            ctx.set(dut.beats.valid, beat_i < len(beats))
+            ctx.set(dut.beats.payload, beats[beat_i][0] if beat_i < len(beats) else 0)
             ctx.set(dut.fwd.grant, grant)
             await ctx.delay(1e-9)
             req = ctx.get(dut.fwd.req)
@@ -73,7 +73,7 @@ def stream(params, frames, *, refuse=0.0, seed=0):
                 assert req, "the request fell before its grant was shown"
                 granted += 1
                 start_at = cycle + 1
-            if ctx.get(dut.beat_ready) and beat_i < len(beats):
+            if ctx.get(dut.beats.ready) and beat_i < len(beats):
                 beat_i += 1
             elif beat_i < len(beats) and not pending and cycle > 10:
                 gaps.append(beats[beat_i][1])     # a cycle without a beat while all decisions were in

@@ -58,24 +58,24 @@ def run_results(params, jobs, *, seed, switch_mac, refuse=0.3, job_gap=0.3, row_
         for cycle in range(budget):
             if next_job < len(jobs) and (offering or rng.random() >= job_gap):
                 hdr, mask = jobs[next_job]
-                ctx.set(dut.job, {"cais": to_word(hdr.pack()), "mask": mask, "rows": len(rows[next_job])})
-                ctx.set(dut.job_valid, 1)
+                ctx.set(dut.jobs.payload, {"cais": to_word(hdr.pack()), "mask": mask, "rows": len(rows[next_job])})
+                ctx.set(dut.jobs.valid, 1)
                 offering = True
             else:
-                ctx.set(dut.job, {"cais": rng.getrandbits(128), "mask": rng.getrandbits(params.ports),
+                ctx.set(dut.jobs.payload, {"cais": rng.getrandbits(128), "mask": rng.getrandbits(params.ports),
                                   "rows": rng.randrange(params.rows_per_set + 1)})
-                ctx.set(dut.job_valid, 0)
+                ctx.set(dut.jobs.valid, 0)
             if row_gap == 0:                                   # every row is there from the start
                 released += pending
                 pending.clear()
             elif pending and rng.random() >= row_gap:
                 released.append(pending.pop(0))
             ctx.set(dut.rows_held, len(released))
-            ctx.set(dut.row, released[0] if released else rng.getrandbits(W))
+            ctx.set(dut.rows.payload, released[0] if released else rng.getrandbits(W))
             ctx.set(dut.out.grant, grant)
             out = dut.out
             (_, _, job_valid, job_ready, row_ready, req, o_mask, o_beats, o_valid, o_data, o_keep, o_last
-             ) = await ctx.tick().sample(dut.job_valid, dut.job_ready, dut.row_ready, out.req, out.mask,
+             ) = await ctx.tick().sample(dut.jobs.valid, dut.jobs.ready, dut.rows.ready, out.req, out.mask,
                                          out.beats, out.valid, out.data, out.keep, out.last)
             stats["cycles"] += 1
             if row_ready:
@@ -134,7 +134,7 @@ def run_results(params, jobs, *, seed, switch_mac, refuse=0.3, job_gap=0.3, row_
         assert frame_no == len(jobs), f"only {frame_no} of {len(jobs)} frames came out in {budget} cycles"
         assert not released and not pending, "rows left over"
         # nothing more comes out
-        ctx.set(dut.job_valid, 0)
+        ctx.set(dut.jobs.valid, 0)
         ctx.set(dut.rows_held, 0)
         for _ in range(5):
             _, _, o_valid, req = await ctx.tick().sample(dut.out.valid, dut.out.req)
