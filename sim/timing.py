@@ -27,7 +27,7 @@ __all__ = ["frame_beats", "documented_latency", "RESULT_OVERHEAD", "FORWARD_LATE
 FORWARD_LATENCY = 20
 
 #: The result latency's cycles besides the frame's beats, its rows and the fold chain (documented_latency).
-RESULT_OVERHEAD = 27
+RESULT_OVERHEAD = 28
 
 
 def frame_beats(params: SwitchParams, payload_len: int) -> int:
