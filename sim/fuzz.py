@@ -64,6 +64,7 @@ class FuzzResult:
     cycles: int = 0
     problems: list[str] = field(default_factory=list)
     outcomes: dict[str, int] = field(default_factory=dict)   # the model's counters at the end
+    aging_batches: int = 0      # batches that ended with AGING on (the scanner visiting during traffic)
 
     @property
     def ok(self) -> bool:
@@ -302,6 +303,7 @@ async def fuzz(link, frames: int, seed: int, *, log=None) -> FuzzResult:
                     res.problems.append(f"batch {res.batches}: {reg.name} reads {got_v:#x}, model {want_v:#x}")
         for p in range(params.ports):
             rx_total[p] += len(got[p])
+        res.aging_batches += bool(model.read(regs["AGING"].address()))
         res.batches += 1
         if log and res.batches % 50 == 0:
             log(f"  {res.frames} frames, {res.batches} batches, cycle {link.cycle}")
