@@ -25,7 +25,7 @@ import numpy as np
 from amaranth.hdl import Shape
 
 from cais import protocol as proto
-from cais.hdl.slots import entry_layout
+from cais.hdl.slots import state_entry_layout
 from cais.cli import Parser, integer
 from cais.hdl.tables import rule_layout
 from cais.params import ParamError, SwitchParams
@@ -177,7 +177,7 @@ def line_rate_payload(params: SwitchParams) -> int:
 
 def sizes(params: SwitchParams) -> list[tuple[str, int]]:
     P = params
-    state_bits = Shape.cast(entry_layout(P.ports, P.slot_len_bits)).width * P.slots
+    state_bits = Shape.cast(state_entry_layout(P)).width * P.slots
     return [
         ("contribution banks (bits)", P.ports * P.slots * 2 * P.rows_per_set * P.data_width),
         ("slot state (bits)", state_bits),

@@ -12,11 +12,13 @@ decision's outputs and on its state memory, read through combinational read port
   contribution / duplicate, nothing else does; a completion is a contribution, a resend a duplicate;
   a result job exactly with a completion or a resend.
 - ``in_use``: SLOTS_IN_USE equals the number of sets whose bitmap is not empty, in every cycle.
+- ``per_rule``: SETS_IN_USE of each rule entry equals the number of non-empty sets whose stored writer is
+  that entry, in every cycle (so the entries add up to SLOTS_IN_USE).
 - ``gains``: a set's bitmap gains a port only from a contribution of that port to that set (and loses
   nothing then); it loses a port only from a frame of that port to the other set of its slot (the
   implicit acknowledgement), or everything to a clear or the sweep.
 - ``no_twice``: a contribution is accepted only from a port whose bit was clear, and sets it; a port
-  whose bit was set counts a duplicate and changes nothing in its set.
+  whose bit was set counts a duplicate and changes nothing in its set (but the rule entry it counts for).
 - ``frozen``: a completed set keeps its tag, length and done bit and takes no contribution (its values
   in the banks stay unchanged) until it is freed (bitmap empty).
 - ``isolation``: a frame changes no slot but the one its decision names, and there only its own set
@@ -36,7 +38,7 @@ from amaranth.lib.wiring import In
 from cais.hdl import decision as decision_mod
 from cais.hdl.decision import DECISION_LATENCY, STATE_WRITE_LEAD, Decision
 from cais.hdl.enums import DropReason
-from cais.hdl.slots import SetUpdate, SlotOutcome, set_layout
+from cais.hdl.slots import SetUpdate, SlotOutcome, state_set_layout
 from cais.hdl.tables import TableProgramSignature
 from cais.params import SwitchParams
 from cais.registers import register_map
@@ -44,10 +46,11 @@ from cais.registers import register_map
 __all__ = ["PROPERTIES", "MUTANTS", "DecisionHarness", "FORMAL_PARAMS"]
 
 #: The properties, in the order of the module docstring.
-PROPERTIES = ("push", "busy", "events", "in_use", "gains", "no_twice", "frozen", "isolation")
+PROPERTIES = ("push", "busy", "events", "in_use", "gains", "no_twice", "frozen", "isolation", "per_rule")
 
-#: The smallest switch with everything in it: 2 ports, 2 slots (4 sets), one rule, one MAC entry.
-FORMAL_PARAMS = SwitchParams(ports=2, slots=2, rules=1, mac_entries=1)
+#: The smallest switch with everything in it: 2 ports, 2 slots (4 sets), two rules (so sets can move between
+#: the entries' SETS_IN_USE), one MAC entry.
+FORMAL_PARAMS = SwitchParams(ports=2, slots=2, rules=2, mac_entries=1)
 
 
 class _BrokenSetUpdate(SetUpdate):
@@ -84,6 +87,11 @@ class _BrokenSetUpdate(SetUpdate):
         return m
 
 
+def _writer_delta_unmoved(entry, writer, new_used, old_used, old_rule):
+    """``writer_delta`` broken: the slot's old sets are taken from the writer's entry, whoever stored them."""
+    return Mux(writer == entry, new_used - old_used[0] - old_used[1], 0)
+
+
 #: mutant -> (the property it must fail, what is broken).
 MUTANTS = {
     "push_lost": ("push", "the decision of a duplicate is not pushed to its lane"),
@@ -94,6 +102,8 @@ MUTANTS = {
     "repeat_accepted": ("no_twice", "SetUpdate: a repeat is accepted as a new contribution"),
     "done_overwritten": ("frozen", "SetUpdate: a completed set with another tag is overwritten"),
     "other_set_wiped": ("isolation", "SetUpdate: a contribution empties the other set of its slot"),
+    "rule_not_moved": ("per_rule", "writer_delta: a write takes the slot's old sets from the writer's entry, "
+                                   "not from the entry that stored them"),
 }
 
 
@@ -130,19 +140,23 @@ class DecisionHarness(wiring.Component):
         m = Module()
         prm = self.params
         P, S, L = prm.ports, prm.slots, DECISION_LATENCY
-        setl = set_layout(P, prm.slot_len_bits)
+        setl = state_set_layout(prm)
         if self.mutant in MUTANTS and MUTANTS[self.mutant][1].startswith("SetUpdate"):
-            broken = type("BrokenSetUpdate", (_BrokenSetUpdate,), {"kind": self.mutant})
-            orig, decision_mod.SetUpdate = decision_mod.SetUpdate, broken
+            swap = ("SetUpdate", type("BrokenSetUpdate", (_BrokenSetUpdate,), {"kind": self.mutant}))
+        elif self.mutant == "rule_not_moved":
+            swap = ("writer_delta", _writer_delta_unmoved)
         else:
-            orig = None
+            swap = None
+        if swap is not None:
+            orig = getattr(decision_mod, swap[0])
+            setattr(decision_mod, swap[0], swap[1])
         dec = self.dec
         try:
-            # Elaborated here, while a mutant's SetUpdate stands in for the real one.
+            # Elaborated here, while a mutant's part stands in for the real one.
             m.submodules.dec = dec.elaborate(platform)
         finally:
-            if orig is not None:
-                decision_mod.SetUpdate = orig
+            if swap is not None:
+                setattr(decision_mod, swap[0], orig)
 
         def asserted(name, test):
             if name in self.check:
@@ -204,6 +218,9 @@ class DecisionHarness(wiring.Component):
             return sets[i].bitmap != 0
         count = sum(used(i) for i in range(2 * S))
         asserted("in_use", in_use == count)
+        per_rule = [dec.sets_in_use[e] for e in range(prm.rules)]
+        asserted("per_rule", Cat(*(per_rule[e] == sum(used(i) & (sets[i].rule == e) for i in range(2 * S))
+                                   for e in range(prm.rules))).all() & (sum(per_rule) == in_use))
 
         # The set the decision names (row_base = (slot * 2 + set) * rows_per_set) and its port, as of the
         # cycle whose state shows the decision's write: the write is STATE_WRITE_LEAD cycles before the
@@ -225,6 +242,7 @@ class DecisionHarness(wiring.Component):
         p_agg = p_contrib | p_dup | p_refused
 
         gains_ok, twice_ok, frozen_ok, iso_ok = [], [], [], []
+        kept = [name for name, _ in setl if name != "rule"]
         for i in range(2 * S):
             old, new = prev[i], sets[i]
             mine = p_agg & (p_named == i)                 # the decision a cycle ago named this set
@@ -236,12 +254,15 @@ class DecisionHarness(wiring.Component):
                             | ((gained == 0) & sibling & (lost == p_me)))
             twice_ok.append(~started | ~(p_contrib & (p_named == i)) | (((old.bitmap & p_me) == 0)
                                                                          & (new.bitmap == (old.bitmap | p_me))))
-            twice_ok.append(~started | ~(p_dup & (p_named == i)) | (new.as_value() == old.as_value()))
+            # (a duplicate writes its slot too: the sets now count for its rule entry, nothing else changes)
+            twice_ok.append(~started | ~(p_dup & (p_named == i)) | Cat(*(getattr(new, f) == getattr(old, f)
+                                                                         for f in kept)).all())
             busy_set = old.done & (old.bitmap != 0)
             frozen_ok.append(~started | ~busy_set | (new.bitmap == 0)
                              | ((new.tag == old.tag) & (new.length == old.length) & new.done))
             frozen_ok.append(~started | ~(busy_set & p_contrib & (p_named == i)))
-            changed = new.as_value() != old.as_value()
+            # (the rule entry a slot's sets count for is per_rule's; every write of the slot sets it)
+            changed = ~Cat(*(getattr(new, f) == getattr(old, f) for f in kept)).all()
             own_ack = ((new.bitmap == (old.bitmap & ~p_me)) & (new.tag == old.tag) & (new.length == old.length)
                        & (new.done == old.done))
             iso_ok.append(~started | ~changed | emptied | mine | (sibling & own_ack))

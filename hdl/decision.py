@@ -45,12 +45,12 @@ from amaranth.utils import ceil_log2
 
 from cais import protocol as proto
 from cais.params import SwitchParams
-from cais.registers import RegisterMap
+from cais.registers import AGE_UNIT_LOG2, RegisterMap
 
 from .enums import Action, DropReason, DType, ReduceOp
 from .header import FrameHeader
 from .ingress import frame_meta_layout
-from .slots import SetUpdate, SlotOutcome, entry_layout, set_layout
+from .slots import SetUpdate, SlotOutcome, age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
 from .tables import (MATCH_PARTS, MacTable, RuleTable, TableProgramSignature, hits_of_parts, lowest_one, or_tree,
                      rule_layout)
 
@@ -66,6 +66,14 @@ DECISION_HEADERS = DECISION_LATENCY + 2
 #: Cycles from a header's slot-state write (W) to its decision on the outputs: the outputs are registered
 #: in W's cycle (stage V), so the cycle that shows a decision also shows, in the state memory, its write.
 STATE_WRITE_LEAD = 1
+
+
+def writer_delta(entry: int, writer, new_used, old_used, old_rule):
+    """The change of rule entry ``entry``'s sets in use when a frame of entry ``writer`` writes a slot:
+    the slot's sets after the write (``new_used`` non-empty) count for the writer, and each set that was
+    not empty before (``old_used[k]``) leaves the entry that stored it (``old_rule[k]``)."""
+    return (Mux(writer == entry, new_used, 0) - (old_used[0] & (old_rule[0] == entry))
+            - (old_used[1] & (old_rule[1] == entry)))
 
 
 def bank_addr_bits(params: SwitchParams) -> int:
@@ -119,6 +127,9 @@ class Decision(wiring.Component):
     slots_in_use : Out(32)
         Table programming, one event pulse per decided frame for the counters (with its decision), non-empty
         sets (updated with the decision).
+    sets_in_use[e] : Out(32)
+        Per rule entry: the non-empty sets of the slots whose last writer (an all-reduce frame that reached
+        the slot state) matched entry ``e``; they add up to ``slots_in_use`` in every cycle.
     busy : Out(1)
         A header is in the pipeline (not counting the outputs).
 
@@ -138,8 +149,9 @@ class Decision(wiring.Component):
             "ev_duplicate": Out(1), "ev_completed": Out(1), "ev_resent": Out(1),
             "slots_in_use": Out(32),
             "busy": Out(1),
+            "sets_in_use": Out(32).array(params.rules),
         })
-        self.state_mem = Memory(shape=entry_layout(P, params.slot_len_bits), depth=params.slots, init=[])
+        self.state_mem = Memory(shape=state_entry_layout(params), depth=params.slots, init=[])
 
     def elaborate(self, platform):
         m = Module()
@@ -148,8 +160,9 @@ class Decision(wiring.Component):
         lb = ceil_log2(B)
         slot_bits = max(1, ceil_log2(prm.slots))
         all_ports = (1 << P) - 1
-        ent = entry_layout(P, prm.slot_len_bits)
-        setl = set_layout(P, prm.slot_len_bits)
+        ent = state_entry_layout(prm)
+        setl = state_set_layout(prm)
+        rule_bits = rule_index_bits(prm)
         kind_l = data.StructLayout({"dtype": DType, "op": ReduceOp, "acc_fp32": 1, "saturate": 1})
         # What a header carries from B2 to its decision.
         carry_l = data.StructLayout({
@@ -157,7 +170,14 @@ class Decision(wiring.Component):
             "row_base": bank_addr_bits(prm), "rows": range(prm.rows_per_set + 1),
             "beats": self.meta_layout["beats"].shape, "length": self.meta_layout["length"].shape,
             "cais": proto.CAIS_HEADER_BYTES * 8, "contributors": P, "results": P, "kind": kind_l,
+            "rule": rule_bits,                      # the rule entry (its index), for sets_in_use
         })
+
+        # The age clock: age units (AGE_UNIT_LOG2 cycles each) modulo 2**stamp bits, free running; an accepted
+        # contribution stamps its set with it.
+        clock = Signal(AGE_UNIT_LOG2 + age_stamp_bits(prm))
+        m.d.sync += clock.eq(clock + 1)
+        now = clock[AGE_UNIT_LOG2:]
 
         # After reset the slot state is swept to empty, one slot per cycle (memories do not reset); no
         # header that needs slot state is granted meanwhile.
@@ -249,6 +269,8 @@ class Decision(wiring.Component):
         m_meta = Signal(self.meta_layout, reset_less=True)
         m_hit, m_rule, m_quota = Signal(), Signal(rule_layout(prm), reset_less=True), Signal(32, reset_less=True)
         m_mac = Signal(prm.mac_entries, reset_less=True)
+        m_entry = Signal(rule_bits, reset_less=True)       # the winning rule's index
+        m.d.sync += m_entry.eq(or_tree(Mux(a_pick[e], e, 0) for e in range(R)))
         m.d.sync += [
             m_valid.eq(a_valid), m_port.eq(a_port), m_me.eq(a_me), m_sf.eq(a_valid & a_sf), m_meta.eq(a_meta),
             m_hit.eq(a_pick.any()), m_rule.eq(rules.picked), m_quota.eq(rules.picked_quota),
@@ -298,7 +320,7 @@ class Decision(wiring.Component):
             b_c.tag.eq(seq), b_c.plen.eq(hdr.payload_len),
             b_c.cais.eq(hdr.cais_bytes()), b_c.rows.eq((hdr.payload_len + B - 1) >> lb),
             b_c.beats.eq(m_meta.beats), b_c.length.eq(m_meta.length),
-            b_c.contributors.eq(rule.contributors), b_c.results.eq(rule.results),
+            b_c.contributors.eq(rule.contributors), b_c.results.eq(rule.results), b_c.rule.eq(m_entry),
             b_c.kind.dtype.eq(rule.dtype), b_c.kind.op.eq(rule.red_op), b_c.kind.saturate.eq(rule.saturate),
             # fp16/bf16 accumulated in fp32 inside the fold (the flag means nothing for other types)
             b_c.kind.acc_fp32.eq(rule.acc_fp32 & ((rule.dtype == DType.FP16) | (rule.dtype == DType.BF16))),
@@ -316,6 +338,7 @@ class Decision(wiring.Component):
         u_eq_prev_tag, u_eq_prev_len = Signal(reset_less=True), Signal(reset_less=True)
         w_agg, w_slot, w_new, w_first = Signal(), Signal(slot_bits, reset_less=True), Signal(ent, reset_less=True), Signal()
         w_old = Signal(2 * P, reset_less=True)
+        w_rule, w_old_rule = Signal(rule_bits, reset_less=True), Signal(2 * rule_bits, reset_less=True)
         h1_agg, h1_slot, h1_new = Signal(), Signal(slot_bits, reset_less=True), Signal(ent, reset_less=True)
         h2_agg, h2_slot, h2_new = Signal(), Signal(slot_bits, reset_less=True), Signal(ent, reset_less=True)
 
@@ -387,14 +410,18 @@ class Decision(wiring.Component):
         m.d.comb += [
             new_cur.bitmap.eq(upd.new_cur_bitmap), new_cur.done.eq(upd.new_cur_done),
             new_cur.tag.eq(Mux(upd.first, u_c.tag, s_cur.tag)), new_cur.length.eq(Mux(upd.first, u_c.plen, s_cur.length)),
+            # an accepted contribution stamps its set (aging); a first one starts a fill not yet aged
+            new_cur.stamp.eq(Mux(upd.accepted, now, s_cur.stamp)), new_cur.aged.eq(~upd.first & s_cur.aged),
             new_other.eq(s_other), new_other.bitmap.eq(upd.new_other_bitmap),
+            # the slot's sets now count for the writer's rule entry
+            new_cur.rule.eq(u_c.rule), new_other.rule.eq(u_c.rule),
         ]
         agg = u_valid & u_agg
         # Every contribution writes its slot back (unchanged when refused), so every one is forwarded.
         m.d.sync += [
             w_agg.eq(agg), w_slot.eq(u_c.slot), w_first.eq(agg & upd.first),
             w_new.eq(Mux(u_c.set, Cat(new_other, new_cur), Cat(new_cur, new_other))),
-            w_old.eq(Cat(s_cur.bitmap, s_other.bitmap)),
+            w_old.eq(Cat(s_cur.bitmap, s_other.bitmap)), w_rule.eq(u_c.rule), w_old_rule.eq(Cat(s_cur.rule, s_other.rule)),
             h1_agg.eq(w_agg), h1_slot.eq(w_slot), h1_new.eq(w_new),
             h2_agg.eq(h1_agg), h2_slot.eq(h1_slot), h2_new.eq(h1_new),
         ]
@@ -442,14 +469,24 @@ class Decision(wiring.Component):
         w_new_v, f_mem_v = data.View(ent, w_new), data.View(ent, f_mem0)
         in_use = Signal(32)
         m.d.comb += self.slots_in_use.eq(in_use)
+        # Per rule entry: a write moves the slot's sets from their stored entries to the writer's.
+        per_rule = [Signal(32, name=f"sets_in_use{e}") for e in range(R)]
+        m.d.comb += [self.sets_in_use[e].eq(per_rule[e]) for e in range(R)]
+        old_used = [w_old[:P] != 0, w_old[P:] != 0]
+        old_rule = [w_old_rule[:rule_bits], w_old_rule[rule_bits:]]
         with m.If(sweeping):
             m.d.comb += [st_wr.addr.eq(sweep), st_wr.data.eq(0), st_wr.en.eq(1)]
         with m.Elif(w_agg):
             m.d.comb += [st_wr.addr.eq(w_slot), st_wr.data.eq(w_new), st_wr.en.eq(1)]
-            m.d.sync += in_use.eq(in_use + (used(w_new_v) - ((w_old[:P] != 0) + (w_old[P:] != 0))))
+            m.d.sync += in_use.eq(in_use + (used(w_new_v) - (old_used[0] + old_used[1])))
+            m.d.sync += [per_rule[e].eq(per_rule[e] + writer_delta(e, w_rule, used(w_new_v), old_used, old_rule))
+                         for e in range(R)]
         with m.Elif(clr_write):                    # (f_mem0 holds the slot clr_read read)
             m.d.comb += [st_wr.addr.eq(clr_cur), st_wr.data.eq(0), st_wr.en.eq(1)]
             m.d.sync += in_use.eq(in_use - used(f_mem_v))
+            m.d.sync += [per_rule[e].eq(per_rule[e] - ((f_mem_v[0].bitmap != 0) & (f_mem_v[0].rule == e))
+                                        - ((f_mem_v[1].bitmap != 0) & (f_mem_v[1].rule == e)))
+                         for e in range(R)]
 
         m.d.comb += drained.eq(~((take.any() & t_sf) | (a_valid & a_sf) | m_sf | b_cand | r_agg | f_agg | u_agg
                                  | w_agg))

@@ -5,8 +5,13 @@ import enum
 from amaranth.hdl import Module, Mux
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
 
-__all__ = ["SlotOutcome", "set_layout", "entry_layout", "SetUpdate", "SlotUpdate"]
+from cais.params import SwitchParams
+from cais.registers import register_map
+
+__all__ = ["SlotOutcome", "set_layout", "entry_layout", "SetUpdate", "SlotUpdate", "rule_index_bits",
+           "age_stamp_bits", "state_set_layout", "state_entry_layout"]
 
 
 class SlotOutcome(enum.IntEnum):
@@ -19,13 +24,44 @@ class SlotOutcome(enum.IntEnum):
     LENGTH_MISMATCH = 5  # the set holds this chunk with another payload_len: drop
 
 
-def set_layout(ports: int, len_bits: int) -> data.StructLayout:
-    return data.StructLayout({"bitmap": ports, "tag": 32, "done": 1, "length": len_bits})
+def set_layout(ports: int, len_bits: int, rule_bits: int = 0, stamp_bits: int = 0) -> data.StructLayout:
+    """One shadow set: the slot discipline's fields, and (when their widths are given) the rule entry of the
+    frame that last wrote the slot (``rule``: the SETS_IN_USE count the set is in) and the aging state
+    (``stamp``: the age unit of its last accepted contribution, ``aged``: aged in this fill)."""
+    fields = {"bitmap": ports, "tag": 32, "done": 1, "length": len_bits}
+    if rule_bits:
+        fields["rule"] = rule_bits
+    if stamp_bits:
+        fields["stamp"], fields["aged"] = stamp_bits, 1
+    return data.StructLayout(fields)
 
 
-def entry_layout(ports: int, len_bits: int) -> data.ArrayLayout:
+def entry_layout(ports: int, len_bits: int, rule_bits: int = 0, stamp_bits: int = 0) -> data.ArrayLayout:
     """One slot: its two shadow sets."""
-    return data.ArrayLayout(set_layout(ports, len_bits), 2)
+    return data.ArrayLayout(set_layout(ports, len_bits, rule_bits, stamp_bits), 2)
+
+
+def rule_index_bits(params: SwitchParams) -> int:
+    """Bits of a rule entry's index."""
+    return max(1, ceil_log2(params.rules))
+
+
+def age_stamp_bits(params: SwitchParams) -> int:
+    """Bits of a set's age stamp (age units, modulo 2**bits): the largest age (AGING.age) plus one scan
+    period (2 x slots units, docs/registers.md) and the unit of rounding stay below the wrap, so an age
+    compare of a set visited once per period never wraps past the age."""
+    age = register_map(params)["AGING"].field("age").width
+    return ((1 << age) + 2 * params.slots + 1).bit_length()
+
+
+def state_set_layout(params: SwitchParams) -> data.StructLayout:
+    """A shadow set as the decision's slot-state memory holds it."""
+    return set_layout(params.ports, params.slot_len_bits, rule_index_bits(params), age_stamp_bits(params))
+
+
+def state_entry_layout(params: SwitchParams) -> data.ArrayLayout:
+    """A slot as the decision's slot-state memory holds it: its two shadow sets."""
+    return data.ArrayLayout(state_set_layout(params), 2)
 
 
 class SetUpdate(wiring.Component):

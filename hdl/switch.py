@@ -16,6 +16,11 @@ from .ingress import IngressPort, popcount
 
 __all__ = ["Switch", "AXIL_ADDR_WIDTH"]
 
+
+def _element(member, index: int, count: int):
+    """Element ``index`` of a register bank member of a register array (a plain member when count is 1)."""
+    return member[index] if count > 1 else member
+
 AXIL_ADDR_WIDTH = 12   # one 4 KiB page; addresses outside the register map answer with an error
 
 
@@ -112,6 +117,11 @@ class Switch(wiring.Component):
             tx_last = Signal(name=f"tx_last_{p}")
             m.d.sync += [tx_keep.eq(Mux(sent, out.tkeep, 0)), tx_last.eq(sent & out.tlast)]
             m.d.comb += [regs.tx_frames_inc[p].eq(tx_last), regs.tx_bytes_inc[p].eq(popcount(tx_keep))]
+
+        # The decision's per-rule-entry state (issue 12, 13), read from it directly.
+        dec = self.core.decision
+        for e in range(P.rules):
+            m.d.comb += _element(regs.sets_in_use_value, e, P.rules).eq(dec.sets_in_use[e])
 
         for r, events in drops.items():
             m.d.comb += getattr(regs, f"drop_{r.name.lower()}_inc").eq(sum(events))

@@ -3,8 +3,16 @@
 The model is programmed and read like the hardware, through the byte addresses of
 :func:`cais.registers.register_map`, so ``RegisterFile(model, register_map(params))`` works on it. Frames go
 in one at a time with :meth:`SwitchModel.receive`, which returns the frames the switch emits. It has no
-notion of time: one call is one frame processed to completion (the order in which the hardware's ingress
-arbiter serves the ports is the order of the calls).
+notion of time but a clock for set aging: one call is one frame processed to completion at the model's
+current cycle (the order in which the hardware's ingress arbiter serves the ports is the order of the
+calls), and :meth:`SwitchModel.advance` moves the clock on.
+
+Aging (the AGING register, docs/registers.md): a partly filled set that took no contribution for more than
+``age x AGE_UNIT`` cycles is aged, at the first :meth:`~SwitchModel.advance` (or
+:meth:`~SwitchModel.advance_to`) that carries the clock past that point; the hardware ages it anywhere up to
+one scan period later (:func:`cais.registers.aging_period`), which the documented bound allows. Sets aged
+by one call are aged in ascending (slot, set) order. SETS_IN_USE counts each slot's non-empty sets for the
+rule entry of the all-reduce frame that last reached the slot's state.
 
 The element arithmetic is :mod:`cais.numerics`. Each rule carries the element type and operator its
 all-reduce frames must have (``RULE_TYPE``: dtype, red_op) and how its slots accumulate (acc_fp32,
@@ -30,7 +38,7 @@ from cais.params import SwitchParams
 from cais.protocol import (CAIS_HEADER_BYTES, ELEMENT_BYTES, ETH_HEADER_BYTES, ETHERTYPE, HEADERS_BYTES,
                            MIN_FRAME_BYTES, SUPPORTED_OPS, CaisHeader, DropReason, DType, Flags, OpType,
                            ReduceOp, mac_to_bytes, result_mac)
-from cais.registers import Access, Kind, Register, register_map
+from cais.registers import AGE_UNIT_LOG2, AGED_QUEUE_DEPTH, Access, Kind, Register, register_map
 
 __all__ = ["SwitchModel", "SlotSetState"]
 
@@ -95,6 +103,13 @@ class SwitchModel:
         self._values: dict[tuple[int, int], np.ndarray] = {}
         # Reproducible rules: the contributions of an incomplete set, by port.
         self._parts: dict[tuple[int, int], dict[int, np.ndarray]] = {}
+        # Aging: the clock (cycles), each set's cycle of its last accepted contribution and whether it aged
+        # in this fill; the rule entry of the all-reduce frame that last reached each slot; the event queue.
+        self._cycle = 0
+        self._stamp = np.zeros((P.slots, 2), dtype=np.int64)
+        self._aged = np.zeros((P.slots, 2), dtype=bool)
+        self._writer = np.zeros(P.slots, dtype=np.int64)
+        self._events: list[tuple[int, int, int, int]] = []      # (slot, set, rule entry, bitmap), oldest first
 
     # ------------------------------------------------------------------ register bus
     def read(self, addr: int) -> int:
@@ -109,7 +124,7 @@ class SwitchModel:
         if reg.kind is Kind.COUNTER:
             return self._counters[reg.name][i]
         if reg.kind is Kind.LEVEL:
-            return self._level(reg.name)
+            return self._level(reg.name, i)
         return 0  # COMMAND registers are write-only
 
     def write(self, addr: int, value: int) -> None:
@@ -142,10 +157,12 @@ class SwitchModel:
         P = self.params
         if reg.name == "SLOT_CLEAR":
             if f["slot"] < P.slots:
-                self._bitmap[f["slot"]] = 0
-                self._tag[f["slot"]] = 0
-                self._done[f["slot"]] = False
-                self._length[f["slot"]] = 0
+                for s in (0, 1):
+                    self._empty(f["slot"], s)
+                self._writer[f["slot"]] = 0
+        elif reg.name == "AGED_POP":
+            if self._events:
+                self._events.pop(0)
         elif reg.name == "RULE_WRITE":
             if f["index"] < P.rules:
                 r = _Rule()
@@ -172,9 +189,29 @@ class SwitchModel:
         else:  # pragma: no cover - a new command register the model does not know yet
             raise NotImplementedError(f"command register {reg.name}")
 
-    def _level(self, name: str) -> int:
+    def _empty(self, slot: int, s: int) -> None:
+        """Empty one set (a SLOT_CLEAR empties both, an aging free one)."""
+        self._bitmap[slot, s] = 0
+        self._tag[slot, s] = 0
+        self._done[slot, s] = False
+        self._length[slot, s] = 0
+        self._stamp[slot, s] = 0
+        self._aged[slot, s] = False
+        self._parts.pop((slot, s), None)
+
+    def _level(self, name: str, index: int = 0) -> int:
         if name == "SLOTS_IN_USE":
             return int(np.count_nonzero(self._bitmap))
+        if name == "SETS_IN_USE":
+            return int(np.count_nonzero(self._bitmap[self._writer == index]))
+        if name in ("AGED_EVENT", "AGED_PORTS"):
+            if not self._events:
+                return 0
+            slot, s, rule, bitmap = self._events[0]
+            reg = self.regmap[name]
+            if name == "AGED_EVENT":
+                return reg.pack(slot=slot, rule=rule, set=s, valid=1)
+            return reg.pack(ports=bitmap, queued=len(self._events))
         if name == "BUSY":
             return 0   # the model handles each frame whole: nothing is ever in flight between calls
         raise NotImplementedError(f"level register {name}")  # pragma: no cover
@@ -188,7 +225,8 @@ class SwitchModel:
                 vals = list(self._counters[reg.name])
                 out[reg.name] = vals if reg.count > 1 else vals[0]
             elif reg.kind is Kind.LEVEL:
-                out[reg.name] = self._level(reg.name)
+                vals = [self._level(reg.name, i) for i in range(reg.count)]
+                out[reg.name] = vals if reg.count > 1 else vals[0]
         return out
 
     def slot_state(self, slot: int) -> tuple[SlotSetState, SlotSetState]:
@@ -208,8 +246,52 @@ class SwitchModel:
         v = self._values.get((slot, set))
         return np.zeros(self._elems, dtype=np.int32) if v is None else v.copy()
 
+    def aging_state(self, slot: int) -> tuple[tuple[int, bool], tuple[int, bool]]:
+        """((stamp, aged), (stamp, aged)) of the two sets of ``slot``: the cycle of the set's last accepted
+        contribution and whether it aged in this fill."""
+        return tuple((int(self._stamp[slot, s]), bool(self._aged[slot, s])) for s in (0, 1))
+
     def switch_mac(self) -> int:
         return self._config["SWITCH_MAC_LO"] | (self._config["SWITCH_MAC_HI"] << 32)
+
+    # ------------------------------------------------------------------ clock and aging
+    @property
+    def cycle(self) -> int:
+        """The model's clock, in cycles (0 after construction); frames are received at this cycle."""
+        return self._cycle
+
+    def advance(self, cycles: int) -> list[tuple[int, int, int, int]]:
+        """Move the clock on by ``cycles`` and age the sets that are then due (AGING); returns the sets aged
+        as (slot, set, rule entry, bitmap)."""
+        if cycles < 0:
+            raise ValueError(f"advance({cycles}): cycles must not be negative")
+        return self.advance_to(self._cycle + int(cycles))
+
+    def advance_to(self, cycle: int) -> list[tuple[int, int, int, int]]:
+        """Move the clock on to ``cycle`` (an earlier cycle leaves it where it is) and age the sets due."""
+        self._cycle = max(self._cycle, int(cycle))
+        aging = self.regmap["AGING"].unpack(self._config["AGING"])
+        if not aging["age"]:
+            return []
+        limit = aging["age"] << AGE_UNIT_LOG2
+        due = ((self._bitmap != 0) & ~self._done & ~self._aged & (self._cycle - self._stamp > limit))
+        aged = []
+        for slot, s in zip(*np.nonzero(due)):
+            slot, s = int(slot), int(s)
+            event = (slot, s, int(self._writer[slot]), int(self._bitmap[slot, s]))
+            aged.append(event)
+            rule = event[2]
+            self._count("AGED_TOTAL")
+            self._count("AGED", rule)
+            if len(self._events) < AGED_QUEUE_DEPTH:
+                self._events.append(event)
+            else:
+                self._count("AGED_LOST")
+            if aging["free"]:
+                self._empty(slot, s)
+            else:
+                self._aged[slot, s] = True
+        return aged
 
     # ------------------------------------------------------------------ datapath
     def _count(self, name: str, index: int = 0, amount: int = 1) -> None:
@@ -293,7 +375,8 @@ class SwitchModel:
 
     def _cais(self, port: int, frame: bytes, hdr: CaisHeader) -> list[tuple[int, bytes]]:
         P = self.params
-        rule = next((r for r in self._rules if r.matches(hdr)), None)
+        entry = next((e for e, r in enumerate(self._rules) if r.matches(hdr)), None)
+        rule = None if entry is None else self._rules[entry]
         if rule is None:
             return self._drop(DropReason.NO_RULE)
         if not rule.contributors >> port & 1:
@@ -314,6 +397,7 @@ class SwitchModel:
         s = (t // count) % 2
         if slot >= P.slots:
             return self._drop(DropReason.BAD_SLOT)
+        self._writer[slot] = entry          # every frame that reaches the slot state writes the slot
         w = 1 << port
         bitmap, tag, done = int(self._bitmap[slot, s]), int(self._tag[slot, s]), bool(self._done[slot, s])
         dtype = DType(hdr.dtype)
@@ -333,6 +417,8 @@ class SwitchModel:
             self._tag[slot, s] = t
             self._length[slot, s] = hdr.payload_len
             self._bitmap[slot, s] = w
+            self._stamp[slot, s] = self._cycle
+            self._aged[slot, s] = False
             self._count("CONTRIBUTIONS")
             self._done[slot, s] = (w == rule.contributors)
             if self._done[slot, s]:
@@ -347,6 +433,7 @@ class SwitchModel:
             self._add(slot, s, port, self._payload(frame, dtype, n))
             bitmap |= w
             self._bitmap[slot, s] = bitmap
+            self._stamp[slot, s] = self._cycle
             self._count("CONTRIBUTIONS")
             if bitmap == rule.contributors:
                 self._done[slot, s] = True

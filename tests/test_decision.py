@@ -10,7 +10,9 @@ same slot exercise the state forwarding), and its count of non-empty sets must b
 reason, forwarded, contribution, duplicate, completed, resent), a forwarded frame's port mask the ports the
 model sends it to, and a result job's mask the ports the model sends the result to; the decision goes to
 the lane of the frame's port, and exactly when the decision says "aggregate and write" did the model take
-the payload. Events and decision come DECISION_LATENCY cycles after the take.
+the payload. Events and decision come DECISION_LATENCY cycles after the take. The per-rule-entry sets in
+use add up to the count of non-empty sets in every cycle and equal the model's at the end (group 4 shares
+a slot with group 1, so sets move between entries).
 """
 
 import random
@@ -40,6 +42,8 @@ def setup_writes(regs):
     writes += rule_writes(regs, 1, Rule.for_group(2, 0b0011, 0b1100, base=2, count_log2=0,
                                                   dtype=proto.DType.INT16, red_op=proto.ReduceOp.MAX))
     writes += rule_writes(regs, 2, Rule.for_group(3, allp, allp, base=PARAMS.slots))      # BAD_SLOT
+    # group 4 shares slot 1 with group 1: the slot's sets move between the entries' SETS_IN_USE
+    writes += rule_writes(regs, 3, Rule.for_group(4, allp, allp, base=1, count_log2=0))
     for p in range(P - 1):                                                                   # port 3 unknown
         writes += mac_writes(regs, p, MacEntry(host_mac(p), p))
     return writes + slot_clear_writes(regs, 0, PARAMS.slots)
@@ -75,6 +79,8 @@ def random_frames(rng, chunks):
                 window.append(cais(port, rng.choice([3, 9]), t))                            # BAD_SLOT, NO_RULE
             elif kind == 4:
                 window.append(cais(port, 1, t + rng.randrange(2), dtype=proto.DType.INT16))  # TYPE_MISMATCH
+            elif kind == 5 and rng.random() < 0.5:
+                window.append(cais(port, 4, rng.randrange(2)))                              # slot 1, entry 3
             else:
                 window.append(cais(port, 1, max(0, t - rng.randrange(3))))                 # repeats
         rng.shuffle(window)
@@ -156,6 +162,10 @@ def test_decisions_match_the_reference_model(seed, mode):
             await ctx.delay(1e-9)
             ev = {k: ctx.get(getattr(dut, v)) for k, v in EVENTS.items()}
             ev_drop, reason = ctx.get(dut.ev_drop), ctx.get(dut.ev_drop_reason)
+            per_rule = [ctx.get(dut.sets_in_use[e]) for e in range(PARAMS.rules)]
+            if sum(per_rule) != ctx.get(dut.slots_in_use):
+                problems.append(f"cycle {cycle}: sets_in_use {per_rule} do not add up to {ctx.get(dut.slots_in_use)}")
+            final["both"] = final.get("both", 0) + (per_rule[3] > 0 and per_rule[0] > 0)
             push, dec, job_valid, job = (ctx.get(dut.push), ctx.get(dut.decision), ctx.get(dut.job_valid),
                                          ctx.get(dut.job))
             due = expected.pop(cycle, None)
@@ -218,8 +228,13 @@ def test_decisions_match_the_reference_model(seed, mode):
         if ctx.get(dut.slots_in_use) != in_use:
             problems.append(f"slots_in_use {ctx.get(dut.slots_in_use)}, model {in_use}")
         final["in_use"] = in_use
+        per_rule = [ctx.get(dut.sets_in_use[e]) for e in range(PARAMS.rules)]
+        if per_rule != model.counters()["SETS_IN_USE"]:
+            problems.append(f"sets_in_use {per_rule}, model {model.counters()['SETS_IN_USE']}")
+        final["entries"] = sum(1 for n in per_rule if n)
 
     run(dut, tb)
     assert not problems, problems[:8]
     assert min(seen.values()) > 5, seen                     # every kind of outcome happened
     assert final["in_use"] > 0, final                       # (a count that can be wrong)
+    assert final["entries"] >= 2 and final.get("both"), final    # sets held for more than one entry

@@ -84,6 +84,7 @@ class ModelLink(LinkBase):
         B = self.params.beat_bytes
         while self._arrivals and self._arrivals[0][0] <= self._cycle:
             arrived, port, _, frame, (bad_keep, bad_fcs) = heapq.heappop(self._arrivals)
+            self.model.advance_to(arrived)          # the model's clock (set aging) follows the link's
             start = max(arrived, self._lane_free[port])
             self._lane_free[port] = start + _beats(len(frame), B)
             for out_port, data in self.model.receive(port, frame, framing_ok=not bad_keep, fcs_ok=not bad_fcs):
@@ -97,6 +98,7 @@ class ModelLink(LinkBase):
                 self._egress_free[out_port] = last
                 heapq.heappush(self._out, (last, out_port, self._seq, first, data))
                 self._seq += 1
+        self.model.advance_to(self._cycle)
 
     def take_stamped(self) -> list[Received]:
         self._process()

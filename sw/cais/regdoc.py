@@ -36,6 +36,9 @@ GROUPS = (
      "counted) and per switch-core event, then gauges of the current state."),
     ("Per-port counters", "RX_FRAMES",
      "Register arrays, one element per port: port p's element is at offset + p * stride."),
+    ("Per-rule-entry state", "SETS_IN_USE",
+     "Register arrays, one element per rule entry (p below is the entry's index): entry e's element is at "
+     "offset + e * stride."),
 )
 
 BUS_FACTS = (

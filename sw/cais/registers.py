@@ -16,10 +16,22 @@ from .protocol import SWITCH_MAC_DEFAULT, DropReason
 
 __all__ = ["Access", "Kind", "Field", "Register", "RegisterMap", "register_map", "RegisterFile", "read_counters",
            "MAGIC",
-           "VERSION", "COUNTER_EVENTS"]
+           "VERSION", "COUNTER_EVENTS", "AGE_UNIT_LOG2", "AGED_QUEUE_DEPTH", "aging_period"]
 
 MAGIC = 0x43414953  # "CAIS"
 VERSION = 0x0004_0001  # minor 1: every rule folds in port order (FEATURES.reproducible always 1)
+
+
+#: log2 of the cycles in one unit of ``AGING.age``; the aging scanner visits one set per unit.
+AGE_UNIT_LOG2 = 10
+#: Events the aged-set queue (``AGED_EVENT``, ``AGED_POP``) holds; one more is counted in AGED_LOST.
+AGED_QUEUE_DEPTH = 8
+
+
+def aging_period(params: SwitchParams) -> int:
+    """Cycles between two visits of the aging scanner to the same set: one set per age unit, every set
+    of every slot in turn (docs/registers.md, AGING)."""
+    return 2 * params.slots << AGE_UNIT_LOG2
 
 
 class Access(enum.Enum):
@@ -221,6 +233,51 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         "Free for the controller: it writes a nonzero value when it has programmed the switch, so a read of 0 "
         "tells it the switch was reset (every table and slot is empty again) and must be programmed anew.",
         [Field("epoch", 0, 32)])
+
+    # Added for per-rule sets in use and set aging (issues 12, 13; docs/reliability.md, "Aged sets")
+    unit, period = 1 << AGE_UNIT_LOG2, aging_period(P)
+    add("AGING", 0x030, Access.RW, Kind.CONFIG,
+        f"Set aging. A set that is partly filled (bitmap not empty, not complete) and has taken no contribution "
+        f"for more than age x AGE_UNIT cycles is aged: counted in AGED_TOTAL and AGED[e] (e: the rule entry of "
+        f"the frame that last wrote its slot), queued as an event (AGED_EVENT) and, with `free`, emptied (as a "
+        f"SLOT_CLEAR empties a set; SLOTS_IN_USE and SETS_IN_USE drop). Bound: measured from the decision of "
+        f"the set's last accepted contribution, a set is aged after more than age x AGE_UNIT cycles and at "
+        f"most (age + 2 x NUM_SLOTS) x AGE_UNIT cycles (here {period} + age x {unit}), plus the cycles the "
+        f"scanner's visit waits for SLOT_CLEARs and for the stateful headers in flight (at most 12). A set is "
+        f"aged at most once per fill (from its first contribution until it is empty) and never when complete. "
+        f"The scanner visits one set per AGE_UNIT cycles (every set in turn) while age is not 0; each visit "
+        f"holds back new all-reduce headers until those in flight are decided (as a SLOT_CLEAR does). With "
+        f"age 0 (the reset value) nothing is scanned or aged. The bound holds for sets whose last contribution "
+        f"came while age was not 0 (or less than 2**16 units before it was set).",
+        [Field("age", 0, 16, f"0: off; else the age in units of AGE_UNIT ({unit}) cycles"),
+         Field("free", 16, 1, "1: an aged set is also emptied (the surviving ranks' retransmissions start it "
+               "anew); 0: it is only reported")])
+    add("AGED_POP", 0x034, Access.WO, Kind.COMMAND,
+        "Writing (any value) removes the oldest event from the aged-set queue (AGED_EVENT shows the next); "
+        "nothing when the queue is empty.")
+    add("AGE_UNIT", 0x038, Access.RO, Kind.CONST,
+        "Cycles in one unit of AGING.age (a power of two); the aging scanner visits one set per unit.",
+        reset=unit)
+    add("AGED_TOTAL", 0x158, Access.RO, Kind.COUNTER, "Counts sets aged (AGING): the sum of AGED[e].")
+    add("AGED_LOST", 0x15C, Access.RO, Kind.COUNTER,
+        f"Counts aged sets whose event was not queued: the queue held {AGED_QUEUE_DEPTH} events (they are still "
+        f"counted in AGED_TOTAL and AGED[e], and freed with AGING.free).")
+    add("AGED_EVENT", 0x160, Access.RO, Kind.LEVEL,
+        f"The oldest event of the aged-set queue ({AGED_QUEUE_DEPTH} events, in the order the sets aged): which "
+        f"set aged; AGED_PORTS holds its contributors. AGED_POP removes it.",
+        [Field("slot", 0, 16), Field("rule", 16, 8, "rule entry of the frame that last wrote the slot"),
+         Field("set", 24, 1, "shadow set"), Field("valid", 31, 1, "1: the queue is not empty (0: every other "
+                                                                      "field of AGED_EVENT and AGED_PORTS is 0)")])
+    add("AGED_PORTS", 0x164, Access.RO, Kind.LEVEL,
+        "The oldest aged-set event's contributor bitmap when it aged (bit p: port p had contributed; the "
+        "rule's contributors not in it are the missing ranks), and the number of events queued.",
+        [Field("ports", 0, 16), Field("queued", 16, 8, f"events in the queue, 0..{AGED_QUEUE_DEPTH}")])
+    add("SETS_IN_USE", 0x300, Access.RO, Kind.LEVEL,
+        "Per rule entry: the non-empty sets (as SLOTS_IN_USE counts them) of the slots last written by an "
+        "all-reduce frame of this entry (a frame that reached the slot state: not dropped before it). The "
+        "elements add up to SLOTS_IN_USE.", count=P.rules, stride=8)
+    add("AGED", 0x304, Access.RO, Kind.COUNTER, "Per rule entry: counts sets aged (AGING) whose slot this entry "
+        "wrote last.", count=P.rules, stride=8)
 
     return RegisterMap(P, tuple(regs))
 
