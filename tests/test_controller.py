@@ -409,3 +409,65 @@ def test_per_group_counters_add_up_to_the_switch_counters():
     world_group, pair = groups
     assert pair["contributions"] == 2 * pair["completions"] == 2 * -(-4000 // 256)
     assert world_group["bytes_reduced"] == 700 * 4 + 300 * 2
+
+
+def _contribute(link, port, group_id, seq):
+    from cais import protocol as proto
+    hdr = proto.CaisHeader(group_id=group_id, seq_num=seq, payload_len=4)
+    link.model.receive(port, proto.build_frame(hdr, bytes(4), src=0x020000000100 | port, pad=True))
+
+
+def model_sets_in_use(model, info) -> int:
+    """The non-empty sets of a group's quota, counted from the model's slot state (independent of
+    SETS_IN_USE)."""
+    return sum(bool(bitmap) for slot in range(info.base, info.base + info.slot_count)
+               for bitmap, _, _ in model.slot_state(slot))
+
+
+def test_sets_in_use_per_group_hand_derived():
+    """Two groups on their own ports; group A has a half-done chunk (one of its two ports contributed),
+    group B two complete chunks and a third half done. Sets in use per group (SETS_IN_USE of the group's
+    rule entry): A 1, B 3 (a complete set stays in use until its ports move past it), and they add up to
+    SLOTS_IN_USE; the controller's stats and group counters say the same as the model's slot state."""
+    link, ctl = make(SwitchParams(ports=4, slots=64), slots_per_group=8)
+    a = run_sync(ctl.create_group([0, 1]))
+    b = run_sync(ctl.create_group([2, 3]))
+    _contribute(link, 0, a.group_id, 0)                 # A: chunk 0 half done
+    for seq in (0, 1):                                  # B: chunks 0 and 1 complete
+        for port in (2, 3):
+            _contribute(link, port, b.group_id, seq)
+    _contribute(link, 3, b.group_id, 2)                 # B: chunk 2 half done
+    st = run_sync(ctl.evaluate(1.0))
+    got = {g: st["groups"][g]["sets_in_use"] for g in (a.group_id, b.group_id)}
+    assert got == {a.group_id: 1, b.group_id: 3}
+    assert got == {a.group_id: model_sets_in_use(link.model, a), b.group_id: model_sets_in_use(link.model, b)}
+    assert sum(got.values()) == st["counters"]["SLOTS_IN_USE"] == 4
+    assert st["groups"][b.group_id]["sets_allocated"] == 16
+    # B's ports move past chunk 0 and 1 (chunks 8 and 9 use the other sets of their slots): those sets empty
+    for seq in (8, 9):
+        for port in (2, 3):
+            _contribute(link, port, b.group_id, seq)
+    st = run_sync(ctl.evaluate(2.0))
+    assert st["groups"][b.group_id]["sets_in_use"] == model_sets_in_use(link.model, b) == 3
+    assert st["groups"][a.group_id]["sets_in_use"] == 1
+
+
+def test_aging_programmed_from_the_configured_age_and_the_clock():
+    """AGING.age = set_age_ms at the link's clock in AGE_UNIT cycles, rounded up, with free; 0 turns it
+    off; an age the 16-bit field cannot hold is refused naming the key and the largest age."""
+    from cais.registers import register_map
+    regs = register_map(SwitchParams())
+    for ms, clock in ((250.0, 156.25e6), (2.0, 100e6), (0.0, 156.25e6)):
+        link = ModelLink(SwitchParams(), clock_hz=clock)
+        ctl = Controller(link, Config(set_age_ms=ms), [0, 1, 2, 3], [1, 2, 3, 4])
+        run_sync(ctl.start())
+        f = regs["AGING"].unpack(run_sync(link.read(regs["AGING"].address())))
+        unit = run_sync(link.read(regs["AGE_UNIT"].address()))
+        want = -(-round(ms / 1000 * clock) // unit)
+        assert (f["age"], f["free"]) == (want, int(ms > 0))
+        if ms:
+            assert (f["age"] - 1) * unit < ms / 1000 * clock <= f["age"] * unit
+    assert want == 0
+    link = ModelLink(SwitchParams())
+    with pytest.raises(ValueError, match=r"set_age_ms=500: at most 429\.\d ms"):
+        run_sync(Controller(link, Config(set_age_ms=500.0), [0], [1]).start())
