@@ -719,7 +719,7 @@ class Controller:
         times = []
         for group_id, op_seq in self._latest.items():
             op = self._ops[(group_id, op_seq)]
-            if op.accounted:
+            if op.accounted or group_id not in self.groups:
                 continue
             if op.decision.offload and group_id not in self._retypes and group_id not in self._blocked:
                 times.append(self._next_aging_check)     # its sets may age
