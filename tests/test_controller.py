@@ -411,45 +411,60 @@ def test_per_group_counters_add_up_to_the_switch_counters():
     assert world_group["bytes_reduced"] == 700 * 4 + 300 * 2
 
 
-def _contribute(link, port, group_id, seq):
+def model_sets_in_use(model, base, count) -> int:
+    """The non-empty sets of a quota, counted from the model's slot state (independent of SETS_IN_USE)."""
+    return sum(bool(bitmap) for slot in range(base, base + count) for bitmap, _, _ in model.slot_state(slot))
+
+
+async def sets_in_use_job(link) -> list[dict]:
+    """Two groups on their own ports; group A gets a half-done chunk (one of its two ports contributed),
+    group B two complete chunks and a third half done; then B's ports move past chunks 0 and 1 (chunks 8
+    and 9 use the other sets of their slots). The controller's per-group counters after each phase."""
     from cais import protocol as proto
-    hdr = proto.CaisHeader(group_id=group_id, seq_num=seq, payload_len=4)
-    link.model.receive(port, proto.build_frame(hdr, bytes(4), src=0x020000000100 | port, pad=True))
+    from cais.sim.links.base import wait_idle
+    ctl = Controller(link, Config(slots_per_group=8), [0, 1, 2, 3], [0x020000000100 | p for p in range(4)])
+    await ctl.start()
+    a, b = await ctl.create_group([0, 1]), await ctl.create_group([2, 3])
+
+    async def phase(frames):
+        for port, group, seq in frames:
+            hdr = proto.CaisHeader(group_id=group.group_id, seq_num=seq, payload_len=4)
+            link.send(port, proto.build_frame(hdr, bytes(4), src=0x020000000100 | port, pad=True))
+        assert await wait_idle(link, limit=link.cycle + 20_000)
+        link.take_received()
+        st = await ctl.evaluate(link.cycle / link.clock_hz)
+        return {"a": st["groups"][a.group_id], "b": st["groups"][b.group_id], "total": st["counters"]["SLOTS_IN_USE"],
+                "quotas": [(a.base, a.slot_count), (b.base, b.slot_count)]}
+    first = await phase([(0, a, 0)] + [(p, b, seq) for seq in (0, 1) for p in (2, 3)] + [(3, b, 2)])
+    second = await phase([(p, b, seq) for seq in (8, 9) for p in (2, 3)])
+    return [first, second]
 
 
-def model_sets_in_use(model, info) -> int:
-    """The non-empty sets of a group's quota, counted from the model's slot state (independent of
-    SETS_IN_USE)."""
-    return sum(bool(bitmap) for slot in range(info.base, info.base + info.slot_count)
-               for bitmap, _, _ in model.slot_state(slot))
+@pytest.mark.parametrize("backend", ["model", pytest.param("verilator", marks=pytest.mark.verilator)])
+def test_sets_in_use_per_group_hand_derived(backend):
+    """Sets in use per group (SETS_IN_USE of the group's rule entry), hand-derived: A 1, B 3 (a complete
+    set stays in use until its ports move past it), adding up to SLOTS_IN_USE; after B's ports moved past
+    its complete chunks, B still 3 (chunks 8 and 9 complete, chunk 2 half done). On the model also against
+    the sets counted from its slot state."""
+    from cais.sim.backends import run_model
+    box = {}
 
-
-def test_sets_in_use_per_group_hand_derived():
-    """Two groups on their own ports; group A has a half-done chunk (one of its two ports contributed),
-    group B two complete chunks and a third half done. Sets in use per group (SETS_IN_USE of the group's
-    rule entry): A 1, B 3 (a complete set stays in use until its ports move past it), and they add up to
-    SLOTS_IN_USE; the controller's stats and group counters say the same as the model's slot state."""
-    link, ctl = make(SwitchParams(ports=4, slots=64), slots_per_group=8)
-    a = run_sync(ctl.create_group([0, 1]))
-    b = run_sync(ctl.create_group([2, 3]))
-    _contribute(link, 0, a.group_id, 0)                 # A: chunk 0 half done
-    for seq in (0, 1):                                  # B: chunks 0 and 1 complete
-        for port in (2, 3):
-            _contribute(link, port, b.group_id, seq)
-    _contribute(link, 3, b.group_id, 2)                 # B: chunk 2 half done
-    st = run_sync(ctl.evaluate(1.0))
-    got = {g: st["groups"][g]["sets_in_use"] for g in (a.group_id, b.group_id)}
-    assert got == {a.group_id: 1, b.group_id: 3}
-    assert got == {a.group_id: model_sets_in_use(link.model, a), b.group_id: model_sets_in_use(link.model, b)}
-    assert sum(got.values()) == st["counters"]["SLOTS_IN_USE"] == 4
-    assert st["groups"][b.group_id]["sets_allocated"] == 16
-    # B's ports move past chunk 0 and 1 (chunks 8 and 9 use the other sets of their slots): those sets empty
-    for seq in (8, 9):
-        for port in (2, 3):
-            _contribute(link, port, b.group_id, seq)
-    st = run_sync(ctl.evaluate(2.0))
-    assert st["groups"][b.group_id]["sets_in_use"] == model_sets_in_use(link.model, b) == 3
-    assert st["groups"][a.group_id]["sets_in_use"] == 1
+    async def main(link):
+        box["link"] = link
+        return await sets_in_use_job(link)
+    if backend == "model":
+        phases = run_model(SwitchParams(ports=4), main)
+    else:
+        from cais.sim.links.verilator import run_verilator
+        phases = run_verilator(SwitchParams(ports=4), main)
+    (first, second) = phases
+    assert (first["a"]["sets_in_use"], first["b"]["sets_in_use"], first["total"]) == (1, 3, 4)
+    assert first["b"]["sets_allocated"] == 16 and first["a"]["sets_aged"] == 0
+    assert (second["a"]["sets_in_use"], second["b"]["sets_in_use"], second["total"]) == (1, 3, 4)
+    if backend == "model":
+        model = box["link"].model
+        (abase, acount), (bbase, bcount) = second["quotas"]
+        assert model_sets_in_use(model, abase, acount) == 1 and model_sets_in_use(model, bbase, bcount) == 3
 
 
 def test_aging_programmed_from_the_configured_age_and_the_clock():
