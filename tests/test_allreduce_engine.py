@@ -208,3 +208,21 @@ def test_bad_types_refused():
     with pytest.raises(ValueError, match="not even one"):
         SwitchAllReduce(data=np.zeros(4, np.float32), op=0, group_id=1, seq_base=0, slot_count=1, window=1,
                         chunk_size=256, timeout_s=1.0, retry_limit=1, mac=1, capacity=2)
+
+
+def test_retry_horizon_is_when_an_unanswered_chunk_gives_up():
+    """cais.allreduce.retry_horizon against the engine itself: a one-chunk collective that never gets a
+    result, polled at each deadline, fails exactly that long after its first transmission (255 initial
+    timeouts for retry_limit 8: 1 + 2 + ... + 64 + 64 + 64)."""
+    from cais.allreduce import retry_horizon
+    for timeout, limit in ((1e-4, 8), (1e-3, 0), (2e-4, 3)):
+        eng = SwitchAllReduce(data=np.zeros(4, np.int32), op=proto.ReduceOp.SUM, group_id=1, seq_base=0,
+                              slot_count=1, window=1, chunk_size=256, timeout_s=timeout, retry_limit=limit,
+                              mac=2)
+        now = 0.0
+        assert len(eng.poll(now)) == 1
+        while not eng.failed:
+            now = eng.next_deadline()
+            eng.poll(now)
+        assert now == pytest.approx(retry_horizon(timeout, limit))
+    assert retry_horizon(1e-4, 8) == pytest.approx(255e-4)

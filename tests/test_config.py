@@ -35,6 +35,8 @@ def test_toml_then_keywords(tmp_path):
     ({"reproducible": 1}, "reproducible=1: must be true or false"),
     ({"reproducible": "yes"}, "reproducible='yes'"),
     ({"saturate": 0}, "saturate=0: must be true or false"),
+    ({"set_age_ms": -1}, "set_age_ms=-1: must be 0"),
+    ({"set_age_ms": "long"}, "set_age_ms='long': must be a number"),
 ])
 def test_bad_values_named(kw, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(".", r"\.")):

@@ -427,3 +427,115 @@ def test_native_float_fallback_gives_every_rank_the_same_bits(reproducible):
         assert same_bits(results[0][0], fold(data, "sum", T.FP16))
     else:
         assert all(r[1] == "ring" for r in results) and same_bits(results[0][0], ring_fold(data, "sum", T.FP16))
+
+
+# ------------------------------------------------------------------ dead ranks (set aging, docs/reliability.md)
+DEAD = {"ranks": 4, "victim": 3, "set_age_ms": 2.0, "seed": 5}
+
+
+def run_dead_rank(**job):
+    """The dead-rank job on the model, and the model's slot state at its end."""
+    from cais.sim.backends import run_model
+    from cais.sim.scale import dead_rank_job
+    box = {}
+
+    async def main(link):
+        box["link"] = link
+        return await dead_rank_job(link, dict(DEAD, **job))
+    s = run_model(SwitchParams(ports=4), main)
+    return s, box["link"].model
+
+
+def victim_bits(model, victim):
+    """Sets of the slot memory that still hold the victim's contribution bit."""
+    return [(slot, s) for slot in range(model.params.slots) for s, (bitmap, _, _) in enumerate(model.slot_state(slot))
+            if bitmap >> victim & 1]
+
+
+@pytest.mark.parametrize("loss", [0.0, 0.05])
+def test_a_rank_killed_mid_collective_the_survivors_redo_it_on_the_ring_in_bounded_time(loss):
+    """Rank 3 dies with its chunks half sent: a set ages without it, the controller drops it, the
+    survivors redo the collective on the host ring from their own inputs (numpy over the survivors'
+    inputs, every survivor the same) within the bound; the next collective runs on the switch. With 5%
+    loss on every wire no live rank is taken for dead (each aged set misses the victim; a live rank's
+    lost frame only misses from some)."""
+    from cais.sim.scale import check_dead_rank
+    s, model = run_dead_rank(chunks=128, at=0.25, loss=loss)
+    assert check_dead_rank(s) == [], s
+    assert s["paths"]["0:0"] == "ring" and s["exact"] == [True, True]
+    dropped_after = s["dropped"][0][0] - s["killed_s"]
+    assert s["age_s"] - s["timeout_s"] <= dropped_after <= s["bound_s"]
+    assert max(s["finished_s"].values()) - s["killed_s"] <= s["bound_s"]
+    assert s["counters"]["AGED_TOTAL"] >= 1 and all(a["missing"] == [3] for a in s["aged"])
+    assert victim_bits(model, 3) == []        # aging freed the dead rank's sets, SLOT_CLEAR the rest
+    group = s["groups"][0]
+    assert group["fell_back"] == 1 and group["sets_aged"] == s["counters"]["AGED"][0]
+
+
+def test_a_rank_killed_after_its_last_contribution_is_dropped_when_it_never_finishes():
+    """Rank 3 dies after its last contribution: every chunk completes with it (the survivors' result
+    includes its input), no set ages, and it is dropped once it has not finished for the set age, so the
+    survivors' next collective goes on, on the switch, without it."""
+    from cais.sim.scale import check_dead_rank
+    s, model = run_dead_rank(chunks=64, at=0.5)
+    assert check_dead_rank(s) == [], s
+    assert s["paths"]["0:0"] == "switch" and s["first_with_victim"] and s["exact"][1]
+    assert s["counters"]["AGED_TOTAL"] == 0 and "did not finish" in s["dropped"][0][3]
+    assert s["age_s"] <= s["dropped"][0][0] - s["killed_s"] <= s["bound_s"]
+    assert victim_bits(model, 3) == []
+
+
+def test_without_aging_a_dead_rank_hangs_the_survivors():
+    """The same death with aging off (set_age_ms = 0): nothing tells the controller, the survivors' ring
+    waits for the dead rank forever; the world stops it at a limit here. What the aging test above shows
+    is therefore the aging's doing."""
+    from cais.sim.scale import KillingLink
+    world_box = {}
+
+    def trigger():
+        w = world_box["w"]
+        done, total = w.progress()
+        if 3 not in w.killed and total and done >= total // 4:
+            w.kill(3)
+        if w.now > 0.05:
+            raise TimeoutError("still running 50 ms after the death")
+    link = KillingLink(ModelLink(SwitchParams(ports=4)), trigger)
+    world_box["w"] = World(link, config=Config(offload="always", set_age_ms=0))
+    data = np.arange(128 * 64, dtype=np.int32)
+    with pytest.raises(TimeoutError):
+        run_sync(world_box["w"].run(lambda comm: comm.all_reduce(data)))
+    assert world_box["w"].controller.dropped == []
+
+
+def test_a_live_rank_missing_longer_than_the_age_is_dropped_with_an_error_not_a_hang():
+    """Rank 2's link to the switch is down (every frame it sends lost) for longer than the set age: the
+    switch ages the others' sets without it and the controller takes it for dead. Rank 2 gets a
+    CollectiveError naming the drop, never a hang nor a partial result; the others finish with the
+    reduction of their own inputs."""
+    from cais.comm import CollectiveError
+
+    class Blackout:
+        def __init__(self, inner, port, until_s):
+            self._inner, self._port, self._until = inner, port, until_s
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+        def send(self, port, frame, **kw):
+            if not (port == self._port and self._inner.cycle < self._until * self._inner.clock_hz):
+                self._inner.send(port, frame, **kw)
+
+    data = [np.arange(128 * 64, dtype=np.int32) * (r + 1) for r in range(4)]
+    world = World(Blackout(ModelLink(SwitchParams(ports=4)), 2, 0.01), config=Config(offload="always", set_age_ms=2.0))
+
+    def fn(comm):
+        try:
+            return comm.all_reduce(data[comm.rank])
+        except CollectiveError as e:
+            return str(e)
+
+    results = run_sync(world.run(fn))
+    assert "rank 2 was dropped from group 1" in results[2] and "aged sets" in results[2]
+    for r in (0, 1, 3):
+        assert np.array_equal(results[r], reference_reduce([data[i] for i in (0, 1, 3)], proto.ReduceOp.SUM))
+    assert [d[2] for d in world.controller.dropped] == [2]

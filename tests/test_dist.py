@@ -90,6 +90,23 @@ if scenario == "dies":
     if r == 0:
         time.sleep(3)                     # rank 0 hosts the coordinator: let the others see their own error
     os._exit(0)
+if scenario == "sigkill":
+    import signal
+    t0 = time.monotonic()
+    try:
+        cais.barrier()
+        work = cais.all_reduce(np.ones(1 << 18, np.int32), async_op=True)   # 4096 chunks: seconds here
+        if r == int(os.environ["DIE"]):
+            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGKILL)   # in the middle of the collective, no bye, no cleanup
+        work.wait()
+        out["error"] = None
+    except cais.CollectiveError as e:
+        out["error"], out["seconds"] = str(e), time.monotonic() - t0
+    print(json.dumps(out), flush=True)
+    if r == 0:
+        time.sleep(3)
+    os._exit(0)
 if scenario == "mixed":
     ok = []
     for order in ([0, 1, 2], [2, 1, 0], [1, 0, 2], [2, 0, 1]):
@@ -171,6 +188,22 @@ def test_peer_that_dies_fails_the_others_quickly(tmp_path, dies):
         assert (f"rank(s) [{dies}] left" if dies else "lost the coordinator") in out["error"], out
         assert out["seconds"] < 5.0, out          # noticed at once; not the 30 s deadline
         assert "an earlier collective failed" in out["second"], out
+
+
+def test_rank_killed_with_sigkill_mid_collective_fails_the_others_quickly(tmp_path):
+    """Deployed, a rank process killed with SIGKILL in the middle of an all-reduce: its coordinator
+    connection ends, and each survivor's collective fails with CollectiveError naming it within seconds
+    (not the 30 s deadline); nobody hangs. (The co-simulation's survivors redo it instead:
+    test_cosim.py, docs/reliability.md section 7.)"""
+    import signal
+    outs, codes = run_ranks(tmp_path, 3, "sigkill", 60, {"T": "30", "DIE": "1"})
+    assert codes[1] == -signal.SIGKILL
+    import re
+    for r in (0, 2):
+        # rank 1, and rank 2 too when it has already failed and left before rank 0 looked
+        left = re.search(r"rank\(s\) \[([\d, ]+)\] left", outs[r].get("error") or "")
+        assert left and 1 in [int(x) for x in left.group(1).split(",")], outs[r]
+        assert outs[r]["seconds"] < 5.0, outs[r]
 
 
 def test_outstanding_mixed_kinds_buffers_and_groups(tmp_path):

@@ -28,7 +28,7 @@ PARAMS = SwitchParams(ports=4)
 def switch(tmp_path):
     sock = str(tmp_path / "switch.sock")
     daemon = SwitchDaemon([], PARAMS, control=sock)
-    t = threading.Thread(target=daemon.run, daemon=True)
+    t = threading.Thread(target=daemon.run, daemon=True, name="switch-loop")
     t.start()
     yield sock, daemon
     daemon.stop()
@@ -309,3 +309,66 @@ def test_controller_refuses_to_start_without_a_token(tmp_path):
                         str(tmp_path / "c.sock"), "--http", "127.0.0.1:0", "--world-size", "2", "--switch-wait", "0"],
                        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "CAIS_TOKEN": "t"})
     assert p.returncode == 2 and "cannot connect" in p.stderr, p.stderr
+
+
+def test_sets_in_use_per_group_on_a_running_service(switch, tmp_path):
+    """Two groups (the world group and a pair made by the ranks' rendezvous), frames put into the switch
+    by hand: a half-done chunk in the pair's quota, two complete chunks and a half-done one in the world
+    group's. show-groups, /v1/groups and /metrics give each group's sets in use (beside its sets
+    allocated) as counted here from the model's slot state."""
+    from cais import protocol as proto
+    sock, daemon = switch
+    svc = start(sock, tmp_path)
+    loop = None
+    try:
+        conns = rank_clients(svc, tmp_path)
+        for r, c in enumerate(conns):
+            c.request("hello", rank=r, world_size=4)
+        answers = {}
+        threads = [threading.Thread(target=lambda r=r: answers.setdefault(r, conns[r].request(
+            "group", rank=r, ranks=[2, 3], call=0)["group"])) for r in (2, 3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        pair = answers[2]
+        world = svc.controller.groups[1]
+        # the daemon's loop stopped while the frames go in (the model is not shared between threads)
+        daemon.stop()
+        for t in threading.enumerate():
+            if t.name == "switch-loop":
+                t.join(5)
+        def put(port, group_id, seq):
+            hdr = proto.CaisHeader(group_id=group_id, seq_num=seq, payload_len=4)
+            daemon.link.model.receive(port, proto.build_frame(hdr, bytes(4), src=0x020000000100 | port, pad=True))
+        put(3, pair["group_id"], 0)                          # the pair: chunk 0 half done
+        for seq in (0, 1):                                   # the world group: chunks 0, 1 complete
+            for port in range(4):
+                put(port, 1, seq)
+        put(0, 1, 2)                                         # and chunk 2 half done
+        model = daemon.link.model
+        want = {}
+        for gid, base, count in ((1, world.base, world.slot_count), (pair["group_id"], pair["base"], 1 << pair["count_log2"])):
+            want[gid] = sum(bool(b) for slot in range(base, base + count) for b, _, _ in model.slot_state(slot))
+        assert want == {1: 3, pair["group_id"]: 1}
+        daemon._stop = False
+        loop = threading.Thread(target=daemon.run, name="switch-loop-2", daemon=True)
+        loop.start()
+        import time
+        time.sleep(0.1)                                      # an evaluation at least (every 20 ms)
+        groups = {g["group_id"]: g for g in json.loads(cli(svc, "--json", "show-groups").stdout)["groups"]}
+        assert {g: groups[g]["sets_in_use"] for g in want} == want
+        assert groups[1]["sets_allocated"] == 2 * world.slot_count
+        text = cli(svc, "show-groups").stdout
+        assert f"{want[1]}/{2 * world.slot_count}" in text and f"{want[pair['group_id']]}/{2 << pair['count_log2']}" in text
+        status, body = http(svc, "GET", "/metrics")
+        metrics = body.decode()
+        for gid, n in want.items():
+            assert f'cais_group_sets_in_use{{group="{gid}"}} {n}.0' in metrics
+        assert f"cais_sets_in_use {sum(want.values())}.0" in metrics
+        assert 'cais_group_sets_aged_total{group="1"} 0.0' in metrics and "cais_sets_aged_total 0.0" in metrics
+    finally:
+        if loop is not None:
+            daemon.stop()
+            loop.join(5)
+        svc.close()

@@ -155,14 +155,16 @@ def rules_table(rules: list[dict]) -> str:
 
 
 def groups_table(groups: list[dict]) -> str:
-    lines = [f"{'group':>5} {'ranks':<12} {'rule':>4} {'slots':<9} {'kind':<22} {'coll':>5} {'offl':>5} {'fb':>4} "
-             f"{'completions':>11} {'contribs':>9} {'bytes':>10}", "-" * 108]
+    lines = [f"{'group':>5} {'ranks':<12} {'rule':>4} {'slots':<9} {'sets used':>9} {'kind':<22} {'coll':>5} "
+             f"{'offl':>5} {'fb':>4} {'completions':>11} {'contribs':>9} {'bytes':>10} {'aged':>5} dropped", "-" * 132]
     for g in groups:
         slots = f"{g['base']}+{g['slots']}" if g["base"] is not None else "host only"
+        used = f"{g['sets_in_use']}/{g['sets_allocated']}"
+        dropped = ",".join(g["dropped"]) or "-"
         lines.append(f"{g['group_id']:>5} {','.join(map(str, g['ranks'])):<12} "
-                     f"{'-' if g['rule_index'] is None else g['rule_index']:>4} {slots:<9} {g['kind']:<22} "
+                     f"{'-' if g['rule_index'] is None else g['rule_index']:>4} {slots:<9} {used:>9} {g['kind']:<22} "
                      f"{g['collectives']:>5} {g['offloaded']:>5} {g['fell_back']:>4} {g['completions']:>11} "
-                     f"{g['contributions']:>9} {g['bytes_reduced']:>10}")
+                     f"{g['contributions']:>9} {g['bytes_reduced']:>10} {g['sets_aged']:>5} {dropped}")
     return "\n".join(lines)
 
 

@@ -31,7 +31,7 @@ from . import numerics
 from . import protocol as proto
 from .rto import RetransmitTimer
 
-__all__ = ["SwitchAllReduce", "CollectiveKind", "chunk_count", "chunk_payload", "SWITCH_RTO_FLOOR"]
+__all__ = ["SwitchAllReduce", "CollectiveKind", "chunk_count", "chunk_payload", "SWITCH_RTO_FLOOR", "retry_horizon"]
 
 SWITCH_RTO_FLOOR = 0.1   # measured timeouts go down to a tenth of timeout_ms
 
@@ -91,6 +91,14 @@ def chunk_count(elements: int, itemsize: int, chunk_size: int) -> int:
     if per_chunk < 1:
         raise ValueError(f"chunk_size={chunk_size}: smaller than one {itemsize}-byte element")
     return -(-elements // per_chunk)
+
+
+def retry_horizon(timeout_s: float, retry_limit: int) -> float:
+    """How long a chunk without any result is retried before the engine gives up, with the timer at
+    `timeout_s` (the initial one, before measured round trips): its timeouts before the first and every
+    further transmission, ``retry_limit`` retransmissions then one more timeout (docs/driver.md)."""
+    timer = RetransmitTimer(timeout_s)
+    return sum(timer.timeout(k) for k in range(retry_limit + 1))
 
 
 @dataclass

@@ -407,7 +407,7 @@ def operate(cluster: Cluster) -> bool:
     wanted = ("cais_group_completions_total", "cais_group_contributions_total", "cais_collective_latency_seconds_count",
               "cais_queue_delay_seconds_count", "cais_reduce_throughput_bytes_per_second", "cais_fallback_ratio",
               'cais_drops_total{reason="NO_RULE"}', 'cais_port_rx_frames_total{port="0"}', "cais_sets_in_use",
-              "cais_group_sets_allocated")
+              "cais_group_sets_allocated", "cais_group_sets_in_use", "cais_group_sets_aged_total")
     print("\n$ curl -H 'Authorization: Bearer ...' http://" + cluster.http + "/metrics   (a few lines)")
     for line in metrics.splitlines():
         if line.startswith(wanted):

@@ -34,7 +34,7 @@ from .link import SwitchLink
 from .numerics import native_dtype, wire_dtype
 from .registers import register_map
 
-__all__ = ["World", "Communicator", "Work", "Group", "host_mac", "CollectiveError"]
+__all__ = ["World", "Communicator", "Work", "Group", "host_mac", "CollectiveError", "RankKilled", "ring_op_id"]
 
 ACTIVE_STEP = 32        # cycles per world step while the controller has register work waiting
 IDLE_CHECK = 256        # cycles of silence before the world may jump ahead to the next timer; also the
@@ -48,6 +48,24 @@ def host_mac(rank: int) -> int:
 
 class CollectiveError(RuntimeError):
     """A collective could not complete (a rank failed, or every path was exhausted)."""
+
+
+class RankKilled(CollectiveError):
+    """Raised in the thread of a rank :meth:`World.kill` killed: it ends there, and its result is None."""
+
+
+RING_EPOCH_SHIFT = 24       # a redone collective's ring frames carry its epoch above bit 24 of op_seq
+
+
+def ring_op_id(op_seq: int, epoch: int) -> int:
+    """The op_seq field of a collective's host-ring frames: the collective's op_seq at epoch 0; a redo
+    after ranks were dropped (epoch e > 0) puts e in the top byte, so no frame of the abandoned ring,
+    still in flight, is taken by the new one (whose ranks, hence blocks, differ)."""
+    if epoch == 0:
+        return op_seq
+    if not 0 < epoch < 1 << (32 - RING_EPOCH_SHIFT):
+        raise ValueError(f"epoch {epoch}: must be in 0..{(1 << (32 - RING_EPOCH_SHIFT)) - 1}")
+    return (op_seq & ((1 << RING_EPOCH_SHIFT) - 1)) | epoch << RING_EPOCH_SHIFT
 
 
 @dataclass(frozen=True)
@@ -90,8 +108,10 @@ class _Collective:
     convert: Callable[[np.ndarray], np.ndarray] | None = None   # wire values -> what the caller gets
     engine: Any = None
     path: str | None = None
-    held: bool = False               # finished here on the switch, result withheld until every rank has it
+    held: bool = False               # finished here, result withheld until every rank of the group has it
     delivered: bool = False
+    epoch: int = 0                   # the controller's op_epoch this rank runs it at (a redo: higher)
+    reported: bool = False           # finished told to the controller at this epoch
 
     @property
     def op(self) -> proto.ReduceOp:
@@ -115,6 +135,7 @@ class _RankState:
     lingering: list = field(default_factory=list)      # switch ops done here, not yet by every rank
     op_seq: dict = field(default_factory=dict)         # group id -> next op_seq
     group_calls: dict = field(default_factory=dict)    # ranks -> new_group calls with them so far
+    dead: bool = False                                 # killed (World.kill): sends and takes nothing
 
 
 class Communicator:
@@ -294,6 +315,7 @@ class World:
         self.bytes_sent = [0] * self.ranks
         self.retransmissions = [0] * self.ranks
         self.collectives: list[dict] = []
+        self.killed: dict[int, float] = {}        # rank -> when World.kill killed it (seconds of switch time)
 
     def progress(self) -> tuple[int, int]:
         """(chunks done, chunks) of the collectives the ranks are running now."""
@@ -312,13 +334,36 @@ class World:
     # ---------------------------------------------------------------- called from rank threads
     def _block_until(self, rank: int, event: threading.Event) -> None:
         with self._cv:
-            if event.is_set():
-                return
-            self._waiting[rank] = event
-            self._runnable -= 1
-            self._cv.notify_all()
-            while not event.is_set():
-                self._cv.wait()
+            if not event.is_set():
+                self._waiting[rank] = event
+                self._runnable -= 1
+                self._cv.notify_all()
+                while not event.is_set():
+                    self._cv.wait()
+            if self._states[rank].dead:
+                raise RankKilled(f"rank {rank} was killed")
+
+    def kill(self, rank: int) -> None:
+        """Kill a rank as SIGKILL kills a process (call it from the world's thread, e.g. from a link the
+        world advances): from now on it sends nothing and takes no frame, its collectives are gone, and
+        its thread ends with :class:`RankKilled` (its result is None). Nothing tells the controller: it
+        learns of the death from the switch (a set that ages without the rank's contribution) or from the
+        rank never finishing a collective its peers finished (docs/reliability.md, "Dead ranks")."""
+        s = self._states[rank]
+        if s.dead:
+            return
+        s.dead = True
+        self.killed[rank] = self.now
+        works = [c.work for c in s.queue + s.background + s.lingering + ([s.current] if s.current else [])]
+        s.queue, s.background, s.lingering, s.current = [], [], [], None
+        with self._cv:
+            for w in works:
+                if not w._done.is_set():
+                    w.error = RankKilled(f"rank {rank} was killed")
+                    self._wake(w._done)
+            waited = self._waiting.get(rank)
+            if waited is not None:      # blocked elsewhere (new_group): _block_until raises when it wakes
+                self._wake(waited)
 
     def _wake(self, event: threading.Event) -> None:
         """Set an event (world thread, under the lock). The rank becomes runnable again only if it is
@@ -375,8 +420,9 @@ class World:
         def body(rank):
             try:
                 results[rank] = fn(Communicator(self, rank))
-            except BaseException as e:   # reported by the world thread
-                self._errors.append(e)
+            except BaseException as e:   # reported by the world thread (a killed rank's end is not an error)
+                if not (isinstance(e, RankKilled) and self._states[rank].dead):
+                    self._errors.append(e)
             finally:
                 with self._cv:
                     finished[rank] = True
@@ -400,7 +446,8 @@ class World:
                 if self._errors:
                     raise self._errors[0]
                 all_done = all(finished)
-            if all_done and not any(s.background or s.current or s.queue or any(c.held for c in s.lingering)
+            if all_done and not any(s.background or s.current or s.queue
+                                    or any(c.held and not c.delivered for c in s.lingering)
                                     for s in self._states):
                 break
             await self._serve_groups()
@@ -447,8 +494,9 @@ class World:
         return idle() if idle else True
 
     def _progress_state(self) -> tuple:
-        """What changes when a collective moves on (queued, decided, started, finished, fallen back)."""
-        return (len(self.controller.decisions),) + tuple(
+        """What changes when a collective moves on (queued, decided, started, finished, fallen back, a rank
+        dropped)."""
+        return (len(self.controller.decisions), len(self.controller.dropped)) + tuple(
             (len(s.queue), len(s.background), len(s.lingering),
              None if s.current is None else (id(s.current), s.current.path, s.current.engine is None))
             for s in self._states)
@@ -472,6 +520,9 @@ class World:
                 d = engine.next_deadline()
                 if d is not None:
                     deadlines.append(d)
+        timer = self.controller.next_timer()     # dead-rank checks while a collective waits
+        if timer is not None:
+            deadlines.append(max(timer, self.now))
         return min(deadlines) if deadlines else None
 
     async def _stuck(self) -> bool:
@@ -507,7 +558,9 @@ class World:
         k = c.kind
         # a reproducible fold follows the ports' order, as the switch's does
         order = sorted(range(len(c.group.ranks)), key=lambda i: c.group.ports[i])
-        c.engine = RingAllReduce(c.group.ranks.index(state.rank), ring_macs, c.group.group_id, c.op_seq, c.data,
+        c.epoch = self.controller.op_epoch(c.group.group_id, c.op_seq)
+        c.engine = RingAllReduce(c.group.ranks.index(state.rank), ring_macs, c.group.group_id,
+                                 ring_op_id(c.op_seq, c.epoch), c.data,
                                  c.op, state.mac, self.config.timeout_s, now=self.now, dtype=k.dtype,
                                  saturate=k.saturate, reproducible=k.reproducible, acc_fp32=k.acc_fp32,
                                  fold_order=order)
@@ -517,6 +570,9 @@ class World:
         """Decide, start, poll and finish collectives on every rank; returns frames sent."""
         now, ctl, sent = self.now, self.controller, 0
         for s in self._states:
+            if s.dead:
+                continue
+            self._follow_drops(s)
             # Collectives this rank finished on the switch that a peer moved to the ring: join the ring.
             # A withheld switch result is handed out once every rank finished on the switch; if a peer fell
             # back instead, this rank takes the ring's result, so every rank gets the same bits.
@@ -563,19 +619,55 @@ class World:
                 if ready:
                     self._finish(s, c)
             for b in list(s.background):
-                if b.held and not b.delivered and b.engine.result_ready:
+                if not b.reported and b.engine.result_ready:      # a redo this rank ran in the background
+                    ctl.finished(s.rank, b.group.group_id, b.op_seq)
+                    b.reported = True
+                if (b.held and not b.delivered and b.engine.result_ready
+                        and ctl.all_finished(b.group.group_id, b.op_seq)):
                     self._deliver_result(s, b)
                 if b.engine.done:
-                    key = (b.group.group_id, b.op_seq)
+                    key = (b.group.group_id, b.op_seq, b.epoch)
                     self._ring_done.setdefault(key, set()).add(s.rank)
         # A finished ring engine keeps answering its predecessor (whose last acknowledgement may have been
         # lost) until every rank's engine of that collective is done.
         for s in self._states:
             for b in list(s.background):
-                if self._ring_done.get((b.group.group_id, b.op_seq), set()) >= set(b.group.ranks):
+                if self._ring_done.get((b.group.group_id, b.op_seq, b.epoch), set()) >= set(b.group.ranks):
                     s.background.remove(b)
                     self._account(s, b.engine)
         return sent
+
+    def _follow_drops(self, s: _RankState) -> None:
+        """The controller dropped ranks from a collective this rank has not handed out yet (its op_epoch
+        moved on): a rank dropped itself fails it; a rank left redoes it on the host ring among the ranks
+        left, from its own input, and its result is held until every one of them has finished."""
+        ctl = self.controller
+        running = ([s.current] if s.current is not None else []) + s.lingering + [
+            b for b in s.background if not b.delivered]
+        for c in running:
+            g = c.group.group_id
+            if s.rank not in c.group.ranks:
+                for where in (s.lingering, s.background):
+                    if c in where:
+                        where.remove(c)
+                if s.current is c:
+                    s.current = None
+                why = c.group.dropped.get(s.rank, "not a member any more")
+                with self._cv:
+                    c.work.error = CollectiveError(f"rank {s.rank} was dropped from group {g}: {why}")
+                    self._wake(c.work._done)
+                continue
+            if c.engine is None or c.epoch == ctl.op_epoch(g, c.op_seq):
+                continue
+            if c not in s.lingering:            # a lingering switch engine is accounted already
+                self._account(s, c.engine)
+            self._start_ring(s, c)
+            c.work.path, c.reported = "ring", False
+            if c is not s.current:
+                if c in s.lingering:
+                    s.lingering.remove(c)
+                    s.background.append(c)
+                c.held = True
 
     def _account(self, s: _RankState, engine) -> None:
         self.frames_sent[s.rank] += engine.frames_sent
@@ -584,6 +676,7 @@ class World:
 
     def _finish(self, s: _RankState, c: _Collective) -> None:
         self.controller.finished(s.rank, c.group.group_id, c.op_seq)
+        c.reported = True
         if c.path == "switch":
             if c.engine.first_rtt is not None:
                 self.controller.report_rtts([c.engine.first_rtt])
@@ -592,6 +685,8 @@ class World:
             c.held = c.order_sensitive and not self.controller.all_finished(c.group.group_id, c.op_seq)
         else:
             s.background.append(c)   # keeps serving its peers until every frame of it is acknowledged
+            # held until every rank has it: a dead peer found meanwhile makes the ranks left redo it
+            c.held = not self.controller.all_finished(c.group.group_id, c.op_seq)
         s.current = None
         if not c.held:
             self._deliver_result(s, c)
@@ -614,7 +709,7 @@ class World:
         now = self.now
         for port, frame in received:
             s = self._by_port.get(port)
-            if s is None:
+            if s is None or s.dead:
                 continue
             for engine in self._engines(s):
                 if engine.receive(frame, now):

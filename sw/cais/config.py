@@ -58,6 +58,13 @@ class Config:
     reproducible: bool = False
     # int16/int8 SUM clamps to the type's range instead of wrapping modulo 2**bits.
     saturate: bool = False
+    # Set aging (switch time, ms; 0: off): a shadow set partly filled with no contribution accepted for this
+    # long is reported by the switch and freed; the controller drops the ranks missing from it, and the
+    # survivors redo the collective on the host ring (docs/reliability.md, "Dead ranks"). It must exceed a
+    # live rank's retry horizon (cais.allreduce.retry_horizon: 25.5 ms for the defaults) and the skew of
+    # the ranks' arrival at a collective. 250 ms is 10x the first and fits the switch's AGING.age
+    # (16 bits of 1024 cycles: 429 ms at 156.25 MHz).
+    set_age_ms: float = 250.0
 
     def __post_init__(self):
         def need(ok: bool, key: str, what: str):
@@ -92,6 +99,7 @@ class Config:
         need(0 < self.controller_port < 65536, "controller_port", "must be a TCP port (1..65535)")
         need(self.float_mode in ("native", "quantize"), "float_mode", 'must be "native" or "quantize"')
         need(self.accumulate in ("fp32", "wire"), "accumulate", 'must be "fp32" or "wire"')
+        need(self.set_age_ms >= 0, "set_age_ms", "must be 0 (aging off) or more")
 
     @classmethod
     def load(cls, path: str | Path | None = None, **overrides) -> "Config":
@@ -122,3 +130,7 @@ class Config:
     @property
     def timeout_s(self) -> float:
         return self.timeout_ms / 1000.0
+
+    @property
+    def set_age_s(self) -> float:
+        return self.set_age_ms / 1000.0

@@ -60,7 +60,7 @@ from .config import Config
 from .link import SwitchLink
 from .monitor import Alert, Samples
 from .protocol import DropReason, supported_dtypes
-from .registers import RegisterMap, read_counters, register_map
+from .registers import RegisterMap, aging_period, read_counters, register_map
 from .tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
 
 __all__ = ["Controller", "GroupInfo", "Decision", "CollectiveKind", "offload_score", "RuleConflict"]
@@ -71,6 +71,7 @@ MEMORY_PRESSURE = 0.80      # sets in use above this fraction raise the threshol
 FALLBACK_WARNING = 0.10     # warn above this fallback ratio
 THRESHOLD_STEP = 0.05
 THRESHOLD_CAP = 0.95
+AGING_CHECKS = 16           # aging registers read this many times per set age (the detection bound's check period)
 DRAIN_TIMEOUTS = 2          # a retype goes on this many round trips (or initial timeouts) after the group's last frame
 
 
@@ -92,6 +93,8 @@ class GroupInfo:
     completions: int = 0             # chunks the switch completed for the group (offloaded, not fallen back)
     contributions: int = 0           # contributions the switch accepted for them (chunks x members)
     bytes_reduced: int = 0           # bytes of those collectives (the wire format)
+    dropped: dict = field(default_factory=dict)   # rank -> why the controller dropped it (dead: aging)
+    rule_stale: bool = False         # ranks were dropped: the rule's contributors change at the next cleanup
 
     @property
     def slot_count(self) -> int:
@@ -120,6 +123,10 @@ class _Op:
     started: float = 0.0
     fell_back: bool = False
     finished: set = field(default_factory=set)
+    epoch: int = 0                   # times ranks were dropped while it ran: the survivors redo it (comm.World)
+    since: float | None = None       # when its wait for the last finishers began (first finish, fall back, redo)
+    members: int = 0                 # ranks of the group when it was decided (each contributes to every chunk)
+    accounted: bool = False
 
 
 class RuleConflict(ValueError):
@@ -141,8 +148,10 @@ def offload_score(nbytes: int, ranks: int, bandwidth: float, latency: float, que
 
 
 class Controller:
-    def __init__(self, link: SwitchLink, config: Config, rank_ports: list[int], rank_macs: list[int]):
+    def __init__(self, link: SwitchLink, config: Config, rank_ports: list[int], rank_macs: list[int], *,
+                 drop_dead: bool = True):
         self.link = link
+        self.drop_dead = drop_dead    # drop the ranks aged sets or unfinished collectives show dead
         self.config = config
         self.params = link.params
         self.regs: RegisterMap = register_map(self.params)
@@ -158,6 +167,7 @@ class Controller:
         self._next_eval = 0.0
         self._last = None                        # (time, counters) of the last evaluation
         self._stats = {}
+        self._counters: dict = {}                # the switch's counters read by the last evaluation
         self._rtts: list[float] = []
         self._switch_bytes = 0
         self._retypes: dict[int, CollectiveKind] = {}   # group -> kind its rule must get before it goes on
@@ -174,6 +184,14 @@ class Controller:
         self._quiet_since: dict[int, float] = {}         # group -> when its last collective finished
         self.resets = 0                                   # switch resets noticed (EPOCH read 0) and repaired
         self._next_epoch_check = 0.0
+        self._latest: dict[int, int] = {}                # group -> op_seq of its latest decided collective
+        self._next_aging_check = 0.0
+        self._aged_total = 0                             # AGED_TOTAL when the aged-set queue was last drained
+        self._checks = 0                                 # aging checks done (the suspects' settle is one check)
+        self.age_unit = self.regs["AGE_UNIT"].reset      # cycles per AGING.age unit (a constant of the map)
+        self._suspects: dict[int, tuple[int, set]] = {}  # group -> (check of its first aged event, ranks missing from all)
+        self.aged: list[dict] = []                       # every aged-set event read (time, slot, set, rule, ...)
+        self.dropped: list[tuple[float, int, int, str]] = []   # (time, group, rank, why) of every dropped rank
 
     @property
     def dtypes(self):
@@ -208,6 +226,7 @@ class Controller:
             if rank >= self.params.mac_entries:
                 break   # further hosts are flooded (unknown unicast)
             await self._apply(mac_writes(self.regs, rank, MacEntry(mac, port)))
+        await self._program_aging()
         await self.link.write(self.regs["EPOCH"].address(), 1)
         self._next_eval = self.config.reevaluate_interval_ms / 1000.0
 
@@ -437,7 +456,8 @@ class Controller:
                 decision.chunk_bytes = chunk_payload(self.config.chunk_size, self.capacity(kind), kind.itemsize)
                 decision.seq_base = info.next_seq
                 info.next_seq += chunk_count(nbytes // kind.itemsize, kind.itemsize, decision.chunk_bytes)
-        self._ops[key] = _Op(decision, nbytes, started=now)
+        self._ops[key] = _Op(decision, nbytes, started=now, members=len(info.ranks))
+        self._latest[group_id] = op_seq
         self.decisions.append((now, group_id, op_seq, decision))
         if decision.offload and kind != info.kind:
             self._retypes[group_id] = kind      # service() rewrites the rule; then the decision is given
@@ -454,6 +474,7 @@ class Controller:
         op = self._op(group_id, op_seq)
         if not op.fell_back:
             op.fell_back = True
+            op.since = now if op.since is not None else None   # the ring restarts the finishers' wait
             self.events.append((now, f"group {group_id} collective {op_seq}: falls back to the host ring "
                                      f"(rank {rank}: {why})"))
             log.warning("group %d collective %d falls back to the host ring: rank %d %s", group_id, op_seq,
@@ -470,7 +491,13 @@ class Controller:
         if info is not None and op_seq < info.first_op:
             return True          # before a restart: every rank re-registered after it (adopt_group)
         op = self._ops.get((group_id, op_seq))
-        return op is not None and info is not None and len(op.finished) == len(info.ranks)
+        return op is not None and info is not None and set(info.ranks) <= op.finished
+
+    def op_epoch(self, group_id: int, op_seq: int) -> int:
+        """How many times ranks were dropped from the collective while it ran (0: never): a rank running
+        it at another epoch redoes it on the host ring among the group's ranks left (comm.World)."""
+        op = self._ops.get((group_id, op_seq))
+        return op.epoch if op is not None else 0
 
     def finished(self, rank: int, group_id: int, op_seq: int) -> None:
         info = self.groups.get(group_id)
@@ -479,29 +506,45 @@ class Controller:
         if op_seq < info.first_op and (group_id, op_seq) not in self._ops:
             return               # decided before a restart: nothing of it is accounted here
         op = self._op(group_id, op_seq)
+        if rank in info.dropped:
+            return               # dropped as dead: it no longer counts (nor holds anyone)
         if rank not in info.ranks:
             raise ValueError(f"group {group_id}: rank {rank} is not a member")
         if rank in op.finished:
             return
         op.finished.add(rank)
-        if len(op.finished) == len(info.ranks):
-            self._quiet_since[group_id] = self._now
-            self.latency.add(max(0.0, self._now - op.started))
-            info.collectives += 1
-            info.offloaded += op.decision.offload
-            info.fell_back += op.fell_back
-            if op.decision.offload and not op.fell_back:
-                self._switch_bytes += op.nbytes
-                self._reduced_bytes += op.nbytes
-                kind = op.decision.kind
-                chunks = chunk_count(op.nbytes // kind.itemsize, kind.itemsize, op.decision.chunk_bytes)
-                info.completions += chunks
-                info.contributions += chunks * len(info.ranks)
-                info.bytes_reduced += op.nbytes
-            if op.fell_back and info.offloadable:
-                # Abandoned chunks may hold sets: empty the quota before the next collective.
-                self._blocked.add(group_id)
-                self._cleanups.append(group_id)
+        if op.since is None:
+            op.since = self._now
+        self._maybe_done(group_id, op)
+
+    def _maybe_done(self, group_id: int, op: _Op) -> None:
+        """The accounting of a collective once every rank of its group finished it (once)."""
+        info = self.groups[group_id]
+        if op.accounted or not set(info.ranks) <= op.finished:
+            return
+        op.accounted = True
+        self._quiet_since[group_id] = self._now
+        self.latency.add(max(0.0, self._now - op.started))
+        info.collectives += 1
+        info.offloaded += op.decision.offload
+        info.fell_back += op.fell_back
+        if op.decision.offload and not op.fell_back:
+            self._switch_bytes += op.nbytes
+            self._reduced_bytes += op.nbytes
+            kind = op.decision.kind
+            chunks = chunk_count(op.nbytes // kind.itemsize, kind.itemsize, op.decision.chunk_bytes)
+            info.completions += chunks
+            info.contributions += chunks * op.members
+            info.bytes_reduced += op.nbytes
+        if (op.fell_back or info.rule_stale) and info.offloadable:
+            # Abandoned chunks may hold sets: empty the quota (and give the rule the ranks left) before
+            # the next collective.
+            self._schedule_cleanup(group_id)
+
+    def _schedule_cleanup(self, group_id: int) -> None:
+        if group_id not in self._blocked:
+            self._blocked.add(group_id)
+            self._cleanups.append(group_id)
 
     def report_rtts(self, rtts: list[float]) -> None:
         for rtt in rtts:
@@ -570,6 +613,8 @@ class Controller:
                 await self._apply(rule_writes(self.regs, info.rule_index, self.group_rule(info)))
         for index, rule in sorted(self.operator_rules.items()):
             await self._apply(rule_writes(self.regs, index, rule))
+        await self._program_aging()
+        self._aged_total = 0
         self.resets += 1
         await self.link.write(epoch.address(), self.resets + 1)
         self.events.append((now, f"switch reset noticed (EPOCH read 0): {len(self.groups)} groups and "
@@ -583,11 +628,18 @@ class Controller:
         if now >= self._next_epoch_check:          # a reset is noticed within one retransmission timeout
             await self.check_reset(now)
             self._next_epoch_check = now + self.config.timeout_ms / 1000.0
+        if self.config.set_age_ms and now >= self._next_aging_check:
+            await self.check_aged(now)
+            self._next_aging_check = now + self.aging_check_s()
+        self._finish_age(now)
         while self._cleanups:
             group_id = self._cleanups.pop(0)
             info = self.groups.get(group_id)
             if info is not None:
                 await self._apply(slot_clear_writes(self.regs, info.base, info.slot_count))
+                if info.rule_stale:         # ranks were dropped: only the ranks left contribute
+                    await self._apply(rule_writes(self.regs, info.rule_index, self.group_rule(info)))
+                    info.rule_stale = False
             self._blocked.discard(group_id)
         if self._retypes:
             ready = [g for g in sorted(self._retypes) if self._drained(g, now)]
@@ -599,12 +651,153 @@ class Controller:
             await self.evaluate(now)
             self._next_eval = now + self.config.reevaluate_interval_ms / 1000.0
 
+    # ---------------------------------------------------------------- dead ranks (set aging)
+    def aging_check_s(self) -> float:
+        """How often :meth:`service` reads the aging registers: AGING_CHECKS times per set age, and at
+        least as often as the reset check (``timeout_ms``) would allow."""
+        return max(self.config.timeout_s, self.config.set_age_s / AGING_CHECKS)
+
+    def detection_bound_s(self) -> float:
+        """The longest time from a set's last accepted contribution to the controller dropping the ranks
+        missing from it: the age, the switch's scan (AGING's documented bound), the check that reads the
+        event, and one more check over which the group's events are gathered."""
+        return self.config.set_age_s + self.aging_scan_s() + 2 * self.aging_check_s()
+
+    def drop_ranks(self, group_id: int, ranks, now: float, why: str, *, redo: bool) -> list[int]:
+        """Drop ranks from a group as dead: the group goes on with the ranks left. With `redo` (a set of
+        its running collective aged without their contributions) that collective is redone by the ranks
+        left on the host ring, each from its own input (:meth:`op_epoch` tells them); without (they never
+        finished a collective every other rank finished) it stands as the ranks left finished it. The
+        group's rule gets the ranks left as contributors and its quota is emptied before its next
+        collective. Returns the ranks dropped (members only, once each)."""
+        info = self.groups[group_id]
+        dead = [r for r in sorted(set(ranks)) if r in info.ranks]
+        if not dead:
+            return []
+        info.ranks = tuple(r for r in info.ranks if r not in dead)
+        info.ports = tuple(self.rank_ports[r] for r in info.ranks)
+        for r in dead:
+            info.dropped[r] = why
+            self.dropped.append((now, group_id, r, why))
+        info.rule_stale = info.offloadable
+        latest = self._latest.get(group_id)
+        op = self._ops.get((group_id, latest)) if latest is not None else None
+        self.events.append((now, f"group {group_id}: rank(s) {dead} dropped ({why}); ranks left {list(info.ranks)}"))
+        log.warning("group %d: rank(s) %s dropped (%s)", group_id, dead, why)
+        if op is not None and not op.accounted:
+            if redo:
+                op.epoch += 1
+                op.fell_back = True
+                op.finished.clear()
+                op.since = None
+                self.events.append((now, f"group {group_id} collective {latest}: redone on the host ring by "
+                                         f"ranks {list(info.ranks)}"))
+            self._maybe_done(group_id, op)
+        if op is None or op.accounted:
+            self._schedule_cleanup(group_id)
+        return dead
+
+    def _finish_age(self, now: float) -> None:
+        """Ranks that never finish a collective the others finished longer than the set age ago: dead after
+        their last contribution (no set waits for them, so none ages)."""
+        if not self.config.set_age_ms or not self.drop_dead:
+            return
+        for group_id, op_seq in list(self._latest.items()):
+            op = self._ops[(group_id, op_seq)]
+            info = self.groups.get(group_id)
+            if info is None or op.accounted or op.since is None or now - op.since <= self.config.set_age_s:
+                continue
+            late = [r for r in info.ranks if r not in op.finished]
+            self.drop_ranks(group_id, late, now, f"did not finish collective {op_seq} within set_age_ms="
+                            f"{self.config.set_age_ms:g} of its peers", redo=False)
+
+    def next_timer(self) -> float | None:
+        """When the controller next has dead-rank work due while a collective waits (None: nothing waits):
+        the next aging check, or a finish-age deadline. The co-simulation wakes then."""
+        if not self.config.set_age_ms or not self.drop_dead:
+            return None
+        times = []
+        for group_id, op_seq in self._latest.items():
+            op = self._ops[(group_id, op_seq)]
+            if op.accounted or group_id not in self.groups:
+                continue
+            if op.decision.offload and group_id not in self._retypes and group_id not in self._blocked:
+                times.append(self._next_aging_check)     # its sets may age
+            if op.since is not None:
+                times.append(op.since + self.config.set_age_s + 1e-9)
+        return min(times) if times else None
+
+    def age_units(self) -> int:
+        """``set_age_ms`` in units of the switch's AGE_UNIT cycles at its clock (rounded up; 0: off)."""
+        if not self.config.set_age_ms:
+            return 0
+        field = self.regs["AGING"].field("age")
+        units = -(-round(self.config.set_age_s * self.link.clock_hz) // self.age_unit)
+        limit = (1 << field.width) - 1
+        if units > limit:
+            most = limit * self.age_unit / self.link.clock_hz * 1000
+            raise ValueError(f"set_age_ms={self.config.set_age_ms:g}: at most {most:.1f} ms for this switch "
+                             f"(AGING.age is {field.width} bits of {self.age_unit} cycles at "
+                             f"{self.link.clock_hz / 1e6:g} MHz)")
+        return units
+
+    async def _program_aging(self) -> None:
+        """AGING from the configuration: the age, and free (an aged set is emptied, so the dead rank's
+        sets do not stay taken)."""
+        units = self.age_units()
+        await self.link.write(self.regs["AGING"].address(), self.regs["AGING"].pack(age=units, free=int(units > 0)))
+
+    def aging_scan_s(self) -> float:
+        """How much later than the age the switch may age a set: its scanner's period (AGING's bound)."""
+        return aging_period(self.params) / self.link.clock_hz
+
+    async def check_aged(self, now: float) -> None:
+        """Read the aged-set events (AGED_TOTAL, then the queue: AGED_EVENT, AGED_PORTS, AGED_POP) and drop
+        the ranks missing from a group's aged sets: the ranks missing from every set of the group that
+        aged by the next check after the first of them (a live rank whose frame was lost misses from one
+        set, a dead one from all of them)."""
+        read, regs = self.link.read, self.regs
+        total = await read(regs["AGED_TOTAL"].address())
+        if total != self._aged_total:
+            self._aged_total = total
+            event, ports = regs["AGED_EVENT"], regs["AGED_PORTS"]
+            while True:
+                e = event.unpack(await read(event.address()))
+                if not e["valid"]:
+                    break
+                bitmap = ports.unpack(await read(ports.address()))["ports"]
+                await self.link.write(regs["AGED_POP"].address(), 0)
+                self._aged_event(now, e["slot"], e["set"], e["rule"], bitmap)
+        self._checks += 1
+        for group_id, (first, missing) in list(self._suspects.items()):
+            if first < self._checks - 1 or group_id not in self.groups:     # gathered over one more check
+                del self._suspects[group_id]
+                if group_id in self.groups and missing and self.drop_dead:
+                    self.drop_ranks(group_id, missing, now, f"missing from its aged sets (set_age_ms="
+                                    f"{self.config.set_age_ms:g})", redo=True)
+
+    def _aged_event(self, now: float, slot: int, s: int, rule: int, bitmap: int) -> None:
+        info = next((g for g in self.groups.values() if g.rule_index == rule), None)
+        record = {"time_s": now, "slot": slot, "set": s, "rule": rule, "ports": bitmap,
+                  "group": None if info is None else info.group_id, "missing": []}
+        self.aged.append(record)
+        del self.aged[:-1024]
+        if info is None:
+            return                      # an operator rule's set: reported in the statistics only
+        missing = {r for r, p in zip(info.ranks, info.ports) if not bitmap >> p & 1}
+        record["missing"] = sorted(missing)
+        self.events.append((now, f"group {info.group_id}: set {slot}.{s} aged with ports {bitmap:#x}, "
+                                 f"missing rank(s) {sorted(missing)}"))
+        first, before = self._suspects.get(info.group_id, (self._checks, missing))
+        self._suspects[info.group_id] = (first, before & missing)
+
     async def read_counters(self) -> dict:
         return await read_counters(self.link.read, self.regs)
 
     async def evaluate(self, now: float) -> dict:
         """Read the counters, update the statistics, adapt the threshold, warn."""
         counters = await self.read_counters()
+        self._counters = counters
         sets = 2 * self.params.slots
         in_use = counters["SLOTS_IN_USE"] / sets
         offloaded = [op for op in self._ops.values() if op.decision.offload]
@@ -630,6 +823,9 @@ class Controller:
             "collectives": len(self._ops),
             "offloaded": len(offloaded),
             "threshold": self.threshold,
+            "sets_aged": counters["AGED_TOTAL"],
+            "aged_events_lost": counters["AGED_LOST"],
+            "ranks_dropped": len(self.dropped),
             "drops": {r.name: counters[f"DROP_{r.name}"] for r in DropReason},
             "ports": [{"rx_frames": counters["RX_FRAMES"][p], "rx_bytes": counters["RX_BYTES"][p],
                        "tx_frames": counters["TX_FRAMES"][p], "tx_bytes": counters["TX_BYTES"][p]}
@@ -654,14 +850,20 @@ class Controller:
         return self._stats
 
     def group_counters(self, group_id: int) -> dict:
-        """The accounting of one group (module docstring) and its quota."""
+        """The accounting of one group (module docstring), its quota and, from the switch's counters of
+        the last evaluation, its sets in use (SETS_IN_USE of its rule entry: the non-empty sets of the
+        slots its frames wrote last) and its sets aged (AGED of its rule entry)."""
         g = self.groups[group_id]
+        entry = self._counters.get("SETS_IN_USE"), self._counters.get("AGED")
+        in_use, aged = ((e[g.rule_index] if e is not None and g.rule_index is not None else 0) for e in entry)
         return {"group_id": g.group_id, "ranks": list(g.ranks), "ports": list(g.ports), "rule_index": g.rule_index,
                 "base": g.base, "slots": g.slot_count if g.base is not None else 0, "why_not": g.why_not,
+                "sets_in_use": in_use, "sets_allocated": 2 * g.slot_count if g.base is not None else 0,
                 "kind": str(g.kind), "collectives": g.collectives, "offloaded": g.offloaded,
                 "fell_back": g.fell_back, "completions": g.completions, "contributions": g.contributions,
                 "bytes_reduced": g.bytes_reduced, "next_seq": g.next_seq,
-                "retype_pending": group_id in self._retypes}
+                "retype_pending": group_id in self._retypes, "sets_aged": aged,
+                "dropped": {str(r): why for r, why in sorted(g.dropped.items())}}
 
     def stats(self) -> dict:
         """The statistics of the last evaluation (call :meth:`evaluate` for fresh ones)."""

@@ -131,7 +131,10 @@ class Coordinator:
         if world_size > self.link.params.ports or max(ports) >= self.link.params.ports:
             raise ValueError(f"{world_size} ranks on ports {ports}: the switch has {self.link.params.ports} ports")
         self.world_size, self.config = world_size, config
-        self.controller = Controller(self.link, config, ports, [host_mac(r) for r in range(world_size)])
+        # Deployed, a dead rank is known from its connection ending (every peer's collective then fails:
+        # docs/driver.md); cais.dist does not redo a collective without it, so the controller drops nobody.
+        self.controller = Controller(self.link, config, ports, [host_mac(r) for r in range(world_size)],
+                                     drop_dead=False)
         self._lock = threading.Condition()
         self._t0 = time.monotonic()
         self.token = token

@@ -106,8 +106,30 @@ class MetricsCollector:
         g = GaugeMetricFamily("cais_group_sets_allocated", "Shadow sets in the group's quota (2 per slot)",
                               labels=["group"])
         for gid, c in groups.items():
-            g.add_metric([str(gid)], 2 * c["slots"])
+            g.add_metric([str(gid)], c["sets_allocated"])
         yield g
+        g = GaugeMetricFamily("cais_group_sets_in_use", "Shadow sets of the group holding a chunk (SETS_IN_USE of "
+                              "its rule entry)", labels=["group"])
+        for gid, c in groups.items():
+            g.add_metric([str(gid)], c["sets_in_use"])
+        yield g
+        g = GaugeMetricFamily("cais_group_ranks_dropped", "Ranks the controller dropped from the group as dead",
+                              labels=["group"])
+        for gid, c in groups.items():
+            g.add_metric([str(gid)], len(c["dropped"]))
+        yield g
+        c = CounterMetricFamily("cais_group_sets_aged", "Sets of the group the switch aged (AGED of its rule entry)",
+                                labels=["group"])
+        for gid, gc in groups.items():
+            c.add_metric([str(gid)], gc["sets_aged"])
+        yield c
+        c = CounterMetricFamily("cais_sets_aged", "Sets the switch aged (AGED_TOTAL)")
+        c.add_metric([], counters.get("AGED_TOTAL", 0))
+        yield c
+        c = CounterMetricFamily("cais_aged_events_lost", "Aged sets whose event the switch's queue had no room for "
+                                "(AGED_LOST)")
+        c.add_metric([], counters.get("AGED_LOST", 0))
+        yield c
         g = GaugeMetricFamily("cais_reduce_throughput_bytes_per_second",
                               "Bytes reduced by the switch per second over the last evaluation interval")
         g.add_metric([], st.get("reduce_throughput_Bps", 0.0))
