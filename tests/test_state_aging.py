@@ -71,15 +71,16 @@ class Bench:
     async def send(self, port, seq):
         """Offer one frame until taken; returns the cycle of its decision."""
         f = frame(port, seq)
-        self.ctx.set(self.dut.meta[port], {"hdr": to_word(f[:30]), "length": len(f), "beats": -(-len(f) // 8)})
-        self.ctx.set(self.dut.request, 1 << port)
+        offer = self.dut.headers[port]
+        self.ctx.set(offer.payload, {"hdr": to_word(f[:30]), "length": len(f), "beats": -(-len(f) // 8)})
+        self.ctx.set(offer.valid, 1)
         while True:
             await self.ctx.delay(1e-9)
-            taken = self.ctx.get(self.dut.take)
+            taken = self.ctx.get(offer.ready)
             await self.tick()
             if taken:
                 break
-        self.ctx.set(self.dut.request, 0)
+        self.ctx.set(offer.valid, 0)
         n = len(self.decisions)
         while len(self.decisions) == n:
             await self.tick()
