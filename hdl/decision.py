@@ -232,7 +232,7 @@ class Decision(wiring.Component):
         # (from f_mem0, registered) and write; it starts when no clear waits (a clear goes first).
         scan_due, sc_read, sc_wait, sc_decide, sc_write = Signal(), Signal(), Signal(), Signal(), Signal()
         scan_pos = Signal(slot_bits + 1)          # the next set to visit: slot, set
-        sc_slot, sc_set = Signal(slot_bits), Signal()
+        sc_set = Signal()
         clearing = clr_read | clr_wait | clr_write | sc_read | sc_wait | sc_decide | sc_write
         drained = Signal()
         start_clear = clear_pending & ~clearing & ~sweeping & drained
@@ -472,7 +472,8 @@ class Decision(wiring.Component):
         m.d.sync += [
             w_agg.eq(agg), w_slot.eq(u_c.slot), w_first.eq(agg & upd.first),
             w_new.eq(Mux(u_c.set, Cat(new_other, new_cur), Cat(new_cur, new_other))),
-            w_old.eq(Cat(s_cur.bitmap, s_other.bitmap)), w_rule.eq(u_c.rule), w_old_rule.eq(Cat(s_cur.rule, s_other.rule)),
+            w_old.eq(Cat(s_cur.bitmap, s_other.bitmap)),
+            w_rule.eq(u_c.rule), w_old_rule.eq(Cat(s_cur.rule, s_other.rule)),
             h1_agg.eq(w_agg), h1_slot.eq(w_slot), h1_new.eq(w_new),
             h2_agg.eq(h1_agg), h2_slot.eq(h1_slot), h2_new.eq(h1_new),
         ]
@@ -520,7 +521,8 @@ class Decision(wiring.Component):
 
         # ------------------------------------------------------------ the scanner's decision (f_mem0: the slot)
         sc_due, sc_free = Signal(), Signal()
-        sc_entry, sc_rule, sc_bitmap = Signal(ent, reset_less=True), Signal(rule_bits), Signal(P)
+        sc_entry, sc_rule, sc_bitmap = (Signal(ent, reset_less=True), Signal(rule_bits, reset_less=True),
+                                        Signal(P, reset_less=True))
         seen = data.View(ent, f_mem0)
         vis = seen[sc_set]
         freed, marked = Signal(setl), Signal(setl)

@@ -118,7 +118,8 @@ def test_dead_port_ages_within_the_bound_once():
         out["last"], out["aged"] = last, list(b.aged)
         await b.tick(2)                             # the event is queued, then shown
         out["event"], out["ports"] = b.get("aged_event"), b.get("aged_ports")
-        out["in_use"], out["per_rule"] = b.get("slots_in_use"), [b.ctx.get(b.dut.sets_in_use[e]) for e in range(P.rules)]
+        out["in_use"] = b.get("slots_in_use")
+        out["per_rule"] = [b.ctx.get(b.dut.sets_in_use[e]) for e in range(P.rules)]
         await b.tick(3 * aging_period(P))           # never again in this fill
         out["aged_after"] = list(b.aged)
 
