@@ -79,6 +79,8 @@ async def load_job(link, job: dict) -> dict:
                                                  count_log2=int(job["count_log2"])))
     for p in range(P):
         writes += mac_writes(regs, p, MacEntry(host_mac(p), p))
+    # set aging on for the run (its scanner's visits hold back all-reduce headers), or off
+    writes.append((regs["AGING"].address(), regs["AGING"].pack(age=int(job.get("age", 0)))))
     for addr, value in writes:
         await link.write(addr, value)
     link.take_sent()
@@ -140,9 +142,10 @@ def steady_rates(params: SwitchParams, sent: list[tuple[int, int, int]]) -> tupl
 
 
 def run_load(params: SwitchParams, chunks: int, payload: int, count_log2: int, backend: str,
-             scenario: str = "allreduce") -> dict:
+             scenario: str = "allreduce", age: int = 0) -> dict:
     r = run_backend(backend, params, "bench_datapath:load_job",
-                    {"chunks": chunks, "payload": payload, "count_log2": count_log2, "scenario": scenario})
+                    {"chunks": chunks, "payload": payload, "count_log2": count_log2, "scenario": scenario,
+                     "age": age})
     core, per_port = steady_rates(params, [tuple(x) for x in r["sent"]])
     return {"beats_per_cycle": core, "per_port_beats_per_cycle": per_port, "cycles": r["cycles"],
             "beats": sum(b for *_, b in r["sent"]), "wall": r["wall"], "cycles_per_s": r["cycles"] / r["wall"]}
@@ -195,6 +198,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", type=integer(8), default=128, help="frames per port per load run (>= 8)")
     ap.add_argument("--backend", choices=["verilator", "amaranth"], default="verilator")
     ap.add_argument("--json", action="store_true", help="print one JSON object with the figures, no table")
+    ap.add_argument("--age", type=integer(0), default=0,
+                    help="AGING.age during the load runs, in AGE_UNIT cycles (0: aging off, the default)")
     args = ap.parse_args(argv)
     try:
         params = SwitchParams(ports=args.ports, data_width=args.data_width)
@@ -210,13 +215,13 @@ def main(argv=None) -> int:
     for label, payload, count_log2 in (
             ("full-size chunks, each its own set", P.max_payload, 5),
             ("one-beat payloads (60-byte frames), each its own set", P.beat_bytes, 5)):
-        r = run_load(P, args.chunks, payload, count_log2, args.backend)
+        r = run_load(P, args.chunks, payload, count_log2, args.backend, age=args.age)
         rows.append((label, payload, r))
     # every port loaded at once: line rate would be 1.0 beat per cycle on every port
-    scenarios = {name: run_load(P, args.chunks, P.max_payload, 5, args.backend, name)
+    scenarios = {name: run_load(P, args.chunks, P.max_payload, 5, args.backend, name, age=args.age)
                  for name in ("allreduce", "forward", "mix")}
     short = line_rate_payload(P)
-    scenarios["short"] = run_load(P, args.chunks, short, 5, args.backend, "allreduce")
+    scenarios["short"] = run_load(P, args.chunks, short, 5, args.backend, "allreduce", age=args.age)
     lat = run_load_latency(P, args.backend)
     if args.json:
         print(json.dumps({
@@ -234,7 +239,8 @@ def main(argv=None) -> int:
         }))
         return 0
     print(f"CAIS datapath benchmark: {P.ports} ports x {P.data_width}-bit beats, {P.slots} slots, "
-          f"max payload {P.max_payload} B ({args.backend}, cycle-accurate)")
+          f"max payload {P.max_payload} B ({args.backend}, cycle-accurate)"
+          + (f", set aging on (AGING.age {args.age})" if args.age else ""))
     print()
     print(f"{'load':52} {'payload B':>9} {'beats in':>9} {'cycles':>7} {'beats/cycle':>12} {'sim cyc/s':>10}")
     print(f"{'':52} {'':>9} {'':>9} {'':>7} {f'(limit {P.ports})':>12}")

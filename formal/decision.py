@@ -14,6 +14,16 @@ decision's outputs and on its state memory, read through combinational read port
 - ``in_use``: SLOTS_IN_USE equals the number of sets whose bitmap is not empty, in every cycle.
 - ``per_rule``: SETS_IN_USE of each rule entry equals the number of non-empty sets whose stored writer is
   that entry, in every cycle (so the entries add up to SLOTS_IN_USE).
+- ``aging``: the scanner ages (frees or marks) only a set that is partly filled (bitmap not empty, not
+  complete), not aged in this fill, and whose stamp is more than AGING.age units older than the age clock
+  of its decision; a complete set is never freed by aging.
+- ``stamp``: a set's stamp changes only with a contribution accepted into it, to the age unit of the
+  contribution's update (so with ``aging``: a set with an accepted contribution within the age is never
+  aged); its aged bit rises only when the scanner ages it and falls only with a first contribution or
+  when the set is emptied.
+
+The harness's decision counts the age in units of 2**:data:`FORMAL_AGE_UNIT_LOG2` cycles (the scanner
+visits a set every unit), so aging is reachable in few cycles.
 - ``gains``: a set's bitmap gains a port only from a contribution of that port to that set (and loses
   nothing then); it loses a port only from a frame of that port to the other set of its slot (the
   implicit acknowledgement), or everything to a clear or the sweep.
@@ -43,14 +53,17 @@ from cais.hdl.tables import TableProgramSignature
 from cais.params import SwitchParams
 from cais.registers import register_map
 
-__all__ = ["PROPERTIES", "MUTANTS", "DecisionHarness", "FORMAL_PARAMS"]
+__all__ = ["PROPERTIES", "MUTANTS", "DecisionHarness", "FORMAL_PARAMS", "FORMAL_AGE_UNIT_LOG2"]
 
 #: The properties, in the order of the module docstring.
-PROPERTIES = ("push", "busy", "events", "in_use", "gains", "no_twice", "frozen", "isolation", "per_rule")
+PROPERTIES = ("push", "busy", "events", "in_use", "gains", "no_twice", "frozen", "isolation", "per_rule", "aging",
+              "stamp")
 
 #: The smallest switch with everything in it: 2 ports, 2 slots (4 sets), two rules (so sets can move between
 #: the entries' SETS_IN_USE), one MAC entry.
 FORMAL_PARAMS = SwitchParams(ports=2, slots=2, rules=2, mac_entries=1)
+#: log2 of the harness decision's age unit: one cycle (the scanner visits a set in every cycle it can).
+FORMAL_AGE_UNIT_LOG2 = 0
 
 
 class _BrokenSetUpdate(SetUpdate):
@@ -92,6 +105,11 @@ def _writer_delta_unmoved(entry, writer, new_used, old_used, old_rule):
     return Mux(writer == entry, new_used - old_used[0] - old_used[1], 0)
 
 
+def _age_due_complete(s, now, age):
+    """``age_due`` broken: the done bit is not looked at."""
+    return (s.bitmap != 0) & ~s.aged & ((now - s.stamp)[:len(s.stamp)] > age)
+
+
 #: mutant -> (the property it must fail, what is broken).
 MUTANTS = {
     "push_lost": ("push", "the decision of a duplicate is not pushed to its lane"),
@@ -104,6 +122,8 @@ MUTANTS = {
     "other_set_wiped": ("isolation", "SetUpdate: a contribution empties the other set of its slot"),
     "rule_not_moved": ("per_rule", "writer_delta: a write takes the slot's old sets from the writer's entry, "
                                    "not from the entry that stored them"),
+    "complete_aged": ("aging", "age_due: a complete set is aged too"),
+    "duplicate_feeds": ("stamp", "new_stamp: a duplicate (any frame that writes the set) renews its stamp"),
 }
 
 
@@ -127,7 +147,7 @@ class DecisionHarness(wiring.Component):
             raise ValueError("the harness decodes row_base by a shift: rows_per_set must be a power of two")
         self.params, self.check, self.mutant = params, tuple(check), mutant
         self.regmap = register_map(params)
-        self.dec = Decision(params, self.regmap)
+        self.dec = Decision(params, self.regmap, age_unit_log2=FORMAL_AGE_UNIT_LOG2)
         self.dec._MustUse__silence = True        # elaborated by hand in elaborate()
         # Combinational read ports of the slot state, one per slot (the harness's view of every set).
         self.probes = [self.dec.state_mem.read_port(domain="comb") for _ in range(params.slots)]
@@ -145,6 +165,10 @@ class DecisionHarness(wiring.Component):
             swap = ("SetUpdate", type("BrokenSetUpdate", (_BrokenSetUpdate,), {"kind": self.mutant}))
         elif self.mutant == "rule_not_moved":
             swap = ("writer_delta", _writer_delta_unmoved)
+        elif self.mutant == "complete_aged":
+            swap = ("age_due", _age_due_complete)
+        elif self.mutant == "duplicate_feeds":
+            swap = ("new_stamp", lambda accepted, now, stamp: now)
         else:
             swap = None
         if swap is not None:
@@ -241,7 +265,18 @@ class DecisionHarness(wiring.Component):
             p_dup.eq(decided & ev_dup), p_refused.eq(decided & refused)]
         p_agg = p_contrib | p_dup | p_refused
 
-        gains_ok, twice_ok, frozen_ok, iso_ok = [], [], [], []
+        # The scanner's write shows in the cycle of dec.aged (as a decision's does); it decided two cycles
+        # before, from the age clock and AGING of then.
+        aging_reg = self.regmap["AGING"]
+        age_now = self.program.aging[aging_reg.field("age").lsb:][:aging_reg.field("age").width]
+        U = FORMAL_AGE_UNIT_LOG2
+        unit_now = dec.age_clock[U:]
+        age_d = [Signal.like(age_now, name=f"age_d{k}") for k in (1, 2)]
+        unit_d = [Signal.like(unit_now, name=f"unit_d{k}") for k in (1, 2)]
+        m.d.sync += [age_d[0].eq(age_now), age_d[1].eq(age_d[0]), unit_d[0].eq(unit_now), unit_d[1].eq(unit_d[0])]
+        aged_i = Signal(range(2 * S))
+        m.d.comb += aged_i.eq(Cat(dec.aged_set, dec.aged_slot))
+        gains_ok, twice_ok, frozen_ok, iso_ok, aging_ok, stamp_ok = [], [], [], [], [], []
         kept = [name for name, _ in setl if name != "rule"]
         for i in range(2 * S):
             old, new = prev[i], sets[i]
@@ -265,9 +300,21 @@ class DecisionHarness(wiring.Component):
             changed = ~Cat(*(getattr(new, f) == getattr(old, f) for f in kept)).all()
             own_ack = ((new.bitmap == (old.bitmap & ~p_me)) & (new.tag == old.tag) & (new.length == old.length)
                        & (new.done == old.done))
-            iso_ok.append(~started | ~changed | emptied | mine | (sibling & own_ack))
+            scanned = dec.aged & (aged_i == i)
+            marked = Cat(*(getattr(new, f) == getattr(old, f) for f in kept if f != "aged")).all() & new.aged
+            iso_ok.append(~started | ~changed | emptied | mine | (sibling & own_ack) | (scanned & marked))
+            elapsed = (unit_d[1] - old.stamp)[:len(old.stamp)]
+            aging_ok.append(~started | ~scanned | ((old.bitmap != 0) & ~old.done & ~old.aged & (elapsed > age_d[1])
+                                                  & (emptied | marked)))
+            # the stamp: the unit of the contribution's update (U), two cycles before its decision
+            fed = p_contrib & (p_named == i)
+            stamp_ok.append(~started | emptied | (new.stamp == old.stamp) | (fed & (new.stamp == unit_d[1])))
+            stamp_ok.append(~started | emptied | (new.aged == old.aged) | (new.aged & scanned)
+                            | (~new.aged & fed & (old.bitmap == 0)))
         asserted("gains", Cat(*gains_ok).all())
         asserted("no_twice", Cat(*twice_ok).all())
         asserted("frozen", Cat(*frozen_ok).all())
         asserted("isolation", Cat(*iso_ok).all())
+        asserted("aging", Cat(*aging_ok).all())
+        asserted("stamp", Cat(*stamp_ok).all())
         return m

@@ -37,15 +37,16 @@ RULE_WRITE in between, to the entry it matched, gives it the new entry's fields:
 does not rewrite a group's rule under its traffic).
 """
 
-from amaranth.hdl import Array, Cat, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, wiring
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from cais import protocol as proto
 from cais.params import SwitchParams
-from cais.registers import AGE_UNIT_LOG2, RegisterMap
+from cais.registers import AGE_UNIT_LOG2, AGED_QUEUE_DEPTH, RegisterMap
 
 from .enums import Action, DropReason, DType, ReduceOp
 from .header import FrameHeader
@@ -74,6 +75,20 @@ def writer_delta(entry: int, writer, new_used, old_used, old_rule):
     not empty before (``old_used[k]``) leaves the entry that stored it (``old_rule[k]``)."""
     return (Mux(writer == entry, new_used, 0) - (old_used[0] & (old_rule[0] == entry))
             - (old_used[1] & (old_rule[1] == entry)))
+
+
+def new_stamp(accepted, now, stamp):
+    """A set's age stamp after a frame: the current age unit if the frame was accepted into it (a
+    duplicate or a refused frame does not feed the set), else unchanged."""
+    return Mux(accepted, now, stamp)
+
+
+def age_due(s, now, age):
+    """Whether the visited set ``s`` (a state set) ages now: partly filled (bitmap not empty, not complete),
+    not aged in this fill, and its last accepted contribution more than ``age`` units before ``now``
+    (modulo the stamp's bits: the stamp bits leave room for the largest age and one scan period)."""
+    elapsed = (now - s.stamp)[:len(s.stamp)]
+    return (s.bitmap != 0) & ~s.done & ~s.aged & (elapsed > age)
 
 
 def bank_addr_bits(params: SwitchParams) -> int:
@@ -130,13 +145,25 @@ class Decision(wiring.Component):
     sets_in_use[e] : Out(32)
         Per rule entry: the non-empty sets of the slots whose last writer (an all-reduce frame that reached
         the slot state) matched entry ``e``; they add up to ``slots_in_use`` in every cycle.
+    aged : Out(1); aged_rule : Out(range(rules)); aged_slot, aged_set : Out; aged_lost : Out(1)
+        A set aged (AGING, docs/registers.md), in the cycle of its write (freed, or marked aged): a pulse,
+        the rule entry it counts for, which set; ``aged_lost``: its event found the queue full.
+    aged_event : Out(32); aged_ports : Out(32)
+        The AGED_EVENT and AGED_PORTS words of the oldest queued event (``program.aged_pop_stb`` pops it).
+
+    Aging: while ``AGING.age`` is not 0, a scanner visits one set per age unit (``age_unit_log2`` cycles,
+    :data:`cais.registers.AGE_UNIT_LOG2` but in the formal harness), every set in turn, through the
+    SLOT_CLEAR machinery: it holds back stateful headers until none is in flight, reads the slot, decides
+    (a cycle of its own, from the registered read) and writes the set freed or marked aged, so it adds
+    nothing to the slot-state loop and no new header reads the slot before the write. Each set keeps the
+    age unit of its last accepted contribution (``stamp``, modulo 2**stamp bits) and an ``aged`` bit.
     busy : Out(1)
         A header is in the pipeline (not counting the outputs).
 
     Every output is a register.
     """
 
-    def __init__(self, params: SwitchParams, regmap: RegisterMap):
+    def __init__(self, params: SwitchParams, regmap: RegisterMap, age_unit_log2: int = AGE_UNIT_LOG2):
         self.params, self.regmap = params, regmap
         P = params.ports
         self.meta_layout = frame_meta_layout(params)
@@ -150,7 +177,12 @@ class Decision(wiring.Component):
             "slots_in_use": Out(32),
             "busy": Out(1),
             "sets_in_use": Out(32).array(params.rules),
+            "aged": Out(1), "aged_rule": Out(range(params.rules)), "aged_slot": Out(range(params.slots)),
+            "aged_set": Out(1), "aged_lost": Out(1), "aged_event": Out(32), "aged_ports": Out(32),
         })
+        self.age_unit_log2 = age_unit_log2
+        # The age clock, in cycles (its upper bits count age units): the formal harness reads it.
+        self.age_clock = Signal(age_unit_log2 + age_stamp_bits(params))
         self.state_mem = Memory(shape=state_entry_layout(params), depth=params.slots, init=[])
 
     def elaborate(self, platform):
@@ -175,9 +207,14 @@ class Decision(wiring.Component):
 
         # The age clock: age units (AGE_UNIT_LOG2 cycles each) modulo 2**stamp bits, free running; an accepted
         # contribution stamps its set with it.
-        clock = Signal(AGE_UNIT_LOG2 + age_stamp_bits(prm))
+        U = self.age_unit_log2
+        clock = self.age_clock
         m.d.sync += clock.eq(clock + 1)
-        now = clock[AGE_UNIT_LOG2:]
+        now = clock[U:]
+        aging = self.regmap["AGING"]
+        age = self.program.aging[aging.field("age").lsb:][:aging.field("age").width]
+        age_free = self.program.aging[aging.field("free").lsb]
+        aging_on = age != 0
 
         # After reset the slot state is swept to empty, one slot per cycle (memories do not reset); no
         # header that needs slot state is granted meanwhile.
@@ -191,21 +228,34 @@ class Decision(wiring.Component):
         clear_slot = Signal(16)
         clr_read, clr_wait, clr_write = Signal(), Signal(), Signal()
         clr_cur = Signal(slot_bits)
-        clearing = clr_read | clr_wait | clr_write
+        # The aging scanner's visit (one set per age unit while aging is on): due, then read, wait, decide
+        # (from f_mem0, registered) and write; it starts when no clear waits (a clear goes first).
+        scan_due, sc_read, sc_wait, sc_decide, sc_write = Signal(), Signal(), Signal(), Signal(), Signal()
+        scan_pos = Signal(slot_bits + 1)          # the next set to visit: slot, set
+        sc_slot, sc_set = Signal(slot_bits), Signal()
+        clearing = clr_read | clr_wait | clr_write | sc_read | sc_wait | sc_decide | sc_write
         drained = Signal()
         start_clear = clear_pending & ~clearing & ~sweeping & drained
+        start_scan = scan_due & ~clear_pending & ~clearing & ~sweeping & drained
         next_pending = self.program.slot_clear_stb | (clear_pending & ~start_clear)
         next_read = start_clear & (clear_slot < prm.slots)
+        tick = clock[:U] == (1 << U) - 1 if U else 1
+        next_due = aging_on & ((tick & ~sweeping) | (scan_due & ~start_scan))
         with m.If(self.program.slot_clear_stb):
             m.d.sync += clear_slot.eq(self.program.slot_clear_data[:16])
         with m.If(start_clear):
             m.d.sync += clr_cur.eq(clear_slot[:slot_bits])
+        with m.If(start_scan):
+            m.d.sync += [clr_cur.eq(scan_pos[1:]), sc_set.eq(scan_pos[0]),
+                         scan_pos.eq(Mux(scan_pos == 2 * prm.slots - 1, 0, scan_pos + 1))]
         m.d.sync += [clear_pending.eq(next_pending), clr_read.eq(next_read), clr_wait.eq(clr_read),
-                     clr_write.eq(clr_wait)]
+                     clr_write.eq(clr_wait), scan_due.eq(next_due), sc_read.eq(start_scan), sc_wait.eq(sc_read),
+                     sc_decide.eq(sc_wait), sc_write.eq(sc_decide)]
         # While the state is swept or a clear waits, only headers that need no slot state are granted. One
-        # granted in the cycle after the clear starts reads the slot state (S0) after the clear's write.
+        # granted in the cycle after the clear starts reads the slot state (S0) after the clear's write; the
+        # scanner writes a cycle later, so it blocks the cycle after its start too.
         blocked = Signal(init=1)
-        m.d.sync += blocked.eq((sweeping & (sweep != prm.slots - 1)) | next_pending)
+        m.d.sync += blocked.eq((sweeping & (sweep != prm.slots - 1)) | next_pending | next_due | start_scan)
 
         # ------------------------------------------------------------ G: grant (take in the next cycle)
         take = Signal(P)
@@ -348,7 +398,7 @@ class Decision(wiring.Component):
         # Synchronous, not transparent (a write in the cycle of the read is missed); addressed from B2's
         # slot add (its low bits), so its output has a register of its own (f_mem0) in S0.
         st_rd = self.state_mem.read_port()
-        m.d.comb += st_rd.addr.eq(Mux(clr_read, clr_cur, slot[:slot_bits]))
+        m.d.comb += st_rd.addr.eq(Mux(clr_read | sc_read, clr_cur, slot[:slot_bits]))
         b_cand = b_valid & ~b_l2 & (b_action == Action.AGGREGATE)
         bad = b_slot >= prm.slots
         l2_dest = Mux(b_group | ~b_mac_hit, all_ports, b_mac_mask) & ~b_c.me
@@ -411,7 +461,7 @@ class Decision(wiring.Component):
             new_cur.bitmap.eq(upd.new_cur_bitmap), new_cur.done.eq(upd.new_cur_done),
             new_cur.tag.eq(Mux(upd.first, u_c.tag, s_cur.tag)), new_cur.length.eq(Mux(upd.first, u_c.plen, s_cur.length)),
             # an accepted contribution stamps its set (aging); a first one starts a fill not yet aged
-            new_cur.stamp.eq(Mux(upd.accepted, now, s_cur.stamp)), new_cur.aged.eq(~upd.first & s_cur.aged),
+            new_cur.stamp.eq(new_stamp(upd.accepted, now, s_cur.stamp)), new_cur.aged.eq(~upd.first & s_cur.aged),
             new_other.eq(s_other), new_other.bitmap.eq(upd.new_other_bitmap),
             # the slot's sets now count for the writer's rule entry
             new_cur.rule.eq(u_c.rule), new_other.rule.eq(u_c.rule),
@@ -463,6 +513,43 @@ class Decision(wiring.Component):
             self.job.saturate.eq(v_c.kind.saturate),
         ]
 
+        # ------------------------------------------------------------ the scanner's decision (f_mem0: the slot)
+        sc_due, sc_free = Signal(), Signal()
+        sc_entry, sc_rule, sc_bitmap = Signal(ent, reset_less=True), Signal(rule_bits), Signal(P)
+        seen = data.View(ent, f_mem0)
+        vis = seen[sc_set]
+        freed, marked = Signal(setl), Signal(setl)
+        m.d.comb += [freed.eq(0), marked.eq(vis), marked.aged.eq(1)]
+        new_set = Mux(age_free, freed, marked)
+        with m.If(sc_decide):
+            m.d.sync += [
+                sc_due.eq(age_due(vis, now, age) & aging_on), sc_free.eq(age_free), sc_rule.eq(vis.rule),
+                sc_bitmap.eq(vis.bitmap),
+                sc_entry.eq(Mux(sc_set, Cat(seen[0], new_set), Cat(new_set, seen[1]))),
+            ]
+        # The event queue (AGED_EVENT, AGED_PORTS), pushed with the write; AGED_POP pops it.
+        ev_l = data.StructLayout({"slot": slot_bits, "set": 1, "rule": rule_bits, "ports": P})
+        m.submodules.aged_queue = queue = SyncFIFO(width=ev_l.size, depth=AGED_QUEUE_DEPTH)
+        head = data.View(ev_l, queue.r_data)
+        aged_now = sc_write & sc_due
+        m.d.comb += [
+            queue.w_data.eq(Cat(clr_cur, sc_set, sc_rule, sc_bitmap)), queue.w_en.eq(aged_now),
+            queue.r_en.eq(self.program.aged_pop_stb),
+        ]
+        ev_reg, ports_reg = self.regmap["AGED_EVENT"], self.regmap["AGED_PORTS"]
+
+        def placed(reg, name, value):
+            return Value.cast(value) << reg.field(name).lsb
+        valid = queue.r_rdy
+        m.d.sync += [
+            self.aged.eq(aged_now), self.aged_rule.eq(sc_rule), self.aged_slot.eq(clr_cur), self.aged_set.eq(sc_set),
+            self.aged_lost.eq(aged_now & ~queue.w_rdy),
+            self.aged_event.eq(Mux(valid, placed(ev_reg, "slot", head.slot) | placed(ev_reg, "set", head.set)
+                                   | placed(ev_reg, "rule", head.rule) | placed(ev_reg, "valid", valid), 0)),
+            self.aged_ports.eq(Mux(valid, placed(ports_reg, "ports", head.ports), 0)
+                               | placed(ports_reg, "queued", queue.level)),
+        ]
+
         # ------------------------------------------------------------ W: the state write, in_use
         def used(bitmaps):
             return (bitmaps[0].bitmap != 0) + (bitmaps[1].bitmap != 0)
@@ -487,6 +574,10 @@ class Decision(wiring.Component):
             m.d.sync += [per_rule[e].eq(per_rule[e] - ((f_mem_v[0].bitmap != 0) & (f_mem_v[0].rule == e))
                                         - ((f_mem_v[1].bitmap != 0) & (f_mem_v[1].rule == e)))
                          for e in range(R)]
+        with m.Elif(sc_write & sc_due):            # the visited set aged: freed or marked
+            m.d.comb += [st_wr.addr.eq(clr_cur), st_wr.data.eq(sc_entry), st_wr.en.eq(1)]
+            m.d.sync += in_use.eq(in_use - sc_free)
+            m.d.sync += [per_rule[e].eq(per_rule[e] - (sc_free & (sc_rule == e))) for e in range(R)]
 
         m.d.comb += drained.eq(~((take.any() & t_sf) | (a_valid & a_sf) | m_sf | b_cand | r_agg | f_agg | u_agg
                                  | w_agg))

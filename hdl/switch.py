@@ -121,7 +121,10 @@ class Switch(wiring.Component):
         # The decision's per-rule-entry state (issue 12, 13), read from it directly.
         dec = self.core.decision
         for e in range(P.rules):
-            m.d.comb += _element(regs.sets_in_use_value, e, P.rules).eq(dec.sets_in_use[e])
+            m.d.comb += [_element(regs.sets_in_use_value, e, P.rules).eq(dec.sets_in_use[e]),
+                         _element(regs.aged_inc, e, P.rules).eq(dec.aged & (dec.aged_rule == e))]
+        m.d.comb += [regs.aged_total_inc.eq(dec.aged), regs.aged_lost_inc.eq(dec.aged_lost),
+                     regs.aged_event_value.eq(dec.aged_event), regs.aged_ports_value.eq(dec.aged_ports)]
 
         for r, events in drops.items():
             m.d.comb += getattr(regs, f"drop_{r.name.lower()}_inc").eq(sum(events))

@@ -18,7 +18,7 @@ MATCH_PARTS = 4
 
 #: The registers that program the tables and the slot memory, as the register bank presents them.
 TABLE_REGISTERS = ("RULE_GROUP", "RULE_LAYER", "RULE_CHUNK", "RULE_PORTS", "RULE_SLOTS", "RULE_TYPE", "RULE_WRITE",
-                   "MAC_ADDR_LO", "MAC_ADDR_HI", "MAC_WRITE", "SLOT_CLEAR")
+                   "MAC_ADDR_LO", "MAC_ADDR_HI", "MAC_WRITE", "SLOT_CLEAR", "AGING", "AGED_POP")
 
 
 class TableProgramSignature(wiring.Signature):

@@ -5,7 +5,9 @@ valid all-reduce chunks (some contributions lost, then retransmitted), repeats, 
 mismatches, CAIS headers with random bytes mutated, lengths, tkeep gaps (BAD_FRAMING), tuser (BAD_FCS),
 runts, oversize and ordinary frames, under random idle and per-port back-pressure, with register writes
 in between (staging registers, read-only and unmapped addresses, commands naming slots or entries the
-switch does not have: accepted or ignored, as documented).
+switch does not have: accepted or ignored, as documented; AGING switched on and off with the largest age,
+so the aging scanner's visits hold back the stateful headers during traffic but no set ages within a run
+and the model, which has no clock here, follows exactly; AGED_POP of the empty queue).
 After each batch the switch drains and every port's frames are compared with the model's, frame by
 frame, and every counter and gauge with the model's, counter by counter.
 
@@ -31,7 +33,7 @@ import numpy as np
 
 from cais import protocol as proto
 from cais.params import SwitchParams
-from cais.registers import Access, Kind, read_counters, register_map
+from cais.registers import AGE_UNIT_LOG2, Access, Kind, read_counters, register_map
 from cais.tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
 
 from .directed import accounting_problems, counter_problems
@@ -62,6 +64,7 @@ class FuzzResult:
     cycles: int = 0
     problems: list[str] = field(default_factory=list)
     outcomes: dict[str, int] = field(default_factory=dict)   # the model's counters at the end
+    aging_batches: int = 0      # batches that ended with AGING on (the scanner visiting during traffic)
 
     @property
     def ok(self) -> bool:
@@ -92,13 +95,19 @@ class _Groups:
 
 def _reg_noise(rng: random.Random, params: SwitchParams) -> tuple[int, int]:
     """A register write that must not change the traffic's outcome: a staging register (no RULE_WRITE or
-    MAC_WRITE follows), a read-only register, an unmapped address, one with bits 1:0 set, or a SLOT_CLEAR /
-    RULE_WRITE / MAC_WRITE naming a slot or entry at or above the switch's count (ignored)."""
+    MAC_WRITE follows), a read-only register, an unmapped address, one with bits 1:0 set, a SLOT_CLEAR /
+    RULE_WRITE / MAC_WRITE naming a slot or entry at or above the switch's count (ignored), or AGING on
+    with the largest age (0xFFFF units: 67M cycles, longer than a run) or off, or AGED_POP."""
     regs = register_map(params)
     staging = [r for r in regs if r.kind is Kind.CONFIG and r.name.startswith(("RULE_", "MAC_ADDR"))]
     ro = [r for r in regs if r.access is Access.RO]
-    k = rng.randrange(5)
+    k = rng.randrange(6)
     value = rng.getrandbits(32)
+    if k == 5:                       # aging on (the largest age: nothing ages in a run) or off; a pop
+        aging = regs["AGING"]
+        age = (1 << aging.field("age").width) - 1
+        return rng.choice([(aging.address(), aging.pack(age=age, free=rng.randrange(2))), (aging.address(), 0),
+                           (regs["AGED_POP"].address(), value)])
     if k == 4:                       # a command naming a slot or table entry the switch does not have
         name, fld, size = rng.choice([("SLOT_CLEAR", "slot", params.slots), ("RULE_WRITE", "index", params.rules),
                                       ("MAC_WRITE", "index", params.mac_entries)])
@@ -294,10 +303,13 @@ async def fuzz(link, frames: int, seed: int, *, log=None) -> FuzzResult:
                     res.problems.append(f"batch {res.batches}: {reg.name} reads {got_v:#x}, model {want_v:#x}")
         for p in range(params.ports):
             rx_total[p] += len(got[p])
+        res.aging_batches += bool(model.read(regs["AGING"].address()))
         res.batches += 1
         if log and res.batches % 50 == 0:
             log(f"  {res.frames} frames, {res.batches} batches, cycle {link.cycle}")
     res.cycles = link.cycle
+    if res.cycles > (1 << regs["AGING"].field("age").width) - 1 << AGE_UNIT_LOG2:
+        res.problems.append(f"the run ({res.cycles} cycles) outlasted the largest age: the model cannot follow")
     res.outcomes = {k: v for k, v in model.counters().items() if not isinstance(v, list)}
     res.outcomes["RX_TOTAL"] = sum(rx_total)
     return res

@@ -20,6 +20,7 @@ def test_quick_fuzz_matches_the_model_and_covers_every_outcome():
              if not res.outcomes.get(name) and name != "DROP_PAYLOAD_TOO_LONG"]   # (never counted, protocol.py)
     assert never == [], f"the fuzz never produced {never}"
     assert res.outcomes["RX_TOTAL"] > 0
+    assert res.aging_batches > 0          # the aging scanner ran during traffic (and aged nothing)
 
 
 def test_a_seed_reproduces_its_run():

@@ -240,15 +240,17 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         f"Set aging. A set that is partly filled (bitmap not empty, not complete) and has taken no contribution "
         f"for more than age x AGE_UNIT cycles is aged: counted in AGED_TOTAL and AGED[e] (e: the rule entry of "
         f"the frame that last wrote its slot), queued as an event (AGED_EVENT) and, with `free`, emptied (as a "
-        f"SLOT_CLEAR empties a set; SLOTS_IN_USE and SETS_IN_USE drop). Bound: measured from the decision of "
-        f"the set's last accepted contribution, a set is aged after more than age x AGE_UNIT cycles and at "
-        f"most (age + 2 x NUM_SLOTS) x AGE_UNIT cycles (here {period} + age x {unit}), plus the cycles the "
-        f"scanner's visit waits for SLOT_CLEARs and for the stateful headers in flight (at most 12). A set is "
-        f"aged at most once per fill (from its first contribution until it is empty) and never when complete. "
-        f"The scanner visits one set per AGE_UNIT cycles (every set in turn) while age is not 0; each visit "
-        f"holds back new all-reduce headers until those in flight are decided (as a SLOT_CLEAR does). With "
-        f"age 0 (the reset value) nothing is scanned or aged. The bound holds for sets whose last contribution "
-        f"came while age was not 0 (or less than 2**16 units before it was set).",
+        f"SLOT_CLEAR empties a set; SLOTS_IN_USE and SETS_IN_USE drop). Duplicates and refused frames do not "
+        f"feed a set. Bound: counted from the cycle of the decision of the set's last accepted contribution "
+        f"to the cycle its state is written, a set is aged after more than age x AGE_UNIT cycles and at most "
+        f"(age + 2 x NUM_SLOTS) x AGE_UNIT + 12 cycles (here age x {unit} + {period} + 12), plus the time the "
+        f"scanner waits for SLOT_CLEARs written meanwhile. The scanner visits one set per AGE_UNIT cycles, "
+        f"every set in turn, while age is not 0; a visit holds back new all-reduce headers (as a SLOT_CLEAR "
+        f"does) until those in flight are decided, then reads, decides and writes: at most 12 cycles after "
+        f"its unit starts. A set is aged at most once per fill (from its first contribution until it is "
+        f"empty) and never when complete. With age 0 (the reset value) nothing is scanned or aged and the "
+        f"switch's timing is that of a switch without aging. The bound holds for sets whose last contribution "
+        f"came while age was not 0 or less than 2**16 units before it was set (the age stamps wrap).",
         [Field("age", 0, 16, f"0: off; else the age in units of AGE_UNIT ({unit}) cycles"),
          Field("free", 16, 1, "1: an aged set is also emptied (the surviving ranks' retransmissions start it "
                "anew); 0: it is only reported")])
