@@ -31,7 +31,8 @@ __all__ = ["Result", "prove", "refute", "main", "INDUCTION_FROM", "INDUCTION_STE
 INDUCTION_FROM = 10
 #: The longest induction tried.
 INDUCTION_STEPS = 16
-#: Cycles from reset a mutant's counterexample may take (the sweep, a rule write, a few frames: 3 to 14).
+#: Cycles from reset a mutant's counterexample may take (the sweep, a rule write, a few frames, a scanner
+#: visit: 3 to 17).
 REFUTE_STEPS = 20
 
 ROOT = Path(__file__).resolve().parent.parent
