@@ -472,6 +472,18 @@ def test_a_rank_killed_mid_collective_the_survivors_redo_it_on_the_ring_in_bound
     assert group["fell_back"] == 1 and group["sets_aged"] == s["counters"]["AGED"][0]
 
 
+@pytest.mark.verilator
+@pytest.mark.parametrize("chunks,at,path", [(128, 0.25, "ring"), (64, 0.5, "switch")])
+def test_verilator_a_rank_killed_mid_collective(chunks, at, path):
+    """The two deaths above on the Verilated switch (its aging scanner, AGING.free, the event queue):
+    the same checks, the same paths, and the survivors' results equal numpy's (~5 s each)."""
+    from cais.sim.scale import check_dead_rank
+    s = run_backend("verilator", SwitchParams(ports=4), "cais.sim.scale:dead_rank_job", dict(DEAD, chunks=chunks, at=at))
+    assert check_dead_rank(s) == [], s
+    assert s["paths"]["0:0"] == path
+    assert max(s["finished_s"].values()) - s["killed_s"] <= s["bound_s"]
+
+
 def test_a_rank_killed_after_its_last_contribution_is_dropped_when_it_never_finishes():
     """Rank 3 dies after its last contribution: every chunk completes with it (the survivors' result
     includes its input), no set ages, and it is dropped once it has not finished for the set age, so the

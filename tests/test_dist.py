@@ -194,7 +194,7 @@ def test_rank_killed_with_sigkill_mid_collective_fails_the_others_quickly(tmp_pa
     """Deployed, a rank process killed with SIGKILL in the middle of an all-reduce: its coordinator
     connection ends, and each survivor's collective fails with CollectiveError naming it within seconds
     (not the 30 s deadline); nobody hangs. (The co-simulation's survivors redo it instead:
-    test_cosim.py, docs/reliability.md section 7.)"""
+    test_cosim.py, docs/reliability.md section 8.)"""
     import signal
     outs, codes = run_ranks(tmp_path, 3, "sigkill", 60, {"T": "30", "DIE": "1"})
     assert codes[1] == -signal.SIGKILL
