@@ -144,7 +144,8 @@ class Decision(wiring.Component):
         sets (updated with the decision).
     sets_in_use[e] : Out(32)
         Per rule entry: the non-empty sets of the slots whose last writer (an all-reduce frame that reached
-        the slot state) matched entry ``e``; they add up to ``slots_in_use`` in every cycle.
+        the slot state) matched entry ``e``, a cycle after ``slots_in_use`` counts them: they add up to
+        ``slots_in_use`` of the cycle before.
     aged : Out(1); aged_rule : Out(range(rules)); aged_slot, aged_set : Out; aged_lost : Out(1)
         A set aged (AGING, docs/registers.md), in the cycle of its write (freed, or marked aged): a pulse,
         the rule entry it counts for, which set; ``aged_lost``: its event found the queue full.
@@ -583,11 +584,15 @@ class Decision(wiring.Component):
         with m.If(~sweeping):
             m.d.sync += in_use.eq(in_use + change(used(w_new_v) - (old_used[0] + old_used[1]), -used(f_mem_v),
                                                   -sc_free))
-            m.d.sync += [per_rule[e].eq(per_rule[e] + change(
-                writer_delta(e, w_rule, used(w_new_v), old_used, old_rule),
-                -(((f_mem_v[0].bitmap != 0) & (f_mem_v[0].rule == e))
-                  + ((f_mem_v[1].bitmap != 0) & (f_mem_v[1].rule == e))),
-                -(sc_free & (sc_rule == e)))) for e in range(R)]
+        # Per rule entry the change is registered first (the compares of the entry indices and the adder
+        # are a cycle apart): SETS_IN_USE follows the state a cycle after SLOTS_IN_USE does.
+        per_rule_d = [Signal(signed(3), name=f"sets_in_use_d{e}") for e in range(R)]
+        m.d.sync += [per_rule_d[e].eq(Mux(sweeping, 0, change(
+            writer_delta(e, w_rule, used(w_new_v), old_used, old_rule),
+            -(((f_mem_v[0].bitmap != 0) & (f_mem_v[0].rule == e))
+              + ((f_mem_v[1].bitmap != 0) & (f_mem_v[1].rule == e))),
+            -(sc_free & (sc_rule == e))))) for e in range(R)]
+        m.d.sync += [per_rule[e].eq(per_rule[e] + per_rule_d[e]) for e in range(R)]
 
         m.d.comb += drained.eq(~((take.any() & t_sf) | (a_valid & a_sf) | m_sf | b_cand | r_agg | f_agg | u_agg
                                  | w_agg))

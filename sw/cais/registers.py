@@ -277,7 +277,8 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
     add("SETS_IN_USE", 0x300, Access.RO, Kind.LEVEL,
         "Per rule entry: the non-empty sets (as SLOTS_IN_USE counts them) of the slots last written by an "
         "all-reduce frame of this entry (a frame that reached the slot state: not dropped before it). The "
-        "elements add up to SLOTS_IN_USE.", count=P.rules, stride=8)
+        "elements follow the slot state one cycle after SLOTS_IN_USE does and add up to it (when no set "
+        "changed in the cycle before).", count=P.rules, stride=8)
     add("AGED", 0x304, Access.RO, Kind.COUNTER, "Per rule entry: counts sets aged (AGING) whose slot this entry "
         "wrote last.", count=P.rules, stride=8)
 
