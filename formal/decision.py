@@ -13,7 +13,8 @@ decision's outputs and on its state memory, read through combinational read port
   a result job exactly with a completion or a resend.
 - ``in_use``: SLOTS_IN_USE equals the number of sets whose bitmap is not empty, in every cycle.
 - ``per_rule``: SETS_IN_USE of each rule entry equals the number of non-empty sets whose stored writer is
-  that entry, in every cycle (so the entries add up to SLOTS_IN_USE).
+  that entry, in every cycle, a cycle late (its change is registered first), so the entries add up to
+  SLOTS_IN_USE of the cycle before.
 - ``aging``: the scanner ages (frees or marks) only a set that is partly filled (bitmap not empty, not
   complete), not aged in this fill, and whose stamp is more than AGING.age units older than the age clock
   of its decision; a complete set is never freed by aging.
@@ -244,9 +245,13 @@ class DecisionHarness(wiring.Component):
             return sets[i].bitmap != 0
         count = sum(used(i) for i in range(2 * S))
         asserted("in_use", in_use == count)
+        # SETS_IN_USE follows the state a cycle after SLOTS_IN_USE (its change is registered first)
         per_rule = [dec.sets_in_use[e] for e in range(prm.rules)]
-        asserted("per_rule", Cat(*(per_rule[e] == sum(used(i) & (sets[i].rule == e) for i in range(2 * S))
-                                   for e in range(prm.rules))).all() & (sum(per_rule) == in_use))
+        in_use_d = Signal(32)
+        m.d.sync += in_use_d.eq(in_use)
+        asserted("per_rule", ~started | (Cat(*(per_rule[e] == sum((prev[i].bitmap != 0) & (prev[i].rule == e)
+                                                                  for i in range(2 * S))
+                                              for e in range(prm.rules))).all() & (sum(per_rule) == in_use_d)))
 
         # The set the decision names (row_base = (slot * 2 + set) * rows_per_set) and its port, as of the
         # cycle whose state shows the decision's write: the write is STATE_WRITE_LEAD cycles before the

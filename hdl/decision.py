@@ -37,7 +37,7 @@ RULE_WRITE in between, to the entry it matched, gives it the new entry's fields:
 does not rewrite a group's rule under its traffic).
 """
 
-from amaranth.hdl import Array, Cat, Module, Mux, Signal, Value
+from amaranth.hdl import Array, Cat, Module, Mux, Signal, Value, signed
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
@@ -144,7 +144,8 @@ class Decision(wiring.Component):
         sets (updated with the decision).
     sets_in_use[e] : Out(32)
         Per rule entry: the non-empty sets of the slots whose last writer (an all-reduce frame that reached
-        the slot state) matched entry ``e``; they add up to ``slots_in_use`` in every cycle.
+        the slot state) matched entry ``e``, a cycle after ``slots_in_use`` counts them: they add up to
+        ``slots_in_use`` of the cycle before.
     aged : Out(1); aged_rule : Out(range(rules)); aged_slot, aged_set : Out; aged_lost : Out(1)
         A set aged (AGING, docs/registers.md), in the cycle of its write (freed, or marked aged): a pulse,
         the rule entry it counts for, which set; ``aged_lost``: its event found the queue full.
@@ -521,6 +522,7 @@ class Decision(wiring.Component):
 
         # ------------------------------------------------------------ the scanner's decision (f_mem0: the slot)
         sc_due, sc_free = Signal(), Signal()
+        sc_go = sc_write & sc_due                  # the visited set aged: its write, counters, event
         sc_entry, sc_rule, sc_bitmap = (Signal(ent, reset_less=True), Signal(rule_bits, reset_less=True),
                                         Signal(P, reset_less=True))
         seen = data.View(ent, f_mem0)
@@ -538,7 +540,7 @@ class Decision(wiring.Component):
         ev_l = data.StructLayout({"slot": slot_bits, "set": 1, "rule": rule_bits, "ports": P})
         m.submodules.aged_queue = queue = SyncFIFO(width=ev_l.size, depth=AGED_QUEUE_DEPTH)
         head = data.View(ev_l, queue.r_data)
-        aged_now = sc_write & sc_due
+        aged_now = sc_go
         m.d.comb += [
             queue.w_data.eq(Cat(clr_cur, sc_set, sc_rule, sc_bitmap)), queue.w_en.eq(aged_now),
             queue.r_en.eq(self.program.aged_pop_stb),
@@ -572,19 +574,30 @@ class Decision(wiring.Component):
             m.d.comb += [st_wr.addr.eq(sweep), st_wr.data.eq(0), st_wr.en.eq(1)]
         with m.Elif(w_agg):
             m.d.comb += [st_wr.addr.eq(w_slot), st_wr.data.eq(w_new), st_wr.en.eq(1)]
-            m.d.sync += in_use.eq(in_use + (used(w_new_v) - (old_used[0] + old_used[1])))
-            m.d.sync += [per_rule[e].eq(per_rule[e] + writer_delta(e, w_rule, used(w_new_v), old_used, old_rule))
-                         for e in range(R)]
         with m.Elif(clr_write):                    # (f_mem0 holds the slot clr_read read)
             m.d.comb += [st_wr.addr.eq(clr_cur), st_wr.data.eq(0), st_wr.en.eq(1)]
-            m.d.sync += in_use.eq(in_use - used(f_mem_v))
-            m.d.sync += [per_rule[e].eq(per_rule[e] - ((f_mem_v[0].bitmap != 0) & (f_mem_v[0].rule == e))
-                                        - ((f_mem_v[1].bitmap != 0) & (f_mem_v[1].rule == e)))
-                         for e in range(R)]
-        with m.Elif(sc_write & sc_due):            # the visited set aged: freed or marked
+        with m.Elif(sc_go):                        # the visited set aged: freed or marked
             m.d.comb += [st_wr.addr.eq(clr_cur), st_wr.data.eq(sc_entry), st_wr.en.eq(1)]
-            m.d.sync += in_use.eq(in_use - sc_free)
-            m.d.sync += [per_rule[e].eq(per_rule[e] - (sc_free & (sc_rule == e))) for e in range(R)]
+        # The counters: one adder each, its operand the AND-OR of the (exclusive) write's change, so the
+        # path into it is a few LUTs from registers (w_*, f_mem0, sc_*) whatever writes.
+
+        def change(w_term, clr_term, sc_term):
+            terms = [Signal(signed(3), name=n) for n in ("d_w", "d_clr", "d_sc")]
+            m.d.comb += [terms[0].eq(Mux(w_agg, w_term, 0)), terms[1].eq(Mux(clr_write, clr_term, 0)),
+                         terms[2].eq(Mux(sc_go, sc_term, 0))]
+            return terms[0] | terms[1] | terms[2]
+        with m.If(~sweeping):
+            m.d.sync += in_use.eq(in_use + change(used(w_new_v) - (old_used[0] + old_used[1]), -used(f_mem_v),
+                                                  -sc_free))
+        # Per rule entry the change is registered first (the compares of the entry indices and the adder
+        # are a cycle apart): SETS_IN_USE follows the state a cycle after SLOTS_IN_USE does.
+        per_rule_d = [Signal(signed(3), name=f"sets_in_use_d{e}") for e in range(R)]
+        m.d.sync += [per_rule_d[e].eq(Mux(sweeping, 0, change(
+            writer_delta(e, w_rule, used(w_new_v), old_used, old_rule),
+            -(((f_mem_v[0].bitmap != 0) & (f_mem_v[0].rule == e))
+              + ((f_mem_v[1].bitmap != 0) & (f_mem_v[1].rule == e))),
+            -(sc_free & (sc_rule == e))))) for e in range(R)]
+        m.d.sync += [per_rule[e].eq(per_rule[e] + per_rule_d[e]) for e in range(R)]
 
         m.d.comb += drained.eq(~((take.any() & t_sf) | (a_valid & a_sf) | m_sf | b_cand | r_agg | f_agg | u_agg
                                  | w_agg))

@@ -19,7 +19,7 @@ __all__ = ["Access", "Kind", "Field", "Register", "RegisterMap", "register_map",
            "VERSION", "COUNTER_EVENTS", "AGE_UNIT_LOG2", "AGED_QUEUE_DEPTH", "aging_period"]
 
 MAGIC = 0x43414953  # "CAIS"
-VERSION = 0x0004_0001  # minor 1: every rule folds in port order (FEATURES.reproducible always 1)
+VERSION = 0x0004_0002  # minor 2: SETS_IN_USE and set aging (AGING ...); minor 1: every rule folds in port order
 
 
 #: log2 of the cycles in one unit of ``AGING.age``; the aging scanner visits one set per unit.
@@ -277,7 +277,8 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
     add("SETS_IN_USE", 0x300, Access.RO, Kind.LEVEL,
         "Per rule entry: the non-empty sets (as SLOTS_IN_USE counts them) of the slots last written by an "
         "all-reduce frame of this entry (a frame that reached the slot state: not dropped before it). The "
-        "elements add up to SLOTS_IN_USE.", count=P.rules, stride=8)
+        "elements follow the slot state one cycle after SLOTS_IN_USE does and add up to it (when no set "
+        "changed in the cycle before).", count=P.rules, stride=8)
     add("AGED", 0x304, Access.RO, Kind.COUNTER, "Per rule entry: counts sets aged (AGING) whose slot this entry "
         "wrote last.", count=P.rules, stride=8)
 
