@@ -52,8 +52,8 @@ from .enums import Action, DropReason, DType, ReduceOp
 from .header import FrameHeader
 from .ingress import frame_meta_layout
 from .slots import SetUpdate, SlotOutcome, age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
-from .tables import (MATCH_PARTS, MacTable, RuleTable, TableProgramSignature, hits_of_parts, lowest_one, or_tree,
-                     rule_layout)
+from .tables import (MATCH_PARTS, MacTable, RuleTable, TableProgramSignature, field_bits, hits_of_parts, lowest_one,
+                     or_tree, rule_layout)
 
 __all__ = ["Decision", "decision_layout", "job_layout", "bank_addr_bits", "DECISION_LATENCY", "DECISION_HEADERS",
            "STATE_WRITE_LEAD"]
@@ -213,8 +213,8 @@ class Decision(wiring.Component):
         m.d.sync += clock.eq(clock + 1)
         now = clock[U:]
         aging = self.regmap["AGING"]
-        age = self.program.aging[aging.field("age").lsb:][:aging.field("age").width]
-        age_free = self.program.aging[aging.field("free").lsb]
+        age = field_bits(self.program.aging, aging.field("age"))
+        age_free = field_bits(self.program.aging, aging.field("free"))
         aging_on = age != 0
 
         # After reset the slot state is swept to empty, one slot per cycle (memories do not reset); no

@@ -10,7 +10,7 @@ from cais.registers import Kind, RegisterMap
 from .enums import DType, ReduceOp
 
 __all__ = ["RuleTable", "MacTable", "rule_layout", "TableProgramSignature", "TABLE_REGISTERS", "or_tree", "lowest_one",
-           "MATCH_PARTS", "hits_of_parts"]
+           "field_bits", "MATCH_PARTS", "hits_of_parts"]
 
 #: Parts of each entry's compare in ``parts``: a pipeline registers them and ANDs them a stage later, so
 #: neither stage holds a whole 40- or 48-bit compare tree.
@@ -38,7 +38,8 @@ class TableProgramSignature(wiring.Signature):
         super().__init__(members)
 
 
-def _get(word, field):
+def field_bits(word, field):
+    """The bits of register field `field` in the register word `word`."""
     return word[field.lsb:field.lsb + field.width]
 
 
@@ -132,9 +133,9 @@ class RuleTable(wiring.Component):
 
         new = Signal(self.layout)
         prog = self.program
-        f = lambda reg, name: _get(getattr(prog, reg.lower()), R[reg].field(name))  # noqa: E731
+        f = lambda reg, name: field_bits(getattr(prog, reg.lower()), R[reg].field(name))  # noqa: E731
         m.d.comb += [
-            new.valid.eq(_get(prog.rule_write_data, R["RULE_WRITE"].field("valid"))),
+            new.valid.eq(field_bits(prog.rule_write_data, R["RULE_WRITE"].field("valid"))),
             new.group_value.eq(f("RULE_GROUP", "value")), new.group_mask.eq(f("RULE_GROUP", "mask")),
             new.layer_value.eq(f("RULE_LAYER", "value")), new.layer_mask.eq(f("RULE_LAYER", "mask")),
             new.chunk_value.eq(f("RULE_CHUNK", "value")), new.chunk_mask.eq(f("RULE_CHUNK", "mask")),
@@ -145,7 +146,7 @@ class RuleTable(wiring.Component):
             new.acc_fp32.eq(f("RULE_TYPE", "acc_fp32")), new.saturate.eq(f("RULE_TYPE", "saturate")),
             new.reproducible.eq(f("RULE_TYPE", "reproducible")),
         ]
-        index = _get(prog.rule_write_data, R["RULE_WRITE"].field("index"))
+        index = field_bits(prog.rule_write_data, R["RULE_WRITE"].field("index"))
         for i, (e, q) in enumerate(zip(entries, quotas)):
             with m.If(prog.rule_write_stb & (index == i)):
                 m.d.sync += [e.eq(new), q.eq((1 << new.count_log2) - 1)]
@@ -207,14 +208,14 @@ class MacTable(wiring.Component):
         layout = data.StructLayout({"valid": 1, "mac": 48, "port": range(P), "port_mask": P})
         entries = [Signal(layout, name=f"mac{i}") for i in range(self.params.mac_entries)]
         prog, cmd = self.program, R["MAC_WRITE"]
-        index = _get(prog.mac_write_data, cmd.field("index"))
-        port = _get(prog.mac_write_data, cmd.field("port"))
+        index = field_bits(prog.mac_write_data, cmd.field("index"))
+        port = field_bits(prog.mac_write_data, cmd.field("port"))
         for i, e in enumerate(entries):
             with m.If(prog.mac_write_stb & (index == i)):
                 m.d.sync += [
-                    e.valid.eq(_get(prog.mac_write_data, cmd.field("valid")) & (port < P)),
-                    e.mac.eq(Cat(_get(prog.mac_addr_lo, R["MAC_ADDR_LO"].field("mac")),
-                                 _get(prog.mac_addr_hi, R["MAC_ADDR_HI"].field("mac")))),
+                    e.valid.eq(field_bits(prog.mac_write_data, cmd.field("valid")) & (port < P)),
+                    e.mac.eq(Cat(field_bits(prog.mac_addr_lo, R["MAC_ADDR_LO"].field("mac")),
+                                 field_bits(prog.mac_addr_hi, R["MAC_ADDR_HI"].field("mac")))),
                     e.port.eq(port), e.port_mask.eq(1 << port),
                 ]
         def match_parts(mac, e):

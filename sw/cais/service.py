@@ -103,26 +103,15 @@ class MetricsCollector:
         g = GaugeMetricFamily("cais_sets", "Shadow sets of the switch (2 per slot)")
         g.add_metric([], sets)
         yield g
-        g = GaugeMetricFamily("cais_group_sets_allocated", "Shadow sets in the group's quota (2 per slot)",
-                              labels=["group"])
-        for gid, c in groups.items():
-            g.add_metric([str(gid)], c["sets_allocated"])
-        yield g
-        g = GaugeMetricFamily("cais_group_sets_in_use", "Shadow sets of the group holding a chunk (SETS_IN_USE of "
-                              "its rule entry)", labels=["group"])
-        for gid, c in groups.items():
-            g.add_metric([str(gid)], c["sets_in_use"])
-        yield g
-        g = GaugeMetricFamily("cais_group_ranks_dropped", "Ranks the controller dropped from the group as dead",
-                              labels=["group"])
-        for gid, c in groups.items():
-            g.add_metric([str(gid)], len(c["dropped"]))
-        yield g
-        c = CounterMetricFamily("cais_group_sets_aged", "Sets of the group the switch aged (AGED of its rule entry)",
-                                labels=["group"])
-        for gid, gc in groups.items():
-            c.add_metric([str(gid)], gc["sets_aged"])
-        yield c
+        for key, what, value in (
+                ("sets_allocated", "Shadow sets in the group's quota (2 per slot)", lambda c: c["sets_allocated"]),
+                ("sets_in_use", "Shadow sets of the group holding a chunk (SETS_IN_USE of its rule entry)",
+                 lambda c: c["sets_in_use"]),
+                ("ranks_dropped", "Ranks the controller dropped from the group as dead", lambda c: len(c["dropped"]))):
+            g = GaugeMetricFamily(f"cais_group_{key}", what, labels=["group"])
+            for gid, gc in groups.items():
+                g.add_metric([str(gid)], value(gc))
+            yield g
         c = CounterMetricFamily("cais_sets_aged", "Sets the switch aged (AGED_TOTAL)")
         c.add_metric([], counters.get("AGED_TOTAL", 0))
         yield c
@@ -163,7 +152,8 @@ class MetricsCollector:
                           ("collectives", "Collectives of the group finished on every rank"),
                           ("offloaded", "Of which offloaded to the switch"),
                           ("fell_back", "Of which fell back to the host ring"),
-                          ("bytes_reduced", "Bytes of the group reduced by the switch")):
+                          ("bytes_reduced", "Bytes of the group reduced by the switch"),
+                          ("sets_aged", "Sets of the group the switch aged (AGED of its rule entry)")):
             c = CounterMetricFamily(f"cais_group_{key}", what, labels=["group"])
             for gid, gc in groups.items():
                 c.add_metric([str(gid)], gc[key])
