@@ -76,7 +76,8 @@ class _BrokenSetUpdate(SetUpdate):
         m = Module()
         # The real transition, fed from this component's inputs, its outputs passed on except the bug.
         m.submodules.real = real = SetUpdate(self.ports)
-        for name in ("cur_bitmap", "cur_done", "other_bitmap", "tag_eq", "len_eq", "me", "contributors"):
+        for name in ("cur_bitmap", "cur_done", "other_bitmap", "tag_eq", "len_eq", "other_newer", "me",
+                     "contributors"):
             m.d.comb += getattr(real, name).eq(getattr(self, name))
         outs = {name: getattr(real, name) for name in ("outcome", "first", "accepted", "complete",
                                                        "new_cur_bitmap", "new_cur_done", "new_other_bitmap")}

@@ -13,7 +13,8 @@ Stages (one header per cycle, never stalled; the arbiter holds headers back inst
     S0: the slot-state read (addressed from B2's slot), its output registered; BAD_SLOT; an
         ordinary frame's ports                                                           (r_*, f_mem0)
     S1: the two oldest writes the read missed merged in; which newer write is the newest (f_*)
-    S2: the state forwarded from the two newer writes; tag and length compares          (u_*)
+    S2: the state forwarded from the two newer writes; tag and length compares, and
+        whether the other set holds the slot's next chunk (no implicit acknowledgement then)  (u_*)
     U:  the previous header's write forwarded, SetUpdate: the new state and the outcome, registered
         (w_*, v_*)
     V:  the decision, its events and its job from the registered outcome (the outputs); in the same
@@ -200,6 +201,7 @@ class Decision(wiring.Component):
         # What a header carries from B2 to its decision.
         carry_l = data.StructLayout({
             "port": range(P), "me": P, "slot": slot_bits, "set": 1, "tag": 32, "plen": prm.slot_len_bits,
+            "next_tag": 32,                         # the slot's next chunk: tag + the quota's count
             "row_base": bank_addr_bits(prm), "rows": range(prm.rows_per_set + 1),
             "beats": self.meta_layout["beats"].shape, "length": self.meta_layout["length"].shape,
             "cais": proto.CAIS_HEADER_BYTES * 8, "contributors": P, "results": P, "kind": kind_l,
@@ -370,6 +372,8 @@ class Decision(wiring.Component):
             b_l2.eq(~hdr.is_cais), b_group.eq(hdr.dst_is_group), b_mac_hit.eq(macs.hit), b_mac_mask.eq(macs.port_mask),
             b_c.port.eq(m_port), b_c.me.eq(m_me), b_c.set.eq(seq.bit_select(rule.count_log2, 1)),
             b_c.tag.eq(seq), b_c.plen.eq(hdr.payload_len),
+            # count = quota + 1, the bit above the quota's ones (bitwise: no second adder)
+            b_c.next_tag.eq(seq + (((m_quota << 1) | 1) & ~m_quota)),
             b_c.cais.eq(hdr.cais_bytes()), b_c.rows.eq((hdr.payload_len + B - 1) >> lb),
             b_c.beats.eq(m_meta.beats), b_c.length.eq(m_meta.length),
             b_c.contributors.eq(rule.contributors), b_c.results.eq(rule.results), b_c.rule.eq(m_entry),
@@ -388,6 +392,7 @@ class Decision(wiring.Component):
         u_tag_eq, u_len_eq, u_prev_same, u_same_set = (Signal(reset_less=True), Signal(reset_less=True), Signal(),
                                                        Signal(reset_less=True))
         u_eq_prev_tag, u_eq_prev_len = Signal(reset_less=True), Signal(reset_less=True)
+        u_other_next, u_prev_next = Signal(reset_less=True), Signal(reset_less=True)
         w_agg, w_slot, w_new, w_first = Signal(), Signal(slot_bits, reset_less=True), Signal(ent, reset_less=True), Signal()
         w_old = Signal(2 * P, reset_less=True)
         w_rule, w_old_rule = Signal(rule_bits, reset_less=True), Signal(2 * rule_bits, reset_less=True)
@@ -440,9 +445,11 @@ class Decision(wiring.Component):
             u_valid.eq(f_valid), u_agg.eq(f_agg), u_action.eq(f_action), u_reason.eq(f_reason), u_mask.eq(f_mask),
             u_c.eq(f_c), u_cur.eq(cur), u_other.eq(other),
             u_tag_eq.eq(cur.tag == f_c.tag), u_len_eq.eq(cur.length == f_c.plen),
+            u_other_next.eq(other.tag == f_c.next_tag),
             # the header one ahead (in U now, in W when this one is in U)
             u_prev_same.eq(u_agg & (u_c.slot == f_c.slot)), u_same_set.eq(u_c.set == f_c.set),
             u_eq_prev_tag.eq(u_c.tag == f_c.tag), u_eq_prev_len.eq(u_c.plen == f_c.plen),
+            u_prev_next.eq(u_c.tag == f_c.next_tag),
         ]
 
         # ------------------------------------------------------------ U: the update
@@ -451,11 +458,13 @@ class Decision(wiring.Component):
         m.d.comb += [s_cur.eq(Mux(prev, w_new[u_c.set], u_cur)), s_other.eq(Mux(prev, w_new[~u_c.set], u_other))]
         # The header ahead changed this set's tag and length only if it was its FIRST.
         took_set = prev & u_same_set & w_first
+        took_other = prev & ~u_same_set & w_first           # ... and the other set's
         m.submodules.update = upd = SetUpdate(P)
         m.d.comb += [
             upd.cur_bitmap.eq(s_cur.bitmap), upd.cur_done.eq(s_cur.done), upd.other_bitmap.eq(s_other.bitmap),
             upd.tag_eq.eq(Mux(took_set, u_eq_prev_tag, u_tag_eq)),
             upd.len_eq.eq(Mux(took_set, u_eq_prev_len, u_len_eq)),
+            upd.other_newer.eq(Mux(took_other, u_prev_next, u_other_next)),
             upd.me.eq(u_c.me), upd.contributors.eq(u_c.contributors),
         ]
         new_cur, new_other = Signal(setl), Signal(setl)

@@ -77,6 +77,10 @@ class SetUpdate(wiring.Component):
         The set the chunk maps to (bitmap, done) and the other set's bitmap, before the contribution.
     tag_eq : In(1); len_eq : In(1)
         The set's tag equals the chunk's seq_num; its length equals the chunk's payload_len.
+    other_newer : In(1)
+        The other set holds the slot's next chunk (its tag is seq_num + the quota's count): the frame is
+        older than its port's contribution there (a copy the network kept back), so it acknowledges
+        nothing.
     me : In(ports); contributors : In(ports)
         The contributing port (one-hot) and the rule's contributor ports.
     outcome : Out(SlotOutcome)
@@ -94,7 +98,7 @@ class SetUpdate(wiring.Component):
         self.ports = ports
         super().__init__({
             "cur_bitmap": In(ports), "cur_done": In(1), "other_bitmap": In(ports), "tag_eq": In(1), "len_eq": In(1),
-            "me": In(ports), "contributors": In(ports),
+            "other_newer": In(1), "me": In(ports), "contributors": In(ports),
             "outcome": Out(SlotOutcome), "first": Out(1), "accepted": Out(1), "complete": Out(1),
             "new_cur_bitmap": Out(ports), "new_cur_done": Out(1), "new_other_bitmap": Out(ports),
         })
@@ -116,8 +120,10 @@ class SetUpdate(wiring.Component):
             self.first.eq(first), self.accepted.eq(accepted), self.complete.eq(accepted & done),
             self.new_cur_bitmap.eq(Mux(accepted, b | me, b)),
             self.new_cur_done.eq(Mux(accepted, done, self.cur_done)),
-            # The implicit acknowledgement: a port that contributes to one set has its result of the other.
-            self.new_other_bitmap.eq(Mux(mismatch | lmm, self.other_bitmap, self.other_bitmap & ~me)),
+            # The implicit acknowledgement: a port that contributes to one set has its result of the other
+            # (unless the other set already holds the port's next chunk: this frame is a stale copy).
+            self.new_other_bitmap.eq(Mux(mismatch | lmm | self.other_newer, self.other_bitmap,
+                                         self.other_bitmap & ~me)),
         ]
         with m.If(resend_case & leq):
             m.d.comb += self.outcome.eq(SlotOutcome.RESEND)
@@ -145,6 +151,8 @@ class SlotUpdate(wiring.Component):
     set : In(1); port : In(range(ports)); tag : In(32); length : In(len_bits); contributors : In(ports)
         The set the chunk maps to, the contributing (ingress) port, the chunk's seq_num and payload_len,
         and the rule's contributor ports.
+    next_tag : In(32)
+        The seq_num of the slot's next chunk: seq_num + the quota's count (modulo 2**32).
     outcome : Out(SlotOutcome)
     complete : Out(1)
         This contribution completed the set: multicast the result.
@@ -158,7 +166,7 @@ class SlotUpdate(wiring.Component):
         self.ports = ports
         super().__init__({
             "state": In(entry_layout(ports, len_bits)), "set": In(1), "port": In(range(ports)), "tag": In(32),
-            "length": In(len_bits), "contributors": In(ports),
+            "next_tag": In(32), "length": In(len_bits), "contributors": In(ports),
             "outcome": Out(SlotOutcome), "complete": Out(1), "new_state": Out(entry_layout(ports, len_bits)),
             "in_use_delta": Out(data.signed(3)),
         })
@@ -173,6 +181,7 @@ class SlotUpdate(wiring.Component):
         m.d.comb += [
             step.cur_bitmap.eq(cur.bitmap), step.cur_done.eq(cur.done), step.other_bitmap.eq(other.bitmap),
             step.tag_eq.eq(cur.tag == self.tag), step.len_eq.eq(cur.length == self.length),
+            step.other_newer.eq(other.tag == self.next_tag),
             step.me.eq(1 << self.port), step.contributors.eq(self.contributors),
             self.outcome.eq(step.outcome), self.complete.eq(step.complete),
             self.new_state.eq(self.state),

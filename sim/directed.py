@@ -150,6 +150,14 @@ def directed_cases(params: SwitchParams, seed: int = 0) -> list[Case]:
          [(p, contribution(p, 4, vals[p])) for p in range(P - 1)],
          [(P - 1, contribution(P - 1, 0, vals[P - 1]))],
          [(P - 1, contribution(P - 1, 4, vals[P - 1]))])
+    # a copy of port 0's seq 0 that the network kept back arrives after port 0 moved on to seq 2 (the
+    # other set of the slot): it gets the stored result, but acknowledges nothing, so port 0's seq 2
+    # still counts and the set completes with the others' seq 2 (no repeat of port 0 needed)
+    case("stale_copy_after_next_chunk",
+         [(p, contribution(p, 0, vals[p])) for p in range(P)],
+         [(0, contribution(0, 2, vals[1]))],
+         [(0, contribution(0, 0, vals[0]))],
+         [(p, contribution(p, 2, vals[(p + 1) % P])) for p in range(1, P)])
     # foreign port: the last port is not a contributor of group 2
     case("foreign_port_rejected",
          [(P - 1, contribution(P - 1, 0, vals[0], group=2))],

@@ -438,8 +438,11 @@ class SwitchModel:
             if bitmap == rule.contributors:
                 self._done[slot, s] = True
                 out += self._complete(rule, hdr, slot, s)
-        # Implicit acknowledgement (cases a, b, d, e): the port has moved past the other set's chunk.
-        self._bitmap[slot, 1 - s] &= ~np.uint32(w)
+        # Implicit acknowledgement (cases a, b, d, e): the port has moved past the other set's chunk,
+        # unless that set holds the slot's next chunk: then this frame is a stale copy, older than the
+        # port's contribution there.
+        if int(self._tag[slot, 1 - s]) != (t + count) & 0xFFFF_FFFF:
+            self._bitmap[slot, 1 - s] &= ~np.uint32(w)
         return out
 
     def _add(self, slot: int, s: int, port: int, values: np.ndarray) -> None:

@@ -226,3 +226,52 @@ def test_retry_horizon_is_when_an_unanswered_chunk_gives_up():
             eng.poll(now)
         assert now == pytest.approx(retry_horizon(timeout, limit))
     assert retry_horizon(1e-4, 8) == pytest.approx(255e-4)
+
+
+def test_a_rank_with_a_short_measured_timer_outwaits_the_initial_schedule():
+    """A rank whose measured timer fell to the floor (a tenth of timeout_ms) still gives up no earlier than
+    the retry horizon after its last new result: a peer it waits for may be repeating on the initial
+    timer's schedule. Counted in its own short timeouts, retry_limit would run out ten times sooner."""
+    from cais.allreduce import retry_horizon
+    timeout, limit = 1e-4, 8
+    eng = SwitchAllReduce(data=np.zeros(5 * 64, np.int32), op=proto.ReduceOp.SUM, group_id=1, seq_base=0,
+                          slot_count=8, window=4, chunk_size=256, timeout_s=timeout, retry_limit=limit, mac=2)
+    now = 0.0
+    assert len(eng.poll(now)) == 4
+    for seq in range(4):                      # four quick answers: the timer measures ~1 us round trips
+        now += 1e-6
+        hdr = proto.CaisHeader(group_id=1, seq_num=seq, payload_len=256, flags=int(proto.Flags.RESULT))
+        assert eng.receive(proto.build_frame(hdr, bytes(256)), now)
+    progress = now
+    assert eng.timer.rto == pytest.approx(timeout / 10)          # at the floor
+    assert len(eng.poll(now)) == 1                               # chunk 4, never answered
+    sends = 1
+    while not eng.failed:
+        now = eng.next_deadline()
+        sends += len(eng.poll(now))
+    assert now - progress >= retry_horizon(timeout, limit) - 1e-12
+    # its own timeouts: 1 + 2 + ... + 64 + 64 + 64 floors = 25.5 ms / 10; it kept repeating past them
+    assert sum(eng.timer.timeout(k) for k in range(limit + 1)) == pytest.approx(retry_horizon(timeout, limit) / 10)
+    assert sends > limit + 1
+
+
+def test_timer_bounds():
+    """cais.rto: the floor and the ceiling of the RTO, and the longest timeout (cap x the configured one),
+    whatever the samples say."""
+    from cais.rto import RetransmitTimer
+    switch = RetransmitTimer(1e-4, floor=0.1, ceiling=1.0)
+    for _ in range(20):
+        switch.sample(5e-3)                   # round trips that waited behind a peer's repeats
+    assert switch.rto == pytest.approx(1e-4)
+    fast = RetransmitTimer(1e-4, floor=0.1, ceiling=1.0)
+    for _ in range(20):
+        fast.sample(1e-6)
+    assert fast.rto == pytest.approx(1e-5)
+    ring = RetransmitTimer(1e-4)              # grows past the configured timeout, up to cap x
+    for _ in range(20):
+        ring.sample(1.0)
+    assert ring.rto == pytest.approx(64e-4)
+    assert [ring.timeout(k) for k in (0, 3, 20)] == [pytest.approx(64e-4)] * 3
+    assert RetransmitTimer(1e-4).timeout(7) == pytest.approx(64e-4)   # 2**7 x, capped at 64 x
+    with pytest.raises(ValueError, match="floor"):
+        RetransmitTimer(1e-4, floor=2.0, ceiling=1.0)

@@ -98,7 +98,7 @@ def check_invariant(m):
 def test_constant_registers():
     m = SwitchModel(P)
     assert m.read(0x000) == 0x43414953
-    assert m.read(0x004) == 0x00040002           # map version 4.2 (SETS_IN_USE, set aging)
+    assert m.read(0x004) == 0x00040003           # map version 4.3 (stale copies acknowledge nothing)
     assert m.read(0x02C) == 0b11                 # FEATURES: float units, port-order fold
     assert m.read(0x008) == 4
     assert m.read(0x00C) == 64
@@ -243,6 +243,30 @@ def test_both_shadow_sets_in_flight():
     assert m.slot_state(5) == ((0, 0, True), (ALL, 1, True))
     assert m.counters()["SLOTS_IN_USE"] == 1
     assert m.values(5, 0)[0] == 6 and m.values(5, 1)[0] == 100
+    check_invariant(m)
+
+
+def test_a_stale_copy_acknowledges_nothing_once_its_port_moved_on():
+    """Port 0 has seq 0's result and contributed seq 1 (the other set); then a copy of its seq 0 that the
+    network kept back arrives. It gets the stored result (case a) but must not clear port 0's bit of set
+    1, which holds seq 1 = 0 + count: else port 0's seq 1 is forgotten, the set waits for a repeat and
+    the repeat counts a second contribution."""
+    m = model_with(Rule.for_group(1, ALL, base=5, count_log2=0))   # one slot: seq even -> set 0, odd -> set 1
+    for p in range(4):
+        contribute(m, p, 0, [p])
+    assert contribute(m, 0, 1, [10]) == []
+    assert m.slot_state(5) == ((0b1110, 0, True), (0b0001, 1, False))
+    assert contribute(m, 0, 0, [0]) == [(0, result_frame([6], seq=0))]   # the stale copy
+    assert m.slot_state(5) == ((0b1110, 0, True), (0b0001, 1, False))   # port 0 still in set 1
+    for p in (1, 2):
+        assert contribute(m, p, 1, [10 * (p + 1)]) == []
+    out = contribute(m, 3, 1, [40])                               # completes without a repeat of port 0
+    assert out == [(p, result_frame([100], seq=1)) for p in range(4)]
+    c = m.counters()
+    assert (c["CONTRIBUTIONS"], c["COMPLETED"], c["DUPLICATES"], c["RESULTS_RESENT"]) == (8, 2, 1, 1)
+    # a frame of the chunk before (set 1 holds seq 1, the frame is seq 2's: 2 - count) still acknowledges
+    assert contribute(m, 0, 2, [1]) == []
+    assert m.slot_state(5) == ((0b0001, 2, False), (0b1110, 1, True))
     check_invariant(m)
 
 

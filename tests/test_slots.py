@@ -5,7 +5,8 @@ payload_len n to set s, exactly one case applies, checked in order: a (tag == t 
 length mismatch when n differs from the set's length), b (bitmap == 0: first, the set takes length n),
 c (tag != t: busy, nothing changes), a length mismatch (n differs from the set's length: nothing changes),
 d (w in bitmap: repeat), e (further contribution). In every case but c and the length mismatch, port w's
-bit of the other set is cleared (the implicit acknowledgement). ``in_use_delta`` is the change in the
+bit of the other set is cleared (the implicit acknowledgement), unless the other set's tag is t + count
+(the slot's next chunk, count = the group's quota): then the frame is a stale copy. ``in_use_delta`` is the change in the
 number of sets with a non-empty bitmap. States written as 3-tuples have length 8, as have their frames.
 """
 
@@ -22,7 +23,7 @@ LEN_BITS = 9
 DEFAULT_LEN = 8
 
 
-def reference(state, s, w, t, contributors, length=DEFAULT_LEN):
+def reference(state, s, w, t, contributors, length=DEFAULT_LEN, count=1):
     """(outcome, complete, new_state, in_use_delta) per docs/protocol.md 7.3; new_state has the shape of
     ``state`` (3-tuples without the length, 4-tuples with it)."""
     with_len = len(state[0]) == 4
@@ -48,7 +49,7 @@ def reference(state, s, w, t, contributors, length=DEFAULT_LEN):
         if cur["bitmap"] == contributors:
             cur["done"] = True
             complete = True
-    if outcome not in ("MISMATCH", "LENGTH_MISMATCH"):
+    if outcome not in ("MISMATCH", "LENGTH_MISMATCH") and other["tag"] != (t + count) % 2**32:
         other["bitmap"] &= ~me
     new = tuple((x["bitmap"], x["tag"], bool(x["done"])) + ((x["length"],) if with_len else ()) for x in sets)
     delta = sum(x[0] != 0 for x in new) - sum(x[0] != 0 for x in state)
@@ -56,23 +57,24 @@ def reference(state, s, w, t, contributors, length=DEFAULT_LEN):
 
 
 def check_cases(ports, cases):
-    """``cases``: iterable of (state, set, port, tag, contributors[, length]), states as 3- or 4-tuples;
-    compares the block with reference()."""
+    """``cases``: iterable of (state, set, port, tag, contributors[, length[, count]]), states as 3- or
+    4-tuples; compares the block with reference()."""
     dut = SlotUpdate(ports, LEN_BITS)
     failures = []
     counts = {}
 
     async def tb(ctx):
-        for state, s, w, t, contrib, *length in cases:
-            n = length[0] if length else DEFAULT_LEN
+        for state, s, w, t, contrib, *rest in cases:
+            n, count = (list(rest) + [DEFAULT_LEN, 1][len(rest):])[:2]
             state = tuple(tuple(x) + (() if len(x) == 4 else (DEFAULT_LEN,)) for x in state)
             ctx.set(dut.state, [{"bitmap": b, "tag": g, "done": int(d), "length": ln} for b, g, d, ln in state])
             ctx.set(dut.set, s)
             ctx.set(dut.port, w)
             ctx.set(dut.tag, t)
+            ctx.set(dut.next_tag, (t + count) % 2**32)
             ctx.set(dut.length, n)
             ctx.set(dut.contributors, contrib)
-            outcome, complete, new, delta = reference(state, s, w, t, contrib, n)
+            outcome, complete, new, delta = reference(state, s, w, t, contrib, n, count)
             counts[outcome] = counts.get(outcome, 0) + 1
             ns = ctx.get(dut.new_state)
             got = (SlotOutcome(ctx.get(dut.outcome)).name, bool(ctx.get(dut.complete)),
@@ -148,6 +150,7 @@ def test_protocol_example_on_block(ports):
             ctx.set(dut.state, state)
             ctx.set(dut.port, port)
             ctx.set(dut.tag, seq)
+            ctx.set(dut.next_tag, seq + 1)
             ctx.set(dut.set, seq % 2)
             assert SlotOutcome(ctx.get(dut.outcome)).name == outcome, (port, seq)
             assert ctx.get(dut.complete) == complete, (port, seq)
@@ -202,6 +205,16 @@ def test_each_case_directed(ports):
          ("LENGTH_MISMATCH", False, ((0b0001, T, False, 12), (0b0010, 9, False, 12)), 0)),
         ((((0b1011, T, True, 12), (0b0010, 9, False, 12)), 0, 1, T, C, 8),
          ("LENGTH_MISMATCH", False, ((0b1011, T, True, 12), (0b0010, 9, False, 12)), 0)),
+        # a stale copy: the other set holds the slot's next chunk (T + count), so no acknowledgement, after
+        # completion (a) and before (d); with count 4 the same tags are not next, so the bit is cleared
+        ((((0b1011, T, True), (0b0011, T + 1, False)), 0, 1, T, C),
+         ("RESEND", False, ((0b1011, T, True), (0b0011, T + 1, False)), 0)),
+        ((((0b1011, T, False), (0b0010, T + 1, False)), 0, 1, T, C),
+         ("REPEAT", False, ((0b1011, T, False), (0b0010, T + 1, False)), 0)),
+        ((((0b1011, T, True), (0b0011, T + 1, False)), 0, 1, T, C, 8, 4),
+         ("RESEND", False, ((0b1011, T, True), (0b0001, T + 1, False)), 0)),
+        ((((0b1011, U, True), (0b0010, 3, False)), 0, 1, U, C, 8, 4),
+         ("RESEND", False, ((0b1011, U, True), (0b0010, 3, False)), 0)),     # U + 4 wraps to 3
         # the tag is checked before the length
         ((((0b0001, 5, False, 12), (0, 9, False, 12)), 0, 1, T, C, 16),
          ("MISMATCH", False, ((0b0001, 5, False, 12), (0, 9, False, 12)), 0)),
@@ -222,6 +235,8 @@ def test_exhaustive_small_4_ports():
         cur = (bitmap, T if same_tag else T + 3, done)
         state = (cur, other) if s == 0 else (other, cur)
         cases.append((state, s, w, T, contrib, length))
+        if other[1] == T:     # the same, with the other set holding the next chunk
+            cases.append((state, s, w, T, contrib, length, 0))
     counts = check_cases(4, cases)
     assert set(counts) == {"RESEND", "FIRST", "MISMATCH", "LENGTH_MISMATCH", "REPEAT", "ADD"}
 
@@ -239,7 +254,8 @@ def test_random_states(ports, seed):
     cases = []
     for _ in range(2000):
         t = rng.choice([0, 0xFFFF_FFFF, rng.getrandbits(32)])
-        tags = [t, t ^ (1 << rng.randrange(32)), rng.getrandbits(32)]
+        count = 1 << rng.randrange(32)
+        tags = [t, t ^ (1 << rng.randrange(32)), rng.getrandbits(32), (t + count) % 2**32]
         state = tuple((bitmap(), rng.choice(tags), rng.random() < 0.4, rng.choice((8, 8, 8, 12))) for _ in range(2))
         w = rng.randrange(ports)
         r = rng.random()
@@ -250,6 +266,6 @@ def test_random_states(ports, seed):
         else:
             contrib = full if r < 0.5 else rng.getrandbits(ports) | (1 << w)
             s = rng.randrange(2)
-        cases.append((state, s, w, t, contrib, 8))
+        cases.append((state, s, w, t, contrib, 8, count))
     counts = check_cases(ports, cases)
     assert min(counts.values()) > 50, counts

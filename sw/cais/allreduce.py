@@ -13,7 +13,9 @@ The engine turns an array into CAIS contributions and result frames back into th
   chunks are in flight, so switch memory cannot overflow and a set is never reused too early;
 - a chunk whose result is late is sent again after the retransmission timeout (``timeout_s`` at
   first, then what measured round trips say: :mod:`cais.rto`), doubling each retry until a new result
-  arrives; after ``retry_limit`` timeouts in a row with no result arriving, the engine gives up
+  arrives; after ``retry_limit`` timeouts in a row with no result arriving, and no earlier than
+  :func:`retry_horizon` after the last new result (the same span at every rank, whatever its own timer
+  measured: a rank that waits for a peer must outwait the peer's timer), the engine gives up
   (``failed``) and the caller falls back to the host ring;
 - duplicate results are ignored.
 
@@ -151,9 +153,15 @@ class SwitchAllReduce:
         self.window = max(1, min(window, slot_count))
         self.per_chunk = self.chunk_bytes // self.itemsize
         # The switch's round trip is steady, so the timer may fall well below the configured one: a lost
-        # chunk stalls its slot (and every peer's window) until it is resent.
-        self.timer = RetransmitTimer(timeout_s, floor=SWITCH_RTO_FLOOR, warmup=self.window)
+        # chunk stalls its slot (and every peer's window) until it is resent. It never grows past it: the
+        # round trips measured here include the peers' repeats (cais.rto).
+        self.timer = RetransmitTimer(timeout_s, floor=SWITCH_RTO_FLOOR, warmup=self.window, ceiling=1.0)
         self.retry_limit, self.mac = retry_limit, mac
+        # Giving up needs retry_limit timeouts in a row and this long without a new result: a rank whose
+        # measured timer is short (down to SWITCH_RTO_FLOOR) must not give up on a peer still repeating
+        # on the initial timer's schedule (at most RetransmitTimer.longest apart).
+        self.horizon = retry_horizon(timeout_s, retry_limit)
+        self._progress_at = now       # the last new result (or the start)
         self.nchunks = chunk_count(len(self.data), self.itemsize, self.chunk_bytes)
         self.result = np.zeros(len(self.data), dtype=native)
         self._chunks = [_Chunk(i) for i in range(self.nchunks)]
@@ -228,7 +236,7 @@ class SwitchAllReduce:
         out = []
         due = [chunk for chunk in self._in_flight.values() if now >= chunk.deadline]
         for chunk in sorted(due, key=lambda c: c.index) if len(due) > 1 else due:
-            if chunk.backoff >= self.retry_limit:
+            if chunk.backoff >= self.retry_limit and now - self._progress_at >= self.horizon:
                 self.failed = True
                 return out
             out.append(self._send(chunk, now))
@@ -261,6 +269,7 @@ class SwitchAllReduce:
         values = numerics.decode(self.dtype, f.payload[:h.payload_len])
         self.result[lo:lo + len(values)] = values
         chunk.done = True
+        self._progress_at = now
         self._in_flight.pop(index, None)
         self._remaining -= 1
         # Progress: the path works. Like TCP after a new acknowledgement, chunks still waiting start their

@@ -29,7 +29,8 @@ class Config:
     offload: str = "auto"
     # Offload a collective to the switch when the controller's score exceeds this (docs/driver.md).
     offload_threshold: float = 0.2
-    # Initial retransmission timeout (simulated time); measured round trips replace it (cais.rto).
+    # Retransmission timeout (simulated time): the initial one; measured round trips shorten it on the
+    # switch path (never past it: cais.rto) and may lengthen it on the host ring.
     # 100 us is about four round trips of a fully loaded 4-port switch at 156.25 MHz.
     timeout_ms: float = 0.1
     # Timeouts of one chunk in a row, with no result arriving, before the collective falls back.

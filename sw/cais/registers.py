@@ -19,7 +19,7 @@ __all__ = ["Access", "Kind", "Field", "Register", "RegisterMap", "register_map",
            "VERSION", "COUNTER_EVENTS", "AGE_UNIT_LOG2", "AGED_QUEUE_DEPTH", "aging_period"]
 
 MAGIC = 0x43414953  # "CAIS"
-VERSION = 0x0004_0002  # minor 2: SETS_IN_USE and set aging (AGING ...); minor 1: every rule folds in port order
+VERSION = 0x0004_0003  # minor 3: a stale copy acknowledges nothing (docs/protocol.md 7.3); minor 2: SETS_IN_USE and set aging (AGING ...); minor 1: every rule folds in port order
 
 
 #: log2 of the cycles in one unit of ``AGING.age``; the aging scanner visits one set per unit.

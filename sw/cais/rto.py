@@ -8,8 +8,16 @@ nothing. So, as TCP does (RFC 6298): SRTT and RTTVAR are smoothed from round tri
 (Karn's rule: a repeated frame's answer cannot be matched to one transmission), RTO = SRTT + 4 RTTVAR,
 never below ``initial * floor`` (``floor`` 1: the timer only ever grows past the configured one; and
 not below ``initial`` until ``warmup`` round trips were measured, since the first answers of a burst
-come back faster than its last), and a frame's timeout doubles with each retry, up to ``cap`` times the
-RTO.
+come back faster than its last) nor above ``initial * ceiling``, and a frame's timeout doubles with each
+retry, up to ``cap`` times the RTO and never above ``cap`` times the configured timeout (RFC 6298's upper
+bound on the RTO).
+
+The bounds matter to a group: a round trip through the switch ends when the group's last contribution
+arrives, so a rank's measured round trips include its peers' retransmission waits. With 10% loss on 8
+ranks most chunks wait for some peer's repeat, every rank's samples hold the others' timeouts, and the
+timers feed each other until they reach the bound (without one: seconds, while the peers that wait for
+a silent rank give up). The switch engine (cais.allreduce) therefore uses ``ceiling`` 1: measured round
+trips only shorten its timer, the configured timeout is the longest one a lossy group repeats at.
 """
 
 from __future__ import annotations
@@ -20,10 +28,14 @@ ALPHA, BETA, K = 1 / 8, 1 / 4, 4   # RFC 6298's gains
 
 
 class RetransmitTimer:
-    def __init__(self, initial_s: float, cap: int = 64, floor: float = 1.0, warmup: int = 0):
+    def __init__(self, initial_s: float, cap: int = 64, floor: float = 1.0, warmup: int = 0,
+                 ceiling: float | None = None):
         if not initial_s > 0:
             raise ValueError(f"initial timeout {initial_s}: must be positive")
         self.initial_s, self.cap, self.floor, self.warmup = initial_s, cap, floor, warmup
+        self.ceiling_factor = float(cap if ceiling is None else ceiling)
+        if not floor <= self.ceiling_factor:
+            raise ValueError(f"RTO floor {floor} above its ceiling {self.ceiling_factor}")
         self.samples = 0
         self.srtt: float | None = None
         self.rttvar = 0.0
@@ -42,8 +54,13 @@ class RetransmitTimer:
         if self.srtt is None:
             return self.initial_s
         floor = self.floor if self.samples >= self.warmup else 1.0
-        return max(self.initial_s * floor, self.srtt + K * self.rttvar)
+        return min(self.initial_s * self.ceiling_factor, max(self.initial_s * floor, self.srtt + K * self.rttvar))
+
+    @property
+    def longest(self) -> float:
+        """The longest timeout this timer ever gives."""
+        return self.initial_s * self.cap
 
     def timeout(self, retries: int) -> float:
         """How long to wait for the answer to a frame sent `retries` times before."""
-        return self.rto * min(self.cap, 2 ** retries)
+        return min(self.longest, self.rto * min(self.cap, 2 ** retries))
