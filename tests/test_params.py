@@ -30,3 +30,11 @@ def test_set_capacity_is_max_payload_for_every_kind():
 def test_dtypes_follow_float_units():
     assert DType.FP32 in SwitchParams().dtypes
     assert set(SwitchParams(float_units=False).dtypes) == {DType.INT32, DType.INT16, DType.INT8}
+
+
+def test_slug_names_the_fields_that_differ_from_the_defaults():
+    """Build folders are named by the slug: only the non-default fields, booleans as words."""
+    assert SwitchParams().slug() == "default"
+    assert SwitchParams(ports=2, data_width=512).slug() == "ports2_data_width512"
+    assert SwitchParams(float_units=False).slug() == "no_float_units"
+    assert SwitchParams(ports=8, float_units=False).slug() == "ports8_no_float_units"

@@ -108,7 +108,8 @@ class SwitchParams:
     def slug(self) -> str:
         """A short name for build folders: only the fields that differ from the defaults."""
         default = SwitchParams()
-        parts = [f"{k}{v}" for k, v in asdict(self).items() if getattr(default, k) != v]
+        parts = [(k if v else f"no_{k}") if isinstance(v, bool) else f"{k}{v}"
+                 for k, v in asdict(self).items() if getattr(default, k) != v]
         return "_".join(parts) or "default"
 
 
