@@ -44,7 +44,7 @@ property with a counterexample reachable from reset (:mod:`cais.formal.prove`).
 
 from amaranth.hdl import Assert, Assume, Cat, Module, Mux, ResetSignal, Signal
 from amaranth.lib import data, wiring
-from amaranth.lib.wiring import In
+from amaranth.lib.wiring import In, Out
 
 from cais.hdl import decision as decision_mod
 from cais.hdl.decision import DECISION_LATENCY, STATE_WRITE_LEAD, Decision
@@ -76,11 +76,10 @@ class _BrokenSetUpdate(SetUpdate):
         m = Module()
         # The real transition, fed from this component's inputs, its outputs passed on except the bug.
         m.submodules.real = real = SetUpdate(self.ports)
-        for name in ("cur_bitmap", "cur_done", "other_bitmap", "tag_eq", "len_eq", "other_newer", "me",
-                     "contributors"):
+        members = self.signature.members
+        for name in (n for n, member in members.items() if member.flow == In):
             m.d.comb += getattr(real, name).eq(getattr(self, name))
-        outs = {name: getattr(real, name) for name in ("outcome", "first", "accepted", "complete",
-                                                       "new_cur_bitmap", "new_cur_done", "new_other_bitmap")}
+        outs = {name: getattr(real, name) for name, member in members.items() if member.flow == Out}
         if self.kind == "bit_toggles":            # a repeat clears its port's bit
             outs["new_cur_bitmap"] = Mux(real.outcome == SlotOutcome.REPEAT, self.cur_bitmap & ~self.me,
                                          real.new_cur_bitmap)

@@ -549,9 +549,8 @@ class Decision(wiring.Component):
         ev_l = data.StructLayout({"slot": slot_bits, "set": 1, "rule": rule_bits, "ports": P})
         m.submodules.aged_queue = queue = SyncFIFO(width=ev_l.size, depth=AGED_QUEUE_DEPTH)
         head = data.View(ev_l, queue.r_data)
-        aged_now = sc_go
         m.d.comb += [
-            queue.w_data.eq(Cat(clr_cur, sc_set, sc_rule, sc_bitmap)), queue.w_en.eq(aged_now),
+            queue.w_data.eq(Cat(clr_cur, sc_set, sc_rule, sc_bitmap)), queue.w_en.eq(sc_go),
             queue.r_en.eq(self.program.aged_pop_stb),
         ]
         ev_reg, ports_reg = self.regmap["AGED_EVENT"], self.regmap["AGED_PORTS"]
@@ -560,8 +559,8 @@ class Decision(wiring.Component):
             return Value.cast(value) << reg.field(name).lsb
         valid = queue.r_rdy
         m.d.sync += [
-            self.aged.eq(aged_now), self.aged_rule.eq(sc_rule), self.aged_slot.eq(clr_cur), self.aged_set.eq(sc_set),
-            self.aged_lost.eq(aged_now & ~queue.w_rdy),
+            self.aged.eq(sc_go), self.aged_rule.eq(sc_rule), self.aged_slot.eq(clr_cur), self.aged_set.eq(sc_set),
+            self.aged_lost.eq(sc_go & ~queue.w_rdy),
             self.aged_event.eq(Mux(valid, placed(ev_reg, "slot", head.slot) | placed(ev_reg, "set", head.set)
                                    | placed(ev_reg, "rule", head.rule) | placed(ev_reg, "valid", valid), 0)),
             self.aged_ports.eq(Mux(valid, placed(ports_reg, "ports", head.ports), 0)

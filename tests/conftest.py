@@ -36,8 +36,8 @@ def _rank(item) -> int:
 
 def pytest_collection_modifyitems(session, config, items):
     ranked = sorted(items, key=_rank)                   # stable: the rest keep their order
-    head = [i for i in ranked if _rank(i) < len(LONGEST_FIRST)]
-    rest = [i for i in ranked if _rank(i) >= len(LONGEST_FIRST)]
+    leads = sum(_rank(i) < len(LONGEST_FIRST) for i in items)
+    head, rest = ranked[:leads], ranked[leads:]
     order = []
     for k, item in enumerate(head):
         order.append(item)
