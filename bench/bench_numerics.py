@@ -33,7 +33,7 @@ through the project's cached build and the C++-driven link (``cais.sim.backends.
    bench/bench_datapath.py counts it).
 
 SRAM: a chunk in flight occupies one shadow set in every port's bank, ``ports * max_payload * 8`` bits,
-whatever the mode; a chunk carries ``max_payload`` bytes (``SwitchParams.set_capacity``). Area (unless
+whatever the mode; a chunk carries ``max_payload`` bytes (every kind of rule's set holds that much). Area (unless
 ``--no-area``): bench/bench_area.py's designs ``slot_alu``, ``switch`` and ``switch_int``, through its
 functions and its cache
 (a whole-switch place and route takes several minutes the first time).
@@ -114,7 +114,7 @@ class Row:
         return self.mode.startswith("reproducible")
 
     def capacity(self, params: SwitchParams) -> int:
-        return params.set_capacity(self.acc_fp32, self.reproducible)
+        return params.max_payload            # every kind of rule's set holds max_payload bytes
 
     def elements_per_chunk(self, params: SwitchParams) -> int:
         return self.capacity(params) // proto.ELEMENT_BYTES[self.dtype]

@@ -37,8 +37,8 @@ class IngressLane(wiring.Component):
     frame's last without a bubble (one cycle behind a one-beat frame). A frame that is not forwarded
     starts when the current one ends. Payload row ``j`` (frame bytes ``30 + jB .. 30 + jB + B - 1``) is
     complete with beat ``j + h + 1`` and written to the bank then, at an address counted from the
-    decision's ``row_base``; a row that ends in the frame's last beat is written in the next cycle, when
-    the next frame's first beat (which never completes a row) is read.
+    decision's ``row_base``; a row that starts in the frame's last beat (no beat ``j + h + 1``) is
+    written in the next cycle, when the next frame's first beat (which never completes a row) is read.
 
     Every output is a register or a register through one or two LUT levels, except ``fwd.data`` (the
     ingress beat, passed through) and ``bank_data`` (the ingress beat shifted behind the previous one, one
@@ -103,7 +103,7 @@ class IngressLane(wiring.Component):
         cur = Signal(self.layout, reset_less=True)
         cur_fwd = Signal(reset_less=True)
         stores = Signal(reset_less=True)           # AGGREGATE with write: rows into the bank
-        late = Signal(reset_less=True)             # ... and the last row ends in the last beat
+        late = Signal(reset_less=True)             # ... and the last row starts in the last beat
         idx = Signal(range(prm.max_frame_beats), reset_less=True)
         left = Signal(range(prm.max_frame_beats + 1), reset_less=True)   # beats not yet taken, this one included
         is_last = Signal(reset_less=True)          # idx == beats - 1

@@ -460,8 +460,8 @@ def _typed_cases(params: SwitchParams, regs, rng, setup, contribution) -> list[C
     for i, (dtype, acc, sat) in enumerate(kinds):
         w += rule_writes(regs, i, Rule.for_group(30 + i, allp, allp, base=i, count_log2=0, dtype=dtype,
                                                  acc_fp32=acc, saturate=sat, reproducible=True))
-        # elements per frame: the capacity (which can be 0 with many ports: then every frame is too long)
-        cap = params.set_capacity(acc, True) // ELEM[dtype]
+        # elements per frame: a set holds max_payload bytes for every kind of rule
+        cap = params.max_payload // ELEM[dtype]
         n = max(cap, 1)
         if dtype == DT.INT8:     # the 4-bit sequence of docs/numerics.md, x16, then random values
             seq4 = _columns([([7, -5, 5, 5, -3, -7], 0), ([7, 5, -5, -7], 0), ([-8, -1, 1], 0)], P)

@@ -157,7 +157,7 @@ async def any_order(link, seed: int) -> list[str]:
     checked = 0
     for dtype, acc_fp32, ops in KINDS:
         esize = proto.ELEMENT_BYTES[dtype]
-        n_max = params.set_capacity(acc_fp32) // esize
+        n_max = params.max_payload // esize
         for op in ops:
             await bench.program(dtype, op, acc_fp32, False, count_log2)
             label = f"{dtype.name}{' acc_fp32' if acc_fp32 else ''} {op.name}"
@@ -204,7 +204,7 @@ async def reproducible(link, seed: int) -> list[str]:
     checked = 0
     for dtype, acc_fp32, ops in KINDS:
         esize = proto.ELEMENT_BYTES[dtype]
-        capacity = params.set_capacity(acc_fp32, True)
+        capacity = params.max_payload
         for op in ops:
             label = f"{dtype.name}{' acc_fp32' if acc_fp32 else ''} {op.name} reproducible"
             await bench.program(dtype, op, acc_fp32, True, count_log2)

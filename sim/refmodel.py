@@ -18,7 +18,7 @@ The element arithmetic is :mod:`cais.numerics`. Each rule carries the element ty
 all-reduce frames must have (``RULE_TYPE``: dtype, red_op) and how its slots accumulate (acc_fp32,
 saturate, reproducible). A shadow set's values are an accumulator of ``max_payload`` bytes: the wire
 type's values, or float32 for fp16/bf16 with acc_fp32. Every kind of rule takes payloads up to
-``max_payload`` (:meth:`SwitchParams.set_capacity`; longer ones are BAD_PAYLOAD_LEN at ingress, so
+``max_payload`` (for every kind of rule; longer ones are BAD_PAYLOAD_LEN at ingress, so
 PAYLOAD_TOO_LONG is never counted).
 A set's first contribution fixes its payload_len: a later frame of the same chunk with another
 payload_len is LENGTH_MISMATCH, so every contribution of a chunk carries the same ``n`` elements. The

@@ -179,7 +179,7 @@ def random_mix(params: SwitchParams, seed: int, frames_per_port: int = 12) -> Sc
     pool = rule_kinds(params)
 
     def capacity(kd: CollectiveKind) -> int:
-        return params.set_capacity(kd.acc_fp32, kd.reproducible)
+        return params.max_payload              # every kind of rule's set holds max_payload bytes
 
     kinds = {g: [rng.choice(pool) for _ in range(k)] for g in (1, 2)}
     # one of group 2's kinds asks for reproducible results (the switch folds every rule in port order: the

@@ -165,7 +165,7 @@ def test_every_type_under_loss(dtype, op):
     is_float = dtype in proto.FLOAT_DTYPES
     kind = {"dtype": dtype, "reproducible": is_float, "acc_fp32": dtype in (T.FP16, T.BF16)}
     params = SwitchParams(ports=ranks)
-    capacity = params.set_capacity(kind["acc_fp32"], kind["reproducible"])
+    capacity = params.max_payload
     arrays = typed_inputs(dtype, ranks, elements, int(dtype) * 3 + int(op))
     engines, _, model, _ = run(ranks, elements, op, drop=0.05, dup=0.05, seed=int(dtype), arrays=arrays, kind=kind,
                                capacity=capacity)

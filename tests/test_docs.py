@@ -2,6 +2,7 @@
 byte offset defined in protocol.py has to appear in the document with its value."""
 
 import re
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,8 @@ import pytest
 from cais import protocol
 from cais.protocol import (CAIS_HEADER_BYTES, ETH_HEADER_BYTES, ETHERTYPE, HEADER_FIELDS, RESERVED_FIELDS,
                            SUPPORTED_DTYPES, SUPPORTED_OPS, DropReason, DType, Flags, OpType, ReduceOp)
-from cais.registers import COUNTER_EVENTS
+from cais.params import MAX_RULES, ParamError, SwitchParams
+from cais.registers import COUNTER_EVENTS, register_map
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
 ENUMS = (OpType, DType, ReduceOp, Flags, DropReason)
@@ -113,3 +115,35 @@ def test_constants_mentioned(lines):
     assert "03:ca:15:00:00:" in text and "02:ca:15:00:00:00" in text
     assert protocol.mac_to_str(protocol.result_mac(0))[:15] == "03:ca:15:00:00:"
     assert protocol.mac_to_str(protocol.SWITCH_MAC_DEFAULT) == "02:ca:15:00:00:00"
+
+
+INTERFACE = DOC.parent / "interface.md"
+README = DOC.parent.parent / "README.md"
+
+
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+@pytest.mark.parametrize("name", [f.name for f in fields(SwitchParams)])
+def test_every_build_parameter_in_the_interface_table_and_readme(name):
+    """docs/interface.md's parameter table has a row per SwitchParams field, with its option and default;
+    README's list of parameters names every option."""
+    rows = [ln for ln in INTERFACE.read_text().splitlines() if ln.startswith(f"| `{name}` (`{_option(name)}`) |")]
+    assert len(rows) == 1, f"no row for {name} in interface.md's parameter table"
+    default = getattr(SwitchParams(), name)
+    cell = rows[0].split("|")[2].strip()
+    assert cell == (str(default).lower() if isinstance(default, bool) else str(default)), (name, cell)
+    assert f"`{_option(name)}`" in README.read_text(), f"README's parameter list omits {_option(name)}"
+
+
+def test_rule_limit_documented_and_refused():
+    """The rule limit in interface.md is the one SwitchParams refuses beyond, with a message naming it."""
+    row = next(ln for ln in INTERFACE.read_text().splitlines() if ln.startswith("| `rules`"))
+    assert f"1 to {MAX_RULES}" in row
+    SwitchParams(rules=MAX_RULES)
+    with pytest.raises(ParamError, match=rf"rules={MAX_RULES + 1}: must be between 1 and {MAX_RULES}"):
+        SwitchParams(rules=MAX_RULES + 1)
+    # the largest build's per-rule-entry registers stay inside the 1 KiB map (hand-derived: 0x304 + 8 x 31)
+    regs = register_map(SwitchParams(rules=MAX_RULES))
+    assert regs["AGED"].address(MAX_RULES - 1) == 0x3FC and regs.size == 0x400

@@ -1,9 +1,12 @@
-"""Build parameters: what is refused, and the set capacities derived from them (hand-derived here)."""
+"""Build parameters: what is refused, and what a set holds (hand-derived here)."""
 
 import pytest
 
 from cais.params import ParamError, SwitchParams
-from cais.protocol import DType
+from cais.protocol import CaisHeader, DType, build_frame
+from cais.registers import register_map
+from cais.sim.refmodel import SwitchModel
+from cais.tables import Rule, rule_writes
 
 
 @pytest.mark.parametrize("kw, words", [
@@ -18,13 +21,20 @@ def test_refused_with_the_reason(kw, words):
     assert str(err.value) == words
 
 
-def test_set_capacity_is_max_payload_for_every_kind():
-    """Each port's contribution has a bank of max_payload bytes: no kind of rule holds less."""
-    for params in (SwitchParams(), SwitchParams(ports=16, data_width=128), SwitchParams(max_payload=264)):
-        for acc_fp32 in (False, True):
-            for reproducible in (False, True):
-                assert params.set_capacity(acc_fp32, reproducible) == params.max_payload
-    assert SwitchParams(max_payload=264).rows_per_set == 33        # an odd number of rows is fine
+@pytest.mark.parametrize("dtype, acc_fp32", [(DType.INT32, False), (DType.FP16, True), (DType.BF16, False)])
+def test_every_kind_of_rule_takes_max_payload_and_no_more(dtype, acc_fp32):
+    """A set holds max_payload bytes whatever the rule's kind (docs/numerics.md section 9: acc_fp32 costs no
+    room): the reference model takes a max_payload contribution and drops one beat more as BAD_PAYLOAD_LEN."""
+    params = SwitchParams(ports=2, max_payload=264)           # an odd number of 8-byte rows (33)
+    model = SwitchModel(params)
+    for addr, value in rule_writes(register_map(params), 0, Rule.for_group(
+            1, contributors=0b11, results=0b11, base=0, count_log2=1, dtype=dtype, acc_fp32=acc_fp32)):
+        model.write(addr, value)
+    for seq, length in enumerate((264, 264 + 8)):
+        hdr = CaisHeader(group_id=1, seq_num=seq, payload_len=length, dtype=dtype)
+        model.receive(0, build_frame(hdr, bytes(length)))
+    counters = model.counters()
+    assert (counters["CONTRIBUTIONS"], counters["DROP_BAD_PAYLOAD_LEN"]) == (1, 1)
 
 
 def test_dtypes_follow_float_units():

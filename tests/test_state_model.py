@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from cais.params import SwitchParams
+from cais.params import MAX_RULES, SwitchParams
 from cais.registers import AGE_UNIT_LOG2, AGED_QUEUE_DEPTH, RegisterFile, aging_period, register_map
 from cais.sim.refmodel import SwitchModel
 from cais.tables import Rule, rule_writes, slot_clear_writes
@@ -52,9 +52,9 @@ def test_registers_fit_free_offsets():
     # the new registers sit where nothing was, and the bound's constants are the documented ones
     assert RM["AGE_UNIT"].reset == UNIT == 1024
     assert aging_period(P) == 2 * 8 * 1024
-    for p in (SwitchParams(rules=256), SwitchParams(slots=65536)):
+    for p in (SwitchParams(rules=MAX_RULES), SwitchParams(slots=65536), SwitchParams(ports=16)):
         rm = register_map(p)
-        assert rm.size <= 4096
+        assert rm.size <= 1024
         words = [r.address(i) for r in rm for i in range(r.count)]
         assert len(words) == len(set(words))
 

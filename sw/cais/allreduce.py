@@ -5,7 +5,7 @@ The engine turns an array into CAIS contributions and result frames back into th
 - the array's elements travel in their wire type (:class:`~cais.protocol.DType`: int32, int16, int8, fp32,
   fp16, bf16; values encoded and decoded by :mod:`cais.numerics`, bf16 as uint16 bit patterns);
 - chunks of :func:`chunk_payload` bytes: the largest multiple of the element size not above
-  ``chunk_size`` nor the rule's set capacity (:meth:`cais.params.SwitchParams.set_capacity`); chunk ``i``
+  ``chunk_size`` nor the switch's ``max_payload`` (every rule's set capacity); chunk ``i``
   of the collective carries ``seq_num = seq_base + i``, the group-wide chunk sequence number that picks
   its slot and shadow set in the switch (docs/protocol.md);
 - a chunk is sent only when the result of the chunk that used its slot before it has arrived (the

@@ -402,11 +402,12 @@ class Controller:
         return sum(self._rtts) / len(self._rtts) - min(self._rtts)
 
     def capacity(self, kind: CollectiveKind) -> int:
-        """Payload bytes a set of a rule of this kind holds (:meth:`SwitchParams.set_capacity`; 0 for a
-        reproducible kind when FEATURES.reproducible is 0, whatever the configured parameters say)."""
+        """Payload bytes a set of a rule of this kind holds: ``max_payload`` for every kind (each port's
+        contribution has a bank of its own, docs/core-design.md), but 0 for a reproducible kind when
+        FEATURES.reproducible is 0, whatever the configured parameters say."""
         if kind.reproducible and not self.reproducible:
             return 0
-        return self.params.set_capacity(kind.acc_fp32, kind.reproducible)
+        return self.params.max_payload
 
     def why_not_offloadable(self, kind: CollectiveKind) -> str:
         """Why this switch cannot reduce collectives of `kind` ("" if it can)."""

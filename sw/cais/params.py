@@ -6,11 +6,17 @@ from dataclasses import asdict, dataclass, fields
 
 from .protocol import MAX_FRAME_BYTES, DType, supported_dtypes
 
-__all__ = ["SwitchParams", "ParamError"]
+__all__ = ["SwitchParams", "ParamError", "MAX_RULES"]
 
 
 class ParamError(ValueError):
     """A parameter set the switch cannot be built with; the message names the parameter."""
+
+
+#: Most rule-table entries a build may have. The per-rule-entry registers (SETS_IN_USE and AGED at
+#: 0x300 + 8e, docs/registers.md) fill the map's last quarter, 0x300-0x3FF, at 32 entries; and the decision
+#: compares every port's header with every entry in the same cycle, so its logic grows as ports x rules.
+MAX_RULES = 32
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,7 @@ class SwitchParams:
         need(self.max_payload % self.beat_bytes == 0, "max_payload",
              f"must be a multiple of the beat width ({self.beat_bytes} bytes)")
         need(self.max_payload + 30 <= self.max_frame, "max_payload", "plus the 30 header bytes must fit max_frame")
-        need(1 <= self.rules <= 256, "rules", "must be between 1 and 256")
+        need(1 <= self.rules <= MAX_RULES, "rules", f"must be between 1 and {MAX_RULES}")
         need(1 <= self.mac_entries <= 256, "mac_entries", "must be between 1 and 256")
         need(60 <= self.max_frame <= 9018, "max_frame", "must be between 60 and 9018 bytes")
 
@@ -58,15 +64,6 @@ class SwitchParams:
     def rows_per_set(self) -> int:
         """Beats of slot memory per shadow set."""
         return self.max_payload // self.beat_bytes
-
-    def set_capacity(self, acc_fp32: bool = False, reproducible: bool = False) -> int:
-        """The longest payload (bytes) a rule of this kind accepts: ``max_payload`` for every kind.
-
-        Each port's contribution has a bank of its own, in the wire format, and the fold accumulates in
-        its pipeline (fp32 for fp16/bf16 with acc_fp32), so no kind of rule needs more room than another
-        (docs/core-design.md). The arguments remain so that callers can ask about a kind."""
-        del acc_fp32, reproducible
-        return self.max_payload
 
     @property
     def fold_latency(self) -> int:

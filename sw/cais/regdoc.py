@@ -14,7 +14,7 @@ from dataclasses import fields
 
 from .cli import Parser, add_param_arguments, params_from_args
 from .params import SwitchParams
-from .registers import MAGIC, VERSION, Kind, Register, RegisterMap, register_map
+from .registers import COUNTER_EVENTS, MAGIC, VERSION, Kind, Register, RegisterMap, register_map
 
 __all__ = ["GROUPS", "render_markdown", "render_c_header", "main"]
 
@@ -31,7 +31,7 @@ GROUPS = (
      "values, so entries that differ in one field need only that field rewritten."),
     ("MAC table", "MAC_ADDR_LO",
      "MAC-table entries route ordinary frames; they are written through staging registers like rules."),
-    ("Switch-core counters and gauges", "DROP_BAD_FRAMING",
+    ("Switch-core counters and gauges", COUNTER_EVENTS[0][0],
      "One counter per drop reason (the reasons are checked in this order; the first that applies is "
      "counted) and per switch-core event, then gauges of the current state."),
     ("Per-port counters", "RX_FRAMES",

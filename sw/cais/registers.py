@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from .params import SwitchParams
+from .params import MAX_RULES, SwitchParams
 from .protocol import SWITCH_MAC_DEFAULT, DropReason
 
 __all__ = ["Access", "Kind", "Field", "Register", "RegisterMap", "register_map", "RegisterFile", "read_counters",
@@ -126,7 +126,7 @@ class RegisterMap:
     @property
     def size(self) -> int:
         """Bytes of address space the map spans (a power of two)."""
-        end = max(r.offset + r.count * r.stride for r in self.registers)
+        end = max(r.address(r.count - 1) + 4 for r in self.registers)     # past each array's last word
         size = 4
         while size < end:
             size *= 2
@@ -275,13 +275,18 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         "rule's contributors not in it are the missing ranks), and the number of events queued.",
         [Field("ports", 0, 16), Field("queued", 16, 8, f"events in the queue, 0..{AGED_QUEUE_DEPTH}")])
     add("SETS_IN_USE", 0x300, Access.RO, Kind.LEVEL,
-        "Per rule entry: the non-empty sets (as SLOTS_IN_USE counts them) of the slots last written by an "
-        "all-reduce frame of this entry (a frame that reached the slot state: not dropped before it). The "
-        "elements follow the slot state one cycle after SLOTS_IN_USE does and add up to it (when no set "
-        "changed in the cycle before).", count=P.rules, stride=8)
+        "Per rule entry: the non-empty sets (as SLOTS_IN_USE counts them) of the slots whose state was last "
+        "reached by an all-reduce frame of this entry. The entry is kept per slot, not per set: a frame that "
+        "reaches a slot's state moves both of its sets to its entry, whatever the frame's outcome (a "
+        "contribution, a duplicate, or a drop decided there: TAG_MISMATCH, LENGTH_MISMATCH); a frame dropped "
+        "before the slot state (NO_RULE, FOREIGN_PORT, TYPE_MISMATCH, BAD_SLOT, any ingress check) moves "
+        "nothing. The elements follow the slot state one cycle after SLOTS_IN_USE does and add up to it "
+        "(when no set changed in the cycle before).", count=P.rules, stride=8)
     add("AGED", 0x304, Access.RO, Kind.COUNTER, "Per rule entry: counts sets aged (AGING) whose slot this entry "
         "wrote last.", count=P.rules, stride=8)
 
+    # the per-rule-entry arrays of the largest build (params.MAX_RULES) end where the 1 KiB map does
+    assert all(r.offset + (MAX_RULES - 1) * r.stride + 4 <= 0x400 for r in regs if r.name in ("SETS_IN_USE", "AGED"))
     return RegisterMap(P, tuple(regs))
 
 
