@@ -35,8 +35,8 @@ $(STAMP): pyproject.toml
 test: $(STAMP) ## Run all tests (amaranth.sim and cocotb + Verilator) on JOBS=2 pytest-xdist workers
 	$(VPY) -m pytest -n $(JOBS) --maxschedchunk 1 --durations=15 $(PYTEST_ARGS) tests/
 
-test-fast: $(STAMP) ## Run only the amaranth.sim / unit tests (no Verilator builds)
-	$(VPY) -m pytest -n $(JOBS) --maxschedchunk 1 -m "not verilator" $(PYTEST_ARGS) tests/
+test-fast: $(STAMP) ## Run the unit and short amaranth.sim tests: no Verilator build, proof, place and route or slow run
+	$(VPY) -m pytest -n $(JOBS) --maxschedchunk 1 -m "not verilator and not formal and not pnr and not slow" $(PYTEST_ARGS) tests/
 
 sim: $(STAMP) ## Run the main simulation job (python -m cais.sim.cosim ARGS)
 	$(VPY) -m cais.sim.cosim $(ARGS)

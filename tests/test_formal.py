@@ -6,6 +6,8 @@ import pytest
 from cais.formal.decision import MUTANTS, PROPERTIES
 from cais.formal.prove import prove, refute
 
+pytestmark = pytest.mark.formal
+
 
 def test_every_property_is_proved_by_induction():
     result = prove()
