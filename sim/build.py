@@ -44,7 +44,7 @@ from ..hdl.toolchain import setup_verilator_env, tool_versions
 __all__ = [
     "TOP", "CLOCK", "RESET", "SIM_BUILD_ARGS", "TIMESCALE",
     "BuildError", "BuildInfo", "TestRun",
-    "build_root", "default_sources", "build_design", "build_switch", "run_test",
+    "build_root", "default_sources", "build_design", "build_switch", "build_block", "run_test",
     "NativeBuild", "build_native", "HARNESS",
 ]
 
@@ -141,6 +141,19 @@ def build_switch(params: SwitchParams, *, waves: bool = False) -> BuildInfo:
     build_dir = build_root() / "sim" / (params.slug() + ("_waves" if waves else ""))
     return build_design(lambda path, name: generate_verilog(params, path, name), TOP, build_dir,
                         key=params.as_dict(), waves=waves, params=params)
+
+
+def build_block(block: str, params: SwitchParams, *, waves: bool = False) -> BuildInfo:
+    """Build (or reuse) the Verilator model of one block of :data:`cais.hdl.blocks.BLOCKS` (``switch``: the
+    exported switch) for *params*, in ``build/tb/<block>_<params.slug()>[_waves]/``."""
+    from ..hdl.blocks import BLOCKS
+    from ..hdl.export import generate_block
+
+    waves = _waves(waves)
+    name = BLOCKS[block][1]
+    build_dir = build_root() / "tb" / f"{block}_{params.slug()}{'_waves' if waves else ''}"
+    return build_design(lambda path, top: generate_block(block, params, path, top), name, build_dir,
+                        key={"block": block, "params": params.as_dict()}, waves=waves, params=params)
 
 
 def build_design(write_verilog: Callable[[Path, str], object], name: str, build_dir: str | os.PathLike, *,
@@ -326,10 +339,12 @@ def _ports_header(params: SwitchParams) -> str:
 
 
 def run_test(build: BuildInfo, test_module: str, testcase: str | None = None,
-             extra_env: Mapping[str, str] | None = None, seed: int | str | None = None) -> TestRun:
+             extra_env: Mapping[str, str] | None = None, seed: int | str | None = None,
+             test_filter: str | None = None) -> TestRun:
     """Run the cocotb tests of *test_module* (dotted name, e.g. ``cais.sim.links.cocotb``) on *build*.
 
-    *testcase* selects one test (or a comma-separated list) by name; *extra_env* is added to the
+    *testcase* selects one test (or a comma-separated list) by name, *test_filter* (a regular expression
+    matched against ``<module>.<name>``) instead selects every test it matches; *extra_env* is added to the
     simulator's environment (it wins over the current environment); *seed* fixes cocotb's random seed.
     The run happens in its own folder ``<build_dir>/runs/<module>.<testcase>[.<hash>]`` (cleared first)
     holding ``results.xml``, ``sim.log`` and, for a waves build, ``dump.vcd``.
@@ -340,8 +355,8 @@ def run_test(build: BuildInfo, test_module: str, testcase: str | None = None,
     setup_verilator_env()
     extra_env = {str(k): str(v) for k, v in (extra_env or {}).items()}
     run_name = f"{test_module}.{testcase.replace(',', '+') if testcase else 'all'}"
-    if extra_env or seed is not None:
-        variant = json.dumps({"env": extra_env, "seed": seed}, sort_keys=True)
+    if extra_env or seed is not None or test_filter is not None:
+        variant = json.dumps({"env": extra_env, "seed": seed, "filter": test_filter}, sort_keys=True)
         run_name += "." + hashlib.sha256(variant.encode()).hexdigest()[:10]
     run_dir = build.build_dir / "runs" / re.sub(r"[^A-Za-z0-9_.+-]", "_", run_name)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -354,7 +369,7 @@ def run_test(build: BuildInfo, test_module: str, testcase: str | None = None,
         problem = None
         try:
             runner.test(test_module=test_module, hdl_toplevel=build.name, hdl_toplevel_lang="verilog",
-                        testcase=testcase, seed=seed, waves=build.waves, build_dir=build.build_dir,
+                        testcase=testcase, test_filter=test_filter, seed=seed, waves=build.waves, build_dir=build.build_dir,
                         test_dir=run_dir, results_xml=str(results), log_file=log)
         except SystemExit as exc:   # the runner exits when tests fail under pytest; results say which
             problem = f"runner exited with status {exc.code}"
@@ -426,11 +441,21 @@ def _check_results(build: BuildInfo, test_module: str, testcase: str | None, run
 # --- helpers ----------------------------------------------------------------------------------------------------
 
 
-def _waves(waves: bool) -> bool:
-    """``WAVES`` in the environment overrides *waves*, as it does inside the cocotb runner."""
-    from cocotb_tools import _env
+_TRUE = ("1", "yes", "y", "on", "true", "enable")
+_FALSE = ("0", "no", "n", "off", "false", "disable")
 
-    return _env.get_bool("WAVES", bool(waves))
+
+def _waves(waves: bool) -> bool:
+    """``WAVES`` in the environment overrides *waves*, as it does inside the cocotb runner (the same
+    words: 1/yes/y/on/true/enable and 0/no/n/off/false/disable, any case; unset or empty: *waves*)."""
+    value = os.environ.get("WAVES", "").strip()
+    if not value:
+        return bool(waves)
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ValueError(f"WAVES={value!r}: expected one of {', '.join(_TRUE + _FALSE)}")
 
 
 @contextlib.contextmanager
