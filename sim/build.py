@@ -145,10 +145,13 @@ def build_switch(params: SwitchParams, *, waves: bool = False) -> BuildInfo:
 
 def build_block(block: str, params: SwitchParams, *, waves: bool = False) -> BuildInfo:
     """Build (or reuse) the Verilator model of one block of :data:`cais.hdl.blocks.BLOCKS` (``switch``: the
-    exported switch) for *params*, in ``build/tb/<block>_<params.slug()>[_waves]/``."""
+    exported switch, the build of :func:`build_switch`) for *params*, in
+    ``build/tb/<block>_<params.slug()>[_waves]/``."""
     from ..hdl.blocks import BLOCKS
     from ..hdl.export import generate_block
 
+    if block == "switch":           # the same Verilog as the cocotb link's: share its build
+        return build_switch(params, waves=waves)
     waves = _waves(waves)
     name = BLOCKS[block][1]
     build_dir = build_root() / "tb" / f"{block}_{params.slug()}{'_waves' if waves else ''}"
