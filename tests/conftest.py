@@ -17,7 +17,7 @@ setup_verilator_env()
 #: first two is followed by one short test, so xdist's first hand-out (two tests per worker) gives each
 #: worker one of them.
 LONGEST_FIRST = (
-    "tests/test_switch_verilator.py::test_regression[p16_w128]",
+    "tests/test_switch_verilator.py::test_regression[p16_w128_int]",
     "tests/test_link_identity.py::test_cpp_link_and_cocotb_link_are_cycle_identical[p2_w512]",
     "tests/test_switch_verilator.py::test_regression[p2_w512]",
     "tests/test_formal.py::test_every_property_is_proved_by_induction",

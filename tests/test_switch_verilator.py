@@ -23,11 +23,16 @@ import pytest
 from cais.params import SwitchParams
 from cais.sim.backends import run_backend
 
+# The 16-port build is the integer-only switch (its float frames are BAD_CODE drops, on the model too):
+# it is the only build of that kind the regression runs (F = ports x 3 + 1, ResultRow without rounding),
+# and its fold chain of 15 float stages would take most of the suite's time to compile; the float lanes'
+# cases run on the two builds with float units.
 PARAM_SETS = {
-    "p16_w128": SwitchParams(ports=16, data_width=128, slots=32),
+    "p16_w128_int": SwitchParams(ports=16, data_width=128, slots=32, float_units=False),
     "p4_w64": SwitchParams(),
     "p2_w512": SwitchParams(ports=2, data_width=512, slots=16),
 }
+FLOAT_SETS = [name for name, params in PARAM_SETS.items() if params.float_units]
 SEED = int(os.environ.get("CAIS_SEED", "1"))
 
 
@@ -57,7 +62,7 @@ def test_regression(pname):
 
 
 @pytest.mark.verilator
-@pytest.mark.parametrize("pname", PARAM_SETS)
+@pytest.mark.parametrize("pname", FLOAT_SETS)
 def test_floats(pname):
     """Float SUM/MAX/MIN bit-exact with the port-order fold whatever the arrival order, for every rule
     (cais.sim.floats)."""
