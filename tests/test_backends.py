@@ -104,12 +104,14 @@ def test_verilator_rough_wires_match_model():
     assert_same(result, cached("model", JOB))
 
 
+@pytest.mark.slow
 def test_amaranth_rough_wires_match_model():
     result = cached("amaranth", JOB, **ROUGH_WIRES)
     assert result["correct"]
     assert_same(result, cached("model", JOB, **ROUGH_WIRES))      # the model ignores the wire options
 
 
+@pytest.mark.slow
 def test_faulty_egress_amaranth_matches_model(fault_job):
     reference = cached("model", fault_job)
     assert not reference["correct"]          # a result was dropped

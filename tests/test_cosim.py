@@ -134,6 +134,7 @@ def test_register_work_that_never_gets_done_is_reported_as_a_hang():
         run_sync(world.run(fn))
 
 
+@pytest.mark.slow
 def test_lossless_model_and_amaranth_send_the_same_frames():
     model = run("model", elements=700, config={"offload": "always"})
     rtl = run("amaranth", elements=700, config={"offload": "always"})

@@ -336,6 +336,7 @@ def test_adder_edge_catalogue(fmt):
         for i in bad)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", FORMATS, ids=str)
 def test_adder_random(fmt):
     a, b = random_pairs(fmt, VECTORS, seed=fmt.width + fmt.exp_bits)
@@ -476,6 +477,7 @@ def test_widen_exhaustive(src):
     assert (got[is_nan_vec(src, x)] == FP32.qnan).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("src", (FP16, BF16), ids=str)
 def test_widen_and_narrow_registered(src):
     """stages=1 (a register rank inside): the same conversions, one clock edge later, one per cycle."""
@@ -521,6 +523,7 @@ def edge_binades(dst: FloatFormat, n: int, rng) -> np.ndarray:
     return x.astype(np.uint32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dst", (FP16, BF16), ids=str)
 def test_narrow(dst):
     rng = np.random.default_rng(21)

@@ -299,6 +299,7 @@ def test_workload_with_loss(ranks, dtype, op):
         assert s["max_error"] == 0.0
 
 
+@pytest.mark.slow
 def test_amaranth_float_sum():
     job = {"ranks": 4, "elements": 300, "op": "sum", "dtype": "float32", "seed": 2,
            "config": {"offload": "always", "float_mode": "quantize"}}

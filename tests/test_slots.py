@@ -224,6 +224,7 @@ def test_each_case_directed(ports):
     check_cases(ports, [args for args, _ in cases_and_expect])
 
 
+@pytest.mark.slow
 def test_exhaustive_small_4_ports():
     """Every current bitmap, done, tag (equal/different), set, port, and a spread of other sets and contributors."""
     T = 0xCAFE_0001

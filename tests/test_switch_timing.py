@@ -22,6 +22,9 @@ from cais.sim.timing import (FORWARD_LATENCY, broadcast, contribution, documente
 from cais.sim.traffic import TxFrame, host_mac
 from cais.tables import Rule, rule_writes
 
+# the whole switch under amaranth.sim, a few thousand cycles per second: the slow tier
+pytestmark = pytest.mark.slow
+
 INT_4x64 = SwitchParams(float_units=False)
 
 
