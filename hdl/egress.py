@@ -276,10 +276,11 @@ class EgressMerge(wiring.Component):
     port shows the head of the input whose turn it is (the result queue if it waits and the last frame
     sent was forwarded or the FIFO is empty, else the FIFO), in the same cycle, so the merge adds no cycle
     of latency; a beat shown and not taken makes that input the owner, so the offer never changes under a
-    stalled sink (AXI4-Stream). At a frame's last beat taken the owner passes to the other input if its
-    head is waiting (a whole frame, since it is not being read), so frames of both inputs follow each other
-    without a bubble, else to none. ``o`` is the inputs' registers through a 2-to-1 choice; ``o.ready``
-    drives the inputs' ``ready`` through one AND.
+    stalled sink (AXI4-Stream). At a frame's last beat taken the owner becomes none, so in the next cycle
+    the other input's head, if it waits (a whole frame: that input is not being read), is shown, else the
+    same input's next frame: frames of both inputs follow each other without a bubble, alternating while
+    both wait. ``o`` is the inputs' registers through a 2-to-1 choice whose select comes from registers
+    (the owner, the turn, the inputs' valid); ``o.ready`` drives the inputs' ``ready`` through one AND.
 
     Members
     -------
@@ -314,8 +315,7 @@ class EgressMerge(wiring.Component):
         ]
         ending = o.valid & o.ready & o.payload.last
         with m.If(ending):
-            m.d.sync += [owner.eq(Mux(sel_res, Cat(f.valid, Const(0, 1)), Cat(Const(0, 1), r.valid))),
-                         last_res.eq(sel_res)]
+            m.d.sync += [owner.eq(0), last_res.eq(sel_res)]
         with m.Elif(o.valid):
             m.d.sync += owner.eq(Cat(~sel_res, sel_res))
         m.d.comb += self.busy.eq(owner.any())
