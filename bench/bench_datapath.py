@@ -92,6 +92,26 @@ def load_frame_bytes(params: SwitchParams, scenario: str, payload: int) -> list[
     return out
 
 
+def stagger_frames(params: SwitchParams, scenario: str, payload: int, port: int) -> list[int]:
+    """Bytes of the forwarded frames port ``port`` sends before its first chunk under a load that carries
+    results and forwarded frames: ``port / ports`` of a chunk's beats, so that the ports' frames do not
+    line up (in lockstep every result would find all its ports ending a frame in the same cycle, and the
+    load would hide what it is there to measure). Frames of 60 to ``max_frame`` bytes; none for port 0."""
+    frames = load_frame_bytes(params, scenario, payload)
+    if all(c for c, _ in frames) or all(not c for c, _ in frames):
+        return []
+    B = params.beat_bytes
+    left = port * sum(-(-n // B) for _, n in frames) // params.ports * B
+    out = []
+    while left >= proto.MIN_FRAME_BYTES:
+        n = min(left, params.max_frame // B * B)
+        if 0 < left - n < proto.MIN_FRAME_BYTES:
+            n = left - proto.MIN_FRAME_BYTES
+        out.append(n)
+        left -= n
+    return out
+
+
 def decision_bound(params: SwitchParams, scenario: str, payload: int) -> float:
     """The ingress beats per cycle per port a load can reach when every port sends it at line rate: the
     decision pipeline takes one header per cycle from all ports, so with ``k`` frames of ``b`` beats in all
@@ -103,7 +123,8 @@ def decision_bound(params: SwitchParams, scenario: str, payload: int) -> float:
 
 
 async def load_job(link, job: dict) -> dict:
-    """Every port sends ``job["chunks"]`` rounds of ``LOADS[job["scenario"]]`` back to back (the link queues
+    """Every port sends ``job["chunks"]`` rounds of ``LOADS[job["scenario"]]`` back to back, after its
+    :func:`stagger_frames` (the link queues
     them all at once, so tvalid never drops); every sink is always ready. Checks that the load did what its
     name says: every chunk's result arrived on every port, bit-exact (numpy), in chunk order; every
     forwarded frame arrived byte-exact, in order, on the next port; nothing else arrived. Returns the
@@ -129,6 +150,12 @@ async def load_job(link, job: dict) -> dict:
     has_results = any(c for c, _ in per_chunk)
     sent_frames: dict[int, list[bytes]] = {p: [] for p in range(P)}     # forwarded frames, per egress port
     beats_sent: dict[int, list[int]] = {p: [] for p in range(P)}        # beats of each frame, per ingress port
+    for p in range(P):
+        for nbytes in stagger_frames(params, scenario, payload, p):
+            frame = forwarded(p, P, nbytes)
+            sent_frames[(p + 1) % P].append(frame)
+            beats_sent[p].append(-(-len(frame) // params.beat_bytes))
+            link.send(p, frame)
     for c in range(chunks):
         for p in range(P):
             for is_contribution, nbytes in per_chunk:
