@@ -67,41 +67,65 @@ def forwarded(port: int, ports: int, length: int) -> bytes:
     return eth + bytes((port + i) & 0xFF for i in range(length - len(eth)))
 
 
-#: The loads that load every port at once: what each port sends per chunk, in order. "contribution" is a
-#: full-size (or ``payload``-byte) all-reduce contribution to the chunk's set (every port contributes and
-#: gets every result); a number is an ordinary frame of that many bytes to the next port (a permutation:
-#: every egress port gets one forwarded stream); "same" is one as long as the contribution.
+#: The loads that load every port at once: (every port contributes to every chunk, the ordinary frames each
+#: port sends per chunk to the next port). Contributions are full-size (``payload`` bytes), every port
+#: contributes and gets every result; the ordinary frames go to the next port (a permutation: every egress
+#: port gets one forwarded stream): "same" one as long as a contribution, "max_frame" two of ``max_frame``
+#: bytes on every other chunk (chunks c with c + port even: the ports' frames keep changing phase against
+#: each other), a number two of that many bytes on every other chunk, "random" one of 60 to ``max_frame``
+#: bytes (uniform, seeded).
 LOADS = {
-    "allreduce": ("contribution",),
-    "forward": ("same",),
-    "mix": ("contribution", "same"),
-    "results_and_forwarding": ("contribution", "max_frame"),
-    "results_and_forwarding_short": ("contribution", proto.MIN_FRAME_BYTES),
+    "allreduce": (True, None),
+    "forward": (False, "same"),
+    "mix": (True, "same"),
+    "results_and_forwarding": (True, "max_frame"),
+    "results_and_forwarding_short": (True, proto.MIN_FRAME_BYTES),
+    "results_and_forwarding_random": (True, "random"),
 }
 
 
-def load_frame_bytes(params: SwitchParams, scenario: str, payload: int) -> list[tuple[bool, int]]:
-    """(is a contribution, frame bytes) of each frame a port sends per chunk under ``scenario``."""
+def chunk_frames(params: SwitchParams, scenario: str, payload: int, chunk: int, port: int,
+                 rng: np.random.Generator) -> list[tuple[bool, int]]:
+    """(is a contribution, frame bytes) of each frame port ``port`` sends for chunk ``chunk``."""
+    contributes, fwd = LOADS[scenario]
     contrib = max(proto.HEADERS_BYTES + payload, proto.MIN_FRAME_BYTES)
-    out = []
-    for kind in LOADS[scenario]:
-        if kind == "contribution":
-            out.append((True, contrib))
-        else:
-            out.append((False, {"same": contrib, "max_frame": params.max_frame}.get(kind, kind)))
+    out = [(True, contrib)] if contributes else []
+    if fwd == "same":
+        out.append((False, contrib))
+    elif fwd == "random":
+        out.append((False, int(rng.integers(proto.MIN_FRAME_BYTES, params.max_frame + 1))))
+    elif fwd is not None:
+        n = params.max_frame if fwd == "max_frame" else fwd
+        out += [(False, n)] * (2 * ((chunk + port) % 2 == 0))
     return out
+
+
+def mean_chunk(params: SwitchParams, scenario: str, payload: int) -> tuple[float, float]:
+    """(frames, beats) a port sends per chunk, on average (over two chunks; the mean for "random")."""
+    contributes, fwd = LOADS[scenario]
+    beats = lambda n: -(-n // params.beat_bytes)                         # noqa: E731
+    contrib = max(proto.HEADERS_BYTES + payload, proto.MIN_FRAME_BYTES)
+    frames, total = (1, beats(contrib)) if contributes else (0, 0)
+    if fwd == "same":
+        frames, total = frames + 1, total + beats(contrib)
+    elif fwd == "random":
+        lengths = range(proto.MIN_FRAME_BYTES, params.max_frame + 1)
+        frames, total = frames + 1, total + sum(map(beats, lengths)) / len(lengths)
+    elif fwd is not None:
+        frames, total = frames + 1, total + beats(params.max_frame if fwd == "max_frame" else fwd)
+    return frames, total
 
 
 def stagger_frames(params: SwitchParams, scenario: str, payload: int, port: int) -> list[int]:
     """Bytes of the forwarded frames port ``port`` sends before its first chunk under a load that carries
     results and forwarded frames: ``port / ports`` of a chunk's beats, so that the ports' frames do not
-    line up (in lockstep every result would find all its ports ending a frame in the same cycle, and the
-    load would hide what it is there to measure). Frames of 60 to ``max_frame`` bytes; none for port 0."""
-    frames = load_frame_bytes(params, scenario, payload)
-    if all(c for c, _ in frames) or all(not c for c, _ in frames):
+    line up at the start (in lockstep every result would find all its ports ending a frame in the same
+    cycle). Frames of 60 to ``max_frame`` bytes; none for port 0."""
+    contributes, fwd = LOADS[scenario]
+    if not contributes or fwd is None:
         return []
     B = params.beat_bytes
-    left = port * sum(-(-n // B) for _, n in frames) // params.ports * B
+    left = int(port * mean_chunk(params, scenario, payload)[1]) // params.ports * B
     out = []
     while left >= proto.MIN_FRAME_BYTES:
         n = min(left, params.max_frame // B * B)
@@ -115,11 +139,10 @@ def stagger_frames(params: SwitchParams, scenario: str, payload: int, port: int)
 def decision_bound(params: SwitchParams, scenario: str, payload: int) -> float:
     """The ingress beats per cycle per port a load can reach when every port sends it at line rate: the
     decision pipeline takes one header per cycle from all ports, so with ``k`` frames of ``b`` beats in all
-    per port and chunk, every port at rate ``x`` asks for ``ports x k / b`` headers per cycle, which must
-    not exceed 1: ``x <= b / (ports x k)``, and ``x <= 1`` (line rate)."""
-    frames = load_frame_bytes(params, scenario, payload)
-    beats = sum(-(-n // params.beat_bytes) for _, n in frames)
-    return min(1.0, beats / (params.ports * len(frames)))
+    per port and chunk (on average), every port at rate ``x`` asks for ``ports x k / b`` headers per cycle,
+    which must not exceed 1: ``x <= b / (ports x k)``, and ``x <= 1`` (line rate)."""
+    frames, beats = mean_chunk(params, scenario, payload)
+    return min(1.0, beats / (params.ports * frames))
 
 
 async def load_job(link, job: dict) -> dict:
@@ -146,8 +169,7 @@ async def load_job(link, job: dict) -> dict:
     for addr, value in writes:
         await link.write(addr, value)
     link.take_sent()
-    per_chunk = load_frame_bytes(params, scenario, payload)
-    has_results = any(c for c, _ in per_chunk)
+    has_results = LOADS[scenario][0]
     sent_frames: dict[int, list[bytes]] = {p: [] for p in range(P)}     # forwarded frames, per egress port
     beats_sent: dict[int, list[int]] = {p: [] for p in range(P)}        # beats of each frame, per ingress port
     for p in range(P):
@@ -158,7 +180,7 @@ async def load_job(link, job: dict) -> dict:
             link.send(p, frame)
     for c in range(chunks):
         for p in range(P):
-            for is_contribution, nbytes in per_chunk:
+            for is_contribution, nbytes in chunk_frames(params, scenario, payload, c, p, rng):
                 if is_contribution:
                     frame = contribution(p, c, values[c, p])
                 else:
@@ -246,8 +268,8 @@ def run_load(params: SwitchParams, chunks: int, payload: int, count_log2: int, b
     t0, t1 = steady_window(params, sent)
     in_window = [is_result for first, is_result in r["egress"] if t0 < first <= t1]
     n_results, n_forwarded = sum(in_window), len(in_window) - sum(in_window)
-    kinds = load_frame_bytes(params, scenario, payload)
-    if any(c for c, _ in kinds) and not n_results or any(not c for c, _ in kinds) and not n_forwarded:
+    contributes, fwd = LOADS[scenario]
+    if contributes and not n_results or fwd is not None and not n_forwarded:
         raise SystemExit(f"{scenario}: the measured window ({t0}, {t1}] holds {n_results} results and "
                          f"{n_forwarded} forwarded frames: it measured no mix, raise --chunks")
     return {"beats_per_cycle": core, "per_port_beats_per_cycle": per_port, "cycles": r["cycles"],

@@ -26,7 +26,8 @@ def test_json_figures(capsys):
     # the result queues: per port two results of 36 beats (30 + 256 bytes at 8 bytes a beat) -> 128 beats
     # of 64 data + 8 keep + 1 last bits
     assert out["memory_bits"]["result queues (bits)"] == 4 * 128 * 73
-    loads = ("allreduce", "forward", "mix", "results_and_forwarding", "results_and_forwarding_short", "short")
+    loads = ("allreduce", "forward", "mix", "results_and_forwarding", "results_and_forwarding_short",
+             "results_and_forwarding_random", "short")
     assert set(out["per_port_beats_per_cycle"]) == set(loads)
     for name in loads:
         # at 4 x 64 no load asks the decision for more than one header per cycle (the shortest mix: per
@@ -35,7 +36,7 @@ def test_json_figures(capsys):
         assert out["decision_bound_per_port"][name] == 1.0, name
         assert len(out["per_port_beats_per_cycle"][name]) == P
         assert all(x >= 0.98 for x in out["per_port_beats_per_cycle"][name]), name
-    for name in ("mix", "results_and_forwarding", "results_and_forwarding_short"):
+    for name in ("mix", "results_and_forwarding", "results_and_forwarding_short", "results_and_forwarding_random"):
         # the measured window holds both kinds of frames, on the order of one result per port per chunk
         assert out["in_window"][name]["results"] >= P, name
         assert out["in_window"][name]["forwarded"] >= P, name
@@ -44,7 +45,8 @@ def test_json_figures(capsys):
 
 
 @pytest.mark.parametrize("ports, width, load, bound", [
-    # 8 x 256: a 286-byte contribution is 9 beats, a 60-byte frame 2: two headers per 11 beats per port,
+    # 8 x 256: a 286-byte contribution is 9 beats, a 60-byte frame 2 (two on every other chunk: one per
+    # chunk on average): two headers per 11 beats per port,
     # 8 ports at line rate would ask 16/11 headers per cycle, so each port gets 11/16 of line rate
     (8, 256, "results_and_forwarding_short", 11 / 16),
     # ... and with 1514-byte frames (48 beats): 16 headers per 57 cycles, below 1
@@ -64,7 +66,8 @@ def test_stagger_puts_the_ports_out_of_step():
     """Port p starts p/ports of a chunk's beats late, in frames the switch accepts; lockstep loads none."""
     bench = load_script("bench_datapath")
     params = SwitchParams()
-    # a chunk of results_and_forwarding at 4 x 64: 36 + 190 beats (1514 bytes) = 226; port 3: 169 beats
+    # a chunk of results_and_forwarding at 4 x 64: 36 beats and, on average, one 1514-byte frame (190
+    # beats) = 226; port 3: 3 x 226 // 4 = 169 beats
     frames = bench.stagger_frames(params, "results_and_forwarding", 256, 3)
     assert sum(frames) == 169 * 8 and all(60 <= n <= 1514 for n in frames)
     assert bench.stagger_frames(params, "results_and_forwarding", 256, 0) == []
