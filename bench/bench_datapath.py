@@ -390,9 +390,12 @@ def main(argv=None) -> int:
               f"{r['forwarded_in_window']:>6}  {' '.join(f'{x:.3f}' for x in per)}")
     print("(per chunk every port sends: allreduce a contribution (every port contributes, results to every "
           "port); forward an ordinary frame as long to the next port; mix both; results_and_forwarding a "
-          f"contribution and a {P.max_frame}-byte (max_frame) frame to the next port; ..._short a contribution "
-          f"and a {proto.MIN_FRAME_BYTES}-byte frame. results / fwd: frames of each kind that left in the "
-          "measured window. baseline: one shared core before the line-rate core, 1/ports)")
+          f"contribution, and two {P.max_frame}-byte (max_frame) frames to the next port every other chunk "
+          f"(port by port out of step); ..._short the same with {proto.MIN_FRAME_BYTES}-byte frames; "
+          f"..._random a contribution and a frame of {proto.MIN_FRAME_BYTES}-{P.max_frame} bytes. bound: "
+          "min(1, beats / (ports x frames)) per chunk, the decision's one header per cycle. results / fwd: "
+          "frames of each kind that left in the measured window. baseline: one shared core before the "
+          "line-rate core, 1/ports)")
     print(f"(short: contributions of {short} bytes, {frame_beats(P, short)}-beat "
           f"frames, the shortest every port can send at line rate: the lanes' decisions hide the decision "
           f"pipeline's latency)")
