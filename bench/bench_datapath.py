@@ -5,10 +5,15 @@ Amaranth design under amaranth.sim) and prints one table. Every port offers a fr
 never drops) and every sink is always ready; the figure is the number of ingress beats the switch accepts
 per cycle, summed over ports, in the steady state after the ingress buffers have filled (the limit is the
 number of ports: every port at line rate), from the links' ingress stamps. A second table loads every port at
-once with full-size all-reduce contributions, forwarded frames, or a mix, and gives each port's ingress
-beats per cycle (line rate: 1.0 per port). Results and forwarded frames are checked (numpy), so a fast
-wrong answer cannot pass. ``--json`` prints one JSON object instead (``per_port_beats_per_cycle`` and
-``core_beats_per_cycle`` keyed by scenario).
+once with each load of ``LOADS`` (all-reduce contributions, forwarded frames, and both interleaved: every
+port contributing to chunks that complete, with results to every port, between unicast frames to the next
+port of the contribution's length, of ``max_frame`` bytes and of 60 bytes) and gives each port's ingress
+beats per cycle (line rate: 1.0 per port) beside the bound the decision's one header per cycle sets, and
+the results and forwarded frames that left in the measured window (a load whose window holds none of a
+kind it sends is refused). Every result is checked against numpy on every port, every forwarded frame
+byte for byte, so a fast wrong answer cannot pass. ``--json`` prints one JSON object instead
+(``per_port_beats_per_cycle``, ``core_beats_per_cycle``, ``decision_bound_per_port`` and ``in_window``
+keyed by load).
 
     python bench/bench_datapath.py [--ports N] [--data-width W] [--chunks N] [--backend verilator|amaranth]
 """
@@ -62,12 +67,92 @@ def forwarded(port: int, ports: int, length: int) -> bytes:
     return eth + bytes((port + i) & 0xFF for i in range(length - len(eth)))
 
 
+#: The loads that load every port at once: (every port contributes to every chunk, the ordinary frames each
+#: port sends per chunk to the next port). Contributions are full-size (``payload`` bytes), every port
+#: contributes and gets every result; the ordinary frames go to the next port (a permutation: every egress
+#: port gets one forwarded stream): "same" one as long as a contribution, "max_frame" two of ``max_frame``
+#: bytes on every other chunk (chunks c with c + port even: the ports' frames keep changing phase against
+#: each other), a number two of that many bytes on every other chunk, "random" one of 60 to ``max_frame``
+#: bytes (uniform, seeded).
+LOADS = {
+    "allreduce": (True, None),
+    "forward": (False, "same"),
+    "mix": (True, "same"),
+    "results_and_forwarding": (True, "max_frame"),
+    "results_and_forwarding_short": (True, proto.MIN_FRAME_BYTES),
+    "results_and_forwarding_random": (True, "random"),
+}
+
+
+def chunk_frames(params: SwitchParams, scenario: str, payload: int, chunk: int, port: int,
+                 rng: np.random.Generator) -> list[tuple[bool, int]]:
+    """(is a contribution, frame bytes) of each frame port ``port`` sends for chunk ``chunk``."""
+    contributes, fwd = LOADS[scenario]
+    contrib = max(proto.HEADERS_BYTES + payload, proto.MIN_FRAME_BYTES)
+    out = [(True, contrib)] if contributes else []
+    if fwd == "same":
+        out.append((False, contrib))
+    elif fwd == "random":
+        out.append((False, int(rng.integers(proto.MIN_FRAME_BYTES, params.max_frame + 1))))
+    elif fwd is not None:
+        n = params.max_frame if fwd == "max_frame" else fwd
+        out += [(False, n)] * (2 * ((chunk + port) % 2 == 0))
+    return out
+
+
+def mean_chunk(params: SwitchParams, scenario: str, payload: int) -> tuple[float, float]:
+    """(frames, beats) a port sends per chunk, on average (over two chunks; the mean for "random")."""
+    contributes, fwd = LOADS[scenario]
+    beats = lambda n: -(-n // params.beat_bytes)                         # noqa: E731
+    contrib = max(proto.HEADERS_BYTES + payload, proto.MIN_FRAME_BYTES)
+    frames, total = (1, beats(contrib)) if contributes else (0, 0)
+    if fwd == "same":
+        frames, total = frames + 1, total + beats(contrib)
+    elif fwd == "random":
+        lengths = range(proto.MIN_FRAME_BYTES, params.max_frame + 1)
+        frames, total = frames + 1, total + sum(map(beats, lengths)) / len(lengths)
+    elif fwd is not None:
+        frames, total = frames + 1, total + beats(params.max_frame if fwd == "max_frame" else fwd)
+    return frames, total
+
+
+def stagger_frames(params: SwitchParams, scenario: str, payload: int, port: int) -> list[int]:
+    """Bytes of the forwarded frames port ``port`` sends before its first chunk under a load that carries
+    results and forwarded frames: ``port / ports`` of a chunk's beats, so that the ports' frames do not
+    line up at the start (in lockstep every result would find all its ports ending a frame in the same
+    cycle). Frames of 60 to ``max_frame`` bytes; none for port 0."""
+    contributes, fwd = LOADS[scenario]
+    if not contributes or fwd is None:
+        return []
+    B = params.beat_bytes
+    left = int(port * mean_chunk(params, scenario, payload)[1]) // params.ports * B
+    out = []
+    while left >= proto.MIN_FRAME_BYTES:
+        n = min(left, params.max_frame // B * B)
+        if 0 < left - n < proto.MIN_FRAME_BYTES:
+            n = left - proto.MIN_FRAME_BYTES
+        out.append(n)
+        left -= n
+    return out
+
+
+def decision_bound(params: SwitchParams, scenario: str, payload: int) -> float:
+    """The ingress beats per cycle per port a load can reach when every port sends it at line rate: the
+    decision pipeline takes one header per cycle from all ports, so with ``k`` frames of ``b`` beats in all
+    per port and chunk (on average), every port at rate ``x`` asks for ``ports x k / b`` headers per cycle,
+    which must not exceed 1: ``x <= b / (ports x k)``, and ``x <= 1`` (line rate)."""
+    frames, beats = mean_chunk(params, scenario, payload)
+    return min(1.0, beats / (params.ports * frames))
+
+
 async def load_job(link, job: dict) -> dict:
-    """Every port sends ``job["chunks"]`` frames back to back (the link queues them all at once, so tvalid
-    never drops); every sink is always ready. ``job["scenario"]``: ``allreduce`` (contributions of
-    ``payload`` bytes), ``forward`` (ordinary frames as long, to the next port) or ``mix`` (alternating).
-    Checks every result against numpy and every forwarded frame; returns the ingress stamps per frame
-    ([port, last beat cycle, beats]) and the cycles."""
+    """Every port sends ``job["chunks"]`` rounds of ``LOADS[job["scenario"]]`` back to back, after its
+    :func:`stagger_frames` (the link queues
+    them all at once, so tvalid never drops); every sink is always ready. Checks that the load did what its
+    name says: every chunk's result arrived on every port, bit-exact (numpy), in chunk order; every
+    forwarded frame arrived byte-exact, in order, on the next port; nothing else arrived. Returns the
+    ingress stamps per frame ([last beat cycle, port, beats, first beat cycle]), the egress stamps of
+    results and forwarded frames ([first beat cycle, is a result]) and the cycles."""
     params = link.params
     P = params.ports
     regs = register_map(params)
@@ -84,60 +169,92 @@ async def load_job(link, job: dict) -> dict:
     for addr, value in writes:
         await link.write(addr, value)
     link.take_sent()
-    length = len(contribution(0, 0, values[0, 0]))
-    sent_frames: dict[int, list[bytes]] = {p: [] for p in range(P)}
+    has_results = LOADS[scenario][0]
+    sent_frames: dict[int, list[bytes]] = {p: [] for p in range(P)}     # forwarded frames, per egress port
+    beats_sent: dict[int, list[int]] = {p: [] for p in range(P)}        # beats of each frame, per ingress port
+    for p in range(P):
+        for nbytes in stagger_frames(params, scenario, payload, p):
+            frame = forwarded(p, P, nbytes)
+            sent_frames[(p + 1) % P].append(frame)
+            beats_sent[p].append(-(-len(frame) // params.beat_bytes))
+            link.send(p, frame)
     for c in range(chunks):
         for p in range(P):
-            fwd = scenario == "forward" or (scenario == "mix" and (c + p) % 2 == 1)
-            if fwd:
-                frame = forwarded(p, P, length)
-                sent_frames[(p + 1) % P].append(frame)
-            else:
-                frame = contribution(p, c, values[c, p])
-            link.send(p, frame)
+            for is_contribution, nbytes in chunk_frames(params, scenario, payload, c, p, rng):
+                if is_contribution:
+                    frame = contribution(p, c, values[c, p])
+                else:
+                    frame = forwarded(p, P, nbytes)
+                    sent_frames[(p + 1) % P].append(frame)
+                beats_sent[p].append(-(-len(frame) // params.beat_bytes))
+                link.send(p, frame)
     start = link.cycle
     wall = time.perf_counter()
     if not await wait_idle(link, limit=link.cycle + 100 * chunks * P * params.max_frame_beats):
         raise SystemExit("the switch did not drain")
     wall = time.perf_counter() - wall
     cycles = link.cycle - start
-    got, fwd_got = set(), {p: [] for p in range(P)}
+    results: dict[int, list[int]] = {p: [] for p in range(P)}
+    fwd_got: dict[int, list[bytes]] = {p: [] for p in range(P)}
+    egress = []
     for r in link.take_stamped():
         frame = proto.parse_frame(r.data)
         if frame.cais is None:
             fwd_got[r.port].append(r.data)
+            egress.append((r.first, False))
             continue
         c = frame.cais.seq_num
+        if not (frame.cais.flags & proto.Flags.RESULT) or c >= chunks:
+            raise SystemExit(f"port {r.port}: an unexpected CAIS frame (seq {c}, flags {frame.cais.flags})")
         want = values[c].astype(np.int64).sum(axis=0)
         want = ((want + 2**31) % 2**32) - 2**31
         if not np.array_equal(np.frombuffer(frame.payload, ">i4"), want):
             raise SystemExit(f"wrong result for chunk {c} on port {r.port}")
-        got.add((c, r.port))
-    if scenario == "allreduce" and len(got) != chunks * P:
-        raise SystemExit(f"{chunks * P - len(got)} results missing")
-    if any(sorted(fwd_got[p]) != sorted(sent_frames[p]) for p in range(P)):
-        raise SystemExit("forwarded frames lost, duplicated or corrupted")
-    beats = -(-length // params.beat_bytes)                 # every frame is as long
-    sent = sorted((s.last, s.port, beats) for s in link.take_sent())
-    return {"sent": sent, "cycles": cycles, "wall": wall}
+        results[r.port].append(c)
+        egress.append((r.first, True))
+    want_results = list(range(chunks)) if has_results else []
+    for p in range(P):
+        if results[p] != want_results:
+            raise SystemExit(f"port {p}: results of chunks {results[p][:8]}..., expected each of "
+                             f"{len(want_results)} chunks once, in order")
+        if fwd_got[p] != sent_frames[p]:
+            raise SystemExit(f"port {p}: forwarded frames lost, duplicated, reordered or corrupted")
+    stamps = sorted(link.take_sent(), key=lambda s: s.first)
+    sent = []
+    k = {p: 0 for p in range(P)}
+    for s in stamps:
+        sent.append((s.last, s.port, beats_sent[s.port][k[s.port]], s.first))
+        k[s.port] += 1
+    return {"sent": sorted(sent), "egress": sorted(egress), "cycles": cycles, "wall": wall}
 
 
-def steady_rates(params: SwitchParams, sent: list[tuple[int, int, int]]) -> tuple[float, list[float]]:
-    """Ingress beats accepted per cycle, summed over ports and per port, in the steady state: from the frame
-    after which more beats than the ingress buffers hold were accepted, to the first port's last frame
-    (every port still offers a beat on every cycle there)."""
+def steady_window(params: SwitchParams, sent: list[tuple[int, int, int, int]]) -> tuple[int, int]:
+    """(t0, t1], the steady state: from the frame after which more beats than the ingress buffers hold were
+    accepted, to the first port's last frame (every port still offers a beat on every cycle there)."""
     fill = params.ports * params.ingress_depth
     total, t0 = 0, None
-    for last, _, beats in sent:
+    for last, _, beats, _ in sent:
         total += beats
         if total > fill:
             t0 = last
             break
-    t1 = min(max(last for last, port, _ in sent if port == p) for p in range(params.ports))
+    t1 = min(max(s[0] for s in sent if s[1] == p) for p in range(params.ports))
     if t0 is None or t1 <= t0:
         raise SystemExit("too few chunks to reach the steady state: raise --chunks")
-    per_port = [sum(b for last, port, b in sent if port == p and t0 < last <= t1) / (t1 - t0)
-                for p in range(params.ports)]
+    return t0, t1
+
+
+def steady_rates(params: SwitchParams, sent: list[tuple[int, int, int, int]]) -> tuple[float, list[float]]:
+    """Ingress beats accepted per cycle, summed over ports and per port, in the steady state
+    (:func:`steady_window`). A frame's beats count in proportion to the part of its span (first to last
+    beat) inside the window: exact when its beats came one per cycle."""
+    t0, t1 = steady_window(params, sent)
+    per_port = [0.0] * params.ports
+    for last, port, beats, first in sent:
+        inside = min(last, t1) - max(first - 1, t0)
+        if inside > 0:
+            per_port[port] += beats * inside / (last - first + 1)
+    per_port = [b / (t1 - t0) for b in per_port]
     return sum(per_port), per_port
 
 
@@ -146,9 +263,19 @@ def run_load(params: SwitchParams, chunks: int, payload: int, count_log2: int, b
     r = run_backend(backend, params, "bench_datapath:load_job",
                     {"chunks": chunks, "payload": payload, "count_log2": count_log2, "scenario": scenario,
                      "age": age})
-    core, per_port = steady_rates(params, [tuple(x) for x in r["sent"]])
+    sent = [tuple(x) for x in r["sent"]]
+    core, per_port = steady_rates(params, sent)
+    t0, t1 = steady_window(params, sent)
+    in_window = [is_result for first, is_result in r["egress"] if t0 < first <= t1]
+    n_results, n_forwarded = sum(in_window), len(in_window) - sum(in_window)
+    contributes, fwd = LOADS[scenario]
+    if contributes and not n_results or fwd is not None and not n_forwarded:
+        raise SystemExit(f"{scenario}: the measured window ({t0}, {t1}] holds {n_results} results and "
+                         f"{n_forwarded} forwarded frames: it measured no mix, raise --chunks")
     return {"beats_per_cycle": core, "per_port_beats_per_cycle": per_port, "cycles": r["cycles"],
-            "beats": sum(b for *_, b in r["sent"]), "wall": r["wall"], "cycles_per_s": r["cycles"] / r["wall"]}
+            "beats": sum(s[2] for s in sent), "wall": r["wall"], "cycles_per_s": r["cycles"] / r["wall"],
+            "window": [t0, t1], "results_in_window": n_results, "forwarded_in_window": n_forwarded,
+            "decision_bound": decision_bound(params, scenario, payload)}
 
 
 async def latency_job(link, job: dict) -> dict:
@@ -188,6 +315,7 @@ def sizes(params: SwitchParams) -> list[tuple[str, int]]:
         ("MAC table (bits)", P.mac_entries * (1 + 48 + (P.ports - 1).bit_length())),
         ("ingress buffers (bits)", P.ports * P.ingress_depth * P.data_width),
         ("egress buffers (bits)", P.ports * P.egress_depth * (P.data_width + P.beat_bytes + 1)),
+        ("result queues (bits)", P.ports * P.result_queue_depth * (P.data_width + P.beat_bytes + 1)),
     ]
 
 
@@ -219,7 +347,7 @@ def main(argv=None) -> int:
         rows.append((label, payload, r))
     # every port loaded at once: line rate would be 1.0 beat per cycle on every port
     scenarios = {name: run_load(P, args.chunks, P.max_payload, 5, args.backend, name, age=args.age)
-                 for name in ("allreduce", "forward", "mix")}
+                 for name in LOADS}
     short = line_rate_payload(P)
     scenarios["short"] = run_load(P, args.chunks, short, 5, args.backend, "allreduce", age=args.age)
     lat = run_load_latency(P, args.backend)
@@ -229,6 +357,9 @@ def main(argv=None) -> int:
             "loads": [{"load": label, "payload_bytes": payload, **r} for label, payload, r in rows],
             "per_port_beats_per_cycle": {name: r["per_port_beats_per_cycle"] for name, r in scenarios.items()},
             "core_beats_per_cycle": {name: r["beats_per_cycle"] for name, r in scenarios.items()},
+            "decision_bound_per_port": {name: r["decision_bound"] for name, r in scenarios.items()},
+            "in_window": {name: {"results": r["results_in_window"], "forwarded": r["forwarded_in_window"],
+                                 "cycles": r["window"][1] - r["window"][0]} for name, r in scenarios.items()},
             "baseline_per_port_beats_per_cycle": baseline_per_port(P),
             "baseline_latency_cycles": BASELINE_LATENCY_4X64 if P == SwitchParams() else None,
             "latency_cycles": lat,
@@ -248,14 +379,23 @@ def main(argv=None) -> int:
         print(f"{label:52} {payload:>9} {r['beats']:>9} {r['cycles']:>7} {r['beats_per_cycle']:>12.3f} "
               f"{r['cycles_per_s']:>10.0f}")
     print()
-    print("every port sending full-size frames back to back; ingress beats per cycle per port (line rate 1.0)")
-    print(f"{'scenario':10} {'core':>6} {'min port':>9} {'max port':>9} {'baseline':>9}  per port")
+    print("every port sending back to back; ingress beats per cycle per port (line rate 1.0; bound: what the "
+          "decision's one header per cycle allows)")
+    print(f"{'scenario':29} {'core':>6} {'min port':>9} {'max port':>9} {'bound':>6} {'baseline':>9} "
+          f"{'results':>8} {'fwd':>6}  per port")
     for name, r in scenarios.items():
         per = r["per_port_beats_per_cycle"]
-        print(f"{name:10} {r['beats_per_cycle']:>6.3f} {min(per):>9.3f} {max(per):>9.3f} "
-              f"{baseline_per_port(P):>9.3f}  {' '.join(f'{x:.3f}' for x in per)}")
-    print("(allreduce: contributions, each chunk its own set; forward: ordinary frames to the next port; mix: "
-          "alternating; baseline: one shared core before the line-rate core, 1/ports)")
+        print(f"{name:29} {r['beats_per_cycle']:>6.3f} {min(per):>9.3f} {max(per):>9.3f} "
+              f"{r['decision_bound']:>6.3f} {baseline_per_port(P):>9.3f} {r['results_in_window']:>8} "
+              f"{r['forwarded_in_window']:>6}  {' '.join(f'{x:.3f}' for x in per)}")
+    print("(per chunk every port sends: allreduce a contribution (every port contributes, results to every "
+          "port); forward an ordinary frame as long to the next port; mix both; results_and_forwarding a "
+          f"contribution, and two {P.max_frame}-byte (max_frame) frames to the next port every other chunk "
+          f"(port by port out of step); ..._short the same with {proto.MIN_FRAME_BYTES}-byte frames; "
+          f"..._random a contribution and a frame of {proto.MIN_FRAME_BYTES}-{P.max_frame} bytes. bound: "
+          "min(1, beats / (ports x frames)) per chunk, the decision's one header per cycle. results / fwd: "
+          "frames of each kind that left in the measured window. baseline: one shared core before the "
+          "line-rate core, 1/ports)")
     print(f"(short: contributions of {short} bytes, {frame_beats(P, short)}-beat "
           f"frames, the shortest every port can send at line rate: the lanes' decisions hide the decision "
           f"pipeline's latency)")

@@ -3,10 +3,13 @@
 ::
 
     ingress headers --> Decision (A arbiter, B tables, C slot state) --> per-port decisions, result jobs
-    ingress beats ---> IngressLane[p] --+--> forwarded frames ------------------------+--> EgressCrossbar
-                                        +--> payload rows --> bank[p]                  |      --> egress FIFOs
-                                                               |                       |
+    ingress beats ---> IngressLane[p] --+--> forwarded frames --> EgressCrossbar --> egress FIFOs
+                                        +--> payload rows --> bank[p]
+                                                               |
     JobQueue (waits for the rows) --> FoldReader (all banks, FoldChain) --> ResultGenerator
+        --> ResultFanout --> result queues
+
+(the egress FIFOs, the result queues and each port's EgressMerge of the two are in :class:`Switch`)
 
 Each port has a lane that streams its decided frames out of its ingress FIFO at one beat per cycle and
 a bank that holds its contributions: an all-reduce payload row is written once, into the bank of the
@@ -25,7 +28,7 @@ from cais.registers import RegisterMap
 
 from .completion import FoldReader, JobQueue
 from .decision import DECISION_HEADERS, Decision
-from .egress import EgressCrossbar, beat_layout
+from .egress import EgressCrossbar, ResultFanout, beat_layout
 from .enums import Action, DropReason
 from .ingress import frame_meta_layout
 from .lane import IngressLane
@@ -45,10 +48,14 @@ class SwitchCore(wiring.Component):
         The good frames of each ingress port (see :class:`cais.hdl.ingress.IngressPort`): a header is
         taken (``ready``, a register of the decision) only while its lane has room for its decision.
     egress[p] : Out(stream.Signature(beat_layout(data_width), always_ready=True))
-        Beats for egress FIFO p (registers); each is taken the cycle it is offered.
+        Forwarded beats for egress FIFO p (registers); each is taken the cycle it is offered.
     e_freed[p] : In(1)
         A beat left egress FIFO p, in this cycle or earlier (the crossbar's credit: a frame starts only
         when all of its ports have room for it).
+    results[p] : Out(stream.Signature(beat_layout(data_width), always_ready=True))
+        Result beats for result queue p (registers); each is taken the cycle it is offered.
+    r_freed[p] : In(1)
+        A beat left result queue p, in this cycle or earlier (the fanout's credit).
     program : In(TableProgramSignature)
         Table programming from the register bank (words of the register map).
     switch_mac : In(48)
@@ -66,6 +73,7 @@ class SwitchCore(wiring.Component):
             "headers": In(stream.Signature(self.meta_layout)).array(P),
             "beats": In(stream.Signature(W)).array(P),
             "egress": Out(stream.Signature(beat_layout(W), always_ready=True)).array(P), "e_freed": In(1).array(P),
+            "results": Out(stream.Signature(beat_layout(W), always_ready=True)).array(P), "r_freed": In(1).array(P),
             "program": In(TableProgramSignature(regmap)),
             "switch_mac": In(48),
             "ev_drop": Out(1), "ev_drop_reason": Out(DropReason), "ev_forwarded": Out(1), "ev_contribution": Out(1),
@@ -97,7 +105,8 @@ class SwitchCore(wiring.Component):
         m.submodules.reader = reader = FoldReader(prm)
         m.submodules.results = res = ResultGenerator(prm)
         m.submodules.sram = sram = self.sram
-        m.submodules.egress = xbar = EgressCrossbar(P + 1, P, prm.data_width, prm.max_frame_beats, prm.egress_depth)
+        m.submodules.egress = xbar = EgressCrossbar(P, P, prm.data_width, prm.max_frame_beats, prm.egress_depth)
+        m.submodules.fanout = fanout = ResultFanout(P, prm.data_width, prm.max_frame_beats, prm.result_queue_depth)
         # Headers in the decision pipeline (and the one granted now) may each queue a job: grant one only
         # if they all fit.
         m.d.comb += dec.hold.eq(jobs.level > jobs.depth - DECISION_HEADERS)
@@ -124,11 +133,13 @@ class SwitchCore(wiring.Component):
         wiring.connect(m, reader.frames, res.jobs)
         wiring.connect(m, reader.rows, res.rows)
         m.d.comb += [res.rows_held.eq(reader.rows_held), res.switch_mac.eq(self.switch_mac)]
-        wiring.connect(m, res.out, xbar.sources[P])
-        busy += [jobs.level != 0, reader.busy, res.busy, xbar.busy]
+        wiring.connect(m, res.out, fanout.source)
+        busy += [jobs.level != 0, reader.busy, res.busy, xbar.busy, fanout.busy]
 
         for p in range(P):
             wiring.connect(m, xbar.egress[p], wiring.flipped(self.egress[p]))
             m.d.comb += xbar.freed[p].eq(self.e_freed[p])
+            wiring.connect(m, fanout.queues[p], wiring.flipped(self.results[p]))
+            m.d.comb += fanout.freed[p].eq(self.r_freed[p])
         m.d.comb += self.busy.eq(Cat(*busy).any() | Cat(*(h.valid for h in self.headers)).any())
         return m

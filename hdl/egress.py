@@ -1,11 +1,18 @@
-"""The egress crossbar: whole frames from several sources (the lanes' forwarded frames, the result
-generator) to the egress FIFOs, every port at its own line rate."""
+"""The egress: whole frames to every port at its own line rate.
 
-from amaranth.hdl import Cat, Const, Module, Signal
+* :class:`EgressCrossbar`: the lanes' forwarded frames to the ports' egress FIFOs (a frame gets all of its
+  ports at once: a lane streams it once from its ingress FIFO).
+* :class:`ResultFanout`: the result generator's frames into the ports' result queues, written into all of
+  a result's queues at once when each has room for the whole frame.
+* :class:`EgressMerge`: per port, whole frames from the egress FIFO and the result queue, round-robin at
+  frame boundaries, into ``m_axis``.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["EgressCrossbar", "FrameSourceSignature", "beat_layout"]
+__all__ = ["EgressCrossbar", "EgressMerge", "FrameSourceSignature", "ResultFanout", "beat_layout"]
 
 
 def beat_layout(data_width: int) -> data.StructLayout:
@@ -184,4 +191,132 @@ class EgressCrossbar(wiring.Component):
                 m.d.sync += [before[t][u].eq(after[t][u]) for t in range(S) for u in range(S)]
 
         m.d.comb += self.busy.eq(owned.any() | granted.any() | Cat(e.valid for e in self.egress).any())
+        return m
+
+
+class ResultFanout(wiring.Component):
+    """Writes each result frame into the result queue of every port of its mask, all at once.
+
+    The result generator (:class:`FrameSourceSignature`, the same handshake as :class:`EgressCrossbar`'s
+    sources) asks with ``req``, ``mask`` and ``beats``; a frame asking in cycle ``c`` is granted (``grant``
+    in ``c + 1``, a register, first beat in ``c + 2``) when every queue of its mask has credit for the whole
+    frame. A queue's credit starts at its depth, loses a frame's beats when the frame is granted and gets
+    one back for each beat read out of the queue (``freed``), so a granted frame is written to every queue
+    back to back, none waiting on another. Nothing else writes the queues and the generator sends one
+    frame at a time, so no port needs to be free: a port that is sending a forwarded frame takes the
+    result later, from its queue (:class:`EgressMerge`), while the other ports send it at once.
+
+    The beats pass through one register (the data shared by all queues, a valid bit per queue): ``queues``
+    is registers, and a result's first beat reaches its queues in the same cycle it reached the egress
+    FIFOs through the crossbar's registers.
+
+    ``depth`` must hold the longest frame the source sends (a longer one would never be granted).
+
+    Members
+    -------
+    source : In(FrameSourceSignature)
+    freed[p] : In(1)
+        A beat left result queue p (in this cycle or earlier: a late credit is only conservative).
+    queues[p] : Out(stream.Signature(beat_layout(data_width), always_ready=True))
+        Beats for result queue p, registered (the credits make sure it has room).
+    busy : Out(1)
+        A frame is granted and not yet written.
+    """
+
+    def __init__(self, ports: int, data_width: int, max_beats: int, depth: int):
+        self.ports, self.max_beats, self.depth = ports, max_beats, depth
+        super().__init__({
+            "source": In(FrameSourceSignature(ports, data_width, max_beats)),
+            "freed": In(1).array(ports),
+            "queues": Out(stream.Signature(beat_layout(data_width), always_ready=True)).array(ports),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        P, src = self.ports, self.source
+
+        granted = Signal()                     # the grant register (shown to the source)
+        m.d.comb += src.grant.eq(granted)
+        credit = [Signal(range(self.depth + 1), init=self.depth, name=f"credit{p}") for p in range(P)]
+        for p in range(P):
+            taken = Mux(granted & src.mask[p], src.beats, 0)     # the source still shows the granted request
+            m.d.sync += credit[p].eq(credit[p] - taken + self.freed[p])
+        fits = Cat(*(~src.mask[p] | (credit[p] >= src.beats) for p in range(P))).all()
+        m.d.sync += granted.eq(src.req & ~granted & fits)
+
+        # The ports of the frame being written: its grant is shown in the cycle before its first beat (and
+        # in the previous frame's last beat at the latest), so the mask register changes between frames.
+        dest = Signal(P)
+        with m.If(granted):
+            m.d.sync += dest.eq(src.mask)
+        beat = Signal(beat_layout(len(src.data)), reset_less=True)
+        valid = Signal(P)
+        m.d.sync += [
+            beat.data.eq(src.data), beat.keep.eq(src.keep), beat.last.eq(src.last),
+            valid.eq(Mux(src.valid, dest, 0)),
+        ]
+        for p in range(P):
+            m.d.comb += [self.queues[p].payload.eq(beat), self.queues[p].valid.eq(valid[p])]
+        m.d.comb += self.busy.eq(granted | valid.any())
+        return m
+
+
+class EgressMerge(wiring.Component):
+    """One egress port: whole frames from its forwarded-frame FIFO and its result queue, round-robin at
+    frame boundaries, never a gap inside a frame.
+
+    Both inputs are first-word-fall-through FIFOs that receive every frame back to back, one beat per
+    cycle (the crossbar's and the fanout's contract), and show their head beat in registers
+    (:class:`~cais.hdl.frame_fifo.FrameFifo` with ``registered_output``): once a frame's first beat is at
+    the head, each of its later beats is at the head by the cycle after the one before it was read, so a
+    frame that is started is sent to its end at the sink's pace.
+
+    The choice is a register (``owner``: the input whose frame is being sent, or none). With none, the
+    port shows the head of the input whose turn it is (the result queue if it waits and the last frame
+    sent was forwarded or the FIFO is empty, else the FIFO), in the same cycle, so the merge adds no cycle
+    of latency; a beat shown and not taken makes that input the owner, so the offer never changes under a
+    stalled sink (AXI4-Stream). At a frame's last beat taken the owner becomes none, so in the next cycle
+    the other input's head, if it waits (a whole frame: that input is not being read), is shown, else the
+    same input's next frame: frames of both inputs follow each other without a bubble, alternating while
+    both wait. ``o`` is the inputs' registers through a 2-to-1 choice whose select comes from registers
+    (the owner, the turn, the inputs' valid); ``o.ready`` drives the inputs' ``ready`` through one AND.
+
+    Members
+    -------
+    fwd : In(stream.Signature(beat_layout(data_width)))
+        The port's forwarded frames (its egress FIFO).
+    res : In(stream.Signature(beat_layout(data_width)))
+        The port's result frames (its result queue).
+    o : Out(stream.Signature(beat_layout(data_width)))
+        The port's frames.
+    busy : Out(1)
+        A frame is being sent.
+    """
+
+    def __init__(self, data_width: int):
+        layout = beat_layout(data_width)
+        super().__init__({
+            "fwd": In(stream.Signature(layout)), "res": In(stream.Signature(layout)),
+            "o": Out(stream.Signature(layout)), "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        f, r, o = self.fwd, self.res, self.o
+        owner = Signal(2)                      # one-hot: 1 the FIFO, 2 the result queue; 0 none
+        last_res = Signal()                    # the last frame sent was a result
+        turn_res = r.valid & (~f.valid | ~last_res)
+        sel_res = Mux(owner.any(), owner[1], turn_res)
+        m.d.comb += [
+            o.payload.eq(Mux(sel_res, r.payload, f.payload)),
+            o.valid.eq(Mux(sel_res, r.valid, f.valid)),
+            f.ready.eq(o.ready & ~sel_res), r.ready.eq(o.ready & sel_res),
+        ]
+        ending = o.valid & o.ready & o.payload.last
+        with m.If(ending):
+            m.d.sync += [owner.eq(0), last_res.eq(sel_res)]
+        with m.Elif(o.valid):
+            m.d.sync += owner.eq(Cat(~sel_res, sel_res))
+        m.d.comb += self.busy.eq(owner.any())
         return m

@@ -11,6 +11,7 @@ from cais.registers import register_map
 from .axis import AxisSignature
 from .core import SwitchCore
 from .csr import AXI4LiteSignature, AXI4LiteToCSR, RegisterBank
+from .egress import EgressMerge
 from .frame_fifo import FrameFifo
 from .ingress import IngressPort, popcount
 
@@ -90,29 +91,36 @@ class Switch(wiring.Component):
             for r in proto.PARSER_DROPS:
                 drops[r].append(ing.drop & (ing.drop_reason == r))
 
-            # Egress: a FIFO per port fed by the core's crossbar. Every beat is committed as it is written
-            # (the FIFO's frame commit is not needed here). The crossbar counts the FIFO's room itself
-            # (credits); a beat read out gives its credit back a cycle later, from a register. The output
-            # is registered (2 cycles more than the RAM's read-ahead): the whole switch measured 5.2 ns of
-            # routing from the RAM's slow output into the tx counters' register without it.
-            m.submodules[f"egress{p}"] = fifo = FrameFifo(P.data_width + B + 1, P.egress_depth,
-                                                          registered_output=True)
+            # Egress: per port a FIFO of forwarded frames fed by the core's crossbar, a result queue fed by
+            # its result fanout, and a merge of the two into m_axis (whole frames, round-robin at frame
+            # boundaries). Every beat is committed as it is written (the FIFO's frame commit is not needed
+            # here). The crossbar and the fanout count their FIFOs' room themselves (credits); a beat read
+            # out gives its credit back a cycle later, from a register. Both FIFOs' outputs are registered
+            # (2 cycles more than the RAM's read-ahead): the whole switch measured 5.2 ns of routing from
+            # the RAM's slow output into the tx counters' register without it; the merge adds one 2-to-1
+            # choice after those registers, with a registered owner.
+            width = P.data_width + B + 1
+            m.submodules[f"egress{p}"] = fifo = FrameFifo(width, P.egress_depth, registered_output=True)
+            m.submodules[f"results{p}"] = rq = FrameFifo(width, P.result_queue_depth, registered_output=True)
+            m.submodules[f"merge{p}"] = merge = EgressMerge(P.data_width)
+            for q, src in ((fifo, core.egress[p]), (rq, core.results[p])):
+                m.d.comb += [q.w_data.eq(src.payload), q.w_en.eq(src.valid), q.commit.eq(src.valid)]
             m.d.comb += [
-                fifo.w_data.eq(core.egress[p].payload), fifo.w_en.eq(core.egress[p].valid),
-                fifo.commit.eq(core.egress[p].valid),
+                merge.fwd.payload.eq(fifo.r_data), merge.fwd.valid.eq(fifo.r_valid), fifo.r_ready.eq(merge.fwd.ready),
+                merge.res.payload.eq(rq.r_data), merge.res.valid.eq(rq.r_valid), rq.r_ready.eq(merge.res.ready),
             ]
-            busy.append(fifo.held)
+            busy += [fifo.held, rq.held]
             out = self.m_axis[p]
             m.d.comb += [
-                Cat(out.tdata, out.tkeep, out.tlast).eq(fifo.r_data),
-                out.tvalid.eq(fifo.r_valid), fifo.r_ready.eq(out.tready),
+                Cat(out.tdata, out.tkeep, out.tlast).eq(merge.o.payload),
+                out.tvalid.eq(merge.o.valid), merge.o.ready.eq(out.tready),
             ]
+            e_freed, r_freed = Signal(name=f"egress_freed{p}"), Signal(name=f"results_freed{p}")
+            m.d.sync += [e_freed.eq(fifo.r_valid & fifo.r_ready), r_freed.eq(rq.r_valid & rq.r_ready)]
+            m.d.comb += [core.e_freed[p].eq(e_freed), core.r_freed[p].eq(r_freed)]
             # tx increments from the beat sent, registered first: tready comes from outside, too late in
             # the cycle for a count and an adder behind it
             sent = out.tvalid & out.tready
-            freed = Signal(name=f"egress_freed{p}")
-            m.d.sync += freed.eq(sent)
-            m.d.comb += core.e_freed[p].eq(freed)
             tx_keep = Signal(B, name=f"tx_keep_{p}")
             tx_last = Signal(name=f"tx_last_{p}")
             m.d.sync += [tx_keep.eq(Mux(sent, out.tkeep, 0)), tx_last.eq(sent & out.tlast)]

@@ -23,9 +23,55 @@ def test_json_figures(capsys):
     assert out["latency_cycles"] == documented_latency(params, params.max_payload)  # docs/interface.md: 96
     banks = P * params.slots * 2 * params.max_payload * 8            # one bank per port, two sets per slot
     assert out["memory_bits"]["contribution banks (bits)"] == banks
-    for name in ("allreduce", "forward", "mix", "short"):
+    # the result queues: per port two results of 36 beats (30 + 256 bytes at 8 bytes a beat) -> 128 beats
+    # of 64 data + 8 keep + 1 last bits
+    assert out["memory_bits"]["result queues (bits)"] == 4 * 128 * 73
+    loads = ("allreduce", "forward", "mix", "results_and_forwarding", "results_and_forwarding_short",
+             "results_and_forwarding_random", "short")
+    assert set(out["per_port_beats_per_cycle"]) == set(loads)
+    for name in loads:
+        # at 4 x 64 no load asks the decision for more than one header per cycle (the shortest mix: per
+        # port a 36-beat contribution and an 8-beat frame, 4 x 2 headers per 44 cycles), so the bar is
+        # line rate on every port
+        assert out["decision_bound_per_port"][name] == 1.0, name
+        assert len(out["per_port_beats_per_cycle"][name]) == P
         assert all(x >= 0.98 for x in out["per_port_beats_per_cycle"][name]), name
+    for name in ("mix", "results_and_forwarding", "results_and_forwarding_short", "results_and_forwarding_random"):
+        # the measured window holds both kinds of frames, on the order of one result per port per chunk
+        assert out["in_window"][name]["results"] >= P, name
+        assert out["in_window"][name]["forwarded"] >= P, name
+    assert out["in_window"]["allreduce"]["forwarded"] == 0 and out["in_window"]["forward"]["results"] == 0
     assert out["baseline_per_port_beats_per_cycle"] == 1 / P
+
+
+@pytest.mark.parametrize("ports, width, load, bound", [
+    # 8 x 256: a 286-byte contribution is 9 beats, a 60-byte frame 2 (two on every other chunk: one per
+    # chunk on average): two headers per 11 beats per port,
+    # 8 ports at line rate would ask 16/11 headers per cycle, so each port gets 11/16 of line rate
+    (8, 256, "results_and_forwarding_short", 11 / 16),
+    # ... and with 1514-byte frames (48 beats): 16 headers per 57 cycles, below 1
+    (8, 256, "results_and_forwarding", 1.0),
+    # 3 x 128: 18 + 4 beats per 2 headers, 3 ports: 6/22
+    (3, 128, "results_and_forwarding_short", 1.0),
+    # 16 x 128: 18 + 4 beats, 16 ports: 32 headers per 22 cycles -> 22/32
+    (16, 128, "results_and_forwarding_short", 22 / 32),
+])
+def test_decision_bound(ports, width, load, bound):
+    bench = load_script("bench_datapath")
+    params = SwitchParams(ports=ports, data_width=width)
+    assert bench.decision_bound(params, load, params.max_payload) == pytest.approx(bound)
+
+
+def test_stagger_puts_the_ports_out_of_step():
+    """Port p starts p/ports of a chunk's beats late, in frames the switch accepts; lockstep loads none."""
+    bench = load_script("bench_datapath")
+    params = SwitchParams()
+    # a chunk of results_and_forwarding at 4 x 64: 36 beats and, on average, one 1514-byte frame (190
+    # beats) = 226; port 3: 3 x 226 // 4 = 169 beats
+    frames = bench.stagger_frames(params, "results_and_forwarding", 256, 3)
+    assert sum(frames) == 169 * 8 and all(60 <= n <= 1514 for n in frames)
+    assert bench.stagger_frames(params, "results_and_forwarding", 256, 0) == []
+    assert bench.stagger_frames(params, "allreduce", 256, 3) == []
 
 
 @pytest.mark.parametrize("argv, needle", [(["--chunks", "3"], "--chunks: 3 must be at least 8"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from .protocol import MAX_FRAME_BYTES, DType, supported_dtypes
+from .protocol import HEADERS_BYTES, MAX_FRAME_BYTES, DType, supported_dtypes
 
 __all__ = ["SwitchParams", "ParamError", "MAX_RULES"]
 
@@ -93,6 +93,23 @@ class SwitchParams:
         so a multicast never waits mid-frame for a slow port (docs/interface.md).
         """
         return _power_of_two_at_least(self.max_frame_beats)
+
+    @property
+    def result_frame_beats(self) -> int:
+        """Beats of the longest result frame: the 30 header bytes and ``max_payload`` bytes of payload."""
+        return -(-(HEADERS_BYTES + self.max_payload) // self.beat_bytes)
+
+    @property
+    def result_queue_depth(self) -> int:
+        """Beats buffered per egress port for result frames (the port's result queue, beside its egress
+        buffer for forwarded frames): room for two longest results, a power of two.
+
+        A result is written into the result queues of all its ports at once, when each has room for all
+        of it; each port sends its results, in order, between its forwarded frames (docs/core-design.md
+        section 5). Two results' room lets a port that is sending a long forwarded frame take the next
+        result while it still holds one (docs/core-design.md section 6 measures the rate with it).
+        """
+        return _power_of_two_at_least(2 * self.result_frame_beats)
 
     @property
     def slot_len_bits(self) -> int:
