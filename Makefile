@@ -15,9 +15,12 @@ JOBS   ?= 2
 ARGS   ?=
 # Extra arguments for pytest, e.g. make test PYTEST_ARGS="-k forwarding -x"
 PYTEST_ARGS ?=
+# make tb: one block's testbench (ingress sram alu csr switch) and one cocotb test or case of it
+TB       ?=
+TESTCASE ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-fast sim verilog lint bench cluster clean distclean
+.PHONY: help setup test test-fast tb sim verilog lint bench cluster clean distclean
 .PHONY: formal fuzz faults
 
 help: ## List the targets
@@ -38,10 +41,13 @@ test: $(STAMP) ## Run all tests (amaranth.sim and cocotb + Verilator) on JOBS=2 
 test-fast: $(STAMP) ## Run only the amaranth.sim / unit tests (no Verilator builds)
 	$(VPY) -m pytest -n $(JOBS) --maxschedchunk 1 -m "not verilator" $(PYTEST_ARGS) tests/
 
+tb: $(STAMP) ## Run the cocotb testbenches of tb/ (TB=alu: one block; TESTCASE=fold: one test or case; WAVES=1: dump.vcd)
+	$(VPY) -m cais.tb.run $(if $(TB),--tb $(TB)) $(if $(TESTCASE),--testcase "$(TESTCASE)")
+
 sim: $(STAMP) ## Run the main simulation job (python -m cais.sim.cosim ARGS)
 	$(VPY) -m cais.sim.cosim $(ARGS)
 
-verilog: $(STAMP) ## Export the switch to build/verilog/cais_switch.v (+ .params.json)
+verilog: $(STAMP) ## Export the switch to build/verilog/cais_switch.v (+ .params.json); ARGS="--block alu": one block
 	$(VPY) -m cais.hdl.export --out build/verilog $(ARGS)
 
 lint: $(STAMP) ## Export, then verilator --lint-only -Wall with the documented waivers

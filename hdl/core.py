@@ -21,7 +21,6 @@ of arrival. The decision pipeline takes one header per cycle from all ports toge
 
 from amaranth.hdl import Cat, Module
 from amaranth.lib import stream, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from cais.params import SwitchParams
@@ -34,6 +33,7 @@ from .enums import Action, DropReason
 from .ingress import frame_meta_layout
 from .lane import IngressLane
 from .results import ResultGenerator
+from .sram import ContributionBanks
 from .tables import TableProgramSignature
 
 __all__ = ["SwitchCore", "Action"]
@@ -83,8 +83,7 @@ class SwitchCore(wiring.Component):
         })
         # Created here so tests can inspect them.
         self.decision = Decision(params, regmap)
-        self.banks = [Memory(shape=W, depth=params.slots * 2 * params.rows_per_set, init=[])
-                      for _ in range(P)]
+        self.sram = ContributionBanks(params)
 
     def elaborate(self, platform):
         m = Module()
@@ -105,6 +104,7 @@ class SwitchCore(wiring.Component):
         m.submodules.jobs = jobs = JobQueue(prm)
         m.submodules.reader = reader = FoldReader(prm)
         m.submodules.results = res = ResultGenerator(prm)
+        m.submodules.sram = sram = self.sram
         m.submodules.egress = xbar = EgressCrossbar(P, P, prm.data_width, prm.max_frame_beats, prm.egress_depth)
         m.submodules.fanout = fanout = ResultFanout(P, prm.data_width, prm.max_frame_beats, prm.result_queue_depth)
         # Headers in the decision pipeline (and the one granted now) may each queue a job: grant one only
@@ -113,15 +113,13 @@ class SwitchCore(wiring.Component):
 
         for p in range(P):
             m.submodules[f"lane{p}"] = lane = IngressLane(prm)
-            m.submodules[f"bank{p}"] = bank = self.banks[p]
-            wr, rd = bank.write_port(), bank.read_port()
             # a header is offered only while its lane has room for the decision
             hdr = self.headers[p]
             m.d.comb += [
                 dec.headers[p].payload.eq(hdr.payload), dec.headers[p].valid.eq(hdr.valid & lane.credit),
                 hdr.ready.eq(dec.headers[p].ready), lane.taken.eq(dec.headers[p].ready),
-                wr.addr.eq(lane.bank_addr), wr.data.eq(lane.bank_data), wr.en.eq(lane.bank_en),
-                rd.addr.eq(reader.rd_addr), rd.en.eq(reader.rd_en), reader.rd_data[p].eq(rd.data),
+                sram.wr_addr[p].eq(lane.bank_addr), sram.wr_data[p].eq(lane.bank_data), sram.wr_en[p].eq(lane.bank_en),
+                reader.rd_data[p].eq(sram.rd_data[p]),
                 jobs.finished[p].eq(lane.finished), jobs.open_after[p].eq(lane.open_after),
             ]
             wiring.connect(m, dec.lanes[p], lane.decisions)
@@ -129,6 +127,7 @@ class SwitchCore(wiring.Component):
             wiring.connect(m, lane.fwd, xbar.sources[p])
             busy.append(lane.busy)
 
+        m.d.comb += [sram.rd_addr.eq(reader.rd_addr), sram.rd_en.eq(reader.rd_en)]
         wiring.connect(m, dec.jobs, jobs.i)
         wiring.connect(m, jobs.o, reader.jobs)
         wiring.connect(m, reader.frames, res.jobs)

@@ -3,8 +3,12 @@
 Command line (also ``make verilog`` / ``make lint``)::
 
     python -m cais.hdl.export [--ports N] [--data-width BITS] [...] [--out DIR] [--name NAME] [--lint]
+    python -m cais.hdl.export --block {ingress,sram,alu,csr,switch} [...]
 
-writes ``<out>/<name>.v`` and ``<out>/<name>.params.json``.  Every field of
+writes ``<out>/<name>.v`` and ``<out>/<name>.params.json``. With ``--block`` one block of the switch
+(:data:`cais.hdl.blocks.BLOCKS`: the header parser, the SRAM buffer's banks, the reduce ALU's fold chain,
+the AXI4-Lite register block) is written instead, as a top of its own with plain ports
+(``<out>/cais_<block>.v`` unless ``--name`` says otherwise).  Every field of
 :class:`cais.params.SwitchParams` is an option (``data_width`` -> ``--data-width``) with the same default.
 A parameter set the switch cannot be built with is refused with a one-line message and exit status 2.
 
@@ -25,7 +29,7 @@ from pathlib import Path
 from ..cli import Parser, add_param_arguments, params_from_args
 from ..params import SwitchParams
 
-__all__ = ["DEFAULT_NAME", "LINT_WAIVERS", "write_verilog", "generate_verilog", "write_integration_files",
+__all__ = ["DEFAULT_NAME", "LINT_WAIVERS", "write_verilog", "generate_verilog", "generate_block", "write_integration_files",
            "render_fusesoc_core", "lint_verilog", "main"]
 
 DEFAULT_NAME = "cais_switch"
@@ -69,6 +73,19 @@ def generate_verilog(params: SwitchParams, path: str | os.PathLike, name: str = 
     write_verilog(SwitchTop(params), path, name)
     _atomic_write(_params_json_path(path), json.dumps(_params_record(params, name), indent=2) + "\n")
     return path
+
+
+def generate_block(block: str, params: SwitchParams, path: str | os.PathLike, name: str | None = None) -> Path:
+    """Write block ``block`` of :data:`cais.hdl.blocks.BLOCKS` built for *params* to *path*, top module *name*
+    (default the block's own, e.g. ``cais_alu``); ``switch`` is :func:`generate_verilog`. Returns the path."""
+    from .blocks import BLOCKS, block_top
+
+    if block not in BLOCKS:
+        raise ValueError(f"unknown block {block!r}; one of {', '.join(BLOCKS)}")
+    name = name or BLOCKS[block][1]
+    if block == "switch":
+        return generate_verilog(params, path, name)
+    return write_verilog(block_top(block, params), path, name)
 
 
 def write_integration_files(params: SwitchParams, verilog: str | os.PathLike,
@@ -142,8 +159,10 @@ def _build_parser() -> argparse.ArgumentParser:
     add_param_arguments(parser)
     parser.add_argument("--out", type=Path, default=Path("build/verilog"),
                         help="output folder (default build/verilog)")
-    parser.add_argument("--name", default=DEFAULT_NAME,
-                        help=f"top module and file name (default {DEFAULT_NAME})")
+    parser.add_argument("--name", default=None,
+                        help=f"top module and file name (default {DEFAULT_NAME}; with --block, cais_<block>)")
+    parser.add_argument("--block", default="switch", choices=_block_names(),
+                        help="write one block as a top of its own (default: the whole switch)")
     parser.add_argument("--lint", action="store_true",
                         help="also run `verilator --lint-only -Wall` (documented waivers) and exit with its status")
     return parser
@@ -152,9 +171,16 @@ def _build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
+    from .blocks import BLOCKS
+
+    args.name = args.name or BLOCKS[args.block][1]
     if not args.name.isidentifier():
         parser.error(f"--name {args.name!r}: must be a plain Verilog identifier")
     params = params_from_args(parser, args)
+    if args.block != "switch":
+        path = generate_block(args.block, params, args.out / f"{args.name}.v", args.name)
+        print(f"wrote {path} ({args.block}, {params.slug()})")
+        return lint_verilog(path, args.name) if args.lint else 0
     path = generate_verilog(params, args.out / f"{args.name}.v", args.name)
     header, core = write_integration_files(params, path, args.name)
     print(f"wrote {path}, {_params_json_path(path).name}, {header.name} and {core.name} ({params.slug()})")
@@ -166,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # --- helpers ----------------------------------------------------------------------------------------------------
+
+
+def _block_names() -> list[str]:
+    from .blocks import BLOCKS
+
+    return list(BLOCKS)
 
 
 def _params_json_path(path: Path) -> Path:

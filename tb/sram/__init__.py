@@ -1,0 +1,1 @@
+"""cocotb testbench of the sram block: test_sram.py."""

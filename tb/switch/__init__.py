@@ -1,0 +1,1 @@
+"""cocotb testbench of the switch block: test_switch.py."""
