@@ -28,6 +28,7 @@ the others at random (a seeded pattern each, about half the cycles), so the port
 
 from __future__ import annotations
 
+import logging
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -111,8 +112,9 @@ class TB:
         """The frames of ``case``, queued on the sources (each source sends its own in order, all at once)."""
         rng, P, B, all_ports = self.rng, self.ports, self.B, (1 << self.ports) - 1
         short = lambda: rng.choice([rng.randint(1, 3 * B), rng.randint(1, 200)])  # noqa: E731
+        mixed = lambda: rng.choice([rng.randint(1, 3 * B), rng.randint(1, 200), rng.randint(200, self.P.max_frame)])  # noqa: E731
         if case == "unicast":                   # rounds of a random permutation lanes -> ports
-            for _ in range(4):
+            for _ in range(6):
                 perm = list(range(P))
                 rng.shuffle(perm)
                 for s in range(P):
@@ -120,25 +122,25 @@ class TB:
                         self.frame(s, short(), 1 << perm[s])
         elif case == "hotspot":                 # every lane to port 0
             for s in range(P):
-                for _ in range(6):
-                    self.frame(s, short(), 1)
+                for _ in range(8):
+                    self.frame(s, mixed(), 1)
         elif case == "multicast":               # several ports per frame, some to all, some unicast
             for s in range(P):
-                for i in range(6):
+                for i in range(9):
                     mask = all_ports if i % 3 == 0 else self.random_mask(2) if i % 3 == 1 else 1 << rng.randrange(P)
                     self.frame(s, short(), mask)
         elif case == "results":                 # results to every port between unicast frames
-            for r in range(8):
+            for r in range(16):
                 mask = all_ports if r % 4 else self.random_mask(2)
                 self.frame(self.res, rng.randint(proto.HEADERS_BYTES + 4, self.max_result), mask)
             for s in range(P):
-                for _ in range(5):
-                    self.frame(s, short(), 1 << rng.randrange(P))
+                for _ in range(8):
+                    self.frame(s, mixed() if rng.random() < 0.3 else short(), 1 << rng.randrange(P))
         elif case == "one_beat":                # one-beat frames everywhere, results among them
             for s in range(P):
-                for _ in range(10):
+                for _ in range(16):
                     self.frame(s, rng.randint(1, B), self.random_mask())
-            for _ in range(10):
+            for _ in range(16):
                 self.frame(self.res, rng.randint(1, B), all_ports if rng.random() < 0.7 else self.random_mask())
         elif case == "max_length":              # max_frame forwarded (unicast and multicast), longest results
             for s in range(P):
@@ -235,6 +237,9 @@ class TB:
             if sum(map(len, self.frames)) >= copies and all(s.empty() and not s.active for s in self.sources):
                 break
         await ClockCycles(d.clk, 16)
+        logging.getLogger("cocotb.tb_egress").info(
+            "%d frames, %d copies, %d beats on the ports in %d cycles; per port %s frames",
+            len(self.sent), copies, beats, self.cycle, [len(f) for f in self.frames])
         assert not self.errors, "\n".join(self.errors)
         got = sum(map(len, self.frames))
         assert got == copies, f"{got} frames sent on the ports, want {copies} (per port {list(map(len, self.frames))})"
