@@ -19,7 +19,7 @@ The reference is the contract of docs/protocol.md 7.6 and docs/core-design.md se
   tkeep bits of the beat sent on the port in the cycle before; in total, the port's frames and bytes;
 * afterwards ``busy`` is low, and the scaffolding never ran dry mid-frame (``underrun``).
 
-Cases: unicast permutations, an all-to-one hot spot, forwarded multicast, results to every port interleaved
+Cases: unicast permutations, an all-to-one hot spot (lengths up to max_frame), forwarded multicast, results to every port interleaved
 with unicast frames, one-beat frames (forwarded and results, all masks), maximum-length frames (max_frame
 forwarded, the longest result); each with and without idle insertion on the sources and back-pressure on the
 sinks. Idle insertion / back-pressure: the first source / sink paused 3 cycles of 4 (Forencich's pattern),
@@ -90,12 +90,6 @@ class TB:
         f = Frame(src, seq, data, mask)
         self.sent.append(f)
         return f
-
-    def port_of(self, mask_bits: list[int]) -> int:
-        m = 0
-        for p in mask_bits:
-            m |= 1 << p
-        return m
 
     def random_mask(self, least: int = 1) -> int:
         while True:
