@@ -16,14 +16,17 @@ alu       :class:`cais.hdl.fold.FoldChain`       ``s_axis`` (tdata: :func:`fold_
                                                 chain takes a set of rows every cycle
 csr       :class:`cais.hdl.csr.AXI4LiteToCSR` +  ``s_axil`` (AXI4-Lite) and every member of the register bank
           :class:`cais.hdl.csr.RegisterBank`     (``switch_mac_lo``, ``rule_write_stb``, ``rx_bytes_inc__0`` ...)
+egress    :class:`cais.hdl.egress.EgressCrossbar`  ``s_axis__<s>`` per lane and ``s_res`` (tdata tkeep tlast tdest:
+          + ``ResultFanout`` + ``EgressPort``     the frame's port mask), ``m_axis__<p>`` (tdata tkeep tlast),
+          per port                              ``tx_frame__<p>``, ``tx_bytes__<p>``, ``busy``, ``underrun``
 switch    :class:`cais.hdl.top.SwitchTop`        the exported switch (``s_axis_p0_tdata`` ...)
 ========  ====================================  ==========================================================
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Module
-from amaranth.lib import data, wiring
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from cais.params import SwitchParams
@@ -33,7 +36,8 @@ from .axis import AxisSignature
 from .csr import AXI4LiteSignature, AXI4LiteToCSR, RegisterBank
 from .enums import DropReason, DType, ReduceOp
 
-__all__ = ["StreamPorts", "IngressBlock", "BanksBlock", "FoldBlock", "CsrBlock", "BLOCKS", "block_top",
+__all__ = ["StreamPorts", "IngressBlock", "BanksBlock", "FoldBlock", "CsrBlock", "AxisDestSignature",
+           "AxisFrameSource", "EgressBlock", "BLOCKS", "block_top",
            "fold_input_fields", "CSR_ADDR_WIDTH"]
 
 #: The AXI4-Lite address width of the csr block (the switch's: one 4 KiB page).
@@ -155,6 +159,163 @@ class CsrBlock(wiring.Component):
         return m
 
 
+class AxisDestSignature(wiring.Signature):
+    """AXI4-Stream with ``tdest`` (``dest_width`` bits, the same on every beat of a frame), from the source:
+    ``tdata tkeep tlast tdest tvalid tready``."""
+
+    def __init__(self, data_width: int, dest_width: int):
+        super().__init__({
+            "tdata": Out(data_width), "tkeep": Out(data_width // 8), "tlast": Out(1), "tdest": Out(dest_width),
+            "tvalid": Out(1), "tready": In(1),
+        })
+
+
+class AxisFrameSource(wiring.Component):
+    """Test scaffolding: an AXI4-Stream slave whose frames are offered as a
+    :class:`~cais.hdl.egress.FrameSourceSignature` source (what a lane or the result generator is to the
+    egress), so cocotbext-axi's AxiStreamSource can drive the egress blocks. Not part of the switch.
+
+    Each frame is buffered whole (a :class:`~cais.hdl.frame_fifo.FrameFifo` of ``depth`` beats, committed at
+    its last beat), its port mask (``tdest`` of its last beat) and beat count queued beside it; then it
+    asks (``req``, ``mask``, ``beats``: registers) and, granted, streams its beats one per cycle without a
+    gap. Like a lane, it asks for the next frame while the current one streams, as early as the signature
+    allows (``req`` in cycle c only if the current frame's last beat is in c + 1 or earlier), so granted
+    frames follow each other back to back. A frame must be 1 .. ``max_beats`` beats and fit ``depth``.
+
+    Members
+    -------
+    s_axis : In(AxisDestSignature(data_width, ports))
+    o : Out(FrameSourceSignature(ports, data_width, max_beats))
+    busy : Out(1)
+        A frame is buffered, asking or streaming.
+    underrun : Out(1)
+        Sticky: a beat was due while the buffer had none (a fault of this scaffolding; never expected).
+    """
+
+    def __init__(self, ports: int, data_width: int, max_beats: int, depth: int):
+        from .egress import FrameSourceSignature
+
+        assert depth >= max_beats
+        self.ports, self.data_width, self.max_beats, self.depth = ports, data_width, max_beats, depth
+        super().__init__({
+            "s_axis": In(AxisDestSignature(data_width, ports)),
+            "o": Out(FrameSourceSignature(ports, data_width, max_beats)),
+            "busy": Out(1), "underrun": Out(1),
+        })
+
+    def elaborate(self, platform):
+        from .frame_fifo import FrameFifo
+
+        m = Module()
+        P, W, B = self.ports, self.data_width, self.data_width // 8
+        s, o = self.s_axis, self.o
+        beats_w = len(o.beats)
+        m.submodules.buf = buf = FrameFifo(W + B + 1, self.depth)
+        m.submodules.meta = meta = fifo.SyncFIFOBuffered(width=P + beats_w, depth=4)
+
+        # write side: every beat into the buffer, committed with its frame's last beat; mask and beats queued
+        count = Signal(range(self.max_beats + 1))           # beats of the frame being received so far
+        take = s.tvalid & s.tready
+        m.d.comb += [
+            s.tready.eq(buf.w_rdy & meta.w_rdy),
+            buf.w_data.eq(Cat(s.tdata, s.tkeep, s.tlast)), buf.w_en.eq(take), buf.commit.eq(take & s.tlast),
+            meta.w_data.eq(Cat(s.tdest, count + 1)), meta.w_en.eq(take & s.tlast),
+        ]
+        with m.If(take):
+            m.d.sync += count.eq(Mux(s.tlast, 0, count + 1))
+
+        # read side: ask for the next frame once the current one ends in the next cycle or the one after
+        req = Signal()
+        mask = Signal(P)
+        beats = Signal(beats_w)
+        left = Signal(beats_w)                               # beats still to stream, this cycle's included
+        load = meta.r_rdy & ~req & (left <= 3)
+        m.d.comb += [o.req.eq(req), o.mask.eq(mask), o.beats.eq(beats), meta.r_en.eq(load)]
+        with m.If(load):
+            m.d.sync += [req.eq(1), mask.eq(meta.r_data[:P]), beats.eq(meta.r_data[P:])]
+        with m.If(o.grant):
+            m.d.sync += [req.eq(0), left.eq(beats)]
+        with m.Elif(left != 0):
+            m.d.sync += left.eq(left - 1)
+        streaming = left != 0
+        m.d.comb += [
+            Cat(o.data, o.keep, o.last).eq(buf.r_data), o.valid.eq(streaming), buf.r_ready.eq(streaming),
+            self.busy.eq(buf.held | meta.r_rdy | req | streaming),
+        ]
+        with m.If(streaming & ~buf.r_valid):
+            m.d.sync += self.underrun.eq(1)
+        return m
+
+
+class EgressBlock(wiring.Component):
+    """The switch's egress stage as :class:`cais.hdl.core.SwitchCore` and :class:`cais.hdl.switch.Switch`
+    wire it: an :class:`~cais.hdl.egress.EgressCrossbar` of P lane sources, a
+    :class:`~cais.hdl.egress.ResultFanout` and per port an :class:`~cais.hdl.egress.EgressPort` (egress
+    FIFO, result queue, :class:`~cais.hdl.egress.EgressMerge`, credits, tx counter increments), with the
+    switch's depths and frame lengths.
+
+    The lanes and the result generator are replaced by test scaffolding, one :class:`AxisFrameSource`
+    each: AXI4-Stream slaves ``s_axis__<s>`` (lane s) and ``s_res`` (the result source) whose ``tdest`` is
+    the frame's egress port mask; each buffers a frame whole and then requests it through
+    ``FrameSourceSignature`` with that mask and its beat count. Result frames must fit the result queue
+    (``result_queue_depth`` beats; the generator sends at most ``result_frame_beats``).
+
+    Members
+    -------
+    s_axis[s] : In(AxisDestSignature(data_width, ports))
+    s_res : In(AxisDestSignature(data_width, ports))
+    m_axis[p] : Out(AxisSignature(data_width))
+    tx_frame[p] : Out(1); tx_bytes[p] : Out(range(beat_bytes + 1))
+        Port p's tx counter increments (:class:`~cais.hdl.egress.EgressPort`).
+    busy : Out(1)
+        A frame is anywhere in the block (scaffolding included).
+    underrun : Out(1)
+        A scaffolding source ran dry mid-frame (sticky; never expected).
+    """
+
+    def __init__(self, params: SwitchParams):
+        self.params = params
+        P, W = params.ports, params.data_width
+        super().__init__({
+            "s_axis": In(AxisDestSignature(W, P)).array(P),
+            "s_res": In(AxisDestSignature(W, P)),
+            "m_axis": Out(AxisSignature(W)).array(P),
+            "tx_frame": Out(1).array(P), "tx_bytes": Out(range(params.beat_bytes + 1)).array(P),
+            "busy": Out(1), "underrun": Out(1),
+        })
+
+    def elaborate(self, platform):
+        from .egress import EgressCrossbar, EgressPort, ResultFanout
+
+        m = Module()
+        prm = self.params
+        P, W = prm.ports, prm.data_width
+        # the scaffolding buffers hold two longest frames, so the next frame arrives while one streams
+        depth = 1 << (2 * prm.max_frame_beats - 1).bit_length()
+        m.submodules.xbar = xbar = EgressCrossbar(P, P, W, prm.max_frame_beats, prm.egress_depth)
+        m.submodules.fanout = fanout = ResultFanout(P, W, prm.max_frame_beats, prm.result_queue_depth)
+        busy = [xbar.busy, fanout.busy]
+        underrun = []
+        sources = [(self.s_axis[s], xbar.sources[s], f"lane{s}") for s in range(P)]
+        sources.append((self.s_res, fanout.source, "res"))
+        for outer, inner, name in sources:
+            m.submodules[f"src_{name}"] = src = AxisFrameSource(P, W, prm.max_frame_beats, depth)
+            wiring.connect(m, wiring.flipped(outer), src.s_axis)
+            wiring.connect(m, src.o, inner)
+            busy.append(src.busy)
+            underrun.append(src.underrun)
+        for p in range(P):
+            m.submodules[f"egress{p}"] = eg = EgressPort(W, prm.egress_depth, prm.result_queue_depth)
+            wiring.connect(m, xbar.egress[p], eg.fwd)
+            wiring.connect(m, fanout.queues[p], eg.res)
+            wiring.connect(m, eg.m_axis, wiring.flipped(self.m_axis[p]))
+            m.d.comb += [xbar.freed[p].eq(eg.fwd_freed), fanout.freed[p].eq(eg.res_freed),
+                         self.tx_frame[p].eq(eg.tx_frame), self.tx_bytes[p].eq(eg.tx_bytes)]
+            busy.append(eg.busy)
+        m.d.comb += [self.busy.eq(Cat(*busy).any()), self.underrun.eq(Cat(*underrun).any())]
+        return m
+
+
 def _switch(params: SwitchParams):
     from .top import SwitchTop
 
@@ -167,6 +328,7 @@ BLOCKS = {
     "sram": (BanksBlock, "cais_sram"),
     "alu": (FoldBlock, "cais_alu"),
     "csr": (CsrBlock, "cais_csr"),
+    "egress": (EgressBlock, "cais_egress"),
     "switch": (_switch, "cais_switch"),
 }
 

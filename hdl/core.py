@@ -9,7 +9,7 @@
     JobQueue (waits for the rows) --> FoldReader (all banks, FoldChain) --> ResultGenerator
         --> ResultFanout --> result queues
 
-(the egress FIFOs, the result queues and each port's EgressMerge of the two are in :class:`Switch`)
+(each port's egress FIFO, result queue and EgressMerge of the two are an EgressPort, one per port of :class:`Switch`)
 
 Each port has a lane that streams its decided frames out of its ingress FIFO at one beat per cycle and
 a bank that holds its contributions: an all-reduce payload row is written once, into the bank of the

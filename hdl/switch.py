@@ -1,6 +1,6 @@
 """The CAIS switch: ingress ports, switch core, egress ports and control/status registers."""
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect
 
@@ -11,9 +11,8 @@ from cais.registers import register_map
 from .axis import AxisSignature
 from .core import SwitchCore
 from .csr import AXI4LiteSignature, AXI4LiteToCSR, RegisterBank
-from .egress import EgressMerge
-from .frame_fifo import FrameFifo
-from .ingress import IngressPort, popcount
+from .egress import EgressPort
+from .ingress import IngressPort
 
 __all__ = ["Switch", "AXIL_ADDR_WIDTH"]
 
@@ -53,7 +52,6 @@ class Switch(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         P = self.params
-        B = P.beat_bytes
 
         m.submodules.axil = axil = AXI4LiteToCSR(AXIL_ADDR_WIDTH)
         m.submodules.regs = regs = RegisterBank(self.regmap, addr_width=AXIL_ADDR_WIDTH)
@@ -91,40 +89,15 @@ class Switch(wiring.Component):
             for r in proto.PARSER_DROPS:
                 drops[r].append(ing.drop & (ing.drop_reason == r))
 
-            # Egress: per port a FIFO of forwarded frames fed by the core's crossbar, a result queue fed by
-            # its result fanout, and a merge of the two into m_axis (whole frames, round-robin at frame
-            # boundaries). Every beat is committed as it is written (the FIFO's frame commit is not needed
-            # here). The crossbar and the fanout count their FIFOs' room themselves (credits); a beat read
-            # out gives its credit back a cycle later, from a register. Both FIFOs' outputs are registered
-            # (2 cycles more than the RAM's read-ahead): the whole switch measured 5.2 ns of routing from
-            # the RAM's slow output into the tx counters' register without it; the merge adds one 2-to-1
-            # choice after those registers, with a registered owner.
-            width = P.data_width + B + 1
-            m.submodules[f"egress{p}"] = fifo = FrameFifo(width, P.egress_depth, registered_output=True)
-            m.submodules[f"results{p}"] = rq = FrameFifo(width, P.result_queue_depth, registered_output=True)
-            m.submodules[f"merge{p}"] = merge = EgressMerge(P.data_width)
-            for q, src in ((fifo, core.egress[p]), (rq, core.results[p])):
-                m.d.comb += [q.w_data.eq(src.payload), q.w_en.eq(src.valid), q.commit.eq(src.valid)]
-            m.d.comb += [
-                merge.fwd.payload.eq(fifo.r_data), merge.fwd.valid.eq(fifo.r_valid), fifo.r_ready.eq(merge.fwd.ready),
-                merge.res.payload.eq(rq.r_data), merge.res.valid.eq(rq.r_valid), rq.r_ready.eq(merge.res.ready),
-            ]
-            busy += [fifo.held, rq.held]
-            out = self.m_axis[p]
-            m.d.comb += [
-                Cat(out.tdata, out.tkeep, out.tlast).eq(merge.o.payload),
-                out.tvalid.eq(merge.o.valid), merge.o.ready.eq(out.tready),
-            ]
-            e_freed, r_freed = Signal(name=f"egress_freed{p}"), Signal(name=f"results_freed{p}")
-            m.d.sync += [e_freed.eq(fifo.r_valid & fifo.r_ready), r_freed.eq(rq.r_valid & rq.r_ready)]
-            m.d.comb += [core.e_freed[p].eq(e_freed), core.r_freed[p].eq(r_freed)]
-            # tx increments from the beat sent, registered first: tready comes from outside, too late in
-            # the cycle for a count and an adder behind it
-            sent = out.tvalid & out.tready
-            tx_keep = Signal(B, name=f"tx_keep_{p}")
-            tx_last = Signal(name=f"tx_last_{p}")
-            m.d.sync += [tx_keep.eq(Mux(sent, out.tkeep, 0)), tx_last.eq(sent & out.tlast)]
-            m.d.comb += [regs.tx_frames_inc[p].eq(tx_last), regs.tx_bytes_inc[p].eq(popcount(tx_keep))]
+            # Egress: the port's egress FIFO, result queue and merge (whole frames into m_axis), the credits
+            # back to the core's crossbar and fanout, and the tx counters' increments.
+            m.submodules[f"egress{p}"] = eg = EgressPort(P.data_width, P.egress_depth, P.result_queue_depth)
+            connect(m, core.egress[p], eg.fwd)
+            connect(m, core.results[p], eg.res)
+            connect(m, eg.m_axis, wiring.flipped(self.m_axis[p]))
+            m.d.comb += [core.e_freed[p].eq(eg.fwd_freed), core.r_freed[p].eq(eg.res_freed),
+                         regs.tx_frames_inc[p].eq(eg.tx_frame), regs.tx_bytes_inc[p].eq(eg.tx_bytes)]
+            busy.append(eg.busy)
 
         # The decision's per-rule-entry state (issue 12, 13), read from it directly.
         dec = self.core.decision

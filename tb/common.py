@@ -21,7 +21,7 @@ from cocotb.triggers import ClockCycles, RisingEdge
 
 from cais.params import SwitchParams
 
-__all__ = ["PARAMS_ENV", "CLOCK_NS", "tb_params", "pause_pattern", "set_idle", "set_backpressure",
+__all__ = ["PARAMS_ENV", "CLOCK_NS", "tb_params", "pause_pattern", "random_pauses", "set_idle", "set_backpressure",
            "clock_and_reset", "le_bytes", "from_le", "IDLE_BACKPRESSURE", "set_axil_pauses", "quiet_bfms"]
 
 #: Environment variable holding the run's SwitchParams as JSON (set by cais.tb.run).
@@ -43,6 +43,13 @@ def tb_params() -> SwitchParams:
 def pause_pattern():
     """The pause generator of Forencich's testbenches: paused 3 cycles of 4."""
     return itertools.cycle([1, 1, 1, 0])
+
+
+def random_pauses(rng, ratio: float = 0.5):
+    """A random pause generator (paused with probability ``ratio`` each cycle) from a seeded ``random.Random``,
+    for ``set_pause_generator``: a pace unlike the fixed pattern, and different on every port."""
+    while True:
+        yield int(rng.random() < ratio)
 
 
 def set_idle(source, idle: bool) -> None:

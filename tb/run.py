@@ -33,6 +33,7 @@ TESTBENCHES: dict[str, dict[str, SwitchParams]] = {
     "sram": {"p4_w64": SwitchParams()},
     "alu": {"float_p4_w64": SwitchParams(), "int_p4_w128": SwitchParams(data_width=128, float_units=False)},
     "csr": {"p4": SwitchParams()},
+    "egress": {"p4_w64": SwitchParams()},
     "switch": {"p4_w64": SwitchParams()},
 }
 

@@ -102,6 +102,22 @@ def test_export_block_ingress_and_csr(tmp_path, capsys):
     assert want <= ports, sorted(want - ports)
 
 
+def test_export_block_egress(tmp_path):
+    """The egress block: an AXI4-Stream slave per lane and one for results (tdest: the port mask), an
+    AXI4-Stream master and the tx increments per port; lint clean."""
+    from cais.hdl.export import main
+
+    P = SwitchParams().ports
+    assert main(["--block", "egress", "--out", str(tmp_path), "--lint"]) == 0
+    ports = _module_ports((tmp_path / "cais_egress.v").read_text(), "cais_egress")
+    ins = [f"s_axis__{s}" for s in range(P)] + ["s_res"]
+    want = {"clk", "rst", "busy", "underrun"}
+    want |= {f"{i}__{m}" for i in ins for m in ("tdata", "tkeep", "tlast", "tdest", "tvalid", "tready")}
+    want |= {f"m_axis__{p}__{m}" for p in range(P) for m in ("tdata", "tkeep", "tlast", "tvalid", "tready")}
+    want |= {f"tx_{n}__{p}" for p in range(P) for n in ("frame", "bytes")}
+    assert want == ports, sorted(want ^ ports)
+
+
 def test_export_refuses_an_unknown_block(tmp_path):
     from cais.hdl.export import main
 

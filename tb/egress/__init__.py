@@ -1,0 +1,1 @@
+"""cocotb testbench of the egress block: test_egress.py."""
