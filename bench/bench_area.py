@@ -233,7 +233,17 @@ def _lane_stage(P, regmap):
 
 def _crossbar_stage(P, regmap):
     from cais.hdl.egress import EgressCrossbar
-    return EgressCrossbar(P.ports + 1, P.ports, P.data_width, P.max_frame_beats, P.egress_depth)
+    return EgressCrossbar(P.ports, P.ports, P.data_width, P.max_frame_beats, P.egress_depth)
+
+
+def _result_fanout_stage(P, regmap):
+    from cais.hdl.egress import ResultFanout
+    return ResultFanout(P.ports, P.data_width, P.max_frame_beats, P.result_queue_depth)
+
+
+def _merge_stage(P, regmap):
+    from cais.hdl.egress import EgressMerge
+    return EgressMerge(P.data_width)
 
 
 def _job_queue_stage(P, regmap):
@@ -326,8 +336,12 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
     Design("decision", "Decision: arbiter, rule and MAC tables, slot state (default build), registered in "
                        "and out", _stage(_decision_stage)),
     Design("lane", "IngressLane: one port's lane (default build), registered in and out", _stage(_lane_stage)),
-    Design("crossbar", "EgressCrossbar: lanes and result generator to the egress FIFOs (default build), "
+    Design("crossbar", "EgressCrossbar: the lanes to the egress FIFOs (default build), "
                        "registered in and out", _stage(_crossbar_stage)),
+    Design("result_fanout", "ResultFanout: the result generator to the result queues (default build), "
+                            "registered in and out", _stage(_result_fanout_stage)),
+    Design("merge", "EgressMerge: one port's egress FIFO and result queue to m_axis (default build), "
+                    "registered in and out", _stage(_merge_stage)),
     Design("job_queue", "JobQueue (default build), registered in and out", _stage(_job_queue_stage)),
     Design("fold_reader", "FoldReader: bank reads, the fold chain, narrowing, row queue (default build), "
                           "registered in and out", _stage(_fold_reader_stage)),

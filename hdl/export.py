@@ -209,7 +209,8 @@ def _params_record(params: SwitchParams, name: str) -> dict:
         "name": name,
         "params": params.as_dict(),
         "derived": {key: getattr(params, key)
-                    for key in ("beat_bytes", "rows_per_set", "max_frame_beats", "ingress_depth", "egress_depth")},
+                    for key in ("beat_bytes", "rows_per_set", "max_frame_beats", "ingress_depth", "egress_depth",
+                                "result_frame_beats", "result_queue_depth")},
     }
 
 

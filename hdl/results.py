@@ -100,7 +100,7 @@ class ResultGenerator(wiring.Component):
     egress for its ports (``out.req``, ``out.mask``, ``out.beats``, registers) once all of its rows and
     the current frame's remaining ones are waiting (``rows_held``), so its beats leave back to back (a MAC's
     transmitter must not run dry mid-frame), and two cycles before the current frame's last beat, so the
-    grant (a register of the crossbar) starts it right behind that beat, without a bubble (one cycle
+    grant (a register of the result fanout) starts it right behind that beat, without a bubble (one cycle
     behind a one-beat frame). A frame's first beat leaves three cycles after its job and rows are in,
     when the generator is idle.
 
@@ -118,7 +118,8 @@ class ResultGenerator(wiring.Component):
         (``rows.payload`` is the oldest of them when ``rows_held`` is not 0: ``rows.valid`` is not used,
         ``rows.ready`` takes only a row ``rows_held`` counts).
     out : Out(FrameSourceSignature)
-        The result frames, to the egress crossbar: a frame asks for its ports; granted, it starts in the
+        The result frames, to the result fanout (:class:`~cais.hdl.egress.ResultFanout`, which writes them
+        into the ports' result queues): a frame asks for its ports; granted, it starts in the
         next cycle, and the egress takes each beat the cycle it is offered.
     busy : Out(1)
     """

@@ -37,8 +37,9 @@ class ModelLink(LinkBase):
     * Egress: a forwarded frame's first beat leaves ``FORWARD_LATENCY`` cycles after its lane started it;
       a result's first beat leaves docs/interface.md's result latency
       (:func:`cais.sim.timing.documented_latency`) after the completing frame's last beat, plus the cycles
-      that frame waited for its lane; either waits for the egress port's previous frame. An output frame
-      is received once its last beat has left (``+ beats``).
+      that frame waited for its lane; either waits for the egress port's previous frame only (each port
+      sends its results and forwarded frames on its own, docs/core-design.md section 5: no frame waits for
+      another port). An output frame is received once its last beat has left (``+ beats``).
     * Registers: each access takes ``reg_cycles`` cycles (the RTL's AXI4-Lite takes about as many).
 
     Work is done lazily: whenever the link is used, every frame decided by ``cycle`` is processed first,
