@@ -102,6 +102,7 @@ def test_byte_order_hand_derived(width):
     run(dut, tb, clock=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", WIDTHS)
 def test_overflow_and_extremes(width):
     nl = width // 32
@@ -136,6 +137,7 @@ def test_overflow_and_extremes(width):
 
 
 # ----------------------------------------------------------------------------- random
+@pytest.mark.slow
 @pytest.mark.parametrize("op", list(ReduceOp), ids=lambda o: o.name)
 @pytest.mark.parametrize("width", WIDTHS)
 def test_random(width, op):

@@ -84,6 +84,7 @@ def test_model_selftest():
     assert c["RX_FRAMES"] == [1] * PARAMS.ports and c["TX_FRAMES"] == [1] * PARAMS.ports
 
 
+@pytest.mark.slow
 def test_amaranth_matches_model():
     result = cached("amaranth", JOB)
     assert result["correct"]

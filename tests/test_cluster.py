@@ -13,6 +13,7 @@ from cais.cluster import CLI_COMMANDS, LOSSY, RESTARTED, SUITE
 from netns import namespaces_with, require_root
 
 
+@pytest.mark.slow
 def test_cluster_every_collective_correct():
     require_root()
     p = subprocess.Popen([sys.executable, "-m", "cais.cluster", "--ranks", "4", "--elements", "300"],

@@ -156,6 +156,7 @@ def run_reader(params, jobs, banks, *, seed, job_gap, frame_refuse, row_refuse):
     return frames, rows, problems
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("float_units", [True, False], ids=["float", "int"])
 def test_fold_reader_against_the_port_order_fold(float_units):
     """Every job's frame (header, mask, row count) in order, and its rows, each the port-order fold of its
@@ -184,6 +185,7 @@ def test_fold_reader_against_the_port_order_fold(float_units):
     assert len(rows) == len(want) and not bad, bad[:5]
 
 
+@pytest.mark.slow
 def test_fold_reader_one_row_per_cycle_across_jobs():
     """Jobs back to back, nothing refused: the rows leave one per cycle without a bubble, the first
     3 + F + ROW_QUEUE_LATENCY cycles after its read (bank read, its two registers, F, the queues)."""

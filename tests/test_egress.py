@@ -124,6 +124,7 @@ def simulate(sources, ports, depth, frames, *, seed=0, drain_rate=0.7, idle=0.0)
     return got, grants, problems
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sources, ports, multicast", [(5, 4, True), (3, 2, True), (9, 8, False), (9, 8, True)])
 def test_frames_arrive_whole_on_their_ports(sources, ports, multicast):
     rng = random.Random(sources * 10 + ports + multicast)

@@ -102,6 +102,7 @@ def test_export_block_ingress_and_csr(tmp_path, capsys):
     assert want <= ports, sorted(want - ports)
 
 
+@pytest.mark.slow
 def test_export_block_egress(tmp_path):
     """The egress block: an AXI4-Stream slave per lane and one for results (tdest: the port mask), an
     AXI4-Stream master and the tx increments per port; lint clean."""

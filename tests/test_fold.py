@@ -90,6 +90,7 @@ def run(dut: FoldChain, items: list[dict], gaps: float, seed: int) -> list[int]:
 
 @pytest.mark.parametrize("ports, float_units", [(2, True), (4, True), (3, False)],
                          ids=["p2", "p4", "p3_int"])
+@pytest.mark.slow
 def test_fold_in_port_order(ports, float_units):
     W = 64
     dut = FoldChain(ports, W, float_units=float_units)
@@ -107,6 +108,7 @@ def test_fold_in_port_order(ports, float_units):
     assert not bad, "\n".join(bad[:5])
 
 
+@pytest.mark.slow
 def test_latency_and_one_row_per_cycle():
     """Rows entered back to back leave back to back, ``latency`` edges after they entered."""
     dut = FoldChain(4, 64)

@@ -543,6 +543,7 @@ def test_narrow(dst):
     assert ((w & 0x7FFF) == dst.inf).sum() > 10 and ((w >> np.uint64(dst.man_bits)) & dst.exp_max == 0).sum() > 100
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dst", (FP16, BF16), ids=str)
 def test_narrow_inverts_widen(dst):
     """Every non-NaN 16-bit pattern survives widening and narrowing unchanged."""

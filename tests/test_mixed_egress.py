@@ -94,6 +94,7 @@ def amaranth_case(params, job, **kw):
     return run_amaranth(params, lambda link: mixed_load(link, job), **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fwd_len", [proto.MIN_FRAME_BYTES, 512])
 def test_mixed_load_amaranth(fwd_len):
     """amaranth.sim, 2 ports x 512 bits (few beats per frame: a short run), results and forwarded frames."""
@@ -102,6 +103,7 @@ def test_mixed_load_amaranth(fwd_len):
     assert not problems, problems
 
 
+@pytest.mark.slow
 def test_mixed_load_amaranth_backpressure():
     """The same with every sink stalling a third of the cycles: nothing lost, corrupted or reordered."""
     params = SwitchParams(ports=2, data_width=512, slots=8, max_frame=512)

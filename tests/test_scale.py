@@ -12,6 +12,7 @@ SCALE = {"ranks": 8, "chunks": 1000, "loss": 0.10, "duplicate": 0.05, "reorder":
 RESET = {"ranks": 4, "chunks": 120, "at": 0.5, "seed": 3}
 
 
+@pytest.mark.slow
 def test_faults_at_scale_exact_and_no_double_count_on_the_model():
     s = run_backend("model", SwitchParams(ports=8), "cais.sim.scale:scale_job", SCALE)
     assert check_scale(s) == [], s

@@ -331,6 +331,7 @@ def test_hand_derived_rows(fadd_stages):
 
 
 # ============================================================================ random streams
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", list(DType), ids=lambda d: d.name)
 def test_random_w64(dtype):
     """Every op x acc_fp32 x saturate x store x granule of one dtype, mixed row by row."""
@@ -340,6 +341,7 @@ def test_random_w64(dtype):
     check(SlotALU(64), rows)
 
 
+@pytest.mark.slow
 def test_random_w128():
     rows = random_rows(128, list(DType), max(60, VECTORS // 4), seed=7)
     check(SlotALU(128), rows)

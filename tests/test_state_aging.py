@@ -101,6 +101,7 @@ def simulate(body):
     return out
 
 
+@pytest.mark.slow
 def test_dead_port_ages_within_the_bound_once():
     age = 1
     assert aging_period(P) == 2 * UNIT
@@ -134,6 +135,7 @@ def test_dead_port_ages_within_the_bound_once():
     assert out["aged_after"] == out["aged"]
 
 
+@pytest.mark.slow
 def test_fed_and_complete_sets_never_age_and_free_releases():
     age = 1
 

@@ -200,6 +200,7 @@ def test_rule_directed(params):
     rule_test(params, body)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("params,seed", [(P_DEFAULT, 21), (P_BIG, 22)], ids=["default", "ports16_rules16"])
 def test_rule_random(params, seed):
     rng = random.Random(seed)
@@ -324,6 +325,7 @@ def test_mac_directed(params):
 
 @pytest.mark.parametrize("params,seed", [(P_DEFAULT, 31), (P_MAC16, 32), (P_MAC3, 33)],
                          ids=["default", "ports16", "ports3"])
+@pytest.mark.slow
 def test_mac_random(params, seed):
     rng = random.Random(seed)
     pool = [rng.getrandbits(48) for _ in range(params.mac_entries // 2 + 2)]   # reused: duplicates happen

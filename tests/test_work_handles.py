@@ -99,6 +99,7 @@ def test_async_then_blocking_then_wait(offload):
         np.testing.assert_array_equal(rest[1], expected(1))
 
 
+@pytest.mark.slow
 def test_driver_md_api_example_completes():
     """docs/driver.md's example (an async all-reduce, then blocking ones, then the wait) used to hang."""
     import re
