@@ -3,7 +3,8 @@ the state memory inside it).
 
 Every input of the decision is free in every cycle (headers, requests, ``hold``, every table-programming
 word and strobe, SLOT_CLEAR), constrained only by the decision's input contract (a request stays up
-with the same header until taken) and by no reset after the start. The properties are stated on the
+with the same header until taken; the header's ``all_reduce`` bit is the ingress's: a CAIS all-reduce
+frame) and by no reset after the start. The properties are stated on the
 decision's outputs and on its state memory, read through combinational read ports the harness adds:
 
 - ``push``: every taken header gets exactly one decision, on its own port, DECISION_LATENCY cycles later.
@@ -49,9 +50,11 @@ from amaranth.lib.wiring import In, Out
 from cais.hdl import decision as decision_mod
 from cais.hdl.decision import DECISION_LATENCY, STATE_WRITE_LEAD, Decision
 from cais.hdl.enums import DropReason
+from cais.hdl.header import FrameHeader
 from cais.hdl.slots import SetUpdate, SlotOutcome, state_set_layout
 from cais.hdl.tables import TableProgramSignature
 from cais.params import SwitchParams
+from cais.protocol import OpType
 from cais.registers import register_map
 
 __all__ = ["PROPERTIES", "MUTANTS", "DecisionHarness", "FORMAL_PARAMS", "FORMAL_AGE_UNIT_LOG2"]
@@ -203,6 +206,10 @@ class DecisionHarness(wiring.Component):
             with m.If(prev_req[p] & ~prev_take[p]):
                 m.d.comb += Assume(self.request[p] & (self.meta[p].as_value() == prev_meta[p].as_value()))
         m.d.comb += Assume(~ResetSignal())
+        # ... and the ingress's all_reduce bit is the header's (a CAIS all-reduce frame).
+        for p in range(P):
+            hdr = FrameHeader(self.meta[p].hdr)
+            m.d.comb += Assume(self.meta[p].all_reduce == (hdr.is_cais & (hdr.op_type == OpType.ALL_REDUCE)))
 
         # The outputs as this harness sees them (a mutant breaks one).
         push, busy, in_use = dec_push, dec.busy, dec.slots_in_use

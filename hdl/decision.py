@@ -130,7 +130,9 @@ class Decision(wiring.Component):
     headers[p] : In(stream.Signature(frame_meta_layout))
         Port p's oldest undecided header, offered while ``valid`` (the port has a header and room for its
         decision); ``ready`` takes it. ``ready`` is a register, granted in the cycle before from the
-        ``valid`` bits: a header must stay offered, the same, until taken.
+        ``valid`` bits: a header must stay offered, the same, until taken. Its ``all_reduce`` bit must be
+        the header's (a CAIS all-reduce frame): only such a header waits for maintenance (the reset sweep,
+        a SLOT_CLEAR, an aging visit); any other is granted in the cycle it is first offered.
     hold : In(1)
         Grant no header this cycle (the result jobs have no room for what may complete: the
         :data:`DECISION_HEADERS` headers in flight may each queue one).
@@ -263,15 +265,13 @@ class Decision(wiring.Component):
         # ------------------------------------------------------------ G: grant (take in the next cycle)
         take = Signal(P)
         t_port, t_sf = Signal(range(P)), Signal()
-        # Whether each port's header needs slot state, registered: valid for the header offered now if the
-        # port offered it in the cycle before too and it was not taken then.
+        # Whether each port's header needs slot state: the ingress's bit, a register (so a header that
+        # needs none is granted in the cycle it is first offered, whatever maintenance does).
         request = Cat(h.valid for h in self.headers)
         offered = [FrameHeader(h.payload.hdr) for h in self.headers]
-        stateful = Cat(*(h.is_cais & (h.op_type == proto.OpType.ALL_REDUCE) for h in offered))
-        sf_known, sf = Signal(P), Signal(P)
-        m.d.sync += [sf_known.eq(request & ~take), sf.eq(stateful)]
+        sf = Cat(h.payload.all_reduce for h in self.headers)
         req = Signal(P)
-        m.d.comb += req.eq(request & ~take & (Mux(blocked, 0, all_ports) | (sf_known & ~sf)))
+        m.d.comb += req.eq(request & ~take & (Mux(blocked, 0, all_ports) | ~sf))
         # Round robin, one-hot: the lowest requester above the last grant, else the lowest requester.
         above_last = Signal(P, init=all_ports & ~1)     # ports above the last grant (registered)
         above = req & above_last
@@ -282,8 +282,8 @@ class Decision(wiring.Component):
         m.d.comb += grant.eq(Mux(above.any(), lowest(above), lowest(req)))
         m.d.comb += [h.ready.eq(take[p]) for p, h in enumerate(self.headers)]
         go = req.any() & ~self.hold
-        # (a_sf, for the SLOT_CLEAR's wait: exact while blocked, when only known stateless headers are
-        # granted; taken as stateful otherwise)
+        # (a_sf, for the SLOT_CLEAR's wait: exact while blocked, when only stateless headers are granted;
+        # taken as stateful otherwise)
         m.d.sync += [take.eq(Mux(go, grant, 0)), t_sf.eq(~blocked | (grant & sf).any())]
         with m.If(go):
             m.d.sync += [t_port.eq(Cat(*(Cat(*(grant[p] for p in range(P) if p >> k & 1)).any()
@@ -360,7 +360,7 @@ class Decision(wiring.Component):
             m.d.comb += drop(DropReason.NO_RULE)
         with m.Elif(~(rule.contributors & m_me).any()):
             m.d.comb += drop(DropReason.FOREIGN_PORT)
-        with m.Elif(hdr.op_type != proto.OpType.ALL_REDUCE):
+        with m.Elif(~m_meta.all_reduce):
             m.d.comb += forward(rule.results & ~m_me)
         with m.Elif((hdr.dtype != rule.dtype) | (hdr.red_op != rule.red_op)):
             m.d.comb += drop(DropReason.TYPE_MISMATCH)
