@@ -3,7 +3,8 @@ the state memory inside it).
 
 Every input of the decision is free in every cycle (headers, requests, ``hold``, every table-programming
 word and strobe, SLOT_CLEAR), constrained only by the decision's input contract (a request stays up
-with the same header until taken) and by no reset after the start. The properties are stated on the
+with the same header until taken; the header's ``all_reduce`` bit is the ingress's: a CAIS all-reduce
+frame) and by no reset after the start. The properties are stated on the
 decision's outputs and on its state memory, read through combinational read ports the harness adds:
 
 - ``push``: every taken header gets exactly one decision, on its own port, DECISION_LATENCY cycles later.
@@ -37,21 +38,25 @@ visits a set every unit), so aging is reachable in few cycles.
   reset changes a slot only to empty. Groups own disjoint quotas, so no frame of one group changes
   another group's sets.
 
-``MUTANTS`` are deliberately broken variants, one per property, built by substituting a broken
-``SetUpdate`` or by breaking one output of the decision as this harness sees it; each must fail its
+``MUTANTS`` are deliberately broken variants, one per property, built by giving the decision a broken
+part through its constructor (``set_update``, ``writer_delta``, ``age_due``, ``new_stamp``) or by breaking
+one output of the decision as this harness sees it; each must fail its
 property with a counterexample reachable from reset (:mod:`cais.formal.prove`).
 """
+
+import functools
 
 from amaranth.hdl import Assert, Assume, Cat, Module, Mux, ResetSignal, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from cais.hdl import decision as decision_mod
 from cais.hdl.decision import DECISION_LATENCY, STATE_WRITE_LEAD, Decision
 from cais.hdl.enums import DropReason
+from cais.hdl.header import FrameHeader
 from cais.hdl.slots import SetUpdate, SlotOutcome, state_set_layout
 from cais.hdl.tables import TableProgramSignature
 from cais.params import SwitchParams
+from cais.protocol import OpType
 from cais.registers import register_map
 
 __all__ = ["PROPERTIES", "MUTANTS", "DecisionHarness", "FORMAL_PARAMS", "FORMAL_AGE_UNIT_LOG2"]
@@ -70,7 +75,9 @@ FORMAL_AGE_UNIT_LOG2 = 0
 class _BrokenSetUpdate(SetUpdate):
     """``SetUpdate`` with one deliberate bug (``kind``), for the mutants of the slot discipline."""
 
-    kind = None
+    def __init__(self, ports: int, kind: str):
+        super().__init__(ports)
+        self.kind = kind
 
     def elaborate(self, platform):
         m = Module()
@@ -111,6 +118,11 @@ def _age_due_complete(s, now, age):
     return (s.bitmap != 0) & ~s.aged & ((now - s.stamp)[:len(s.stamp)] > age)
 
 
+def _stamp_always(accepted, now, stamp):
+    """``new_stamp`` broken: any frame that writes the set renews its stamp."""
+    return now
+
+
 #: mutant -> (the property it must fail, what is broken).
 MUTANTS = {
     "push_lost": ("push", "the decision of a duplicate is not pushed to its lane"),
@@ -126,6 +138,18 @@ MUTANTS = {
     "complete_aged": ("aging", "age_due: a complete set is aged too"),
     "duplicate_feeds": ("stamp", "new_stamp: a duplicate (any frame that writes the set) renews its stamp"),
 }
+
+
+def _broken_parts(mutant):
+    """The Decision constructor's parts a mutant replaces (none for the design as it is, or for a mutant
+    that breaks an output as the harness sees it)."""
+    if mutant is None:
+        return {}
+    if MUTANTS[mutant][1].startswith("SetUpdate"):
+        return {"set_update": functools.partial(_BrokenSetUpdate, kind=mutant)}
+    return {"rule_not_moved": {"writer_delta": _writer_delta_unmoved},
+            "complete_aged": {"age_due": _age_due_complete},
+            "duplicate_feeds": {"new_stamp": _stamp_always}}.get(mutant, {})
 
 
 class DecisionHarness(wiring.Component):
@@ -148,8 +172,7 @@ class DecisionHarness(wiring.Component):
             raise ValueError("the harness decodes row_base by a shift: rows_per_set must be a power of two")
         self.params, self.check, self.mutant = params, tuple(check), mutant
         self.regmap = register_map(params)
-        self.dec = Decision(params, self.regmap, age_unit_log2=FORMAL_AGE_UNIT_LOG2)
-        self.dec._MustUse__silence = True        # elaborated by hand in elaborate()
+        self.dec = Decision(params, self.regmap, age_unit_log2=FORMAL_AGE_UNIT_LOG2, **_broken_parts(mutant))
         # Combinational read ports of the slot state, one per slot (the harness's view of every set).
         self.probes = [self.dec.state_mem.read_port(domain="comb") for _ in range(params.slots)]
         super().__init__({
@@ -162,26 +185,7 @@ class DecisionHarness(wiring.Component):
         prm = self.params
         P, S, L = prm.ports, prm.slots, DECISION_LATENCY
         setl = state_set_layout(prm)
-        if self.mutant in MUTANTS and MUTANTS[self.mutant][1].startswith("SetUpdate"):
-            swap = ("SetUpdate", type("BrokenSetUpdate", (_BrokenSetUpdate,), {"kind": self.mutant}))
-        elif self.mutant == "rule_not_moved":
-            swap = ("writer_delta", _writer_delta_unmoved)
-        elif self.mutant == "complete_aged":
-            swap = ("age_due", _age_due_complete)
-        elif self.mutant == "duplicate_feeds":
-            swap = ("new_stamp", lambda accepted, now, stamp: now)
-        else:
-            swap = None
-        if swap is not None:
-            orig = getattr(decision_mod, swap[0])
-            setattr(decision_mod, swap[0], swap[1])
-        dec = self.dec
-        try:
-            # Elaborated here, while a mutant's part stands in for the real one.
-            m.submodules.dec = dec.elaborate(platform)
-        finally:
-            if swap is not None:
-                setattr(decision_mod, swap[0], orig)
+        m.submodules.dec = dec = self.dec
 
         def asserted(name, test):
             if name in self.check:
@@ -203,6 +207,10 @@ class DecisionHarness(wiring.Component):
             with m.If(prev_req[p] & ~prev_take[p]):
                 m.d.comb += Assume(self.request[p] & (self.meta[p].as_value() == prev_meta[p].as_value()))
         m.d.comb += Assume(~ResetSignal())
+        # ... and the ingress's all_reduce bit is the header's (a CAIS all-reduce frame).
+        for p in range(P):
+            hdr = FrameHeader(self.meta[p].hdr)
+            m.d.comb += Assume(self.meta[p].all_reduce == (hdr.is_cais & (hdr.op_type == OpType.ALL_REDUCE)))
 
         # The outputs as this harness sees them (a mutant breaks one).
         push, busy, in_use = dec_push, dec.busy, dec.slots_in_use

@@ -24,6 +24,9 @@ def frame_meta_layout(params: SwitchParams) -> data.StructLayout:
         "hdr": HEADER_BITS,                                  # first 30 frame bytes, wire order
         "length": range(params.max_frame + 1),               # bytes
         "beats": range(params.max_frame_beats + 1),
+        # a CAIS all-reduce frame (it needs the slot state): the decision grants any other frame whatever
+        # its maintenance does (the reset sweep, a SLOT_CLEAR, an aging visit)
+        "all_reduce": 1,
     })
 
 
@@ -193,10 +196,11 @@ class IngressPort(wiring.Component):
         hdr2 = Signal(HEADER_BITS, reset_less=True)
         len2 = Signal(len_shape, reset_less=True)
         beats2 = Signal.like(beats1, reset_less=True)
+        all_reduce2 = Signal(reset_less=True)
         m.d.sync += v2.eq(v1)
         with m.If(v1):
             m.d.sync += [failed2.eq(Cat(*(c for _, c in checks))), hdr2.eq(hdr_reg), len2.eq(len1),
-                         beats2.eq(beats1)]
+                         beats2.eq(beats1), all_reduce2.eq(hdr.is_cais & (hdr.op_type == proto.OpType.ALL_REDUCE))]
 
         # ---- cycle 2: the verdict; the frame's last beat is written in this cycle
         bad = failed2.any()
@@ -209,6 +213,7 @@ class IngressPort(wiring.Component):
             fifo.commit.eq(v2 & ~bad), fifo.rollback.eq(v2 & bad),
             meta_fifo.w_en.eq(v2), meta_fifo.commit.eq(~bad),
             meta_in.hdr.eq(hdr2), meta_in.length.eq(len2), meta_in.beats.eq(beats2),
+            meta_in.all_reduce.eq(all_reduce2),
         ]
         m.d.sync += [self.drop.eq(v2 & bad), self.drop_reason.eq(reason)]
 

@@ -14,13 +14,13 @@ import numpy as np
 
 from cais import protocol as proto
 from cais.params import SwitchParams
-from cais.registers import register_map
+from cais.registers import AGE_UNIT_LOG2, register_map
 from cais.tables import Rule, rule_writes, slot_clear_writes
 
 from .traffic import Scenario, TxFrame, compare, host_mac, replay
 
 __all__ = ["frame_beats", "documented_latency", "RESULT_OVERHEAD", "FORWARD_LATENCY", "contribution", "broadcast", "group_writes",
-           "held_port_scenario", "timing_job"]
+           "held_port_scenario", "forward_states", "timing_job"]
 
 #: Cycles from a forwarded frame's last beat in to its first beat out on each of its ports, when its lane
 #: and its egress ports are free (docs/interface.md), whatever the frame's length and the build.
@@ -266,9 +266,86 @@ async def busy_register(link, seed: int) -> list[str]:
     return problems
 
 
+#: The age units of AGING count from cycle 0 after reset (docs/interface.md): unit n starts in cycle n x 1024.
+#: The phases (last beat in, relative to a unit's start) of forward_states' frames around an aging visit.
+AGING_PHASES = range(-12, 6)
+#: The phases (first beat in, relative to the cycle a SLOT_CLEAR write starts) of its frames.
+CLEAR_PHASES = range(-16, 8)
+#: Frames sent from reset: the first beats of its frames come in cycles 0 .. SWEEP_FRAMES - 1 after reset.
+SWEEP_FRAMES = 6
+
+
+async def forward_states(link, seed: int) -> list[str]:
+    """A lone 60-byte broadcast leaves on every other port exactly FORWARD_LATENCY cycles after its last beat
+    in, whatever the decision's maintenance does (docs/interface.md: ordinary frames are forwarded during
+    the reset sweep, a SLOT_CLEAR and aging visits): sent right after reset (its header decided during the
+    sweep), at every phase around a SLOT_CLEAR's write, and at every phase around the start of an age unit
+    with AGING.age 1 (a visit in every unit). Each frame goes alone (its lane and ports are free)."""
+    params = link.params
+    P = params.ports
+    regs = register_map(params)
+    beats = frame_beats(params, 0)
+    problems: list[str] = []
+    for p in range(P):                  # every sink ready (an earlier test may have held one)
+        link.set_hold(p, False)
+
+    async def one(what: str, port: int, not_before: int) -> int | None:
+        link.send(port, broadcast(port, bytes(proto.MIN_FRAME_BYTES - proto.ETH_HEADER_BYTES)).data,
+                  not_before=not_before)
+        await link.advance(max(0, not_before - link.cycle) + 2 * beats + FORWARD_LATENCY + 8)
+        sent, out = link.take_sent(), link.take_stamped()
+        if len(sent) != 1:
+            problems.append(f"{what}: {len(sent)} frames went in, expected 1")
+            return None
+        got = sorted((r.port, r.first - sent[0].last) for r in out)
+        want = [(p, FORWARD_LATENCY) for p in range(P) if p != port]
+        if got != want:
+            problems.append(f"{what}: (port, first beat out - last beat in) {got}, expected {want}")
+        return sent[0].last
+
+    # The reset sweep: slot s is cleared in cycle s; the header comes to the decision a few cycles after
+    # the frame's last beat.
+    for k in range(SWEEP_FRAMES):
+        await link.reset(settle=0)
+        last = await one(f"sent {k} cycles after reset", k % P, k)
+        if last is not None and last + 4 >= params.slots:
+            problems.append(f"sent {k} cycles after reset: the last beat in cycle {last} is too late for the "
+                            f"{params.slots}-cycle sweep: the test shows nothing")
+    # A SLOT_CLEAR written around the frame.
+    await link.reset()
+    addr, value = slot_clear_writes(regs, 0, 1)[0]
+    for k in CLEAR_PHASES:
+        start = link.cycle + 2 * len(CLEAR_PHASES)
+        port = k % P
+        link.send(port, broadcast(port, bytes(proto.MIN_FRAME_BYTES - proto.ETH_HEADER_BYTES)).data,
+                  not_before=start + k)
+        await link.advance(start - link.cycle)
+        await link.write(addr, value)
+        await link.advance(2 * beats + FORWARD_LATENCY + 8)
+        sent, out = link.take_sent(), link.take_stamped()
+        got = sorted((r.port, r.first - s.last) for s in sent for r in out)
+        want = [(p, FORWARD_LATENCY) for p in range(P) if p != port]
+        if len(sent) != 1 or got != want:
+            problems.append(f"first beat in {k} cycles from a SLOT_CLEAR write: {len(sent)} frames in, "
+                            f"(port, first beat out - last beat in) {got}, expected {want}")
+    # Aging visits: one per age unit, from cycle 0 after reset; a frame in each unit, its last beat
+    # ``phase`` cycles from the unit's start.
+    await link.reset(settle=0)
+    await link.write(regs["AGING"].address(), regs["AGING"].pack(age=1))
+    unit = 1 << AGE_UNIT_LOG2
+    for n, phase in enumerate(AGING_PHASES):
+        start = (n + 1) * unit
+        await one(f"last beat {phase} cycles from the start of age unit {n + 1} (AGING.age 1)", n % P,
+                  start + phase - (beats - 1))
+        if link.cycle >= start + unit + min(AGING_PHASES) - beats:
+            problems.append(f"age unit {n + 1}: the frame ended too late for the next unit's phase")
+    return problems
+
+
 async def timing_job(link, job: dict) -> dict:
-    """Entry point: ``job["tests"]`` (default all) of result_latency, held_port and busy_register, seeded by
-    ``job["seed"]``; returns the problems found per test."""
-    tests = {"result_latency": result_latency, "held_port": held_port, "busy_register": busy_register}
+    """Entry point: ``job["tests"]`` (default all) of result_latency, held_port, busy_register and
+    forward_states, seeded by ``job["seed"]``; returns the problems found per test."""
+    tests = {"result_latency": result_latency, "held_port": held_port, "busy_register": busy_register,
+             "forward_states": forward_states}
     names = job.get("tests", list(tests))
     return {name: await tests[name](link, int(job.get("seed", 0))) for name in names}

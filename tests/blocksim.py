@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from amaranth.sim import Simulator
 
-__all__ = ["run", "Pins", "to_word", "from_word", "popcount"]
+__all__ = ["run", "Pins", "to_word", "from_word", "popcount", "header_meta"]
 
 
 def run(dut, *testbenches, clock: bool = True, vcd: str | None = None) -> None:
@@ -52,3 +52,13 @@ def from_word(word: int, nbytes: int) -> bytes:
 
 def popcount(value: int) -> int:
     return bin(value).count("1")
+
+
+def header_meta(frame: bytes, beat_bytes: int) -> dict:
+    """What the ingress queues for a good frame (``frame_meta_layout``), from its bytes: the header bytes,
+    its length and beats, and whether it is a CAIS all-reduce frame (docs/protocol.md)."""
+    from cais import protocol as proto
+
+    cais = proto.parse_frame(frame).cais
+    return {"hdr": to_word(frame[:proto.HEADERS_BYTES]), "length": len(frame), "beats": -(-len(frame) // beat_bytes),
+            "all_reduce": int(cais is not None and cais.op_type == proto.OpType.ALL_REDUCE)}

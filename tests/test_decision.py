@@ -28,7 +28,7 @@ from cais.sim.refmodel import SwitchModel
 from cais.sim.traffic import host_mac
 from cais.tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
 
-from blocksim import run, to_word
+from blocksim import header_meta, run
 
 PARAMS = SwitchParams(ports=4, slots=8)
 EVENTS = {"FORWARDED": "ev_forwarded", "CONTRIBUTIONS": "ev_contribution", "DUPLICATES": "ev_duplicate",
@@ -146,8 +146,7 @@ def test_decisions_match_the_reference_model(seed, mode):
             for p in range(P):
                 if offer[p] is not None:
                     f = offer[p]
-                    ctx.set(dut.headers[p].payload, {"hdr": to_word(f[:proto.HEADERS_BYTES]), "length": len(f),
-                                          "beats": -(-len(f) // B)})
+                    ctx.set(dut.headers[p].payload, header_meta(f, B))
             request = sum(1 << p for p in range(P) if offer[p] is not None)
             hold = mode == "gaps" and rng.random() < 0.1
             for p in range(P):

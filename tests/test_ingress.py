@@ -224,7 +224,7 @@ def run_ingress(params, stims, *, seed=0, idle=0.0, meta_stall=0.0, beat_stall=0
                 if tlast:
                     fi, bi = fi + 1, 0
             if meta_valid and meta_ready:
-                metas.append((from_word(meta.hdr, proto.HEADERS_BYTES), meta.length, meta.beats))
+                metas.append((from_word(meta.hdr, proto.HEADERS_BYTES), meta.length, meta.beats, meta.all_reduce))
             if beat_valid and beat_ready:
                 beat_words.append(beat_data)
             if fi == len(words) and (len(metas), len(beat_words)) >= expected_good:
@@ -234,8 +234,8 @@ def run_ingress(params, stims, *, seed=0, idle=0.0, meta_stall=0.0, beat_stall=0
                     break
         assert fi == len(words), f"only {fi} of {len(words)} frames accepted in {budget} cycles"
         at = 0
-        for hdr, length, nbeats in metas:
-            out.frames.append((hdr, length, nbeats, beat_words[at:at + nbeats]))
+        for hdr, length, nbeats, all_reduce in metas:
+            out.frames.append((hdr, length, nbeats, beat_words[at:at + nbeats], all_reduce))
             at += nbeats
         out.extra_beats = len(beat_words) - at
 
@@ -252,7 +252,7 @@ def check_outcome(params, stims, out: Outcome, expected):
     good = [s for s, e in zip(stims, expected) if e is None]
     assert len(out.frames) == len(good), f"{len(out.frames)} good frames came out, want {len(good)}"
     assert out.extra_beats == 0, f"{out.extra_beats} beats came out that no meta entry accounts for"
-    for k, (s, (hdr, length, nbeats, bws)) in enumerate(zip(good, out.frames)):
+    for k, (s, (hdr, length, nbeats, bws, all_reduce)) in enumerate(zip(good, out.frames)):
         data = s.data
         L = len(data)
         what = f"good frame {k} ({s.label}, {L} bytes)"
@@ -260,6 +260,9 @@ def check_outcome(params, stims, out: Outcome, expected):
         assert nbeats == -(-L // B), f"{what}: meta.beats {nbeats}"
         n = min(L, proto.HEADERS_BYTES)       # header bytes past the frame's end are not defined
         assert hdr[:n] == data[:n], f"{what}: meta.hdr {hdr.hex()} != {data[:proto.HEADERS_BYTES].hex()}"
+        cais = proto.parse_frame(data).cais
+        assert all_reduce == (cais is not None and cais.op_type == proto.OpType.ALL_REDUCE), \
+            f"{what}: meta.all_reduce {all_reduce}"
         for j, w in enumerate(bws):
             chunk = data[j * B:(j + 1) * B]
             assert from_word(w, B)[:len(chunk)] == chunk, f"{what}: beat {j}"

@@ -12,7 +12,7 @@ from cais.params import SwitchParams
 from cais.registers import AGE_UNIT_LOG2, AGED_QUEUE_DEPTH, Kind, aging_period, register_map
 from cais.tables import Rule, rule_writes
 
-from blocksim import Pins, run, to_word
+from blocksim import Pins, header_meta, run
 
 P = SwitchParams(ports=4, slots=1, rules=2)
 RM = register_map(P)
@@ -72,7 +72,7 @@ class Bench:
         """Offer one frame until taken; returns the cycle of its decision."""
         f = frame(port, seq)
         offer = self.dut.headers[port]
-        self.ctx.set(offer.payload, {"hdr": to_word(f[:30]), "length": len(f), "beats": -(-len(f) // 8)})
+        self.ctx.set(offer.payload, header_meta(f, P.beat_bytes))
         self.ctx.set(offer.valid, 1)
         while True:
             await self.ctx.delay(1e-9)

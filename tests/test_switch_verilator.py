@@ -75,9 +75,11 @@ def test_floats(pname):
 @pytest.mark.verilator
 @pytest.mark.parametrize("pname", PARAM_SETS)
 def test_timing(pname):
-    """docs/interface.md's cycle figures on the exported Verilog: result latency (beats + rows + F + 26), a held port never stalls the others mid-frame, BUSY read back to back against
-    stamped frame intervals (cais.sim.timing)."""
+    """docs/interface.md's cycle figures on the exported Verilog: result latency (beats + rows + F +
+    RESULT_OVERHEAD), a held port never stalls the others mid-frame, BUSY read back to back against
+    stamped frame intervals, the forwarding latency during the reset sweep, a SLOT_CLEAR and aging visits
+    (cais.sim.timing)."""
     got = run_backend("verilator", PARAM_SETS[pname], "cais.sim.timing:timing_job", {"seed": SEED}, seed=SEED)
-    assert set(got) == {"result_latency", "held_port", "busy_register"}
+    assert set(got) == {"result_latency", "held_port", "busy_register", "forward_states"}
     failed = [f"{test}: {problem}" for test, problems in got.items() for problem in problems]
     assert not failed, f"seed {SEED}:\n" + "\n".join(failed[:20])

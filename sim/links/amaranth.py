@@ -22,14 +22,15 @@ __all__ = ["AmaranthLink", "run_amaranth", "amaranth_vcd_path"]
 class AmaranthLink(WireLink):
     """A :class:`cais.link.SwitchLink` on :class:`cais.hdl.switch.Switch` in amaranth.sim (see :mod:`.wires`).
 
-    amaranth.sim starts the design in its reset state, so the link's reset is ``RESET_CYCLES`` idle
-    cycles before the slot-state sweep's ``slots + 2``, as long as on the other links.
+    The link drives the ``sync`` domain's reset (``rst``), as the other links drive the exported top's
+    ``rst``: ``RESET_CYCLES`` cycles high, then the slot-state sweep's ``slots + 2`` cycles.
     """
 
     def __init__(self, params: SwitchParams, dut, *, clock_hz: float = DEFAULT_CLOCK_HZ, seed: int = 0,
                  idle: float | list[float] = 0.0, backpressure: float | list[float] = 0.0,
-                 trace_busy: bool = False):
+                 trace_busy: bool = False, rst=None):
         self.dut = dut
+        self.rst = rst                       # the sync domain's reset signal
         self.ctx = None                      # the running testbench's context, set by run_amaranth
         P = params.ports
         self._sampled_signals = ([dut.s_axis[p].tready for p in range(P)]
@@ -63,7 +64,7 @@ class AmaranthLink(WireLink):
             self.ctx.set(getattr(self.dut.s_axil, name), value)
 
     def _set_reset(self, value: int) -> None:
-        pass                                 # amaranth.sim starts in reset state (see the class)
+        self.ctx.set(self.rst, value)
 
     async def _edge(self) -> None:
         self._values = (await self.ctx.tick().sample(*self._sampled_signals))[2:]
@@ -103,6 +104,7 @@ def run_amaranth(params: SwitchParams, main: Callable[[AmaranthLink], Awaitable]
     of every cycle in ``link.busy_trace``; ``settle`` (default ``slots + 2``, the slot-state sweep) is the
     number of cycles after reset before the link's cycle 0 (0: the driver starts during the sweep).
     """
+    from amaranth.hdl import ClockDomain, Module
     from amaranth.sim import Simulator
 
     from cais.hdl.switch import Switch
@@ -111,10 +113,13 @@ def run_amaranth(params: SwitchParams, main: Callable[[AmaranthLink], Awaitable]
         vcd = amaranth_vcd_path(params)
         vcd.parent.mkdir(parents=True, exist_ok=True)
     dut = Switch(params)
+    top = Module()
+    top.domains.sync = sync = ClockDomain("sync")
+    top.submodules.switch = dut
     link = AmaranthLink(params, dut, clock_hz=clock_hz, seed=seed, idle=idle, backpressure=backpressure,
-                        trace_busy=trace_busy)
+                        trace_busy=trace_busy, rst=sync.rst)
     settle = params.slots + 2 if settle is None else int(settle)
-    sim = Simulator(dut)
+    sim = Simulator(top)
     sim.add_clock(1 / clock_hz)
     outcome = {}
 

@@ -3,7 +3,8 @@
 The contract all links keep (a driver cannot tell them apart):
 
 * ``cycle`` is 0 when the link is handed to the driver, after the switch left reset and finished its
-  slot-state sweep (``slots + 2`` cycles), and counts clock cycles from there. Register accesses take
+  slot-state sweep (``slots + 2`` cycles), and counts clock cycles from there; ``reset(settle=n)`` starts
+  cycle 0 ``n`` cycles after reset instead (0: the first cycle with ``rst`` low, inside the sweep). Register accesses take
   cycles too (a few per access on every link).
 * ``send(port, frame)`` never blocks: the frame is queued behind the port's earlier frames and sent at
   up to one beat per cycle as soon as the port's ingress takes it.

@@ -163,8 +163,9 @@ class ModelLink(LinkBase):
     def set_patterns(self, idle=0.0, backpressure=0.0) -> None:
         """Accepted for symmetry with the simulator links; the model's wires never pause."""
 
-    async def reset(self) -> None:
-        """A fresh model and empty wires at cycle 0 (as the simulator links' reset)."""
+    async def reset(self, settle: int | None = None) -> None:
+        """A fresh model and empty wires at cycle 0 (as the simulator links' reset; the model has no
+        sweep, so ``settle`` changes nothing)."""
         self.__init__(self.params, self.clock_hz, reg_cycles=self.reg_cycles)
 
     async def write(self, addr: int, value: int) -> None:

@@ -161,9 +161,10 @@ class VerilatorLink(LinkBase):
         self._check()
         return resp
 
-    async def reset(self) -> None:
-        """Forget queued and partial frames, reset the switch and wait for its sweep: cycle 0 again."""
-        self._lib.cais_reset(self._h, RESET_CYCLES, self.params.slots + 2)
+    async def reset(self, settle: int | None = None) -> None:
+        """Forget queued and partial frames, reset the switch and wait for its sweep: cycle 0 again
+        (``settle``: cycle 0 that many cycles after reset instead; 0: the first cycle with ``rst`` low)."""
+        self._lib.cais_reset(self._h, RESET_CYCLES, self.params.slots + 2 if settle is None else int(settle))
         self._cycle = 0
 
     def set_patterns(self, idle: float | list[float] = 0.0, backpressure: float | list[float] = 0.0) -> None:

@@ -139,8 +139,9 @@ class WireLink(LinkBase):
         frame = check_frame(frame, self.params.beat_bytes, bad_keep)
         self._ports[port].queue.append((frame, bad_keep, bad_fcs, int(not_before)))
 
-    async def reset(self) -> None:
-        """Forget queued and partial frames, reset the switch and wait for its sweep: cycle 0 again."""
+    async def reset(self, settle: int | None = None) -> None:
+        """Forget queued and partial frames, reset the switch and wait for its sweep: cycle 0 again
+        (``settle``: cycle 0 that many cycles after reset instead; 0: the first cycle with ``rst`` low)."""
         for p, port in enumerate(self._ports):
             port.queue.clear()
             port.frame, port.offset, port.showing, port.rx = b"", 0, False, bytearray()
@@ -148,7 +149,7 @@ class WireLink(LinkBase):
                 self._set_valid(p, False)
                 port.valid = False
         self._received, self._sent = [], []
-        await self._reset(self.params.slots + 2)
+        await self._reset(self.params.slots + 2 if settle is None else int(settle))
 
     @property
     def pending(self) -> bool:

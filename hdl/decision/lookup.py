@@ -1,0 +1,212 @@
+"""Stages G (the compares), T, B1 and B2: the taken header against the rule and MAC tables."""
+
+from amaranth.hdl import Array, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from cais import protocol as proto
+from cais.params import SwitchParams
+from cais.registers import RegisterMap
+
+from ..enums import Action, DropReason, DType, ReduceOp
+from ..header import FrameHeader
+from ..ingress import frame_meta_layout
+from ..slots import rule_index_bits
+from ..tables import (MATCH_PARTS, MacTable, RuleTable, TableProgramSignature, hits_of_parts, lowest_one, or_tree,
+                      rule_layout)
+from .layouts import bank_addr_bits
+
+__all__ = ["RuleLookup", "carry_layout", "lookup_layout", "slot_bits"]
+
+
+def slot_bits(params: SwitchParams) -> int:
+    """Bits of a slot index (at least one)."""
+    return max(1, ceil_log2(params.slots))
+
+
+def carry_layout(params: SwitchParams) -> data.StructLayout:
+    """What a header carries from B2 to its decision."""
+    P = params.ports
+    meta = frame_meta_layout(params)
+    kind = data.StructLayout({"dtype": DType, "op": ReduceOp, "acc_fp32": 1, "saturate": 1})
+    return data.StructLayout({
+        "port": range(P), "me": P, "slot": slot_bits(params), "set": 1, "tag": 32, "plen": params.slot_len_bits,
+        "next_tag": 32,                         # the slot's next chunk: tag + the quota's count
+        "row_base": bank_addr_bits(params), "rows": range(params.rows_per_set + 1),
+        "beats": meta["beats"].shape, "length": meta["length"].shape,
+        "cais": proto.CAIS_HEADER_BYTES * 8, "contributors": P, "results": P, "kind": kind,
+        "rule": rule_index_bits(params),        # the rule entry (its index), for sets_in_use
+    })
+
+
+def lookup_layout(params: SwitchParams) -> data.StructLayout:
+    """A header after B2: its stateless action, the slot it maps to, an ordinary frame's MAC lookup."""
+    P = params.ports
+    return data.StructLayout({
+        "action": Action, "reason": DropReason, "mask": P,
+        "slot": 33,                             # base + (seq & quota): >= slots is BAD_SLOT
+        "l2": 1, "group": 1, "mac_hit": 1, "mac_mask": P,     # an ordinary frame: its destination
+        "c": carry_layout(params),
+    })
+
+
+class RuleLookup(wiring.Component):
+    """The rule and MAC lookups of the taken header, and the drops that need no slot state.
+
+    Stages: G: the rule and MAC compares of every port's offered header at once, registered in
+    ``MATCH_PARTS`` parts per entry (the granted port's header is still the one offered when it is taken);
+    T: the take, the taken header (by the binary port) and its hits (the parts ANDed) registered, the
+    winning rule one-hot; B1: the rule's fields by an AND-OR pick, the winning MAC entry one-hot;
+    B2: slot = base + (seq & quota), set, the stateless drops of a CAIS frame, the MAC entry's port.
+
+    A header meets the rule table twice: its match in G and its rule's fields in B1, two cycles later (a
+    RULE_WRITE in between, to the entry it matched, gives it the new entry's fields: the control plane
+    does not rewrite a group's rule under its traffic).
+
+    Members
+    -------
+    headers[p] : In(frame_meta_layout)
+        Port p's offered header.
+    take : In(ports); port : In(range(ports)); taken_stateful : In(1)
+        The arbiter's take (one-hot, binary) and whether the taken header may need the slot state.
+    program : In(TableProgramSignature)
+        Table programming (the rule and MAC tables live here).
+    o : Out(stream.Signature(lookup_layout, always_ready=True))
+        The header in B2 (registers), ``latency`` cycles after its take.
+    read_slot : Out(slot bits)
+        The slot of the header entering B2 (combinational, from B1's registers): the slot-state read is
+        addressed from it, so the read's output is registered with B2.
+    stateful : Out(1)
+        A header that may need the slot state is in T, B1 or B2 (for the maintenance's wait).
+    busy : Out(1)
+        A header is in T, B1 or B2.
+
+    ``latency`` (3): a header taken in cycle t is on ``o`` in cycle t + 3.
+    """
+
+    latency = 3
+
+    def __init__(self, params: SwitchParams, regmap: RegisterMap):
+        self.params, self.regmap = params, regmap
+        P = params.ports
+        self.meta_layout = frame_meta_layout(params)
+        super().__init__({
+            "headers": In(self.meta_layout).array(P),
+            "take": In(P), "port": In(range(P)), "taken_stateful": In(1),
+            "program": In(TableProgramSignature(regmap)),
+            "o": Out(stream.Signature(lookup_layout(params), always_ready=True)),
+            "read_slot": Out(slot_bits(params)), "stateful": Out(1), "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        prm = self.params
+        P, R = prm.ports, prm.rules
+        take = self.take
+        # ------------------------------------------------------------ G: the compares, in parts
+        m.submodules.rules = rules = RuleTable(prm, self.regmap, keys=P)
+        m.submodules.macs = macs = MacTable(prm, self.regmap, keys=P)
+        wiring.connect(m, wiring.flipped(self.program), rules.program, macs.program)
+        # Registered in parts (MATCH_PARTS per entry), ANDed in T: no stage holds a whole compare tree.
+        g_hits = [Signal(R * MATCH_PARTS, name=f"g_hits{p}", reset_less=True) for p in range(P)]
+        g_mac = [Signal(prm.mac_entries * MATCH_PARTS, name=f"g_mac{p}", reset_less=True) for p in range(P)]
+        for p, h in enumerate(FrameHeader(meta.hdr) for meta in self.headers):
+            m.d.comb += [rules.key[p].group_id.eq(h.group_id), rules.key[p].layer_id.eq(h.layer_id),
+                         rules.key[p].chunk_id.eq(h.chunk_id), macs.mac[p].eq(h.dst_mac)]
+            m.d.sync += [g_hits[p].eq(rules.parts[p]), g_mac[p].eq(macs.parts[p])]
+
+        # ------------------------------------------------------------ T: the take, the header registered
+        a_valid, a_port, a_me, a_sf = Signal(), Signal(range(P)), Signal(P), Signal()
+        a_meta = Signal(self.meta_layout, reset_less=True)
+        a_pick, a_mac = Signal(R, reset_less=True), Signal(prm.mac_entries, reset_less=True)
+        # The header by the binary port (a mux per bit), so the wide header does not load ``take``, which
+        # drives the hits' mux into the rule pick.
+        meta = Array(h.as_value() for h in self.headers)[self.port]
+        m.d.sync += [
+            a_valid.eq(take.any()), a_port.eq(self.port), a_me.eq(take), a_sf.eq(self.taken_stateful),
+            a_meta.eq(meta),
+            # the winning rule; the MAC entries that hold the address
+            a_pick.eq(lowest_one(hits_of_parts(or_tree(Mux(take[p], g_hits[p], 0) for p in range(P)), R), R)),
+            a_mac.eq(hits_of_parts(or_tree(Mux(take[p], g_mac[p], 0) for p in range(P)), prm.mac_entries)),
+        ]
+
+        # ------------------------------------------------------------ B1: the rule's and the MAC entry's fields
+        m.d.comb += rules.pick.eq(a_pick)
+        m_valid, m_port, m_me, m_sf = Signal(), Signal(range(P)), Signal(P), Signal()
+        m_meta = Signal(self.meta_layout, reset_less=True)
+        m_hit, m_rule, m_quota = Signal(), Signal(rule_layout(prm), reset_less=True), Signal(32, reset_less=True)
+        m_mac = Signal(prm.mac_entries, reset_less=True)
+        m_entry = Signal(rule_index_bits(prm), reset_less=True)       # the winning rule's index
+        m.d.sync += m_entry.eq(or_tree(Mux(a_pick[e], e, 0) for e in range(R)))
+        m.d.sync += [
+            m_valid.eq(a_valid), m_port.eq(a_port), m_me.eq(a_me), m_sf.eq(a_valid & a_sf), m_meta.eq(a_meta),
+            m_hit.eq(a_pick.any()), m_rule.eq(rules.picked), m_quota.eq(rules.picked_quota),
+            m_mac.eq(lowest_one(a_mac, prm.mac_entries)),           # the winning MAC entry
+        ]
+        m.d.comb += macs.pick.eq(m_mac)
+        self._b2(m, m_valid, m_port, m_me, m_meta, m_hit, m_rule, m_quota, m_entry, macs)
+        b = self.o
+        m.d.comb += [
+            self.stateful.eq((a_valid & a_sf) | m_sf | (b.valid & ~b.payload.l2 & (b.payload.action == Action.AGGREGATE))),
+            self.busy.eq(a_valid | m_valid | b.valid),
+        ]
+        return m
+
+    def _b2(self, m, m_valid, m_port, m_me, m_meta, m_hit, rule, m_quota, m_entry, macs):
+        """B2: slot and set, the stateless checks, registered and shown on ``o``."""
+        prm = self.params
+        P, B = prm.ports, prm.beat_bytes
+        hdr = FrameHeader(m_meta.hdr)
+        # Slot and set from seq_num within the group's quota, at full width: with count_log2 up to 31 the
+        # offset can be any 32-bit value, and every slot >= slots is BAD_SLOT (found in S0).
+        seq = hdr.seq_num
+        slot = Signal(33)
+        m.d.comb += [slot.eq(rule.base + (seq & m_quota)), self.read_slot.eq(slot)]
+
+        b_valid, b_action, b_reason, b_mask = Signal(), Signal(Action), Signal(DropReason), Signal(P)
+        b_slot = Signal(33, reset_less=True)
+        b_l2, b_group, b_mac_hit, b_mac_mask = Signal(), Signal(), Signal(), Signal(P)   # an ordinary frame
+        b_c = Signal(carry_layout(prm), reset_less=True)
+        s_action, s_reason, s_mask = Signal(Action), Signal(DropReason), Signal(P)
+
+        def drop(reason):
+            return [s_action.eq(Action.DROP), s_reason.eq(reason)]
+
+        def forward(dest):
+            return [s_action.eq(Mux(dest == 0, Action.DROP, Action.FORWARD)), s_reason.eq(DropReason.NO_ROUTE),
+                    s_mask.eq(dest)]
+
+        with m.If(~hdr.is_cais):
+            m.d.comb += s_action.eq(Action.FORWARD)       # (its ports are found in S0)
+        with m.Elif(~m_hit):
+            m.d.comb += drop(DropReason.NO_RULE)
+        with m.Elif(~(rule.contributors & m_me).any()):
+            m.d.comb += drop(DropReason.FOREIGN_PORT)
+        with m.Elif(~m_meta.all_reduce):
+            m.d.comb += forward(rule.results & ~m_me)
+        with m.Elif((hdr.dtype != rule.dtype) | (hdr.red_op != rule.red_op)):
+            m.d.comb += drop(DropReason.TYPE_MISMATCH)
+        with m.Else():
+            m.d.comb += s_action.eq(Action.AGGREGATE)      # (BAD_SLOT is checked in S0)
+
+        m.d.sync += [
+            b_valid.eq(m_valid), b_action.eq(s_action), b_reason.eq(s_reason), b_mask.eq(s_mask), b_slot.eq(slot),
+            b_l2.eq(~hdr.is_cais), b_group.eq(hdr.dst_is_group), b_mac_hit.eq(macs.hit), b_mac_mask.eq(macs.port_mask),
+            b_c.port.eq(m_port), b_c.me.eq(m_me), b_c.set.eq(seq.bit_select(rule.count_log2, 1)),
+            b_c.tag.eq(seq), b_c.plen.eq(hdr.payload_len),
+            # count = quota + 1, the bit above the quota's ones (bitwise: no second adder)
+            b_c.next_tag.eq(seq + (((m_quota << 1) | 1) & ~m_quota)),
+            b_c.cais.eq(hdr.cais_bytes()), b_c.rows.eq((hdr.payload_len + B - 1) >> ceil_log2(B)),
+            b_c.beats.eq(m_meta.beats), b_c.length.eq(m_meta.length),
+            b_c.contributors.eq(rule.contributors), b_c.results.eq(rule.results), b_c.rule.eq(m_entry),
+            b_c.kind.dtype.eq(rule.dtype), b_c.kind.op.eq(rule.red_op), b_c.kind.saturate.eq(rule.saturate),
+            # fp16/bf16 accumulated in fp32 inside the fold (the flag means nothing for other types)
+            b_c.kind.acc_fp32.eq(rule.acc_fp32 & ((rule.dtype == DType.FP16) | (rule.dtype == DType.BF16))),
+        ]
+        o = self.o.payload
+        m.d.comb += [
+            self.o.valid.eq(b_valid), o.action.eq(b_action), o.reason.eq(b_reason), o.mask.eq(b_mask),
+            o.slot.eq(b_slot), o.l2.eq(b_l2), o.group.eq(b_group), o.mac_hit.eq(b_mac_hit),
+            o.mac_mask.eq(b_mac_mask), o.c.eq(b_c),
+        ]

@@ -1,0 +1,191 @@
+"""The slot state's maintenance: the reset sweep, SLOT_CLEAR, the aging scanner and its event queue."""
+
+from amaranth.hdl import Cat, Module, Mux, Signal, Value
+from amaranth.lib import data, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
+
+from cais.params import SwitchParams
+from cais.registers import AGE_UNIT_LOG2, AGED_QUEUE_DEPTH, RegisterMap
+
+from ..slots import age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
+from ..tables import TableProgramSignature, field_bits
+from .lookup import slot_bits
+from .slot_state import StateAccessSignature
+
+__all__ = ["Maintenance", "age_due"]
+
+
+def age_due(s, now, age):
+    """Whether the visited set ``s`` (a state set) ages now: partly filled (bitmap not empty, not complete),
+    not aged in this fill, and its last accepted contribution more than ``age`` units before ``now``
+    (modulo the stamp's bits: the stamp bits leave room for the largest age and one scan period)."""
+    elapsed = (now - s.stamp)[:len(s.stamp)]
+    return (s.bitmap != 0) & ~s.done & ~s.aged & (elapsed > age)
+
+
+class Maintenance(wiring.Component):
+    """What changes the slot state besides the headers: the sweep after reset, SLOT_CLEAR and aging.
+
+    After reset the slot state is swept to empty, one slot per cycle (memories do not reset). A
+    SLOT_CLEAR waits until no all-reduce header is in the pipeline (``drained``), then reads the slot (for
+    the counters) and writes it empty. While ``AGING.age`` is not 0, a scanner visits one set per age unit
+    (``age_unit_log2`` cycles), every set in turn, through the same machinery: it waits for the headers in
+    flight, reads the slot, decides (a cycle of its own, from the registered read) and writes the set
+    freed or marked aged, so it adds nothing to the slot-state loop and no new header reads the slot
+    before the write. Each set keeps the age unit of its last accepted contribution (``stamp``, modulo
+    2**stamp bits) and an ``aged`` bit; the aged sets are queued as events (AGED_EVENT, AGED_PORTS).
+
+    Members
+    -------
+    program : In(TableProgramSignature)
+        SLOT_CLEAR, AGING and AGED_POP (the rest is the lookup's).
+    drained : In(1)
+        No all-reduce header is in the pipeline, from the take to its write.
+    blocked : Out(1)
+        A register: hold all-reduce headers back in this cycle (the sweep, a clear waiting, a visit due or
+        starting). One granted in the cycle after a clear starts reads the slot state (S0) after the
+        clear's write; the scanner writes a cycle later, so it blocks the cycle after its start too.
+    state : Out(StateAccessSignature)
+        Its reads and writes of the slot state (the sweep's writes go before the pipeline's).
+    now : Out(age stamp bits)
+        The age clock's unit: an accepted contribution stamps its set with it.
+    sweeping : Out(1); cleared : Out(1); visit_aged : Out(1); visit_free : Out(1); visit_rule : Out(rule index bits)
+        For the counters: the sweep is on; a clear writes (``state.read_data`` holds the slot it read); a
+        visited set aged and is written in this cycle (emptied with ``visit_free``), counted for
+        ``visit_rule``.
+    aged : Out(1); aged_rule : Out(range(rules)); aged_slot, aged_set : Out; aged_lost : Out(1)
+        Registers, in the cycle after an aged set's write: a pulse, the rule entry it counts for, which set;
+        ``aged_lost``: its event found the queue full.
+    aged_event : Out(32); aged_ports : Out(32)
+        The AGED_EVENT and AGED_PORTS words of the oldest queued event (``program.aged_pop_stb`` pops it).
+
+    ``latency`` (4): a SLOT_CLEAR strobed in cycle t while ``drained`` writes its slot in cycle t + 4; a
+    visit due in cycle t writes in t + 4 (the write comes only if the set aged). ``age_due`` decides
+    whether a visited set ages (the formal harness's mutant comes in through it). The age clock
+    (``age_clock``, in cycles; its upper bits count age units) is read by the formal harness.
+    """
+
+    latency = 4
+
+    def __init__(self, params: SwitchParams, regmap: RegisterMap, *, age_unit_log2: int = AGE_UNIT_LOG2,
+                 age_due=age_due):
+        self.params, self.regmap = params, regmap
+        self.age_unit_log2, self.age_due = age_unit_log2, age_due
+        # The age clock, in cycles (its upper bits count age units): the formal harness reads it.
+        self.age_clock = Signal(age_unit_log2 + age_stamp_bits(params))
+        super().__init__({
+            "program": In(TableProgramSignature(regmap)), "drained": In(1),
+            "blocked": Out(1), "state": Out(StateAccessSignature(params)), "now": Out(age_stamp_bits(params)),
+            "sweeping": Out(1), "cleared": Out(1), "visit_aged": Out(1), "visit_free": Out(1),
+            "visit_rule": Out(rule_index_bits(params)),
+            "aged": Out(1), "aged_rule": Out(range(params.rules)), "aged_slot": Out(range(params.slots)),
+            "aged_set": Out(1), "aged_lost": Out(1), "aged_event": Out(32), "aged_ports": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        prm = self.params
+        sb = slot_bits(prm)
+        # The age clock: age units (AGE_UNIT_LOG2 cycles each) modulo 2**stamp bits, free running; an accepted
+        # contribution stamps its set with it.
+        U = self.age_unit_log2
+        clock = self.age_clock
+        m.d.sync += clock.eq(clock + 1)
+        m.d.comb += self.now.eq(clock[U:])
+        aging = self.regmap["AGING"]
+        aging_on = field_bits(self.program.aging, aging.field("age")) != 0
+
+        sweep = Signal(range(max(2, prm.slots)))
+        sweeping = Signal(init=1)
+        with m.If(sweeping):
+            m.d.sync += [sweep.eq(sweep + 1), sweeping.eq(sweep != prm.slots - 1)]
+        # A SLOT_CLEAR: clear_pending, then clr_read, clr_wait, clr_write.
+        clear_pending = Signal()
+        clear_slot = Signal(16)
+        clr_read, clr_wait, clr_write = Signal(), Signal(), Signal()
+        clr_cur = Signal(sb)
+        # The aging scanner's visit (one set per age unit while aging is on): due, then read, wait, decide
+        # (from the registered read) and write; it starts when no clear waits (a clear goes first).
+        scan_due, sc_read, sc_wait, sc_decide, sc_write = Signal(), Signal(), Signal(), Signal(), Signal()
+        scan_pos = Signal(sb + 1)                 # the next set to visit: slot, set
+        sc_set = Signal()
+        clearing = clr_read | clr_wait | clr_write | sc_read | sc_wait | sc_decide | sc_write
+        start_clear = clear_pending & ~clearing & ~sweeping & self.drained
+        start_scan = scan_due & ~clear_pending & ~clearing & ~sweeping & self.drained
+        next_pending = self.program.slot_clear_stb | (clear_pending & ~start_clear)
+        next_read = start_clear & (clear_slot < prm.slots)
+        tick = clock[:U] == (1 << U) - 1 if U else 1
+        next_due = aging_on & ((tick & ~sweeping) | (scan_due & ~start_scan))
+        with m.If(self.program.slot_clear_stb):
+            m.d.sync += clear_slot.eq(self.program.slot_clear_data[:16])
+        with m.If(start_clear):
+            m.d.sync += clr_cur.eq(clear_slot[:sb])
+        with m.If(start_scan):
+            m.d.sync += [clr_cur.eq(scan_pos[1:]), sc_set.eq(scan_pos[0]),
+                         scan_pos.eq(Mux(scan_pos == 2 * prm.slots - 1, 0, scan_pos + 1))]
+        m.d.sync += [clear_pending.eq(next_pending), clr_read.eq(next_read), clr_wait.eq(clr_read),
+                     clr_write.eq(clr_wait), scan_due.eq(next_due), sc_read.eq(start_scan), sc_wait.eq(sc_read),
+                     sc_decide.eq(sc_wait), sc_write.eq(sc_decide)]
+        blocked = Signal(init=1)
+        m.d.sync += blocked.eq((sweeping & (sweep != prm.slots - 1)) | next_pending | next_due | start_scan)
+        m.d.comb += [self.blocked.eq(blocked), self.sweeping.eq(sweeping), self.cleared.eq(clr_write),
+                     self.state.read_en.eq(clr_read | sc_read), self.state.read_addr.eq(clr_cur)]
+
+        sc_go, sc_entry = self._visit(m, clr_cur, sc_set, sc_decide, sc_write, aging_on)
+        st = self.state
+        with m.If(sweeping):
+            m.d.comb += [st.write_first.eq(1), st.write_en.eq(1), st.write_addr.eq(sweep), st.write_data.eq(0)]
+        with m.Elif(clr_write):                    # (read_data holds the slot clr_read read)
+            m.d.comb += [st.write_en.eq(1), st.write_addr.eq(clr_cur), st.write_data.eq(0)]
+        with m.Elif(sc_go):                        # the visited set aged: freed or marked
+            m.d.comb += [st.write_en.eq(1), st.write_addr.eq(clr_cur), st.write_data.eq(sc_entry)]
+        return m
+
+    def _visit(self, m, clr_cur, sc_set, sc_decide, sc_write, aging_on):
+        """The scanner's decision (from ``state.read_data``: the slot) and the aged events' queue; returns
+        the aged pulse (the write of the visited set) and the entry it writes."""
+        prm = self.params
+        P, ent, setl = prm.ports, state_entry_layout(prm), state_set_layout(prm)
+        rule_bits = rule_index_bits(prm)
+        aging = self.regmap["AGING"]
+        age = field_bits(self.program.aging, aging.field("age"))
+        age_free = field_bits(self.program.aging, aging.field("free"))
+        sc_due, sc_free = Signal(), Signal()
+        sc_go = sc_write & sc_due                  # the visited set aged: its write, counters, event
+        sc_entry, sc_rule, sc_bitmap = (Signal(ent, reset_less=True), Signal(rule_bits, reset_less=True),
+                                        Signal(P, reset_less=True))
+        seen = data.View(ent, self.state.read_data.as_value())
+        vis = seen[sc_set]
+        freed, marked = Signal(setl), Signal(setl)
+        m.d.comb += [freed.eq(0), marked.eq(vis), marked.aged.eq(1)]
+        new_set = Mux(age_free, freed, marked)
+        with m.If(sc_decide):
+            m.d.sync += [
+                sc_due.eq(self.age_due(vis, self.now, age) & aging_on), sc_free.eq(age_free), sc_rule.eq(vis.rule),
+                sc_bitmap.eq(vis.bitmap),
+                sc_entry.eq(Mux(sc_set, Cat(seen[0], new_set), Cat(new_set, seen[1]))),
+            ]
+        m.d.comb += [self.visit_aged.eq(sc_go), self.visit_free.eq(sc_free), self.visit_rule.eq(sc_rule)]
+        # The event queue (AGED_EVENT, AGED_PORTS), pushed with the write; AGED_POP pops it.
+        ev_l = data.StructLayout({"slot": slot_bits(prm), "set": 1, "rule": rule_bits, "ports": P})
+        m.submodules.aged_queue = queue = SyncFIFO(width=ev_l.size, depth=AGED_QUEUE_DEPTH)
+        head = data.View(ev_l, queue.r_data)
+        m.d.comb += [
+            queue.w_data.eq(Cat(clr_cur, sc_set, sc_rule, sc_bitmap)), queue.w_en.eq(sc_go),
+            queue.r_en.eq(self.program.aged_pop_stb),
+        ]
+        ev_reg, ports_reg = self.regmap["AGED_EVENT"], self.regmap["AGED_PORTS"]
+
+        def placed(reg, name, value):
+            return Value.cast(value) << reg.field(name).lsb
+        valid = queue.r_rdy
+        m.d.sync += [
+            self.aged.eq(sc_go), self.aged_rule.eq(sc_rule), self.aged_slot.eq(clr_cur), self.aged_set.eq(sc_set),
+            self.aged_lost.eq(sc_go & ~queue.w_rdy),
+            self.aged_event.eq(Mux(valid, placed(ev_reg, "slot", head.slot) | placed(ev_reg, "set", head.set)
+                                   | placed(ev_reg, "rule", head.rule) | placed(ev_reg, "valid", valid), 0)),
+            self.aged_ports.eq(Mux(valid, placed(ports_reg, "ports", head.ports), 0)
+                               | placed(ports_reg, "queued", queue.level)),
+        ]
+        return sc_go, sc_entry

@@ -1,0 +1,317 @@
+"""Stages S0, S1, S2, U, V and W: the slot-state read, the forwarding from the writes in flight,
+``SetUpdate``, the decision and the state write."""
+
+from types import SimpleNamespace
+
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from cais.params import SwitchParams
+
+from ..enums import Action, DropReason
+from ..slots import SetUpdate, SlotOutcome, age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
+from ..tables import or_tree
+from .layouts import decision_layout, job_layout
+from .lookup import carry_layout, lookup_layout, slot_bits
+
+__all__ = ["SlotState", "StateAccessSignature", "write_layout", "new_stamp", "STATE_WRITE_LEAD"]
+
+#: Cycles from a header's slot-state write (W) to its decision on the outputs: the outputs are registered
+#: in W's cycle (stage V), so the cycle that shows a decision also shows, in the state memory, its write.
+STATE_WRITE_LEAD = 1
+
+
+def new_stamp(accepted, now, stamp):
+    """A set's age stamp after a frame: the current age unit if the frame was accepted into it (a
+    duplicate or a refused frame does not feed the set), else unchanged."""
+    return Mux(accepted, now, stamp)
+
+
+class StateAccessSignature(wiring.Signature):
+    """The maintenance's access to the slot-state memory, from the maintenance's side: a read through the
+    pipeline's read port (its output registered, ``read_data``, a cycle later) and a write through its
+    write port. ``write_first``: the write goes before the pipeline's (the reset sweep); otherwise the
+    pipeline's write goes first."""
+
+    def __init__(self, params: SwitchParams):
+        sb = slot_bits(params)
+        super().__init__({
+            "read_en": Out(1), "read_addr": Out(sb), "read_data": In(state_entry_layout(params)),
+            "write_en": Out(1), "write_first": Out(1), "write_addr": Out(sb),
+            "write_data": Out(state_entry_layout(params)),
+        })
+
+
+def write_layout(params: SwitchParams) -> data.StructLayout:
+    """A header's slot-state write (stage W), for the counters: the new entry, the old bitmaps, the writer's
+    rule entry and the rule entries the old sets counted for."""
+    P, rb = params.ports, rule_index_bits(params)
+    return data.StructLayout({"new": state_entry_layout(params), "old_bitmaps": 2 * P, "rule": rb,
+                              "old_rules": 2 * rb})
+
+
+class SlotState(wiring.Component):
+    """The slot-state pipeline: a header's slot read, its update and write, one header per cycle.
+
+    Stages::
+
+        S0: the slot-state read (addressed from B2's slot), its output registered; BAD_SLOT; an
+            ordinary frame's ports                                                  (r_*, f_mem0)
+        S1: the two oldest writes the read missed merged in; which newer write is the newest (f_*)
+        S2: the state forwarded from the two newer writes; tag and length compares, and whether the
+            other set holds the slot's next chunk (no implicit acknowledgement then)      (u_*)
+        U:  the previous header's write forwarded, SetUpdate: the new state and the outcome, registered
+            (w_*, v_*)
+        V:  the decision, its events and its job from the registered outcome (the outputs); in the
+            same cycle, as W: the state write
+
+    Every memory output is registered before logic, and the slot-state loop is split: the state read
+    misses the writes of the five headers ahead of it. They come from a short history of written states
+    (``w_*``, ``h1_*``, ``h2_*``; the slot matches are found a stage ahead): S1 merges the two oldest, S2
+    the next two, and U takes the fifth, the header one cycle ahead, from its registered result. The
+    32-bit tag and the length compares are made in S2 (against the header one ahead too), so U works on
+    bitmaps and a few bits, and it drives nothing but the next state and a few registered outcome bits.
+
+    Members
+    -------
+    i : In(stream.Signature(lookup_layout, always_ready=True))
+        The header in B2 (the lookup's registers).
+    read_slot : In(slot bits)
+        The slot of the header entering B2: the read is addressed from it (unless the maintenance reads).
+    now : In(age stamp bits)
+        The current age unit: an accepted contribution stamps its set with it.
+    maint : In(StateAccessSignature)
+        The maintenance's reads and writes of the slot state; ``read_data`` is the read's registered output
+        (``f_mem0``), the pipeline's as well.
+    lanes[p] : Out(stream.Signature(decision_layout, always_ready=True)); jobs : Out(stream.Signature(job_layout))
+        The decision (on the lane of the header's port, the same payload on every lane) and a result job,
+        ``latency`` cycles after the header is on ``i``.
+    ev_* : Out(1); ev_drop_reason : Out(DropReason)
+        One event pulse per decided frame, with its decision.
+    written : Out(stream.Signature(write_layout, always_ready=True))
+        The header's state write (stage W), in the cycle of the write: ``valid`` for every all-reduce
+        header that reached the slot state.
+    stateful : Out(1)
+        An all-reduce header is in S0 .. W (it reads or writes the slot state).
+    busy : Out(1)
+        A header is in S0 .. V (not counting the outputs).
+
+    ``latency`` (5): a header on ``i`` in cycle t is decided on the outputs in cycle t + 5 and writes its
+    slot in t + 5 - :data:`STATE_WRITE_LEAD`. ``set_update`` builds the state transition
+    (:class:`cais.hdl.slots.SetUpdate`, given the ports) and ``new_stamp`` the stamp of the set (the formal
+    harness's mutants come in through them). Every output is a register.
+    """
+
+    latency = 5
+
+    def __init__(self, params: SwitchParams, *, set_update=SetUpdate, new_stamp=new_stamp):
+        self.params = params
+        self.set_update, self.new_stamp = set_update, new_stamp
+        P = params.ports
+        self.mem = Memory(shape=state_entry_layout(params), depth=params.slots, init=[])
+        super().__init__({
+            "i": In(stream.Signature(lookup_layout(params), always_ready=True)),
+            "read_slot": In(slot_bits(params)), "now": In(age_stamp_bits(params)),
+            "maint": In(StateAccessSignature(params)),
+            "lanes": Out(stream.Signature(decision_layout(params), always_ready=True)).array(P),
+            "jobs": Out(stream.Signature(job_layout(params), always_ready=True)),
+            "ev_drop": Out(1), "ev_drop_reason": Out(DropReason), "ev_forwarded": Out(1), "ev_contribution": Out(1),
+            "ev_duplicate": Out(1), "ev_completed": Out(1), "ev_resent": Out(1),
+            "written": Out(stream.Signature(write_layout(params), always_ready=True)),
+            "stateful": Out(1), "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        s = self._registers()
+        m.submodules.state_mem = self.mem
+        self._read(m, s)
+        self._forward(m, s)
+        self._update(m, s)
+        self._decide(m, s)
+        self._write(m, s)
+        m.d.comb += [self.stateful.eq(s.r_agg | s.f_agg | s.u_agg | s.w_agg),
+                     self.busy.eq(s.r_valid | s.f_valid | s.u_valid | s.v_valid)]
+        return m
+
+    def _registers(self):
+        """The stages' registers: each stage's header and what it carries; w, h1, h2 hold the written
+        states."""
+        prm = self.params
+        P, sb, rb = prm.ports, slot_bits(prm), rule_index_bits(prm)
+        ent, setl, carry_l = state_entry_layout(prm), state_set_layout(prm), carry_layout(prm)
+        s = SimpleNamespace()
+        for k in "rfuv":
+            setattr(s, f"{k}_valid", Signal(name=f"{k}_valid"))
+            setattr(s, f"{k}_agg", Signal(name=f"{k}_agg"))
+            setattr(s, f"{k}_action", Signal(Action, name=f"{k}_action"))
+            setattr(s, f"{k}_reason", Signal(DropReason, name=f"{k}_reason"))
+            setattr(s, f"{k}_mask", Signal(P, name=f"{k}_mask"))
+            setattr(s, f"{k}_c", Signal(carry_l, reset_less=True, name=f"{k}_c"))
+        s.f_mem0, s.r_sel = Signal(ent, reset_less=True), Signal(3, reset_less=True)
+        s.f_mem, s.f_sel = Signal(ent, reset_less=True), Signal(3, reset_less=True)
+        s.u_cur, s.u_other = Signal(setl, reset_less=True), Signal(setl, reset_less=True)
+        s.u_tag_eq, s.u_len_eq, s.u_prev_same, s.u_same_set = (Signal(reset_less=True), Signal(reset_less=True),
+                                                               Signal(), Signal(reset_less=True))
+        s.u_eq_prev_tag, s.u_eq_prev_len = Signal(reset_less=True), Signal(reset_less=True)
+        s.u_other_next, s.u_prev_next = Signal(reset_less=True), Signal(reset_less=True)
+        s.w_agg, s.w_slot, s.w_new, s.w_first = (Signal(), Signal(sb, reset_less=True), Signal(ent, reset_less=True),
+                                                 Signal())
+        s.w_old = Signal(2 * P, reset_less=True)
+        s.w_rule, s.w_old_rule = Signal(rb, reset_less=True), Signal(2 * rb, reset_less=True)
+        s.h1_agg, s.h1_slot, s.h1_new = Signal(), Signal(sb, reset_less=True), Signal(ent, reset_less=True)
+        s.h2_agg, s.h2_slot, s.h2_new = Signal(), Signal(sb, reset_less=True), Signal(ent, reset_less=True)
+        s.v_outcome, s.v_accepted, s.v_complete = Signal(SlotOutcome), Signal(), Signal()
+        return s
+
+    def _read(self, m, s):
+        """S0: the state read, BAD_SLOT, an ordinary frame's ports; S1: the older writes merged."""
+        prm = self.params
+        all_ports = (1 << prm.ports) - 1
+        sb = slot_bits(prm)
+        mt, b = self.maint, self.i.payload
+        # Synchronous, not transparent (a write in the cycle of the read is missed); addressed from B2's
+        # slot add (its low bits), so its output has a register of its own (f_mem0) in S0.
+        st_rd = self.mem.read_port()
+        m.d.comb += [st_rd.addr.eq(Mux(mt.read_en, mt.read_addr, self.read_slot)), mt.read_data.eq(s.f_mem0)]
+        b_cand = self.i.valid & ~b.l2 & (b.action == Action.AGGREGATE)
+        bad = b.slot >= prm.slots
+        l2_dest = Mux(b.group | ~b.mac_hit, all_ports, b.mac_mask) & ~b.c.me
+        # The read missed the writes of the five headers ahead; of them, the ones now in W and h1 are in
+        # h1 and h2 when this one is in S1 (the newest wins).
+        hit4 = s.w_agg & (s.w_slot == b.slot[:sb])
+        hit5 = s.h1_agg & (s.h1_slot == b.slot[:sb])
+        m.d.sync += [s.f_mem0.eq(st_rd.data), s.r_sel.eq(Cat(hit4, ~hit4 & hit5, ~hit4 & ~hit5))]
+        m.d.sync += [
+            s.r_valid.eq(self.i.valid), s.r_agg.eq(b_cand & ~bad), s.r_mask.eq(Mux(b.l2, l2_dest, b.mask)),
+            s.r_action.eq(Mux(b.l2, Mux(l2_dest == 0, Action.DROP, Action.FORWARD),
+                              Mux(b_cand & bad, Action.DROP, b.action))),
+            s.r_reason.eq(Mux(b.l2, DropReason.NO_ROUTE, Mux(b_cand & bad, DropReason.BAD_SLOT, b.reason))),
+            s.r_c.eq(b.c), s.r_c.slot.eq(b.slot[:sb]),
+            s.r_c.row_base.eq(Cat(b.c.set, b.slot[:sb]) * prm.rows_per_set),
+        ]
+        # S1: the older writes merged, the newest write found
+        m.d.sync += [
+            s.f_valid.eq(s.r_valid), s.f_agg.eq(s.r_agg), s.f_action.eq(s.r_action), s.f_reason.eq(s.r_reason),
+            s.f_mask.eq(s.r_mask), s.f_c.eq(s.r_c),
+            s.f_mem.eq(or_tree(Mux(s.r_sel[k], src, 0) for k, src in enumerate((s.h1_new, s.h2_new, s.f_mem0)))),
+        ]
+        # Of the rest, the ones now in U and W are in W and h1 when this one is in S2.
+        hit_w = s.u_agg & (s.u_c.slot == s.r_c.slot)
+        hit_h1 = s.w_agg & (s.w_slot == s.r_c.slot)
+        m.d.sync += s.f_sel.eq(Cat(hit_w, ~hit_w & hit_h1, ~hit_w & ~hit_h1))
+
+    def _forward(self, m, s):
+        """S2: the state forwarded from the newer writes, the compares."""
+        fwd = Signal(state_entry_layout(self.params))
+        m.d.comb += fwd.eq(or_tree(Mux(s.f_sel[k], src, 0) for k, src in enumerate((s.w_new, s.h1_new, s.f_mem))))
+        cur, other = fwd[s.f_c.set], fwd[~s.f_c.set]
+        m.d.sync += [
+            s.u_valid.eq(s.f_valid), s.u_agg.eq(s.f_agg), s.u_action.eq(s.f_action), s.u_reason.eq(s.f_reason),
+            s.u_mask.eq(s.f_mask), s.u_c.eq(s.f_c), s.u_cur.eq(cur), s.u_other.eq(other),
+            s.u_tag_eq.eq(cur.tag == s.f_c.tag), s.u_len_eq.eq(cur.length == s.f_c.plen),
+            s.u_other_next.eq(other.tag == s.f_c.next_tag),
+            # the header one ahead (in U now, in W when this one is in U)
+            s.u_prev_same.eq(s.u_agg & (s.u_c.slot == s.f_c.slot)), s.u_same_set.eq(s.u_c.set == s.f_c.set),
+            s.u_eq_prev_tag.eq(s.u_c.tag == s.f_c.tag), s.u_eq_prev_len.eq(s.u_c.plen == s.f_c.plen),
+            s.u_prev_next.eq(s.u_c.tag == s.f_c.next_tag),
+        ]
+
+    def _update(self, m, s):
+        """U: the previous header's write forwarded, SetUpdate; the new state and the outcome registered."""
+        setl = state_set_layout(self.params)
+        u_c = s.u_c
+        prev = s.u_prev_same
+        s_cur, s_other = Signal(setl), Signal(setl)
+        m.d.comb += [s_cur.eq(Mux(prev, s.w_new[u_c.set], s.u_cur)),
+                     s_other.eq(Mux(prev, s.w_new[~u_c.set], s.u_other))]
+        # The header ahead changed this set's tag and length only if it was its FIRST.
+        took_set = prev & s.u_same_set & s.w_first
+        took_other = prev & ~s.u_same_set & s.w_first           # ... and the other set's
+        m.submodules.update = upd = self.set_update(self.params.ports)
+        m.d.comb += [
+            upd.cur_bitmap.eq(s_cur.bitmap), upd.cur_done.eq(s_cur.done), upd.other_bitmap.eq(s_other.bitmap),
+            upd.tag_eq.eq(Mux(took_set, s.u_eq_prev_tag, s.u_tag_eq)),
+            upd.len_eq.eq(Mux(took_set, s.u_eq_prev_len, s.u_len_eq)),
+            upd.other_newer.eq(Mux(took_other, s.u_prev_next, s.u_other_next)),
+            upd.me.eq(u_c.me), upd.contributors.eq(u_c.contributors),
+        ]
+        new_cur, new_other = Signal(setl), Signal(setl)
+        m.d.comb += [
+            new_cur.bitmap.eq(upd.new_cur_bitmap), new_cur.done.eq(upd.new_cur_done),
+            new_cur.tag.eq(Mux(upd.first, u_c.tag, s_cur.tag)), new_cur.length.eq(Mux(upd.first, u_c.plen, s_cur.length)),
+            # an accepted contribution stamps its set (aging); a first one starts a fill not yet aged
+            new_cur.stamp.eq(self.new_stamp(upd.accepted, self.now, s_cur.stamp)),
+            new_cur.aged.eq(~upd.first & s_cur.aged),
+            new_other.eq(s_other), new_other.bitmap.eq(upd.new_other_bitmap),
+            # the slot's sets now count for the writer's rule entry
+            new_cur.rule.eq(u_c.rule), new_other.rule.eq(u_c.rule),
+        ]
+        agg = s.u_valid & s.u_agg
+        # Every contribution writes its slot back (unchanged when refused), so every one is forwarded.
+        m.d.sync += [
+            s.w_agg.eq(agg), s.w_slot.eq(u_c.slot), s.w_first.eq(agg & upd.first),
+            s.w_new.eq(Mux(u_c.set, Cat(new_other, new_cur), Cat(new_cur, new_other))),
+            s.w_old.eq(Cat(s_cur.bitmap, s_other.bitmap)),
+            s.w_rule.eq(u_c.rule), s.w_old_rule.eq(Cat(s_cur.rule, s_other.rule)),
+            s.h1_agg.eq(s.w_agg), s.h1_slot.eq(s.w_slot), s.h1_new.eq(s.w_new),
+            s.h2_agg.eq(s.h1_agg), s.h2_slot.eq(s.h1_slot), s.h2_new.eq(s.h1_new),
+        ]
+        # The outcome registered for V: U computes only the state the next header needs.
+        m.d.sync += [
+            s.v_valid.eq(s.u_valid), s.v_agg.eq(agg), s.v_action.eq(s.u_action), s.v_reason.eq(s.u_reason),
+            s.v_mask.eq(s.u_mask), s.v_c.eq(u_c), s.v_outcome.eq(upd.outcome), s.v_accepted.eq(upd.accepted),
+            s.v_complete.eq(upd.complete),
+        ]
+
+    def _decide(self, m, s):
+        """V: the decision, its events and its job, from the registered outcome."""
+        prm = self.params
+        P = prm.ports
+        v_c, outcome, v_agg, v_valid, v_action = s.v_c, s.v_outcome, s.v_agg, s.v_valid, s.v_action
+        accepted = v_agg & s.v_accepted
+        resend = v_agg & (outcome == SlotOutcome.RESEND)
+        refused = v_agg & ((outcome == SlotOutcome.MISMATCH) | (outcome == SlotOutcome.LENGTH_MISMATCH))
+        completes = v_agg & s.v_complete
+        drop_now = v_valid & ((v_action == Action.DROP) | refused)
+        reason = Mux(refused, Mux(outcome == SlotOutcome.MISMATCH, DropReason.TAG_MISMATCH,
+                                  DropReason.LENGTH_MISMATCH), s.v_reason)
+        m.d.sync += [
+            self.ev_drop.eq(drop_now), self.ev_drop_reason.eq(reason),
+            self.ev_forwarded.eq(v_valid & (v_action == Action.FORWARD)),
+            self.ev_contribution.eq(accepted), self.ev_completed.eq(completes),
+            self.ev_duplicate.eq(v_agg & ((outcome == SlotOutcome.REPEAT) | (outcome == SlotOutcome.RESEND))),
+            self.ev_resent.eq(resend),
+        ]
+        push, d = Signal(P), Signal(decision_layout(prm))
+        job_valid, job = Signal(), Signal(job_layout(prm))
+        m.d.comb += [*(lane.valid.eq(push[p]) for p, lane in enumerate(self.lanes)),
+                     *(lane.payload.eq(d) for lane in self.lanes),
+                     self.jobs.valid.eq(job_valid), self.jobs.payload.eq(job)]
+        m.d.sync += [
+            push.eq(Mux(v_valid, v_c.me, 0)),
+            d.action.eq(Mux(drop_now, Action.DROP, v_action)), d.mask.eq(s.v_mask), d.write.eq(accepted),
+            d.row_base.eq(v_c.row_base), d.rows.eq(v_c.rows), d.beats.eq(v_c.beats), d.length.eq(v_c.length),
+            job_valid.eq(completes | resend),
+            job.cais.eq(v_c.cais), job.mask.eq(Mux(resend, v_c.me, v_c.results)),
+            job.contributors.eq(v_c.contributors), job.row_base.eq(v_c.row_base),
+            job.rows.eq(v_c.rows),
+            job.dtype.eq(v_c.kind.dtype), job.op.eq(v_c.kind.op), job.acc_fp32.eq(v_c.kind.acc_fp32),
+            job.saturate.eq(v_c.kind.saturate),
+        ]
+
+    def _write(self, m, s):
+        """W: the state write (the maintenance's sweep first, then the pipeline's, then its other writes)."""
+        mt = self.maint
+        st_wr = self.mem.write_port()
+        with m.If(mt.write_first):
+            m.d.comb += [st_wr.addr.eq(mt.write_addr), st_wr.data.eq(mt.write_data), st_wr.en.eq(1)]
+        with m.Elif(s.w_agg):
+            m.d.comb += [st_wr.addr.eq(s.w_slot), st_wr.data.eq(s.w_new), st_wr.en.eq(1)]
+        with m.Elif(mt.write_en):
+            m.d.comb += [st_wr.addr.eq(mt.write_addr), st_wr.data.eq(mt.write_data), st_wr.en.eq(1)]
+        w = self.written
+        m.d.comb += [w.valid.eq(s.w_agg), w.payload.new.eq(s.w_new), w.payload.old_bitmaps.eq(s.w_old),
+                     w.payload.rule.eq(s.w_rule), w.payload.old_rules.eq(s.w_old_rule)]
