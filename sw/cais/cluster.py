@@ -201,6 +201,13 @@ def _worker() -> int:
             rows.append({"name": RESTARTED_PAIR, "correct": True, "path": "-", "ms": 0.0, "elements": n_elem,
                          "wrong": 0, "member": False})
         dist.barrier()
+        # the job runs on while the orchestrator operates the controller (its groups go when the job ends)
+        (pause / f"done{r}").write_text("")
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while not (pause / "operated").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the orchestrator did not run cais-cli within {RESTART_WAIT_S:g} s")
+            time.sleep(0.02)
         dist.destroy_process_group()
         status = 0
     except BaseException as e:        # noqa: BLE001 - reported to the orchestrator, then the exit status
@@ -278,7 +285,7 @@ class Cluster:
             time.sleep(0.05)
         return p
 
-    def start_controller(self, recover: bool = False, wait_s: float = 30.0) -> subprocess.Popen:
+    def start_controller(self, recover: bool = False, wait_s: float = 30.0, extra: tuple = ()) -> subprocess.Popen:
         """cais-controller in the switch's namespace; returns once it listens (its HTTP port known)."""
         ready = self.tmp / "controller.ready"
         ready.unlink(missing_ok=True)
@@ -287,7 +294,7 @@ class Cluster:
         p = self._spawn(self.switch_ns, ["-m", "cais.service", "--switch", self.control, "--listen", self.controller,
                                          "--http", "127.0.0.1:0", "--world-size", str(self.ranks), "--token-file",
                                          str(self.token_file), "--ready-file", str(ready)]
-                        + (["--recover"] if recover else []), dict(os.environ), log)
+                        + (["--recover"] if recover else []) + list(extra), dict(os.environ), log)
         deadline = time.monotonic() + wait_s
         while not ready.exists() or not ready.read_text().strip():
             if p.poll() is not None or time.monotonic() > deadline:
@@ -450,6 +457,12 @@ def main(argv=None) -> int:
         ranks = cluster.start_ranks(args.elements)
         controller = cluster.restart_controller(controller, ranks)
         deadline = time.monotonic() + RANK_TIMEOUT_S
+        while not all((tmp / f"done{i}").exists() for i in range(args.ranks)):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in ranks):
+                break                      # a rank failed or hangs: its report says why
+            time.sleep(0.05)
+        operated = operate(cluster)        # while the job runs: its groups are there to be shown
+        (tmp / "operated").write_text("")
         for proc in ranks:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
@@ -464,7 +477,7 @@ def main(argv=None) -> int:
                                       "error": "no report; log tail: " + (tmp / f"rank{i}.log").read_text()[-800:]}]})
         table, ok = summary(reports, args.ranks, args.backend)
         print(table, flush=True)
-        ok &= operate(cluster)
+        ok &= operated
     except Interrupted as e:
         print(f"cais.cluster: interrupted ({e}); cleaning up", file=sys.stderr)
     except (subprocess.CalledProcessError, RuntimeError) as e:
