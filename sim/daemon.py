@@ -63,6 +63,7 @@ from cais.link import run_sync
 from cais.params import SwitchParams
 from cais.rawsock import PcapWriter, RawPort, interface_error
 from cais.registers import Kind, register_map
+from cais.hdl.toolchain import INSTALL_SIM
 
 __all__ = ["SwitchDaemon", "main", "parse_fault", "BACKENDS"]
 
@@ -298,7 +299,7 @@ class SwitchDaemon:
             try:
                 from .links.verilator import VerilatorLink
             except ImportError as e:
-                raise RuntimeError(f"--backend verilator needs the [sim] extra ({e})") from None
+                raise RuntimeError(f"--backend verilator needs the [sim] extra: {INSTALL_SIM} ({e})") from None
             return VerilatorLink(params)
         raise ValueError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
 
@@ -590,6 +591,7 @@ def build_parser():
     p.add_argument("--ready-file", metavar="PATH", default=None,
                    help="create PATH once every interface is open and the control endpoint listens")
     cli.add_param_arguments(p)
+    cli.add_version(p)
     return p
 
 

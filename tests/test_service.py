@@ -272,7 +272,7 @@ def test_catalogue_of_bad_requests_changes_nothing(switch, tmp_path):
                     {"op": "hello", "rank": 1, "world_size": 4, "token": "wrong"}):
             raw.send(req)
             ans = raw.recv()
-            assert not ans["ok"] and "unauthorised" in ans["error"]
+            assert not ans["ok"] and "unauthorised" in ans["error"] and "CAIS_TOKEN" in ans["error"]
         for req, needle in [({"op": "decide", "group": 99, "op_seq": 0, "nbytes": 4, "kind": kind_to_dict(CollectiveKind())},
                              "no such group"),
                             ({"op": "finished", "rank": 0, "group": 1, "op_seq": 5}, "not decided"),

@@ -242,8 +242,9 @@ def build_parser():
     p.add_argument("--controller", default=os.environ.get("CAIS_CONTROLLER_HTTP", "127.0.0.1:7720"),
                    metavar="HOST:PORT", help="the service's HTTP address (default $CAIS_CONTROLLER_HTTP or 127.0.0.1:7720)")
     p.add_argument("--token-file", default=None, metavar="PATH", help="the shared secret (default $CAIS_TOKEN)")
-    p.add_argument("--json", action="store_true", help="print the service's JSON answer")
+    p.add_argument("--json", action="store_true", help="print the service's JSON answer (also after the command)")
     p.add_argument("--timeout", type=cli.number(0, 600, include_low=False), default=10.0, metavar="S")
+    cli.add_version(p)
     sub = p.add_subparsers(dest="command", required=True, parser_class=cli.Parser)
     a = sub.add_parser("add-rule", help="program an operator rule")
     a.add_argument("index", type=cli.integer(0))
@@ -267,6 +268,9 @@ def build_parser():
     w = sub.add_parser("watch", help="show-stats and show-groups, refreshed in place")
     w.add_argument("--interval", type=cli.number(0.05, 3600), default=1.0, metavar="S")
     w.add_argument("--count", type=cli.integer(1), default=None, metavar="N", help="stop after N views")
+    for command in sub.choices.values():     # --json anywhere: `cais-cli watch --json` as `cais-cli --json watch`
+        command.add_argument("--json", action="store_true", default=cli.argparse.SUPPRESS,
+                             help="print the service's JSON answer")
     return p
 
 

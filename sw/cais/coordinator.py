@@ -458,7 +458,8 @@ class Coordinator:
                     with self._lock:
                         self.refused["token"] += 1
                     log.warning("refused a request without the controller's token (op %r)", req.get("op"))
-                    reply = {"ok": False, "error": "unauthorised: missing or wrong token"}
+                    reply = {"ok": False, "error": "unauthorised: missing or wrong token (set CAIS_TOKEN to the "
+                                                   "controller's token, the content of its --token-file)"}
                 else:
                     reply = self._answer(req, state)
                 with self._lock:

@@ -57,7 +57,8 @@ __all__ = ["init", "is_initialized", "destroy_process_group", "new_group", "get_
 #: environment variables :func:`init` reads for the arguments it is not given
 ENV = {"rank": "CAIS_RANK", "world_size": "CAIS_WORLD_SIZE", "interface": "CAIS_IFACE",
        "switch": "CAIS_SWITCH", "controller": "CAIS_CONTROLLER", "config": "CAIS_CONFIG",
-       "timeout": "CAIS_TIMEOUT", "token": "CAIS_TOKEN", "job": "CAIS_JOB", "hosts": "CAIS_HOSTS"}
+       "timeout": "CAIS_TIMEOUT", "token": "CAIS_TOKEN", "job": "CAIS_JOB", "hosts": "CAIS_HOSTS",
+       "connect_timeout": "CAIS_CONNECT_TIMEOUT"}
 #: configuration for real time: Python ranks answer in about a millisecond, not in switch cycles
 DEPLOY_DEFAULTS = {"timeout_ms": 50.0, "reevaluate_interval_ms": 1000.0}
 DEFAULT_TIMEOUT_S = 60.0     # a collective that has not completed by then fails
@@ -608,7 +609,7 @@ def _env(name: str, value, cast=str):
 
 def init(interface: str | None = None, rank: int | None = None, world_size: int | None = None, *,
          switch: str | None = None, controller: str | None = None, config: Config | str | None = None,
-         timeout: float | None = None, connect_timeout: float = CONNECT_S, **overrides) -> ProcessGroup:
+         timeout: float | None = None, connect_timeout: float | None = None, **overrides) -> ProcessGroup:
     """Join the cluster as `rank` of `world_size` on network interface `interface` (wired to switch port
     `rank`). Arguments not given come from the environment (:data:`ENV`: ``CAIS_IFACE``, ``CAIS_RANK``,
     ``CAIS_WORLD_SIZE``, ``CAIS_SWITCH``, ``CAIS_CONTROLLER``, ``CAIS_CONFIG``, ``CAIS_TIMEOUT``).
@@ -619,8 +620,8 @@ def init(interface: str | None = None, rank: int | None = None, world_size: int 
     `overrides` replace its keys; :data:`DEPLOY_DEFAULTS` apply where neither says otherwise. `timeout`
     (seconds, default 60) bounds every collective. Errors: ValueError for missing or bad arguments,
     OSError for an interface that is not there, :class:`cais.endpoint.EndpointError` when the
-    coordinator or the switch cannot be reached within `connect_timeout` seconds (default 30: rank 0
-    may start last).
+    coordinator or the switch cannot be reached within `connect_timeout` seconds (``CAIS_CONNECT_TIMEOUT``,
+    default 30: rank 0 may start last).
     """
     global _pg
     if _pg is not None:
@@ -630,6 +631,12 @@ def init(interface: str | None = None, rank: int | None = None, world_size: int 
     world_size = _env("world_size", world_size, int)
     switch = _env("switch", switch)
     timeout = _env("timeout", timeout, float)
+    connect_timeout = _env("connect_timeout", connect_timeout, float)
+    if connect_timeout is None:
+        connect_timeout = CONNECT_S
+    if not 0 < connect_timeout < 1e6:
+        raise ValueError(f"cais.init: connect_timeout={connect_timeout!r} ({ENV['connect_timeout']}): must be a "
+                         "number of seconds > 0")
     missing = [ENV[k] for k, v in (("interface", interface), ("rank", rank), ("world_size", world_size))
                if v is None]
     if missing:

@@ -374,7 +374,8 @@ def _handler(service: ControllerService):
                 service.refuse("token")
                 log.warning("http: refused %s %s without the token", method, self.path)
                 return self._send(401, {"ok": False, "error": "unauthorised: missing or wrong token "
-                                                              "(Authorization: Bearer ...)"})
+                                                              "(Authorization: Bearer ...; cais-cli: --token-file "
+                                                              "or CAIS_TOKEN)"})
             path = self.path.split("?", 1)[0]
             if path == "/metrics" and method == "GET":
                 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -416,6 +417,7 @@ def main(argv=None) -> int:
     p.add_argument("--ready-file", default=None, metavar="PATH", help="written (HTTP port) once listening")
     p.add_argument("--switch-wait", type=cli.number(0, 3600), default=10.0, metavar="S",
                    help="wait this long for the switch's endpoint (default 10)")
+    cli.add_version(p)
     args = p.parse_args(argv)
     try:
         config = Config.load(args.config)
