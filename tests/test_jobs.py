@@ -129,6 +129,7 @@ def test_three_jobs_at_once_then_three_one_after_another(tmp_path):
         assert f"host ring ({why})" in seen["table"], seen["table"]
         assert f'cais_job_groups_host_ring{{job="{ring_job["job"]}",reason="{why}"}} 1.0' in seen["metrics"]
         assert 'cais_jobs{state="running"} 3.0' in seen["metrics"]
+        assert "cais_slots_allocated 48.0" in seen["metrics"]          # 32 + 16, the limit reached
         _wait_jobs_gone(cluster, {"alpha", "beta", "gamma"})
 
         sequential = [("delta", [0, 1, 2], 24), ("epsilon", [3, 4, 5], 25), ("alpha", [0, 1], 26)]
@@ -144,6 +145,8 @@ def test_three_jobs_at_once_then_three_one_after_another(tmp_path):
         for args, key in ((["--json", "show-groups"], "groups"), (["--json", "dump-rules"], "rules")):
             out = cluster.cli(args)
             assert out.returncode == 0 and json.loads(out.stdout)[key] == [], out.stdout   # nothing left
-        assert "cais_rules_in_use 0.0" in cluster.scrape()
+        metrics = cluster.scrape()
+        assert "cais_rules_in_use 0.0" in metrics and "cais_slots_allocated 0.0" in metrics
+        assert "cais_jobs{state=\"running\"} 0.0" in metrics
     finally:
         cluster.close()

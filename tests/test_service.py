@@ -429,8 +429,7 @@ def test_jobs_fail_clean_up_and_join_again(switch, tmp_path):
         c = Client(f"127.0.0.1:{svc.http_port}", TOKEN)
         assert [g["group_id"] for g in c.request("GET", "/v1/groups")["groups"]] == [gb]
         assert [r["owner"] for r in c.request("GET", "/v1/rules")["rules"]] == [f"group {gb}"]
-        assert svc.controller._slot_ranges() == [(svc.controller.groups[gb].base,
-                                                  svc.controller.groups[gb].base + svc.controller.groups[gb].slot_count)]
+        assert svc.controller.slots_allocated == svc.controller.groups[gb].slot_count > 0
 
         a0, ans = hello("a", 0, [0, 1])                    # the same job again: a new job, a new world group
         a1, _ = hello("a", 1, [0, 1])
@@ -444,7 +443,7 @@ def test_jobs_fail_clean_up_and_join_again(switch, tmp_path):
         assert [(e["job"], e["state"]) for e in ans["ended"]] == [("default", "replaced"), ("a", "failed"),
                                                                   ("a", "ended"), ("b", "ended")]
         assert c.request("GET", "/v1/groups")["groups"] == [] and c.request("GET", "/v1/rules")["rules"] == []
-        assert svc.controller._slot_ranges() == []
+        assert svc.controller.slots_allocated == 0
         p = cli(svc, "show-jobs")
         assert p.returncode == 0 and "(no running job)" in p.stdout and "a failed (rank(s) [1] died)" in p.stdout, p
     finally:

@@ -22,7 +22,8 @@ What it does:
    the controller is stopped and started again with ``--recover``, and the ranks go on (they rejoin with
    their groups): an all-reduce of the world group and of a group made before the restart;
 6. runs every cais-cli command against the controller (add-rule, dump-rules, show-groups, show-stats,
-   watch, del-rule, and one with --json) and scrapes /metrics, printing a few lines of each;
+   watch, del-rule, one with --json, show-jobs) while the ranks wait at the end (their job's groups
+   go when it ends), and scrapes /metrics, printing a few lines of each;
 7. prints the summary table, CORRECT per collective when every rank's result matched, and removes the
    namespaces (and with them the veth pairs) and the temporary folder, also on Ctrl-C or SIGTERM.
 
@@ -63,7 +64,7 @@ RESTART_WAIT_S = 60.0
 CLI_COMMANDS = [["add-rule", "7", "--group", "200", "--contributors", "0,1", "--base", "60", "--count-log2", "1",
                  "--dtype", "fp16", "--op", "max"],
                 ["dump-rules"], ["show-groups"], ["show-stats"], ["watch", "--count", "1"], ["del-rule", "7"],
-                ["--json", "show-groups"]]
+                ["--json", "show-groups"], ["show-jobs"]]
 
 
 class Interrupted(Exception):

@@ -275,6 +275,11 @@ class Controller:
                  f"slots {base}..{base + count - 1}" if info.offloadable else f"host only ({info.why_not})")
         return info
 
+    @property
+    def slots_allocated(self) -> int:
+        """Slots in the quotas of the groups and the operator rules."""
+        return sum(hi - lo for lo, hi in self._slot_ranges())
+
     def _slot_ranges(self) -> list[tuple[int, int]]:
         """[lo, hi) of every quota in use: the groups' and the operator rules'."""
         return ([(g.base, g.base + g.slot_count) for g in self.groups.values() if g.base is not None]

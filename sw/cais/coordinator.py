@@ -169,10 +169,12 @@ class Coordinator:
     -------
     controller : Controller
         Driving the switch through a :class:`ControlLink`.
-    world : GroupInfo
-        The group of every rank (created at start).
-    dead : set[int]
-        Ranks whose connection ended without ``bye``.
+    jobs : dict[str, Job]
+        The jobs running (module docstring), by name; the default job's created at start.
+    ended : list[dict]
+        The latest jobs that ended (``ended``, ``failed`` or ``replaced``), oldest first.
+    recovering : bool
+        Started with ``recover`` and no job's world group rejoined yet: only ``rejoin`` is answered.
     """
 
     def __init__(self, switch: str, world_size: int, config: Config, *, rank_ports: list[int] | None = None,

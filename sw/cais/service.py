@@ -100,6 +100,7 @@ class MetricsCollector:
             sets = 2 * svc.controller.params.slots
             jobs = svc.coordinator.jobs_view()
             rules_in_use = len(svc.controller.dump_rules())
+            slots_allocated = svc.controller.slots_allocated
         counters = st.get("counters", {})
         g = GaugeMetricFamily("cais_sets_in_use", "Shadow sets holding a chunk (SLOTS_IN_USE)")
         g.add_metric([], counters.get("SLOTS_IN_USE", 0))
@@ -178,6 +179,9 @@ class MetricsCollector:
         yield g
         g = GaugeMetricFamily("cais_rules_in_use", "Rule entries the controller holds (groups' and operator rules)")
         g.add_metric([], rules_in_use)
+        yield g
+        g = GaugeMetricFamily("cais_slots_allocated", "Slots in the quotas of the groups and operator rules")
+        g.add_metric([], slots_allocated)
         yield g
         c = CounterMetricFamily("cais_requests_refused", "Requests refused, by endpoint and reason",
                                 labels=["endpoint", "reason"])
