@@ -252,15 +252,19 @@ class Coordinator:
         return job
 
     def _end_job(self, job: Job, state: str) -> None:
-        """The job is over: its groups (rules, slots, quotas) are freed, its ranks may join again."""
-        for gid in job.groups:
-            if gid in self.controller.groups:
-                run_sync(self.controller.remove_group(gid))
+        """The job is over: its groups (rules, slots, quotas) are freed, its ranks may join again (the
+        controller forgets the groups even when the switch cannot be reached to invalidate their rules)."""
         self.jobs.pop(job.name, None)
         self.ended.append({"job": job.name, "hosts": list(job.hosts), "state": state, "groups": list(job.groups),
                            "dead": sorted(job.dead), "started": job.started, "ended": self.now()})
         del self.ended[:-JOB_HISTORY]
         self._lock.notify_all()
+        for gid in job.groups:
+            if gid in self.controller.groups:
+                try:
+                    run_sync(self.controller.remove_group(gid))   # forgets the group first, then writes
+                except (EndpointError, OSError) as e:
+                    log.error("job %s: freeing group %d on the switch: %s", job.name, gid, e)
         (log.warning if state == "failed" else log.info)("job %s %s; its groups %s freed", job.name, state, job.groups)
 
     def jobs_view(self) -> dict:
@@ -476,10 +480,7 @@ class Coordinator:
             conn.close()
             if state.get("rank") is not None and not self._closing:
                 with self._lock:
-                    try:
-                        self._left(state)
-                    except (EndpointError, OSError) as e:      # the switch went away under the clean-up
-                        log.error("job %s: freeing its groups: %s", state.get("job"), e)
+                    self._left(state)
 
     def serve(self, address: str) -> None:
         """Listen on `address` and answer in background threads (returns at once)."""
