@@ -440,8 +440,9 @@ def test_jobs_fail_clean_up_and_join_again(switch, tmp_path):
             conn.request("bye", rank=rank)
             conn.close()
         ans = _wait_for(svc, "every job gone", lambda j: j["jobs"] == [])
-        assert [(e["job"], e["state"]) for e in ans["ended"]] == [("default", "replaced"), ("a", "failed"),
-                                                                  ("a", "ended"), ("b", "ended")]
+        ended = [(e["job"], e["state"]) for e in ans["ended"]]
+        assert ended[:2] == [("default", "replaced"), ("a", "failed")]
+        assert sorted(ended[2:]) == [("a", "ended"), ("b", "ended")]      # in the order their threads saw them
         assert c.request("GET", "/v1/groups")["groups"] == [] and c.request("GET", "/v1/rules")["rules"] == []
         assert svc.controller.slots_allocated == 0
         p = cli(svc, "show-jobs")
