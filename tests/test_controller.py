@@ -486,3 +486,29 @@ def test_aging_programmed_from_the_configured_age_and_the_clock():
     link = ModelLink(SwitchParams())
     with pytest.raises(ValueError, match=r"set_age_ms=500: at most 429\.\d ms"):
         run_sync(Controller(link, Config(set_age_ms=500.0), [0], [1]).start())
+
+
+def test_removed_group_frees_rule_slots_and_its_collectives():
+    """A group removed (its job ended) with a collective fallen back and its cleanup pending: its rule
+    entry is invalid in the switch (a contribution of it is dropped), its slots and rule go to the next
+    group, and no pending work of it is left."""
+    from cais import protocol as proto
+    link, ctl = make(SwitchParams(slots=16), slots_per_group=8, sram_usage_limit=1.0, offload="always")
+    a = run_sync(ctl.create_group([0, 1]))
+    b = run_sync(ctl.create_group([2, 3]))
+    assert ctl.slots_allocated == 16
+    assert ctl.decide(a.group_id, 0, 4000, 0.0).offload
+    ctl.request_fallback(a.group_id, 0, 0, 0.0, "test")
+    ctl.finished(0, a.group_id, 0)
+    ctl.finished(1, a.group_id, 0)
+    assert ctl.pending                                   # its slots wait to be emptied
+    run_sync(ctl.remove_group(a.group_id))
+    assert not ctl.pending and ctl.slots_allocated == 8
+    assert not any(g == a.group_id for g, _ in ctl._ops)
+    hdr = proto.CaisHeader(group_id=a.group_id, seq_num=0, payload_len=4)
+    link.model.receive(0, proto.build_frame(hdr, bytes(4), pad=True))
+    assert link.model.counters()["DROP_NO_RULE"] == 1     # its rule entry is gone from the switch
+    c = run_sync(ctl.create_group([0, 1]))
+    assert (c.base, c.slot_count, c.rule_index) == (a.base, a.slot_count, a.rule_index)
+    run_sync(ctl.service(10.0))                          # nothing of the removed group is done any more
+    assert sorted(ctl.groups) == sorted([b.group_id, c.group_id])

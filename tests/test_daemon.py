@@ -137,3 +137,205 @@ def test_bad_arguments_one_line_exit_2(args, message):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cais-switch: error:") and message in lines[0], p.stderr
 
+
+
+# ---------------------------------------------------------------------- links that come and go, locks
+
+def _stats(ns, sock):
+    return json.loads(run_probe(ns, "import json, sys\nfrom cais.endpoint import connect\n"
+                                    "print(json.dumps(connect(sys.argv[1]).request('stats')))", sock))
+
+
+def _wait_stats(ns, sock, what, until, deadline_s=60.0):
+    """Poll the daemon's stats until `until(stats)` holds (a generous deadline: a busy machine is slow)."""
+    import time
+    end = time.monotonic() + deadline_s
+    while True:
+        st = _stats(ns, sock)
+        if until(st):
+            return st
+        assert time.monotonic() < end, f"{what}: {st}"
+        time.sleep(0.05)
+
+
+FLOOD = r"""
+import json, sys, time
+from cais import protocol as proto
+from cais.rawsock import RawPort
+tag, others = int(sys.argv[1]), [int(i) for i in sys.argv[2].split(",")]
+h0, h = RawPort("h0"), {i: RawPort(f"h{i}") for i in others}
+f = proto.build_host_frame(proto.HostHeader(op_seq=tag), b"flood%d" % tag, dst=proto.BROADCAST_MAC,
+                           src=0x02_00_00_00_01_00)
+h0.send(f)
+got, end = {i: False for i in others}, time.monotonic() + 30
+while not all(got.values()) and time.monotonic() < end:      # every other port must get it (or 30 s)
+    for i, port in h.items():
+        got[i] = got[i] or f in port.recv_all()
+    time.sleep(0.005)
+print(json.dumps([f in h0.recv_all()] + [got[i] for i in others]))
+"""
+
+
+def test_port_flapped_and_recreated_the_daemon_goes_on(tmp_path):
+    """Port 1's interface set down (then up), then deleted with its veth and created again under the same
+    name: the daemon logs and counts each loss, drops what it would send there, serves the other ports
+    meanwhile, and carries port 1's frames again once it is back."""
+    from netns import ip
+    with namespace() as ns:
+        for i in range(3):
+            veth(ns, f"s{i}", f"h{i}")
+        with switch_daemon(ns, tmp_path, ["s0", "s1", "s2"]) as (daemon, sock, pcap):
+            assert json.loads(run_probe(ns, FLOOD, 1, "1,2")) == [False, True, True]
+
+            ip("-n", ns, "link", "set", "s1", "down")
+            st = _wait_stats(ns, sock, "port 1 seen down", lambda s: s["link_down"][1] == 1)
+            assert st["ports_up"] == [True, False, True]
+            # port 2 still carries frames; port 1's copy is dropped and counted
+            drops = st["down_drops"][1]
+            assert json.loads(run_probe(ns, FLOOD, 2, "2")) == [False, True]
+            assert _stats(ns, sock)["down_drops"][1] == drops + 1
+
+            ip("-n", ns, "link", "set", "s1", "up")
+            st = _wait_stats(ns, sock, "port 1 back", lambda s: s["ports_up"][1])
+            assert st["link_up"][1] == 1
+            assert json.loads(run_probe(ns, FLOOD, 3, "1,2")) == [False, True, True]
+
+            ip("-n", ns, "link", "del", "s1")           # h1 goes with it
+            st = _wait_stats(ns, sock, "port 1 gone", lambda s: s["link_down"][1] == 2)
+            assert st["ports_up"] == [True, False, True]
+            veth(ns, "s1", "h1")
+            st = _wait_stats(ns, sock, "port 1 re-created", lambda s: s["ports_up"][1])
+            assert st["link_up"][1] == 2
+            assert json.loads(run_probe(ns, FLOOD, 4, "1,2")) == [False, True, True]
+            assert daemon.poll() is None                 # it never stopped
+        assert daemon.returncode == 0
+    log = (tmp_path / "switch.log").read_text()
+    assert "Traceback" not in log, log
+    assert log.count("port 1 (s1) down:") == 2 and log.count("port 1 (s1) up again") == 2, log
+
+
+FLAP_RANK = r"""
+import json, os, sys, time
+from pathlib import Path
+import numpy as np
+import cais
+from cais.cluster import contribution
+pg = cais.init(timeout=30.0)
+r, N, tmp = pg.rank, pg.world_size, Path(sys.argv[1])
+want = np.sum(np.stack([contribution(q, 1 << 17, np.int32) for q in range(N)]), axis=0)
+out = {"rank": r}
+cais.barrier()
+x = contribution(r, 1 << 17, np.int32)
+work = cais.all_reduce(x, async_op=True)         # 2048 chunks: the link flaps under it
+(tmp / f"started{r}").write_text("")
+try:
+    work.wait()
+    out["during"] = bool(np.array_equal(x, want))
+except cais.CollectiveError as e:
+    out["during"] = f"CollectiveError: {e}"
+end = time.monotonic() + 120
+while not (tmp / "flapped").exists():             # the test set the port down and up again
+    assert time.monotonic() < end, "the test never flapped the port"
+    time.sleep(0.02)
+if out["during"] is True:
+    y = contribution(r, 5000, np.int32)
+    try:
+        cais.all_reduce(y)
+        out["after"] = bool(np.array_equal(y, np.sum(np.stack([contribution(q, 5000, np.int32) for q in range(N)]), axis=0)))
+    except cais.CollectiveError as e:
+        out["after"] = f"CollectiveError: {e}"
+print(json.dumps(out), flush=True)
+if out["after"] is True if "after" in out else False:
+    cais.barrier()
+    cais.destroy_process_group()
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("how", ["flap", "recreate"])
+def test_port_flap_mid_collective_ranks_finish_exact_or_fail_cleanly(tmp_path, how):
+    """Two rank processes on cais-switch; while their all-reduce runs, the switch's port 0 goes down and
+    up (flap), or its veth pair is deleted and created again (recreate: rank 0's end goes too, so rank 0's
+    socket is gone for good): each rank's result is exact (numpy) or it gets a CollectiveError, nobody
+    hangs, and the daemon goes on, having counted the loss and opened the port again. After a flap a
+    further all-reduce is exact."""
+    import os
+    import time
+    from cais.cluster import Cluster
+    from netns import ip, require_root
+    require_root()
+    cluster = Cluster(2, tmp_path)
+    try:
+        cluster.create()
+        switch = cluster.start_switch([])
+        procs = []
+        for i, ns in enumerate(cluster.rank_ns):
+            env = dict(os.environ, CAIS_RANK=str(i), CAIS_WORLD_SIZE="2", CAIS_IFACE=f"{cluster.tag}h{i}",
+                       CAIS_SWITCH=cluster.control, CAIS_CONTROLLER=cluster.controller)
+            procs.append(cluster._spawn(ns, ["-c", FLAP_RANK, str(tmp_path)], env, tmp_path / f"rank{i}.log"))
+        end = time.monotonic() + 120
+        while not all((tmp_path / f"started{i}").exists() for i in range(2)):
+            assert time.monotonic() < end and all(p.poll() is None for p in procs), \
+                [(tmp_path / f"rank{i}.log").read_text()[-2000:] for i in range(2)]
+            time.sleep(0.02)
+        port0 = f"{cluster.tag}s0"
+        if how == "flap":
+            ip("-n", cluster.switch_ns, "link", "set", port0, "down")
+        else:
+            ip("-n", cluster.switch_ns, "link", "del", port0)
+        _wait_stats(cluster.switch_ns, cluster.control, "port 0 seen down", lambda s: s["link_down"][0] >= 1)
+        if how == "flap":
+            ip("-n", cluster.switch_ns, "link", "set", port0, "up")
+        else:
+            h0 = f"{cluster.tag}h0"
+            ip("-n", cluster.switch_ns, "link", "add", port0, "type", "veth", "peer", "name", h0,
+               "netns", cluster.rank_ns[0])
+            ip("-n", cluster.switch_ns, "link", "set", port0, "up")
+            ip("-n", cluster.rank_ns[0], "link", "set", h0, "up")
+        st = _wait_stats(cluster.switch_ns, cluster.control, "port 0 back", lambda s: s["ports_up"][0])
+        assert st["link_down"] == [1, 0] and st["link_up"] == [1, 0]
+        (tmp_path / "flapped").write_text("")
+        for p in procs:
+            p.wait(180)                                   # a hang fails here
+        outs = []
+        for i in range(2):
+            text = (tmp_path / f"rank{i}.log").read_text()
+            lines = [line for line in text.splitlines() if line.startswith("{")]
+            assert lines, text[-3000:]
+            outs.append(json.loads(lines[-1]))
+        for out in outs:
+            assert out["during"] is True or out["during"].startswith("CollectiveError"), out
+            if out["during"] is True and how == "flap":
+                assert out["after"] is True, out
+            elif out["during"] is True:
+                assert out["after"] is True or out["after"].startswith("CollectiveError"), out
+        assert switch.poll() is None                      # the switch survived its link
+    finally:
+        cluster.close()
+    log = (tmp_path / "switch.log").read_text()
+    assert "Traceback" not in log and f"port 0 ({port0}) down:" in log, log
+
+
+def test_second_daemon_refused_first_untouched(tmp_path):
+    """A second cais-switch on the same control socket, or on an interface the first holds: one line,
+    exit status 2; the first's socket file stays and it goes on answering."""
+    from netns import python_in
+    with namespace() as ns:
+        for i in range(3):
+            veth(ns, f"s{i}", f"h{i}")
+        with switch_daemon(ns, tmp_path, ["s0", "s1"]) as (daemon, sock, pcap):
+            for args, message in [(["--control", str(sock), "s2"], f"control socket {sock} is in use"),
+                                  (["--control", str(tmp_path / "other.sock"), "s2", "s1"],
+                                   "interface 's1' is in use")]:
+                p = python_in(ns, ["-m", "cais.sim.daemon", *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+                out, err = p.communicate(timeout=60)
+                assert p.returncode == 2, err
+                lines = err.strip().splitlines()
+                assert len(lines) == 1 and lines[0].startswith("cais-switch: error:") and message in lines[0], err
+                assert "(pid " in lines[0], lines
+                assert sock.exists()
+                assert not (tmp_path / "other.sock").exists()
+            assert _stats(ns, sock)["ports_up"] == [True, True]     # the first still serves
+            assert daemon.poll() is None
+        assert daemon.returncode == 0 and not sock.exists()

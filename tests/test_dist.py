@@ -42,20 +42,24 @@ from cais.endpoint import EndpointError
 rank, switch, controller = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 t0 = time.monotonic()
 try:
-    cais.init("h0", rank, 2, switch=switch, controller=controller, connect_timeout=1.0)
+    kw = {} if sys.argv[4] == "env" else {"connect_timeout": 1.0}      # env: CAIS_CONNECT_TIMEOUT=1
+    cais.init("h0", rank, 2, switch=switch, controller=controller, **kw)
     print(json.dumps({"error": None}))
 except EndpointError as e:
     print(json.dumps({"error": str(e), "seconds": time.monotonic() - t0}))
 """
 
 
-@pytest.mark.parametrize("rank, what", [(0, "switch control endpoint"), (1, "coordinator")])
-def test_missing_switch_or_coordinator_times_out(tmp_path, rank, what):
+@pytest.mark.parametrize("rank, what, how", [(0, "switch control endpoint", "arg"), (1, "coordinator", "arg"),
+                                             (1, "coordinator", "env")])
+def test_missing_switch_or_coordinator_times_out(tmp_path, rank, what, how):
+    import os
     with namespace() as ns:
         veth(ns, "s0", "h0")
         p = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", MISSING, str(rank),
-                            str(tmp_path / "switch.sock"), str(tmp_path / "coord.sock")],
-                           capture_output=True, text=True, timeout=60)
+                            str(tmp_path / "switch.sock"), str(tmp_path / "coord.sock"), how],
+                           capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, CAIS_CONNECT_TIMEOUT="1"))
     out = json.loads(p.stdout)
     assert out["error"] and what in out["error"] and "cannot connect" in out["error"], out
     assert out["seconds"] < 5.0

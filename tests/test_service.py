@@ -4,6 +4,7 @@ as a subprocess. The token, the HTTP API, the metrics, a restart that loses no g
 bad requests and arguments that are refused and change nothing."""
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -271,7 +272,7 @@ def test_catalogue_of_bad_requests_changes_nothing(switch, tmp_path):
                     {"op": "hello", "rank": 1, "world_size": 4, "token": "wrong"}):
             raw.send(req)
             ans = raw.recv()
-            assert not ans["ok"] and "unauthorised" in ans["error"]
+            assert not ans["ok"] and "unauthorised" in ans["error"] and "CAIS_TOKEN" in ans["error"]
         for req, needle in [({"op": "decide", "group": 99, "op_seq": 0, "nbytes": 4, "kind": kind_to_dict(CollectiveKind())},
                              "no such group"),
                             ({"op": "finished", "rank": 0, "group": 1, "op_seq": 5}, "not decided"),
@@ -371,4 +372,80 @@ def test_sets_in_use_per_group_on_a_running_service(switch, tmp_path):
         if loop is not None:
             daemon.stop()
             loop.join(5)
+        svc.close()
+
+
+def _wait_for(svc, what, cond, deadline_s=30.0):
+    """Poll GET /v1/jobs until cond(answer) (a rank's connection ends in a thread of the service)."""
+    import time
+    end = time.monotonic() + deadline_s
+    while True:
+        ans = Client(f"127.0.0.1:{svc.http_port}", TOKEN).request("GET", "/v1/jobs")
+        if cond(ans):
+            return ans
+        assert time.monotonic() < end, f"{what}: {ans}"
+        time.sleep(0.02)
+
+
+def test_jobs_fail_clean_up_and_join_again(switch, tmp_path):
+    """Two jobs at once on hosts {0, 1} and {2, 3}: overlapping hosts, bad hosts and a second hello are
+    refused; a job whose rank dies (connection ends without bye) fails, and once its last rank is gone
+    its groups, rule entries and slots are freed; the same job then joins again; a job that said bye
+    ends. The other job runs on untouched throughout."""
+    sock, daemon = switch
+    svc = start(sock, tmp_path)
+    try:
+        def hello(job, rank, hosts):
+            c = connect(str(tmp_path / "ctl.sock"), name="rank", token=TOKEN)
+            ans = c.request("hello", rank=rank, world_size=len(hosts), job=job, hosts=hosts)
+            return c, ans
+        a0, ans = hello("a", 0, [0, 1])
+        a1, _ = hello("a", 1, [0, 1])
+        assert ans["hosts"] == [0, 1] and ans["world"]["ranks"] == [0, 1] and ans["world"]["ports"] == [0, 1]
+        b0, bans = hello("b", 0, [2, 3])
+        b1, _ = hello("b", 1, [2, 3])
+        assert bans["world"]["ranks"] == [0, 1] and bans["world"]["ports"] == [2, 3]
+        ga, gb = ans["world"]["group_id"], bans["world"]["group_id"]
+        for job, rank, hosts, needle in (("c", 0, [1, 2], "host(s) [1] are in use by job 'a'"),
+                                         ("c", 0, [0, 9], "host(s) [9] not in 0..3"),
+                                         ("c", 0, [0, 0], "distinct hosts"),
+                                         ("a", 0, [0, 1], "job 'a': rank 0 joined twice"),
+                                         ("a", 1, [1, 0], "runs on hosts [0, 1]")):
+            with pytest.raises(EndpointError, match=re.escape(needle)):
+                hello(job, rank, hosts)
+        with pytest.raises(EndpointError, match="not a group of job 'a'"):
+            a0.request("decide", job="a", group=gb, op_seq=0, nbytes=100, kind=kind_to_dict(CollectiveKind()))
+        rules = {r["owner"] for r in Client(f"127.0.0.1:{svc.http_port}", TOKEN).request("GET", "/v1/rules")["rules"]}
+        assert rules == {f"group {ga}", f"group {gb}"}
+
+        a1.close()                                         # rank 1 of job a dies: no bye
+        ans = _wait_for(svc, "job a failing", lambda j: any(x["job"] == "a" and x["state"] == "failing" for x in j["jobs"]))
+        assert a0.request("ping", job="a")["dead"] == [1]
+        assert b0.request("ping")["dead"] == []            # job b knows nothing of it
+        a0.request("bye", rank=0)                          # the survivor gives up and leaves
+        a0.close()
+        ans = _wait_for(svc, "job a gone", lambda j: [x["job"] for x in j["jobs"]] == ["b"])
+        assert ans["ended"][-1]["job"] == "a" and ans["ended"][-1]["state"] == "failed" and ans["ended"][-1]["dead"] == [1]
+        c = Client(f"127.0.0.1:{svc.http_port}", TOKEN)
+        assert [g["group_id"] for g in c.request("GET", "/v1/groups")["groups"]] == [gb]
+        assert [r["owner"] for r in c.request("GET", "/v1/rules")["rules"]] == [f"group {gb}"]
+        assert svc.controller.slots_allocated == svc.controller.groups[gb].slot_count > 0
+
+        a0, ans = hello("a", 0, [0, 1])                    # the same job again: a new job, a new world group
+        a1, _ = hello("a", 1, [0, 1])
+        assert ans["world"]["group_id"] in svc.controller.groups and ans["world"]["rule_index"] is not None
+        d = one_collective([a0, a1], ans["world"]["group_id"], 0, nbytes=1000)
+        assert d["offload"]
+        for conn, rank in ((a0, 0), (a1, 1), (b0, 0), (b1, 1)):
+            conn.request("bye", rank=rank)
+            conn.close()
+        ans = _wait_for(svc, "every job gone", lambda j: j["jobs"] == [])
+        ended = [(e["job"], e["state"]) for e in ans["ended"]]
+        assert ended[:2] == [("default", "replaced"), ("a", "failed")]
+        assert sorted(ended[2:]) == [("a", "ended"), ("b", "ended")]      # in the order their threads saw them
+        assert c.request("GET", "/v1/groups")["groups"] == [] and c.request("GET", "/v1/rules")["rules"] == []
+        assert svc.controller.slots_allocated == 0
+        p = cli(svc, "show-jobs")
+        assert p.returncode == 0 and "(no running job)" in p.stdout and "a failed (rank(s) [1] died)" in p.stdout, p
+    finally:
         svc.close()

@@ -168,6 +168,23 @@ def groups_table(groups: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def jobs_table(answer: dict) -> str:
+    """Running jobs, each group with where it runs (switch, or host ring and why), then the ended jobs."""
+    lines = [f"{'job':<16} {'state':<8} {'hosts':<14} {'joined':<10} {'groups (path)'}", "-" * 100]
+    for j in answer["jobs"]:
+        groups = "; ".join(f"{g['group_id']} {g['path']}" + (f" ({g['why_not']})" if g["why_not"] else "")
+                           for g in j["groups"]) or "-"
+        lines.append(f"{j['job']:<16} {j['state']:<8} {','.join(map(str, j['hosts'])):<14} "
+                     f"{','.join(map(str, j['joined'])) or '-':<10} {groups}")
+    if not answer["jobs"]:
+        lines.append("(no running job)")
+    if answer.get("ended"):
+        lines.append("")
+        lines.append("ended: " + ", ".join(f"{e['job']} {e['state']}" + (f" (rank(s) {e['dead']} died)" if e["dead"] else "")
+                                           for e in answer["ended"][-10:]))
+    return "\n".join(lines)
+
+
 def stats_text(answer: dict) -> str:
     st = answer["stats"]
     q, lat = st.get("queue_delay_s", {}), st.get("collective_latency_s", {})
@@ -225,8 +242,9 @@ def build_parser():
     p.add_argument("--controller", default=os.environ.get("CAIS_CONTROLLER_HTTP", "127.0.0.1:7720"),
                    metavar="HOST:PORT", help="the service's HTTP address (default $CAIS_CONTROLLER_HTTP or 127.0.0.1:7720)")
     p.add_argument("--token-file", default=None, metavar="PATH", help="the shared secret (default $CAIS_TOKEN)")
-    p.add_argument("--json", action="store_true", help="print the service's JSON answer")
+    p.add_argument("--json", action="store_true", help="print the service's JSON answer (also after the command)")
     p.add_argument("--timeout", type=cli.number(0, 600, include_low=False), default=10.0, metavar="S")
+    cli.add_version(p)
     sub = p.add_subparsers(dest="command", required=True, parser_class=cli.Parser)
     a = sub.add_parser("add-rule", help="program an operator rule")
     a.add_argument("index", type=cli.integer(0))
@@ -246,9 +264,13 @@ def build_parser():
     sub.add_parser("dump-rules", help="every rule the controller programmed")
     sub.add_parser("show-stats", help="throughput, P50/P99, drops, ports, alerts")
     sub.add_parser("show-groups", help="groups, quotas and per-group counters")
+    sub.add_parser("show-jobs", help="jobs: hosts, ranks joined, each group on the switch or the host ring (why)")
     w = sub.add_parser("watch", help="show-stats and show-groups, refreshed in place")
     w.add_argument("--interval", type=cli.number(0.05, 3600), default=1.0, metavar="S")
     w.add_argument("--count", type=cli.integer(1), default=None, metavar="N", help="stop after N views")
+    for command in sub.choices.values():     # --json anywhere: `cais-cli watch --json` as `cais-cli --json watch`
+        command.add_argument("--json", action="store_true", default=cli.argparse.SUPPRESS,
+                             help="print the service's JSON answer")
     return p
 
 
@@ -284,6 +306,9 @@ def run(args, client: Client, out=sys.stdout) -> int:
     elif cmd == "show-groups":
         ans = client.request("GET", "/v1/groups")
         print(json.dumps(ans) if args.json else groups_table(ans["groups"]), file=out)
+    elif cmd == "show-jobs":
+        ans = client.request("GET", "/v1/jobs")
+        print(json.dumps(ans) if args.json else jobs_table(ans), file=out)
     elif cmd == "watch":
         tty = out.isatty() and not args.json
         n = 0

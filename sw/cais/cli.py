@@ -5,7 +5,21 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-__all__ = ["Parser", "integer", "number"]
+__all__ = ["Parser", "integer", "number", "add_version", "version"]
+
+
+def version() -> str:
+    """The installed package's version (pyproject.toml's, through the package metadata)."""
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+    try:
+        return dist_version("cais")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    """``--version``: the program's name and the package's version, exit 0."""
+    parser.add_argument("--version", action="version", version=f"{parser.prog} {version()}")
 
 
 class Parser(argparse.ArgumentParser):

@@ -22,7 +22,8 @@ What it does:
    the controller is stopped and started again with ``--recover``, and the ranks go on (they rejoin with
    their groups): an all-reduce of the world group and of a group made before the restart;
 6. runs every cais-cli command against the controller (add-rule, dump-rules, show-groups, show-stats,
-   watch, del-rule, and one with --json) and scrapes /metrics, printing a few lines of each;
+   watch, del-rule, one with --json, show-jobs) while the ranks wait at the end (their job's groups
+   go when it ends), and scrapes /metrics, printing a few lines of each;
 7. prints the summary table, CORRECT per collective when every rank's result matched, and removes the
    namespaces (and with them the veth pairs) and the temporary folder, also on Ctrl-C or SIGTERM.
 
@@ -63,7 +64,7 @@ RESTART_WAIT_S = 60.0
 CLI_COMMANDS = [["add-rule", "7", "--group", "200", "--contributors", "0,1", "--base", "60", "--count-log2", "1",
                  "--dtype", "fp16", "--op", "max"],
                 ["dump-rules"], ["show-groups"], ["show-stats"], ["watch", "--count", "1"], ["del-rule", "7"],
-                ["--json", "show-groups"]]
+                ["--json", "show-groups"], ["show-jobs"]]
 
 
 class Interrupted(Exception):
@@ -201,6 +202,13 @@ def _worker() -> int:
             rows.append({"name": RESTARTED_PAIR, "correct": True, "path": "-", "ms": 0.0, "elements": n_elem,
                          "wrong": 0, "member": False})
         dist.barrier()
+        # the job runs on while the orchestrator operates the controller (its groups go when the job ends)
+        (pause / f"done{r}").write_text("")
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while not (pause / "operated").exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the orchestrator did not run cais-cli within {RESTART_WAIT_S:g} s")
+            time.sleep(0.02)
         dist.destroy_process_group()
         status = 0
     except BaseException as e:        # noqa: BLE001 - reported to the orchestrator, then the exit status
@@ -278,7 +286,7 @@ class Cluster:
             time.sleep(0.05)
         return p
 
-    def start_controller(self, recover: bool = False, wait_s: float = 30.0) -> subprocess.Popen:
+    def start_controller(self, recover: bool = False, wait_s: float = 30.0, extra: tuple = ()) -> subprocess.Popen:
         """cais-controller in the switch's namespace; returns once it listens (its HTTP port known)."""
         ready = self.tmp / "controller.ready"
         ready.unlink(missing_ok=True)
@@ -287,7 +295,7 @@ class Cluster:
         p = self._spawn(self.switch_ns, ["-m", "cais.service", "--switch", self.control, "--listen", self.controller,
                                          "--http", "127.0.0.1:0", "--world-size", str(self.ranks), "--token-file",
                                          str(self.token_file), "--ready-file", str(ready)]
-                        + (["--recover"] if recover else []), dict(os.environ), log)
+                        + (["--recover"] if recover else []) + list(extra), dict(os.environ), log)
         deadline = time.monotonic() + wait_s
         while not ready.exists() or not ready.read_text().strip():
             if p.poll() is not None or time.monotonic() > deadline:
@@ -423,13 +431,14 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
         return _worker()
-    p = cli.Parser(prog="python -m cais.cluster", description="A CAIS cluster in network namespaces of its own: "
+    p = cli.Parser(prog="cais-cluster", description="A CAIS cluster in network namespaces of its own: "
                    "cais-switch (model) and one process per rank; runs every collective and checks it (root).")
     p.add_argument("--ranks", type=cli.integer(2), default=4)
     p.add_argument("--elements", type=cli.integer(1), default=4096, help="elements per rank (default 4096)")
     p.add_argument("--backend", choices=("model", "verilator"), default="model",
                    help="cais-switch's backend (default: model; verilator builds the exported Verilog first)")
     p.add_argument("--keep-logs", metavar="DIR", default=None, help="copy the switch's and ranks' logs here")
+    cli.add_version(p)
     args = p.parse_args(argv)
     if args.ranks > 16:
         p.error("--ranks: at most 16 (the switch's ports)")
@@ -450,6 +459,12 @@ def main(argv=None) -> int:
         ranks = cluster.start_ranks(args.elements)
         controller = cluster.restart_controller(controller, ranks)
         deadline = time.monotonic() + RANK_TIMEOUT_S
+        while not all((tmp / f"done{i}").exists() for i in range(args.ranks)):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in ranks):
+                break                      # a rank failed or hangs: its report says why
+            time.sleep(0.05)
+        operated = operate(cluster)        # while the job runs: its groups are there to be shown
+        (tmp / "operated").write_text("")
         for proc in ranks:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
@@ -464,7 +479,7 @@ def main(argv=None) -> int:
                                       "error": "no report; log tail: " + (tmp / f"rank{i}.log").read_text()[-800:]}]})
         table, ok = summary(reports, args.ranks, args.backend)
         print(table, flush=True)
-        ok &= operate(cluster)
+        ok &= operated
     except Interrupted as e:
         print(f"cais.cluster: interrupted ({e}); cleaning up", file=sys.stderr)
     except (subprocess.CalledProcessError, RuntimeError) as e:

@@ -275,6 +275,11 @@ class Controller:
                  f"slots {base}..{base + count - 1}" if info.offloadable else f"host only ({info.why_not})")
         return info
 
+    @property
+    def slots_allocated(self) -> int:
+        """Slots in the quotas of the groups and the operator rules."""
+        return sum(hi - lo for lo, hi in self._slot_ranges())
+
     def _slot_ranges(self) -> list[tuple[int, int]]:
         """[lo, hi) of every quota in use: the groups' and the operator rules'."""
         return ([(g.base, g.base + g.slot_count) for g in self.groups.values() if g.base is not None]
@@ -378,8 +383,16 @@ class Controller:
         return sorted(out, key=lambda t: t[0])
 
     async def remove_group(self, group_id: int) -> None:
+        """Free a group (its job ended): its rule entry invalidated, its slots emptied and given back, its
+        collectives' state forgotten (its accounting stays in the controller's totals)."""
         info = self.groups.pop(group_id)
         self._retypes.pop(group_id, None)
+        self._blocked.discard(group_id)
+        self._cleanups = [g for g in self._cleanups if g != group_id]
+        for key in [k for k in self._ops if k[0] == group_id]:
+            del self._ops[key]
+        for table in (self._quiet_since, self._latest, self._suspects):
+            table.pop(group_id, None)
         if info.rule_index is not None:
             await self._apply(rule_writes(self.regs, info.rule_index, None, valid=False))
         if info.base is not None:

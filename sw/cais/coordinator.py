@@ -8,9 +8,19 @@ store); ``python -m cais.coordinator`` runs it alone. The coordinator is the onl
 control endpoint (``cais-switch --control``, the AXI4-Lite port): it programs the MAC table, the groups'
 rules and slot quotas, and retypes rules, through :class:`ControlLink`.
 
-Requests (JSON lines; every answer carries ``dead``, the ranks whose connection ended without ``bye``)::
+Many jobs share one coordinator (docs/controller.md, "Jobs"). A job is a named group of ranks
+(``job``, default ``"default"``) on some of the controller's hosts (``hosts``: the host, i.e. switch
+port by default, of each of its ranks 0..world_size-1; default 0..world_size-1). Ranks, in every request
+and answer, are the job's own; the coordinator maps them to hosts. A job starts with its first ``hello``
+(its world group is created then; the default job's at start), runs, and ends when every rank that said
+hello has closed its connection: then its groups go (their rules, slots and quotas are freed) and its
+ranks may say hello again. It *failed* when a rank's connection ended without ``bye``. Jobs whose hosts
+overlap cannot run at once. Every request may carry ``job``; it defaults to the job of the connection's
+``hello``, else ``"default"``.
 
-    hello    {rank, world_size}               -> params, clock_hz, float_units, world group, config
+Requests (JSON lines; every answer carries ``dead``, the job's ranks whose connection ended without ``bye``)::
+
+    hello    {rank, world_size[, job, hosts]}  -> params, clock_hz, float_units, world group, hosts
     group    {rank, ranks, call}              -> the group, once every member asked (else an error after
                                                  the rendezvous timeout)
     decide   {group, op_seq, nbytes, kind}    -> decision or null (ask again)
@@ -18,7 +28,7 @@ Requests (JSON lines; every answer carries ``dead``, the ranks whose connection 
     fallback {rank, group, op_seq, why}
     status   {group, op_seq}                  -> fell_back, all_finished
     bye      {rank}
-    rejoin   {rank, world_size, groups}        after a controller restart (docs/controller.md): the groups
+    rejoin   {rank, world_size, groups[, job, hosts]}  after a controller restart (docs/controller.md): the groups
                                                  this rank is in, each with next_op and next_seq
 
 With a token (:class:`cais.service.ControllerService`, ``CAIS_TOKEN``), every request must carry it as
@@ -33,6 +43,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 
 from . import cli
 from . import protocol as proto
@@ -44,11 +55,53 @@ from .endpoint import EndpointError, JsonLines, connect, listen, parse_address
 from .link import run_sync
 from .params import SwitchParams
 
-__all__ = ["ControlLink", "Coordinator", "group_to_dict", "group_from_dict", "kind_to_dict", "kind_from_dict"]
+__all__ = ["ControlLink", "Coordinator", "Job", "DEFAULT_JOB", "group_to_dict", "group_from_dict", "kind_to_dict",
+           "kind_from_dict"]
 
 log = logging.getLogger("cais.coordinator")
 
 RENDEZVOUS_S = 60.0      # new_group waits this long for every member
+DEFAULT_JOB = "default"  # the job of a rank that names none
+JOB_HISTORY = 64         # ended jobs kept for show-jobs
+
+
+@dataclass
+class Job:
+    """One job on the coordinator: its ranks' hosts, who joined, its groups (module docstring).
+
+    Members
+    -------
+    hosts : tuple[int, ...]
+        ``hosts[r]``: the controller's host (switch port by default) of the job's rank r.
+    joined, live, left, dead : set[int]
+        Ranks that said hello; whose hello connection is open; that said bye; whose connection ended
+        without bye.
+    groups : list[int]
+        The controller's group ids of the job (its world group first).
+    """
+    name: str
+    hosts: tuple
+    started: float
+    world: GroupInfo | None = None
+    joined: set = field(default_factory=set)
+    live: set = field(default_factory=set)
+    left: set = field(default_factory=set)
+    dead: set = field(default_factory=set)
+    groups: list = field(default_factory=list)
+    calls: dict = field(default_factory=dict)     # (ranks, call) -> rendezvous entry of new_group
+
+    def host(self, rank: int) -> int:
+        if not 0 <= rank < len(self.hosts):
+            raise ValueError(f"job {self.name!r}: rank {rank} not in 0..{len(self.hosts) - 1}")
+        return self.hosts[rank]
+
+    def local(self, info: GroupInfo) -> dict:
+        """`info` as the job's ranks see it (their own rank numbers)."""
+        return dict(group_to_dict(info), ranks=[self.hosts.index(h) for h in info.ranks])
+
+    @property
+    def state(self) -> str:
+        return "failing" if self.dead else "running" if self.live else "idle"
 
 
 class ControlLink:
@@ -116,10 +169,12 @@ class Coordinator:
     -------
     controller : Controller
         Driving the switch through a :class:`ControlLink`.
-    world : GroupInfo
-        The group of every rank (created at start).
-    dead : set[int]
-        Ranks whose connection ended without ``bye``.
+    jobs : dict[str, Job]
+        The jobs running (module docstring), by name; the default job's created at start.
+    ended : list[dict]
+        The latest jobs that ended (``ended``, ``failed`` or ``replaced``), oldest first.
+    recovering : bool
+        Started with ``recover`` and no job's world group rejoined yet: only ``rejoin`` is answered.
     """
 
     def __init__(self, switch: str, world_size: int, config: Config, *, rank_ports: list[int] | None = None,
@@ -140,11 +195,12 @@ class Coordinator:
         self.token = token
         self.refused: dict[str, int] = {"token": 0, "invalid": 0}   # requests refused, by reason
         run_sync(self.controller.start())
+        self.jobs: dict[str, Job] = {}
+        self.ended: list[dict] = []                  # the latest JOB_HISTORY jobs that ended, oldest first
         # after a restart the world group, like every group, comes back with the ranks' rejoin
-        self.world = None if recover else run_sync(self.controller.create_group(list(range(world_size))))
-        self.dead: set[int] = set()
-        self._joined: set[int] = set()
-        self._groups: dict[tuple, dict] = {}         # (ranks, call) -> {"arrived": set, "info": dict | None}
+        self.recovering = recover
+        if not recover:
+            self._new_job(DEFAULT_JOB, tuple(range(world_size)))
         self._server: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self._closing = False
@@ -153,28 +209,135 @@ class Coordinator:
         return time.monotonic() - self._t0
 
     # ------------------------------------------------------------------ requests
+    # ------------------------------------------------------------------ jobs
+    def _job_name(self, req: dict, conn_state: dict) -> str:
+        name = req.get("job", conn_state.get("job", DEFAULT_JOB))
+        if not isinstance(name, str) or not name or len(name) > 64 or not name.isprintable():
+            raise ValueError(f"job {name!r}: a job name is 1 to 64 printable characters")
+        return name
+
+    def _hosts(self, req: dict, name: str, size: int) -> tuple:
+        hosts = req.get("hosts")
+        if hosts is None:
+            hosts = list(range(size))
+        if not isinstance(hosts, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in hosts):
+            raise ValueError(f"job {name!r}: hosts must be a list of integers")
+        if len(hosts) != size or len(set(hosts)) != size:
+            raise ValueError(f"job {name!r}: {size} ranks need {size} distinct hosts, got {hosts}")
+        bad = [h for h in hosts if not 0 <= h < self.world_size]
+        if bad:
+            raise ValueError(f"job {name!r}: host(s) {bad} not in 0..{self.world_size - 1} (this controller's "
+                             f"--world-size is {self.world_size})")
+        return tuple(hosts)
+
+    def _job(self, name: str) -> Job:
+        job = self.jobs.get(name)
+        if job is None:
+            raise ValueError(f"job {name!r}: no such job (say hello first)")
+        return job
+
+    def _new_job(self, name: str, hosts: tuple, *, world: bool = True) -> Job:
+        for other in list(self.jobs.values()):
+            if set(other.hosts) & set(hosts):
+                if other.joined:
+                    raise ValueError(f"job {name!r}: host(s) {sorted(set(other.hosts) & set(hosts))} are in use "
+                                     f"by job {other.name!r}")
+                self._end_job(other, "replaced")      # idle (nobody joined it): it gives way
+        job = Job(name, hosts, self.now())
+        self.jobs[name] = job
+        if world:
+            job.world = run_sync(self.controller.create_group(list(hosts)))
+            job.groups.append(job.world.group_id)
+        log.info("job %s started on hosts %s", name, list(hosts))
+        return job
+
+    def _end_job(self, job: Job, state: str) -> None:
+        """The job is over: its groups (rules, slots, quotas) are freed, its ranks may join again (the
+        controller forgets the groups even when the switch cannot be reached to invalidate their rules)."""
+        self.jobs.pop(job.name, None)
+        self.ended.append({"job": job.name, "hosts": list(job.hosts), "state": state, "groups": list(job.groups),
+                           "dead": sorted(job.dead), "started": job.started, "ended": self.now()})
+        del self.ended[:-JOB_HISTORY]
+        self._lock.notify_all()
+        for gid in job.groups:
+            if gid in self.controller.groups:
+                try:
+                    run_sync(self.controller.remove_group(gid))   # forgets the group first, then writes
+                except (EndpointError, OSError) as e:
+                    log.error("job %s: freeing group %d on the switch: %s", job.name, gid, e)
+        (log.warning if state == "failed" else log.info)("job %s %s; its groups %s freed", job.name, state, job.groups)
+
+    def jobs_view(self) -> dict:
+        """The running jobs and the latest ended ones (cais-cli show-jobs, /v1/jobs)."""
+        running = []
+        for job in self.jobs.values():
+            groups = [self.controller.groups[g] for g in job.groups if g in self.controller.groups]
+            running.append({"job": job.name, "hosts": list(job.hosts), "state": job.state,
+                            "joined": sorted(job.joined), "left": sorted(job.left), "dead": sorted(job.dead),
+                            "started": job.started,
+                            "groups": [{"group_id": g.group_id, "ranks": [job.hosts.index(h) for h in g.ranks],
+                                        "path": "switch" if g.offloadable else "host ring",
+                                        "why_not": g.why_not} for g in groups]})
+        return {"jobs": running, "ended": list(self.ended)}
+
+    def _hello(self, req: dict, conn_state: dict) -> dict:
+        rank, size = int(req["rank"]), int(req["world_size"])
+        name = self._job_name(req, conn_state)
+        if not 0 <= rank < size:
+            raise ValueError(f"rank {rank}: not in 0..{size - 1}")
+        if size > self.world_size:
+            raise ValueError(f"rank {rank} says world_size={size}; the coordinator has {self.world_size} hosts")
+        hosts = self._hosts(req, name, size)
+        job = self.jobs.get(name)
+        if job is not None and job.hosts != hosts:
+            if job.joined:
+                raise ValueError(f"job {name!r} runs on hosts {list(job.hosts)}; rank {rank} says {list(hosts)}")
+            self._end_job(job, "replaced")
+            job = None
+        if job is None:
+            job = self._new_job(name, hosts)
+        if rank in job.joined:
+            raise ValueError(f"job {name!r}: rank {rank} joined twice (its first connection is still open)")
+        job.joined.add(rank)
+        job.live.add(rank)
+        conn_state["rank"], conn_state["job"] = rank, name
+        return {"params": self.link.params.as_dict(), "clock_hz": self.link.clock_hz,
+                "float_units": self.controller.float_units, "world": job.local(job.world),
+                "backend": self.link.backend, "job": name, "hosts": list(job.hosts)}
+
+    def _left(self, conn_state: dict) -> None:
+        """A rank's hello connection ended (with bye or without): the job ends once all are gone."""
+        job = self.jobs.get(conn_state.get("job"))
+        rank = conn_state.get("rank")
+        if job is None or rank not in job.live:
+            return
+        job.live.discard(rank)
+        (job.left if conn_state.get("bye") else job.dead).add(rank)
+        self._lock.notify_all()
+        if not conn_state.get("bye"):
+            log.warning("job %s: rank %d disconnected without saying bye", job.name, rank)
+        if not job.live:
+            self._end_job(job, "failed" if job.dead else "ended")
+
+    # ------------------------------------------------------------------ requests
     def handle(self, req: dict, conn_state: dict) -> dict:
         op = req.get("op")
         with self._lock:
             if op == "rejoin":
                 return self._rejoin(req, conn_state)
-            if self.world is None:
+            if self.recovering and op not in ("ping", "bye"):
                 raise ValueError("the controller restarted and waits for the ranks to rejoin")
             if op == "hello":
-                rank, size = int(req["rank"]), int(req["world_size"])
-                if size != self.world_size:
-                    raise ValueError(f"rank {rank} says world_size={size}; the coordinator has {self.world_size}")
-                if not 0 <= rank < size:
-                    raise ValueError(f"rank {rank}: not in 0..{size - 1}")
-                if rank in self._joined:
-                    raise ValueError(f"rank {rank} joined twice")
-                self._joined.add(rank)
-                conn_state["rank"] = rank
-                return {"params": self.link.params.as_dict(), "clock_hz": self.link.clock_hz,
-                        "float_units": self.controller.float_units, "world": group_to_dict(self.world),
-                        "backend": self.link.backend}
+                return self._hello(req, conn_state)
             if op == "group":
-                return self._group(int(req["rank"]), tuple(int(r) for r in req["ranks"]), int(req["call"]))
+                job = self._job(self._job_name(req, conn_state))
+                return self._group(job, int(req["rank"]), tuple(int(r) for r in req["ranks"]), int(req["call"]))
+            if op in ("decide", "finished", "fallback", "status") and "group" in req:
+                job = self._job(self._job_name(req, conn_state))
+                if int(req["group"]) not in self.controller.groups:
+                    raise ValueError(f"group {int(req['group'])}: no such group")
+                if int(req["group"]) not in job.groups:
+                    raise ValueError(f"group {int(req['group'])}: not a group of job {job.name!r}")
             if op == "decide":
                 run_sync(self.controller.service(self.now()))
                 d = self.controller.decide(int(req["group"]), int(req["op_seq"]), int(req["nbytes"]), self.now(),
@@ -187,11 +350,11 @@ class Coordinator:
                 self.controller.tick(self.now())
                 if req.get("rtt") is not None:          # the first chunk's round trip (switch path)
                     self.controller.report_rtts([float(req["rtt"])])
-                self.controller.finished(int(req["rank"]), int(req["group"]), int(req["op_seq"]))
+                self.controller.finished(job.host(int(req["rank"])), int(req["group"]), int(req["op_seq"]))
                 run_sync(self.controller.service(self.now()))
                 return {}
             if op == "fallback":
-                self.controller.request_fallback(int(req["group"]), int(req["op_seq"]), int(req["rank"]),
+                self.controller.request_fallback(int(req["group"]), int(req["op_seq"]), job.host(int(req["rank"])),
                                                  self.now(), str(req.get("why", "")))
                 return {}
             if op == "status":
@@ -206,23 +369,34 @@ class Coordinator:
 
     def _rejoin(self, req: dict, conn_state: dict) -> dict:
         rank, size = int(req["rank"]), int(req["world_size"])
-        if size != self.world_size or not 0 <= rank < size:
-            raise ValueError(f"rank {rank} of {size}: this controller serves {self.world_size} ranks")
+        name = self._job_name(req, conn_state)
+        if size > self.world_size or not 0 <= rank < size:
+            raise ValueError(f"rank {rank} of {size}: this controller serves {self.world_size} hosts")
+        hosts = self._hosts(req, name, size)
         groups = req["groups"]
         if not isinstance(groups, list):
             raise ValueError("rejoin: groups must be a list")
         for g in groups:
-            if rank not in g["ranks"]:
-                raise ValueError(f"rejoin: rank {rank} is not in group {g['group_id']}")
+            if rank not in g["ranks"] or not all(0 <= int(r) < size for r in g["ranks"]):
+                raise ValueError(f"rejoin: rank {rank} is not in group {g['group_id']} of ranks 0..{size - 1}")
+        job = self.jobs.get(name)
+        if job is not None and job.hosts != hosts:
+            raise ValueError(f"job {name!r} runs on hosts {list(job.hosts)}; rank {rank} says {list(hosts)}")
+        if job is None:
+            job = self._new_job(name, hosts, world=False)
         for g in groups:
-            info = run_sync(self.controller.adopt_group(int(g["group_id"]), [int(r) for r in g["ranks"]],
+            info = run_sync(self.controller.adopt_group(int(g["group_id"]), [hosts[int(r)] for r in g["ranks"]],
                                                         g["base"], int(g["count_log2"]), g["rule_index"],
                                                         int(g["next_seq"]), int(g["next_op"])))
-            if len(info.ranks) == self.world_size and self.world is None:
-                self.world = info
-        self._joined.add(rank)
-        conn_state["rank"] = rank
-        self.dead.discard(rank)
+            if info.group_id not in job.groups:
+                job.groups.append(info.group_id)
+            if len(info.ranks) == size and job.world is None:
+                job.world = info
+                self.recovering = False
+        job.joined.add(rank)
+        job.live.add(rank)
+        job.dead.discard(rank)
+        conn_state["rank"], conn_state["job"] = rank, name
         return {"groups": sorted(int(g["group_id"]) for g in groups)}
 
     def authorised(self, req) -> bool:
@@ -232,21 +406,27 @@ class Coordinator:
         given = req.get("token") if isinstance(req, dict) else None
         return isinstance(given, str) and hmac.compare_digest(given.encode(), self.token.encode())
 
-    def _group(self, rank: int, ranks: tuple, call: int) -> dict:
+    def _group(self, job: Job, rank: int, ranks: tuple, call: int) -> dict:
         if rank not in ranks:
             raise ValueError(f"rank {rank} asked for group {list(ranks)} it is not part of")
+        for r in ranks:
+            job.host(r)                       # a rank the job does not have: refused
         key = (ranks, call)
-        entry = self._groups.setdefault(key, {"arrived": set(), "info": None, "error": None})
+        entry = job.calls.setdefault(key, {"arrived": set(), "info": None, "error": None})
         entry["arrived"].add(rank)
         if entry["info"] is None and entry["error"] is None and entry["arrived"] >= set(ranks):
             try:
-                entry["info"] = group_to_dict(run_sync(self.controller.create_group(list(ranks))))
+                info = run_sync(self.controller.create_group([job.hosts[r] for r in ranks]))
+                job.groups.append(info.group_id)
+                entry["info"] = job.local(info)
             except (ValueError, RuntimeError) as e:
                 entry["error"] = str(e)
             self._lock.notify_all()
         deadline = time.monotonic() + RENDEZVOUS_S
         while entry["info"] is None and entry["error"] is None:
-            lost = (set(ranks) - entry["arrived"]) & self.dead
+            if self.jobs.get(job.name) is not job:
+                raise ValueError(f"new_group({list(ranks)}): job {job.name!r} ended")
+            lost = (set(ranks) - entry["arrived"]) & job.dead
             if lost:
                 raise ValueError(f"new_group({list(ranks)}): rank(s) {sorted(lost)} left before joining")
             left = deadline - time.monotonic()
@@ -284,23 +464,23 @@ class Coordinator:
                     with self._lock:
                         self.refused["token"] += 1
                     log.warning("refused a request without the controller's token (op %r)", req.get("op"))
-                    reply = {"ok": False, "error": "unauthorised: missing or wrong token"}
+                    reply = {"ok": False, "error": "unauthorised: missing or wrong token (set CAIS_TOKEN to the "
+                                                   "controller's token, the content of its --token-file)"}
                 else:
                     reply = self._answer(req, state)
                 with self._lock:
-                    reply["dead"] = sorted(self.dead)
+                    job = self.jobs.get(state.get("job") or (req.get("job") if isinstance(req, dict) else None)
+                                        or DEFAULT_JOB)
+                    reply["dead"] = sorted(job.dead) if job is not None else []
                 try:
                     conn.send(reply)
                 except OSError:
                     break
         finally:
             conn.close()
-            rank = state.get("rank")
-            if rank is not None and not state.get("bye") and not self._closing:
+            if state.get("rank") is not None and not self._closing:
                 with self._lock:
-                    self.dead.add(rank)
-                    self._lock.notify_all()
-                log.warning("rank %d disconnected without saying bye", rank)
+                    self._left(state)
 
     def serve(self, address: str) -> None:
         """Listen on `address` and answer in background threads (returns at once)."""

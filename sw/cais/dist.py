@@ -42,7 +42,7 @@ from .allreduce import CollectiveKind, SwitchAllReduce, chunk_count
 from .comm import CollectiveError, Communicator, Group, Work as _CommWork, host_mac
 from .config import Config
 from .controller import GroupInfo
-from .coordinator import Coordinator, group_from_dict, group_to_dict, kind_to_dict
+from .coordinator import DEFAULT_JOB, Coordinator, group_from_dict, group_to_dict, kind_to_dict
 from .endpoint import EndpointError, RefusedError, connect
 from .forward import ForwardGather
 from .numerics import native_dtype
@@ -57,7 +57,8 @@ __all__ = ["init", "is_initialized", "destroy_process_group", "new_group", "get_
 #: environment variables :func:`init` reads for the arguments it is not given
 ENV = {"rank": "CAIS_RANK", "world_size": "CAIS_WORLD_SIZE", "interface": "CAIS_IFACE",
        "switch": "CAIS_SWITCH", "controller": "CAIS_CONTROLLER", "config": "CAIS_CONFIG",
-       "timeout": "CAIS_TIMEOUT", "token": "CAIS_TOKEN"}
+       "timeout": "CAIS_TIMEOUT", "token": "CAIS_TOKEN", "job": "CAIS_JOB", "hosts": "CAIS_HOSTS",
+       "connect_timeout": "CAIS_CONNECT_TIMEOUT"}
 #: configuration for real time: Python ranks answer in about a millisecond, not in switch cycles
 DEPLOY_DEFAULTS = {"timeout_ms": 50.0, "reevaluate_interval_ms": 1000.0}
 DEFAULT_TIMEOUT_S = 60.0     # a collective that has not completed by then fails
@@ -125,6 +126,7 @@ class ProcessGroup:
         self.mac = host_mac(rank)
         self.coordinator = None
         token = os.environ.get(ENV["token"]) or None    # the controller service's shared secret
+        self.job, self.hosts = _job_from_env(world_size)
         self.port = RawPort(interface)         # OSError naming the interface when it is not there
         try:
             if rank == 0 and os.environ.get("CAIS_COORDINATOR") != "external":
@@ -136,7 +138,10 @@ class ProcessGroup:
                 self.coordinator.serve(controller)
             self._user = connect(controller, timeout=max(self.timeout, 70.0), retry_for=connect_timeout,
                                  name="coordinator", token=token)
-            hello = self._user.request("hello", rank=rank, world_size=world_size)
+            hello = self._user.request("hello", rank=rank, world_size=world_size, job=self.job,
+                                       **({"hosts": self.hosts} if self.hosts is not None else {}))
+            self.hosts = [int(h) for h in hello.get("hosts", range(world_size))]
+            self.mac = self._mac_of(rank)     # the switch knows a host by its host's MAC
             self._ctl = connect(controller, timeout=10.0, name="coordinator", token=token)
         except BaseException:
             self.port.close()
@@ -306,7 +311,7 @@ class ProcessGroup:
         op.deadline = now + self.timeout
         op.started = now
         index = op.group.ranks.index(self.rank)
-        macs = [host_mac(r) for r in op.group.ranks]
+        macs = [self._mac_of(r) for r in op.group.ranks]
         if op.kind == "all_reduce":
             op.state = "decide"
         elif op.kind == "reduce_scatter":
@@ -330,7 +335,7 @@ class ProcessGroup:
     def _start_ring(self, op: _Op, now: float) -> None:
         k = op.ckind
         order = sorted(range(len(op.group.ranks)), key=lambda i: op.group.ports[i])
-        op.engine = RingAllReduce(op.group.ranks.index(self.rank), [host_mac(r) for r in op.group.ranks],
+        op.engine = RingAllReduce(op.group.ranks.index(self.rank), [self._mac_of(r) for r in op.group.ranks],
                                   op.group.group_id, op.seq, op.data, k.op, self.mac, self.config.timeout_s,
                                   now=now, dtype=k.dtype, saturate=k.saturate, reproducible=k.reproducible,
                                   acc_fp32=k.acc_fp32, fold_order=order)
@@ -345,7 +350,13 @@ class ProcessGroup:
                 keep.append((t, frame))
         self._stash = keep
 
+    def _mac_of(self, rank: int) -> int:
+        """The MAC address of this job's rank `rank`: its host's (job ranks and hosts differ when many
+        jobs share the switch)."""
+        return host_mac(self.hosts[rank])
+
     def _rpc(self, name: str, **fields) -> dict:
+        fields["job"] = self.job
         try:
             reply = self._ctl.request(name, **fields)
         except RefusedError:
@@ -371,7 +382,8 @@ class ProcessGroup:
             groups = [dict(group_to_dict(info), next_op=self._next_op.get(g, 0), next_seq=info.next_seq)
                       for g, info in sorted(self.controller.groups.items())]
         # on the connection that said hello: the one whose end without bye means this rank is gone
-        self._user.request("rejoin", rank=self.rank, world_size=self.world_size, groups=groups)
+        self._user.request("rejoin", rank=self.rank, world_size=self.world_size, groups=groups, job=self.job,
+                           hosts=self.hosts)
         self.rejoins += 1
 
     def _step(self, op: _Op, now: float) -> bool:
@@ -530,6 +542,21 @@ class ProcessGroup:
         os.close(self._wakeup_w)
 
 
+def _job_from_env(world_size: int) -> tuple[str, list[int] | None]:
+    """(job name, hosts or None) from CAIS_JOB and CAIS_HOSTS (a comma-separated host per rank)."""
+    job = os.environ.get(ENV["job"]) or DEFAULT_JOB
+    text = os.environ.get(ENV["hosts"])
+    if not text:
+        return job, None
+    try:
+        hosts = [int(h) for h in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{ENV['hosts']}={text!r}: expected a comma-separated host number per rank") from None
+    if len(hosts) != world_size:
+        raise ValueError(f"{ENV['hosts']}={text!r}: {len(hosts)} hosts for world_size={world_size}")
+    return job, hosts
+
+
 class _ControllerView:
     """What Communicator reads of the controller in a rank process."""
 
@@ -582,7 +609,7 @@ def _env(name: str, value, cast=str):
 
 def init(interface: str | None = None, rank: int | None = None, world_size: int | None = None, *,
          switch: str | None = None, controller: str | None = None, config: Config | str | None = None,
-         timeout: float | None = None, connect_timeout: float = CONNECT_S, **overrides) -> ProcessGroup:
+         timeout: float | None = None, connect_timeout: float | None = None, **overrides) -> ProcessGroup:
     """Join the cluster as `rank` of `world_size` on network interface `interface` (wired to switch port
     `rank`). Arguments not given come from the environment (:data:`ENV`: ``CAIS_IFACE``, ``CAIS_RANK``,
     ``CAIS_WORLD_SIZE``, ``CAIS_SWITCH``, ``CAIS_CONTROLLER``, ``CAIS_CONFIG``, ``CAIS_TIMEOUT``).
@@ -593,8 +620,8 @@ def init(interface: str | None = None, rank: int | None = None, world_size: int 
     `overrides` replace its keys; :data:`DEPLOY_DEFAULTS` apply where neither says otherwise. `timeout`
     (seconds, default 60) bounds every collective. Errors: ValueError for missing or bad arguments,
     OSError for an interface that is not there, :class:`cais.endpoint.EndpointError` when the
-    coordinator or the switch cannot be reached within `connect_timeout` seconds (default 30: rank 0
-    may start last).
+    coordinator or the switch cannot be reached within `connect_timeout` seconds (``CAIS_CONNECT_TIMEOUT``,
+    default 30: rank 0 may start last).
     """
     global _pg
     if _pg is not None:
@@ -604,6 +631,12 @@ def init(interface: str | None = None, rank: int | None = None, world_size: int 
     world_size = _env("world_size", world_size, int)
     switch = _env("switch", switch)
     timeout = _env("timeout", timeout, float)
+    connect_timeout = _env("connect_timeout", connect_timeout, float)
+    if connect_timeout is None:
+        connect_timeout = CONNECT_S
+    if not 0 < connect_timeout < 1e6:
+        raise ValueError(f"cais.init: connect_timeout={connect_timeout!r} ({ENV['connect_timeout']}): must be a "
+                         "number of seconds > 0")
     missing = [ENV[k] for k, v in (("interface", interface), ("rank", rank), ("world_size", world_size))
                if v is None]
     if missing:

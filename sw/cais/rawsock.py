@@ -8,6 +8,7 @@ copies of its own transmissions the kernel hands back to packet sockets.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
@@ -65,18 +66,19 @@ class RawPort:
         Frames given up because the send buffer stayed full for ``SEND_WAIT_S``.
     """
 
-    def __init__(self, name: str, pcap: "PcapWriter | None" = None):
-        why = interface_error(name)
+    def __init__(self, name: str, pcap: "PcapWriter | None" = None, carrier_wait: float = CARRIER_WAIT_S):
+        why = interface_error(name, carrier_wait)
         if why:
             raise OSError(why)
         self.name, self.pcap = name, pcap
+        self.ifindex = socket.if_nametoindex(name)   # a deleted and re-created interface gets a new one
         # protocol 0 first: the socket receives nothing until it is bound to the interface
         self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, RCVBUF)
             self.sock.bind((name, ETH_P_ALL))
-            mreq = struct.pack("iHH8s", socket.if_nametoindex(name), PACKET_MR_PROMISC, 0, b"")
+            mreq = struct.pack("iHH8s", self.ifindex, PACKET_MR_PROMISC, 0, b"")
             self.sock.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, mreq)
         except OSError:
             self.sock.close()
@@ -101,6 +103,13 @@ class RawPort:
             except BlockingIOError:
                 self.send_drops += 1
                 return
+        except OSError as e:
+            if e.errno != errno.ENOBUFS:
+                raise
+            # the interface's queue is full: its carrier is gone (the peer end is down) or it is congested;
+            # lost like a frame on a congested wire, which the protocols repeat
+            self.send_drops += 1
+            return
         if self.pcap:
             self.pcap.write(frame)
 
@@ -119,9 +128,10 @@ class RawPort:
             out.append(data)
         return out
 
-    def close(self) -> None:
+    def close(self, pcap: bool = True) -> None:
+        """Close the socket, and the capture unless `pcap` is False (a port that will be opened again)."""
         self.sock.close()
-        if self.pcap:
+        if self.pcap and pcap:
             self.pcap.close()
 
 

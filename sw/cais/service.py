@@ -18,6 +18,8 @@ through cais-switch's control endpoint. It listens twice:
 
       GET    /v1/health            switch backend, groups, uptime
       GET    /v1/stats             Controller.stats() of the last evaluation, with P50/P99
+      GET    /v1/jobs              running jobs (hosts, ranks joined, groups: switch or host ring and
+                                   why) and the latest ended ones (ended or failed)
       GET    /v1/groups            per group: ranks, quota, rule, kind, accounting
       GET    /v1/rules             every rule the controller programmed (the table is write only)
       POST   /v1/rules             {"index": N, "rule": {...}}  an operator rule (cais.admin.rule_from_dict)
@@ -96,6 +98,9 @@ class MetricsCollector:
             groups = {g: svc.controller.group_counters(g) for g in sorted(svc.controller.groups)}
             refused = dict(svc.refused_all())
             sets = 2 * svc.controller.params.slots
+            jobs = svc.coordinator.jobs_view()
+            rules_in_use = len(svc.controller.dump_rules())
+            slots_allocated = svc.controller.slots_allocated
         counters = st.get("counters", {})
         g = GaugeMetricFamily("cais_sets_in_use", "Shadow sets holding a chunk (SLOTS_IN_USE)")
         g.add_metric([], counters.get("SLOTS_IN_USE", 0))
@@ -158,6 +163,26 @@ class MetricsCollector:
             for gid, gc in groups.items():
                 c.add_metric([str(gid)], gc[key])
             yield c
+        g = GaugeMetricFamily("cais_jobs", "Jobs running on the controller, by state", labels=["state"])
+        for state in ("running", "failing", "idle"):
+            g.add_metric([state], sum(j["state"] == state for j in jobs["jobs"]))
+        yield g
+        g = GaugeMetricFamily("cais_job_groups_host_ring", "Groups of a running job that run on the host ring, "
+                              "by why (no rule entry or slots left)", labels=["job", "reason"])
+        for j in jobs["jobs"]:
+            reasons: dict[str, int] = {}
+            for grp in j["groups"]:
+                if grp["why_not"]:
+                    reasons[grp["why_not"]] = reasons.get(grp["why_not"], 0) + 1
+            for why, n in sorted(reasons.items()):
+                g.add_metric([j["job"], why], n)
+        yield g
+        g = GaugeMetricFamily("cais_rules_in_use", "Rule entries the controller holds (groups' and operator rules)")
+        g.add_metric([], rules_in_use)
+        yield g
+        g = GaugeMetricFamily("cais_slots_allocated", "Slots in the quotas of the groups and operator rules")
+        g.add_metric([], slots_allocated)
+        yield g
         c = CounterMetricFamily("cais_requests_refused", "Requests refused, by endpoint and reason",
                                 labels=["endpoint", "reason"])
         for (endpoint, reason), n in sorted(refused.items()):
@@ -248,12 +273,16 @@ class ControllerService:
         ctl = self.controller
         if path == "/v1/health" and method == "GET":
             return 200, {"ok": True, "backend": self.coordinator.link.backend, "groups": len(ctl.groups),
-                         "uptime_s": time.monotonic() - self._t0, "recovering": self.coordinator.world is None}
+                         "uptime_s": time.monotonic() - self._t0, "recovering": self.coordinator.recovering,
+                         "jobs": len(self.coordinator.jobs)}
         if path == "/v1/stats" and method == "GET":
             with self.lock:
                 st = ctl.stats()
             st.pop("counters", None)
             return 200, {"ok": True, "stats": st, "refused": {f"{e}:{r}": n for (e, r), n in self.refused_all().items()}}
+        if path == "/v1/jobs" and method == "GET":
+            with self.lock:
+                return 200, {"ok": True, **self.coordinator.jobs_view()}
         if path == "/v1/groups" and method == "GET":
             with self.lock:
                 return 200, {"ok": True, "groups": [ctl.group_counters(g) for g in sorted(ctl.groups)]}
@@ -300,7 +329,7 @@ class ControllerService:
                 except ValueError as e:
                     return self._bad("bad_request", 400, str(e))
             return 200, {"ok": True, "index": index, "rule": rule_to_dict(rule)}
-        if path in ("/v1/health", "/v1/stats", "/v1/groups", "/v1/rules", "/metrics") or m:
+        if path in ("/v1/health", "/v1/stats", "/v1/jobs", "/v1/groups", "/v1/rules", "/metrics") or m:
             return self._bad("method", 405, f"{method} {path}: method not allowed")
         return self._bad("not_found", 404, f"{path}: no such resource")
 
@@ -349,7 +378,8 @@ def _handler(service: ControllerService):
                 service.refuse("token")
                 log.warning("http: refused %s %s without the token", method, self.path)
                 return self._send(401, {"ok": False, "error": "unauthorised: missing or wrong token "
-                                                              "(Authorization: Bearer ...)"})
+                                                              "(Authorization: Bearer ...; cais-cli: --token-file "
+                                                              "or CAIS_TOKEN)"})
             path = self.path.split("?", 1)[0]
             if path == "/metrics" and method == "GET":
                 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -391,6 +421,7 @@ def main(argv=None) -> int:
     p.add_argument("--ready-file", default=None, metavar="PATH", help="written (HTTP port) once listening")
     p.add_argument("--switch-wait", type=cli.number(0, 3600), default=10.0, metavar="S",
                    help="wait this long for the switch's endpoint (default 10)")
+    cli.add_version(p)
     args = p.parse_args(argv)
     try:
         config = Config.load(args.config)
