@@ -99,7 +99,6 @@ def test_real_run_of_the_alu_lane(tmp_path, capsys):
     assert again["cached"] and again["key"] == result["key"] and again["lut4"] == result["lut4"]
 
     # --json: one object with fmax_mhz keyed by design (from the cache now), and the baselines
-    import json
     assert bench.main(["--only", "alu_int32", "--out", str(tmp_path), "--seed", "4", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert out["fmax_mhz"] == {"alu_int32": result["fmax_mhz"]} and out["part"] == opts.part

@@ -25,7 +25,10 @@ import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStreamSource
 
+from amaranth.lib import data
+
 from cais import protocol as proto
+from cais.hdl.ingress import frame_meta_layout
 from cais.protocol import DropReason as R
 from cais.sim.refmodel import SwitchModel
 from cais.tb.common import IDLE_BACKPRESSURE, clock_and_reset, quiet_bfms, set_backpressure, set_idle, tb_params
@@ -196,14 +199,14 @@ class TB:
             self.rx_frames += int(d.rx_frame.value)
             self.rx_bytes += d.rx_bytes.value.to_unsigned()
 
-    def meta(self, word: int) -> tuple[bytes, int, int]:
-        """(first 30 bytes, length, beats) of an m_hdr word: frame_meta_layout, first field in the LSBs."""
-        hdr_bits = 8 * proto.HEADERS_BYTES
-        len_bits = self.P.max_frame.bit_length()
-        beats_bits = self.P.max_frame_beats.bit_length()
-        assert len(self.dut.m_hdr__tdata) == hdr_bits + len_bits + beats_bits
-        return ((word & ((1 << hdr_bits) - 1)).to_bytes(proto.HEADERS_BYTES, "little"),
-                word >> hdr_bits & ((1 << len_bits) - 1), word >> (hdr_bits + len_bits) & ((1 << beats_bits) - 1))
+    def meta(self, word: int) -> tuple[bytes, int, int, int]:
+        """(first 30 bytes, length, beats, all_reduce) of an m_hdr word, by the fields of frame_meta_layout
+        (the one definition the RTL builds the word from)."""
+        layout = data.Layout.cast(frame_meta_layout(self.P))
+        assert len(self.dut.m_hdr__tdata) == layout.size
+        value = {name: word >> f.offset & ((1 << f.width) - 1) for name, f in layout}
+        return (value["hdr"].to_bytes(proto.HEADERS_BYTES, "little"), value["length"], value["beats"],
+                value["all_reduce"])
 
     async def run(self, stims: list[Stim]):
         P, B = self.P, self.B
@@ -240,9 +243,12 @@ class TB:
         assert len(got_meta) == len(good), f"{len(got_meta)} good frames out, want {len(good)}"
         assert len(got_beats) == beats_due, f"{len(got_beats)} beats out, want {beats_due}"
         at = 0
-        for s, (hdr, length, nbeats) in zip(good, got_meta):
+        for s, (hdr, length, nbeats, all_reduce) in zip(good, got_meta):
             L = len(s.data)
             assert (length, nbeats) == (L, -(-L // B)), f"{s.label}: meta length {length} beats {nbeats}"
+            parsed = proto.parse_frame(s.data)
+            want_ar = parsed.cais is not None and parsed.cais.op_type == proto.OpType.ALL_REDUCE
+            assert all_reduce == want_ar, f"{s.label}: all_reduce {all_reduce}, the frame says {want_ar}"
             n = min(L, proto.HEADERS_BYTES)
             assert hdr[:n] == s.data[:n], f"{s.label}: header {hdr[:n].hex()} != {s.data[:n].hex()}"
             for j in range(nbeats):
