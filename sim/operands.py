@@ -12,10 +12,11 @@ import numpy as np
 from cais.hdl.fpu import BF16, FP16, FP32, FloatFormat
 from cais.protocol import DType
 
-__all__ = ["FLOAT_FMT", "UINT", "catalogue", "directed_add_pairs", "random_pairs", "all_pairs", "maxmin_catalogue",
+__all__ = ["FLOAT_FMT", "INT_BITS", "UINT", "catalogue", "random_row", "directed_add_pairs", "random_pairs", "all_pairs", "maxmin_catalogue",
            "maxmin_random", "int_pairs", "float_pairs", "acc32_pairs"]
 
 FLOAT_FMT = {DType.FP32: FP32, DType.FP16: FP16, DType.BF16: BF16}
+INT_BITS = {DType.INT32: 32, DType.INT16: 16, DType.INT8: 8}
 UINT = {32: np.uint32, 16: np.uint16}
 
 
@@ -199,3 +200,17 @@ def acc32_pairs(dtype: DType, n: int, rng):
                      rng.choice(np.array(catalogue(FP32), np.uint64), n))
     src = rng.choice(3, n, p=[0.4, 0.3, 0.3])
     return np.choose(src, [wa, noisy, any32]), hb
+
+
+def random_row(rng, dtype: DType, width: int) -> int:
+    """A ``width``-bit row of random elements of ``dtype`` (``rng``: a random.Random), each of them a
+    special value of its type 30% of the time (the float catalogue; an integer's 0, 1, -1 and extremes),
+    elements big-endian as on the wire, the row's bytes in AXI order (byte 0 in the low bits)."""
+    if dtype in INT_BITS:
+        bits = INT_BITS[dtype]
+        special = [0, 1, (1 << bits) - 1, 1 << (bits - 1), (1 << (bits - 1)) - 1]
+    else:
+        bits = FLOAT_FMT[dtype].width
+        special = catalogue(FLOAT_FMT[dtype])
+    elems = [rng.choice(special) if rng.random() < 0.3 else rng.getrandbits(bits) for _ in range(width // bits)]
+    return int.from_bytes(b"".join(e.to_bytes(bits // 8, "big") for e in elems), "little")

@@ -11,25 +11,9 @@ import pytest
 from cais import numerics
 from cais.hdl.fold import FoldChain
 from cais.protocol import DType, ReduceOp
-from cais.sim.operands import FLOAT_FMT, catalogue
+from cais.sim.operands import INT_BITS, random_row
 
 from blocksim import run as simulate
-
-INT_BITS = {DType.INT32: 32, DType.INT16: 16, DType.INT8: 8}
-
-
-def random_row(rng: random.Random, dtype: DType, W: int) -> int:
-    """A row of random elements: random bits, with the format's special values mixed in (floats)."""
-    if dtype in INT_BITS:
-        bits = INT_BITS[dtype]
-        special = [0, 1, (1 << bits) - 1, 1 << (bits - 1), (1 << (bits - 1)) - 1]
-    else:
-        bits = FLOAT_FMT[dtype].width
-        special = catalogue(FLOAT_FMT[dtype])
-    n = W // bits
-    elems = [rng.choice(special) if rng.random() < 0.3 else rng.getrandbits(bits) for _ in range(n)]
-    data = b"".join(e.to_bytes(bits // 8, "big") for e in elems)          # big-endian elements
-    return int.from_bytes(data, "little")                                  # AXI byte order
 
 
 def reference(rows: list[int], mask: int, dtype, op, acc_fp32, saturate, W) -> tuple[int, int]:

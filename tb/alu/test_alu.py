@@ -25,11 +25,10 @@ from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamMonitor, AxiStr
 from cais import numerics
 from cais.hdl.blocks import fold_input_fields
 from cais.protocol import DType, ReduceOp
-from cais.sim.operands import FLOAT_FMT, catalogue
+from cais.hdl.slot_alu import FADD_STAGES
+from cais.sim.operands import INT_BITS, random_row
 from cais.tb.common import CLOCK_NS, clock_and_reset, quiet_bfms, set_idle, tb_params
 
-INT_BITS = {DType.INT32: 32, DType.INT16: 16, DType.INT8: 8}
-FADD_STAGES = 6                 # cais.hdl.slot_alu.FADD_STAGES, the chain's default
 ITEMS = 48                      # items per case
 
 
@@ -42,18 +41,6 @@ def _build_dtypes():
 
 
 DTYPES = _build_dtypes()
-
-
-def random_row(rng: random.Random, dtype: DType, W: int) -> int:
-    """A row of random elements (big-endian, AXI byte order), specials mixed in."""
-    if dtype in INT_BITS:
-        bits = INT_BITS[dtype]
-        special = [0, 1, (1 << bits) - 1, 1 << (bits - 1), (1 << (bits - 1)) - 1]
-    else:
-        bits = FLOAT_FMT[dtype].width
-        special = catalogue(FLOAT_FMT[dtype])
-    elems = [rng.choice(special) if rng.random() < 0.3 else rng.getrandbits(bits) for _ in range(W // bits)]
-    return int.from_bytes(b"".join(e.to_bytes(bits // 8, "big") for e in elems), "little")
 
 
 def expected(item: dict, W: int) -> tuple[int, int]:
