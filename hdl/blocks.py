@@ -34,6 +34,12 @@ from cais.registers import register_map
 
 from .axis import AxisSignature
 from .csr import AXI4LiteSignature, AXI4LiteToCSR, RegisterBank
+from .egress import EgressCrossbar, EgressPort, FrameSourceSignature, ResultFanout
+from .fold import FoldChain
+from .frame_fifo import FrameFifo
+from .ingress import IngressPort
+from .sram import ContributionBanks
+from .top import SwitchTop
 from .enums import DropReason, DType, ReduceOp
 
 __all__ = ["StreamPorts", "IngressBlock", "BanksBlock", "FoldBlock", "CsrBlock", "AxisDestSignature",
@@ -61,8 +67,6 @@ class IngressBlock(wiring.Component):
     """:class:`cais.hdl.ingress.IngressPort` with its header and beat streams as AXI4-Stream ports."""
 
     def __init__(self, params: SwitchParams):
-        from .ingress import IngressPort
-
         self.params = params
         self.port = IngressPort(params)
         self.meta_layout = self.port.meta_layout
@@ -86,8 +90,6 @@ class IngressBlock(wiring.Component):
 
 def BanksBlock(params: SwitchParams):
     """:class:`cais.hdl.sram.ContributionBanks` as it is: its members are plain ports already."""
-    from .sram import ContributionBanks
-
     return ContributionBanks(params)
 
 
@@ -105,8 +107,6 @@ class FoldBlock(wiring.Component):
     its result leaves :attr:`latency` cycles later with ``m_axis__tvalid``."""
 
     def __init__(self, params: SwitchParams):
-        from .fold import FoldChain
-
         self.params = params
         self.chain = FoldChain(params.ports, params.data_width, float_units=params.float_units)
         self.layout = data.StructLayout(dict(fold_input_fields(params.ports, params.data_width)))
@@ -193,8 +193,6 @@ class AxisFrameSource(wiring.Component):
     """
 
     def __init__(self, ports: int, data_width: int, max_beats: int, depth: int):
-        from .egress import FrameSourceSignature
-
         assert depth >= max_beats
         self.ports, self.data_width, self.max_beats, self.depth = ports, data_width, max_beats, depth
         super().__init__({
@@ -204,8 +202,6 @@ class AxisFrameSource(wiring.Component):
         })
 
     def elaborate(self, platform):
-        from .frame_fifo import FrameFifo
-
         m = Module()
         P, W, B = self.ports, self.data_width, self.data_width // 8
         s, o = self.s_axis, self.o
@@ -285,8 +281,6 @@ class EgressBlock(wiring.Component):
         })
 
     def elaborate(self, platform):
-        from .egress import EgressCrossbar, EgressPort, ResultFanout
-
         m = Module()
         prm = self.params
         P, W = prm.ports, prm.data_width
@@ -317,8 +311,6 @@ class EgressBlock(wiring.Component):
 
 
 def _switch(params: SwitchParams):
-    from .top import SwitchTop
-
     return SwitchTop(params)
 
 
