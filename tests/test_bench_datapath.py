@@ -20,7 +20,8 @@ def test_json_figures(capsys):
     P = params.ports
     # every port at line rate: the bar is 0.98 of a beat per cycle on every port
     assert all(load["beats_per_cycle"] >= 0.98 * P for load in out["loads"]), out["loads"]
-    assert out["latency_cycles"] == documented_latency(params, params.max_payload)  # docs/interface.md: 96
+    # docs/interface.md's example: 147 cycles for a 256-byte payload at 4 x 64 with float units
+    assert out["latency_cycles"] == documented_latency(params, params.max_payload) == 147
     banks = P * params.slots * 2 * params.max_payload * 8            # one bank per port, two sets per slot
     assert out["memory_bits"]["contribution banks (bits)"] == banks
     # the result queues: per port two results of 36 beats (30 + 256 bytes at 8 bytes a beat) -> 128 beats
@@ -51,7 +52,7 @@ def test_json_figures(capsys):
     (8, 256, "results_and_forwarding_short", 11 / 16),
     # ... and with 1514-byte frames (48 beats): 16 headers per 57 cycles, below 1
     (8, 256, "results_and_forwarding", 1.0),
-    # 3 x 128: 18 + 4 beats per 2 headers, 3 ports: 6/22
+    # 3 x 128: 18 + 4 beats per 2 headers, 3 ports ask 6 headers per 22 cycles, below 1
     (3, 128, "results_and_forwarding_short", 1.0),
     # 16 x 128: 18 + 4 beats, 16 ports: 32 headers per 22 cycles -> 22/32
     (16, 128, "results_and_forwarding_short", 22 / 32),
