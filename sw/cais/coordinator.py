@@ -15,7 +15,13 @@ and answer, are the job's own; the coordinator maps them to hosts. A job starts 
 (its world group is created then; the default job's at start), runs, and ends when every rank that said
 hello has closed its connection: then its groups go (their rules, slots and quotas are freed) and its
 ranks may say hello again. It *failed* when a rank's connection ended without ``bye``. Jobs whose hosts
-overlap cannot run at once. Every request may carry ``job``; it defaults to the job of the connection's
+overlap cannot run at once.
+
+A rank whose connection ends without ``bye`` (its process died) is dropped from every group of its job
+at once (:meth:`cais.controller.Controller.drop_ranks`): the groups go on with the ranks left. A
+collective it had not finished is redone by the ranks left on the host ring, each from its own input
+(``epoch`` in the answers moves on); one it had finished stands (its contribution was in every chunk).
+docs/reliability.md section 8, "The process world". Every request may carry ``job``; it defaults to the job of the connection's
 ``hello``, else ``"default"``.
 
 Requests (JSON lines; every answer carries ``dead``, the job's ranks whose connection ended without ``bye``)::
@@ -23,10 +29,10 @@ Requests (JSON lines; every answer carries ``dead``, the job's ranks whose conne
     hello    {rank, world_size[, job, hosts]}  -> params, clock_hz, float_units, world group, hosts
     group    {rank, ranks, call}              -> the group, once every member asked (else an error after
                                                  the rendezvous timeout)
-    decide   {group, op_seq, nbytes, kind}    -> decision or null (ask again)
+    decide   {group, op_seq, nbytes, kind}    -> decision or null (ask again), epoch, ranks, ports
     finished {rank, group, op_seq, rtt}       rtt: the first chunk's round trip, s (switch path), or null
     fallback {rank, group, op_seq, why}
-    status   {group, op_seq}                  -> fell_back, all_finished
+    status   {group, op_seq}                  -> fell_back, all_finished, epoch, ranks, ports
     bye      {rank}
     rejoin   {rank, world_size, groups[, job, hosts]}  after a controller restart (docs/controller.md): the groups
                                                  this rank is in, each with next_op and next_seq
@@ -186,10 +192,11 @@ class Coordinator:
         if world_size > self.link.params.ports or max(ports) >= self.link.params.ports:
             raise ValueError(f"{world_size} ranks on ports {ports}: the switch has {self.link.params.ports} ports")
         self.world_size, self.config = world_size, config
-        # Deployed, a dead rank is known from its connection ending (every peer's collective then fails:
-        # docs/driver.md); cais.dist does not redo a collective without it, so the controller drops nobody.
+        # Deployed, a dead rank is known for certain from its connection ending (_drop_dead), not guessed
+        # from aged sets: a Python rank stalled longer than the set age on a busy host is not dead.
         self.controller = Controller(self.link, config, ports, [host_mac(r) for r in range(world_size)],
                                      drop_dead=False)
+        self._running: dict[int, tuple[int, set]] = {}   # group -> (latest collective, hosts that finished it)
         self._lock = threading.Condition()
         self._t0 = time.monotonic()
         self.token = token
@@ -316,8 +323,52 @@ class Coordinator:
         self._lock.notify_all()
         if not conn_state.get("bye"):
             log.warning("job %s: rank %d disconnected without saying bye", job.name, rank)
+            if job.live:
+                self._drop_dead(job, rank)
         if not job.live:
             self._end_job(job, "failed" if job.dead else "ended")
+
+    def _drop_dead(self, job: Job, rank: int) -> None:
+        """Rank `rank` of `job` died: drop it from the job's groups. The latest collective of a group is
+        redone by the ranks left unless the dead rank had finished it on the path that delivers (then
+        every chunk had its contribution and the collective stands)."""
+        host = job.hosts[rank]
+        why = f"rank {rank}'s process ended (its connection closed without bye)"
+        for gid in job.groups:
+            info = self.controller.groups.get(gid)
+            if info is None or host not in info.ranks:
+                continue
+            op_seq, done = self._running.get(gid, (None, set()))
+            redo = op_seq is not None and (host not in done or self.controller.fell_back(gid, op_seq))
+            self.controller.drop_ranks(gid, [host], self.now(), why, redo=redo)
+        self._lock.notify_all()
+
+    def _note(self, gid: int, op_seq: int, host: int | None = None) -> None:
+        """Keep the group's latest collective and who finished it (for :meth:`_drop_dead`)."""
+        latest = self._running.get(gid)
+        if latest is None or latest[0] < op_seq:
+            latest = self._running[gid] = (op_seq, set())
+        if host is not None and latest[0] == op_seq:
+            latest[1].add(host)
+
+    def _membership(self, job: Job, gid: int, op_seq: int) -> dict:
+        """The group's ranks and ports now (the job's rank numbers) and the collective's epoch."""
+        local = job.local(self.controller.groups[gid])
+        return {"epoch": self.controller.op_epoch(gid, op_seq), "ranks": local["ranks"], "ports": local["ports"]}
+
+    def wait_alone(self, name: str, rank: int, timeout: float) -> bool:
+        """Wait until no rank of job `name` but `rank` is connected (the others said bye or died), at most
+        `timeout` s; whether they had. Rank 0's process hosts the coordinator: it must not go first."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                job = self.jobs.get(name)
+                if job is None or job.live <= {rank}:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(min(left, 1.0))
 
     # ------------------------------------------------------------------ requests
     def handle(self, req: dict, conn_state: dict) -> dict:
@@ -344,13 +395,16 @@ class Coordinator:
                                            kind_from_dict(req["kind"]))
                 if d is None:
                     return {"decision": None}
+                g, s = int(req["group"]), int(req["op_seq"])
+                self._note(g, s)
                 return {"decision": {"offload": d.offload, "reason": d.reason, "seq_base": d.seq_base,
-                                     "chunk_bytes": d.chunk_bytes}}
+                                     "chunk_bytes": d.chunk_bytes}, **self._membership(job, g, s)}
             if op == "finished":
                 self.controller.tick(self.now())
                 if req.get("rtt") is not None:          # the first chunk's round trip (switch path)
                     self.controller.report_rtts([float(req["rtt"])])
                 self.controller.finished(job.host(int(req["rank"])), int(req["group"]), int(req["op_seq"]))
+                self._note(int(req["group"]), int(req["op_seq"]), job.host(int(req["rank"])))
                 run_sync(self.controller.service(self.now()))
                 return {}
             if op == "fallback":
@@ -359,7 +413,8 @@ class Coordinator:
                 return {}
             if op == "status":
                 g, s = int(req["group"]), int(req["op_seq"])
-                return {"fell_back": self.controller.fell_back(g, s), "all_finished": self.controller.all_finished(g, s)}
+                return {"fell_back": self.controller.fell_back(g, s), "all_finished": self.controller.all_finished(g, s),
+                        **self._membership(job, g, s)}
             if op == "bye":
                 conn_state["bye"] = True
                 return {}

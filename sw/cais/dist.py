@@ -18,16 +18,21 @@ coordinator (:mod:`cais.coordinator`) that rank 0 starts; it alone programs the 
 endpoint. The in-process :class:`cais.comm.World` stays the deterministic co-simulation; the element types,
 quantization and dtype rules are :class:`cais.comm.Communicator`'s, shared.
 
-Never a hang: every collective has a deadline (``timeout``, default 60 s); a peer whose process ends is
-reported by the coordinator and fails every collective of its groups at once; an error fails the
-collective and every later one on this rank (the group's state is no longer consistent), never a partial
-result without an error.
+Never a hang: every collective has a deadline (``timeout``, default 60 s). A peer whose process ends
+(its coordinator connection closes without ``bye``) is dropped from its groups: an all-reduce it had not
+finished is redone by the ranks left on the host ring, each from its own input, so every survivor gets
+the reduction of the survivors' inputs (:attr:`Work.ranks` names whose inputs a result holds); the
+group's next collectives run without it (docs/reliability.md section 8). Broadcast, all-gather and
+reduce-scatter are not redone: a dead peer fails them at once with :class:`CollectiveError` naming it.
+An error fails the collective and every later one on this rank (the group's state is no longer
+consistent), never a partial result without an error.
 """
 
 from __future__ import annotations
 
 import collections
 import enum
+import logging
 import os
 import select
 import threading
@@ -39,7 +44,7 @@ import numpy as np
 from . import numerics
 from . import protocol as proto
 from .allreduce import CollectiveKind, SwitchAllReduce, chunk_count
-from .comm import CollectiveError, Communicator, Group, Work as _CommWork, host_mac
+from .comm import CollectiveError, Communicator, Group, Work as _CommWork, host_mac, ring_op_id
 from .config import Config
 from .controller import GroupInfo
 from .coordinator import DEFAULT_JOB, Coordinator, group_from_dict, group_to_dict, kind_to_dict
@@ -53,6 +58,8 @@ from .ring import RingAllReduce
 __all__ = ["init", "is_initialized", "destroy_process_group", "new_group", "get_rank", "get_world_size",
            "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "synchronize",
            "ReduceOp", "Work", "ProcessGroup", "CollectiveError", "ENV", "DEPLOY_DEFAULTS"]
+
+log = logging.getLogger("cais.dist")
 
 #: environment variables :func:`init` reads for the arguments it is not given
 ENV = {"rank": "CAIS_RANK", "world_size": "CAIS_WORLD_SIZE", "interface": "CAIS_IFACE",
@@ -98,6 +105,9 @@ class _Op:
     next_poll: float = 0.0
     started: float = 0.0
     reported: bool = False           # the coordinator was told this rank finished (all-reduces)
+    epoch: int = 0                   # the controller's op_epoch this rank runs it at (a redo: higher)
+    on_ring: bool = False            # its engine is a host ring (started, fallen back or redone)
+    contributors: tuple = ()         # the ranks whose inputs the running engine reduces
 
 
 class ProcessGroup:
@@ -267,7 +277,7 @@ class ProcessGroup:
                         self._start(current, now)
                 if current is not None:
                     try:
-                        if now >= next_status:
+                        if now >= next_status and current.kind != "all_reduce":
                             next_status = now + STATUS_S
                             self._check_peers(current)
                         if self._step(current, now):
@@ -300,16 +310,40 @@ class ProcessGroup:
         op.work.error = error
         op.work._done.set()
 
-    def _check_peers(self, op: _Op) -> None:
-        self._rpc("ping")                       # updates self._dead
-        lost = self._dead & set(op.group.ranks)
+    def _check_peers(self, op: _Op, ask: bool = True) -> None:
+        """Broadcast, all-gather and reduce-scatter are not redone among survivors: a dead member fails them."""
+        if ask:
+            self._rpc("ping")                   # updates self._dead
+        lost = (self._dead & set(op.group.ranks)) | set(op.group.dropped)
         if lost:
             raise CollectiveError(f"rank {self.rank}: {op.kind} of group {op.group.group_id} ranks "
-                                  f"{list(op.group.ranks)}: rank(s) {sorted(lost)} left (their process ended)")
+                                  f"{sorted(set(op.group.ranks) | set(op.group.dropped))}: rank(s) {sorted(lost)} "
+                                  "left (their process ended); only all-reduce is redone among the ranks left")
+
+    def _follow(self, op: _Op, reply: dict) -> bool:
+        """The coordinator's view of the op's group (its ranks left, the collective's epoch) into this rank's;
+        True when the collective must be redone on the ring among the ranks left (the epoch moved on)."""
+        info = op.group
+        ranks = tuple(int(r) for r in reply.get("ranks", info.ranks))
+        if ranks != info.ranks:
+            with self._lock:
+                for r in set(info.ranks) - set(ranks):
+                    info.dropped[r] = "its process ended"
+                info.ranks, info.ports = ranks, tuple(int(p) for p in reply["ports"])
+        if self.rank not in info.ranks:
+            raise CollectiveError(f"rank {self.rank} was dropped from group {info.group_id}: its coordinator "
+                                  "connection ended")
+        epoch = int(reply.get("epoch", 0))
+        if epoch == op.epoch:
+            return False
+        op.epoch, op.reported = epoch, False     # the controller forgot who finished the abandoned run
+        return True
 
     def _start(self, op: _Op, now: float) -> None:
         op.deadline = now + self.timeout
         op.started = now
+        if op.kind != "all_reduce":
+            self._check_peers(op, ask=False)     # a member already dropped: fail before sending anything
         index = op.group.ranks.index(self.rank)
         macs = [self._mac_of(r) for r in op.group.ranks]
         if op.kind == "all_reduce":
@@ -333,13 +367,17 @@ class ProcessGroup:
             self._replay(op.engine, now)
 
     def _start_ring(self, op: _Op, now: float) -> None:
+        """All-reduce on the host ring among the group's ranks now (a redo's frames carry its epoch)."""
         k = op.ckind
+        if op.engine is not None:              # an abandoned engine stops serving its (gone) ring
+            self._background = [(e, t) for e, t in self._background if e is not op.engine]
         order = sorted(range(len(op.group.ranks)), key=lambda i: op.group.ports[i])
+        op.contributors = tuple(op.group.ranks)
         op.engine = RingAllReduce(op.group.ranks.index(self.rank), [self._mac_of(r) for r in op.group.ranks],
-                                  op.group.group_id, op.seq, op.data, k.op, self.mac, self.config.timeout_s,
-                                  now=now, dtype=k.dtype, saturate=k.saturate, reproducible=k.reproducible,
-                                  acc_fp32=k.acc_fp32, fold_order=order)
-        op.state, op.work.path = "ring", "ring"
+                                  op.group.group_id, ring_op_id(op.seq, op.epoch), op.data, k.op, self.mac,
+                                  self.config.timeout_s, now=now, dtype=k.dtype, saturate=k.saturate,
+                                  reproducible=k.reproducible, acc_fp32=k.acc_fp32, fold_order=order)
+        op.state, op.work.path, op.on_ring, op.next_poll = "ring", "ring", True, now + STATUS_S
         self._replay(op.engine, now)
 
     def _replay(self, engine, now: float) -> None:
@@ -397,20 +435,22 @@ class ProcessGroup:
         if op.state == "decide":
             if now < op.next_poll:
                 return False
-            d = self._rpc("decide", group=g, op_seq=ar, nbytes=int(op.data.nbytes), kind=kind_to_dict(op.ckind))
-            d = d["decision"]
+            reply = self._rpc("decide", group=g, op_seq=ar, nbytes=int(op.data.nbytes), kind=kind_to_dict(op.ckind))
+            d = reply["decision"]
             if d is None:
                 op.next_poll = now + POLL_S
                 return False
             self._next_op[g] = ar + 1
-            if d["offload"]:
+            if self._follow(op, reply):
+                self._start_ring(op, now)       # redone before this rank started it: the ring at once
+            elif d["offload"]:
                 # what a restarted controller must go on from (rejoin)
                 op.group.next_seq = d["seq_base"] + chunk_count(op.data.size, op.ckind.itemsize, d["chunk_bytes"])
                 op.engine = SwitchAllReduce(
                     data=op.data, op=op.ckind.op, group_id=g, seq_base=d["seq_base"], slot_count=op.group.slot_count,
                     window=self.config.max_pending_chunks, chunk_size=d["chunk_bytes"], timeout_s=self.config.timeout_s,
                     retry_limit=self.config.retry_limit, mac=self.mac, layer_id=op.seq, now=now, dtype=op.ckind.dtype)
-                op.state, op.work.path = "switch", "switch"
+                op.state, op.work.path, op.contributors = "switch", "switch", tuple(op.group.ranks)
             else:
                 self._start_ring(op, now)
         if op.state == "switch":
@@ -424,15 +464,16 @@ class ProcessGroup:
                 op.reported, op.state, op.next_poll = True, "settle", now
             elif now >= op.next_poll:
                 op.next_poll = now + STATUS_S
-                if self._rpc("status", group=g, op_seq=ar)["fell_back"]:
+                status = self._rpc("status", group=g, op_seq=ar)
+                if self._follow(op, status) or status["fell_back"]:
                     self._start_ring(op, now)
         if op.state == "settle":
-            # the result is handed out once no peer can fall back any more (then every rank has the same
-            # bits); if one does, this rank joins the ring with its input
+            # the result is handed out once no peer can fall back, or die unfinished, any more (then every
+            # rank has the same bits); if one does, this rank joins the ring (among the ranks left) with its input
             if now < op.next_poll:
                 return False
             status = self._rpc("status", group=g, op_seq=ar)
-            if status["fell_back"]:
+            if self._follow(op, status) or (status["fell_back"] and not op.on_ring):
                 self._start_ring(op, now)
             elif status["all_finished"]:
                 self._deliver(op, op.engine.result)
@@ -440,17 +481,24 @@ class ProcessGroup:
             else:
                 op.next_poll = now + POLL_S
                 return False
-        if op.state == "ring":
+        if op.state == "ring" and op.kind == "all_reduce":
             if op.engine.result_ready:
-                if op.kind == "all_reduce" and not op.reported:
+                if not op.reported:
                     self._rpc("finished", rank=self.rank, group=g, op_seq=ar)
+                    op.reported = True
                 self._background.append((op.engine, float("inf")))
-                if op.kind == "reduce_scatter":
-                    e = op.engine
-                    lo, hi = e._bounds[e.owned_block]
-                    self._deliver(op, e.result[lo:hi])
-                else:
-                    self._deliver(op, op.engine.result)
+                op.state, op.next_poll = "settle", now       # held until every rank left has it
+                return False
+            if now >= op.next_poll:                          # a peer that died stalls the ring: redo
+                op.next_poll = now + STATUS_S
+                if self._follow(op, self._rpc("status", group=g, op_seq=ar)):
+                    self._start_ring(op, now)
+        elif op.state == "ring":
+            if op.engine.result_ready:
+                self._background.append((op.engine, float("inf")))
+                e = op.engine
+                lo, hi = e._bounds[e.owned_block]
+                self._deliver(op, e.result[lo:hi])
                 return True
         if op.state == "forward":
             e = op.engine
@@ -473,6 +521,7 @@ class ProcessGroup:
             if op.convert is not None:
                 out = op.convert(out)
             out = out.reshape(op.shape)
+            op.work.contributors = op.contributors
         elif op.kind == "reduce_scatter":
             out = np.array(result)
         else:
@@ -535,8 +584,11 @@ class ProcessGroup:
         self._ctl.close()
         self.port.close()
         if self.coordinator is not None:
-            # the others say bye too; wait a moment for them before the endpoint goes away
-            time.sleep(0.2)
+            # the others may still be settling their last collective with it: the endpoint goes once every
+            # other rank said bye or died (the collective timeout bounds the wait)
+            if not self.coordinator.wait_alone(self.job, self.rank, self.timeout):
+                log.warning("rank %d: closing the coordinator while ranks of job %s are still connected",
+                            self.rank, self.job)
             self.coordinator.close()
         os.close(self._wakeup_r)
         os.close(self._wakeup_w)
@@ -576,11 +628,19 @@ class Work:
 
     def __init__(self, inner: _CommWork, finish):
         self._inner, self._finish, self._finished = inner, finish, False
+        self.raised = False
         self._result = None
 
     @property
     def path(self) -> str | None:
         return self._inner.path
+
+    @property
+    def ranks(self) -> list[int] | None:
+        """All-reduce: the ranks whose inputs the result holds (the group's, less the ranks that died
+        before finishing it); None before it completed or for the other collectives."""
+        got = getattr(self._inner, "contributors", None)
+        return list(got) if got else None
 
     def is_completed(self) -> bool:
         return self._inner.is_completed()
@@ -589,7 +649,11 @@ class Work:
         if not self._finished:
             if timeout is not None and not self._inner._done.wait(timeout):
                 raise TimeoutError(f"Work.wait: not completed within {timeout} s")
-            result = self._inner.wait()
+            try:
+                result = self._inner.wait()
+            except CollectiveError:
+                self.raised = True            # the caller has it: synchronize() does not raise it again
+                raise
             self._result = self._finish(result)
             self._finished = True
         return self._result
@@ -736,7 +800,8 @@ def all_reduce(array, op=ReduceOp.SUM, group: Group | None = None, async_op: boo
     pg.comm._outstanding.clear()      # this module tracks its own outstanding works
 
     def finish(result):
-        out = _avg(result, n, dtype) if name == "avg" else result
+        # the mean over the ranks whose inputs are in the sum (fewer when a peer died during it)
+        out = _avg(result, len(getattr(inner, "contributors", ()) or range(n)), dtype) if name == "avg" else result
         arr[...] = out.reshape(arr.shape)
         return array
     return _track(pg, Work(inner, finish), async_op)
@@ -835,16 +900,20 @@ def barrier(group: Group | None = None) -> None:
     path: the switch or the ring, whichever the controller picks)."""
     pg = _get()
     token = np.ones(1, np.int32)
-    all_reduce(token, group=group)
-    if int(token[0]) != _group_size(pg, group):
-        raise CollectiveError(f"rank {pg.rank}: barrier counted {int(token[0])} ranks, "
-                              f"expected {_group_size(pg, group)}")
+    work = all_reduce(token, group=group, async_op=True)
+    pg.outstanding.remove(work)
+    work.wait()
+    if int(token[0]) != len(work.ranks):            # the group's ranks left (a dead one is dropped)
+        raise CollectiveError(f"rank {pg.rank}: barrier counted {int(token[0])} ranks, expected "
+                              f"{len(work.ranks)} ({work.ranks})")
 
 
 def _synchronize(pg: ProcessGroup) -> None:
     works, pg.outstanding = pg.outstanding, []
     errors = []
     for w in works:
+        if w.raised:
+            continue                          # its wait() raised this error to the caller already
         try:
             w.wait()
         except CollectiveError as e:
