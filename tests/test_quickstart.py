@@ -64,7 +64,7 @@ def test_readme_quick_start_runs_verbatim():
     assert f"PCAP=/tmp/{tag}/pcap/port0.pcap" in out, out             # the file the tshark line reads
     assert captured == [f"port{p}.pcap" for p in range(4)], captured
     assert "TOKEN_MODE=600" in out, out
-    assert frames and not [f for f in frames if f.type == 0x86DD], "IPv6 frames crossed the switch"
+    assert frames and not [f for f in frames if f[12:14] == b"\x86\xdd"], "IPv6 frames crossed the switch"
     assert not namespaces_with(tag)
 
 
@@ -72,4 +72,4 @@ def _frames(path: Path):
     if not path.exists():
         return []
     from scapy.utils import rdpcap
-    return list(rdpcap(str(path)))
+    return [bytes(f) for f in rdpcap(str(path))]
