@@ -284,7 +284,11 @@ class SwitchDaemon:
             self.close()
             raise
         if control:
-            self.control = listen(self.control_address)
+            try:
+                self.control = listen(self.control_address)
+            except OSError:
+                self.close()           # the interfaces, pcaps and locks taken so far
+                raise
             self.control.setblocking(False)
             self.sel.register(self.control, selectors.EVENT_READ, ("listen", None))
         self._clients: dict[int, JsonLines] = {}

@@ -29,9 +29,16 @@ out = {}
 def frame(tag, dst=proto.BROADCAST_MAC):
     return proto.build_host_frame(proto.HostHeader(op_seq=tag), b"probe%d" % tag, dst=dst, src=0x02_00_00_00_01_00)
 
-def arrivals(wait=0.3):
-    end, got = time.monotonic() + wait, [[], [], []]
-    while time.monotonic() < end:
+def arrivals(f, expect):
+    # until `f` reached every port of `expect` (a generous deadline: a busy machine is slow), then a
+    # moment more for copies on other ports (one would come out with those, not later)
+    got, end = [[], [], []], time.monotonic() + 60
+    while not all(f in got[i] for i in expect) and time.monotonic() < end:
+        for i, port in enumerate(h):
+            got[i] += port.recv_all()
+        time.sleep(0.005)
+    settle = time.monotonic() + 0.05
+    while time.monotonic() < settle:
         for i, port in enumerate(h):
             got[i] += port.recv_all()
         time.sleep(0.005)
@@ -57,7 +64,7 @@ out["params"] = c.request("info")["params"]
 
 f1 = frame(1)
 h[0].send(f1)
-got = arrivals()
+got = arrivals(f1, (1, 2))
 out["flood"] = [f1 in g for g in got]
 
 regs = register_map(SwitchParams(**out["params"]))
@@ -66,19 +73,19 @@ for addr, value in mac_writes(regs, 0, MacEntry(target, 2)):
     c.request("write", addr=addr, value=value)
 f2 = frame(2, dst=target)
 h[0].send(f2)
-got = arrivals()
+got = arrivals(f2, (2,))
 out["unicast"] = [f2 in g for g in got]
 
 c.request("fault", port=1, drop=1.0)
 f3 = frame(3)
 h[0].send(f3)
-got = arrivals()
+got = arrivals(f3, (2,))
 out["faulty"] = [f3 in g for g in got]
 out["fault_stats"] = c.request("stats")["faults"]["1"]
 c.request("fault", port=1, drop=0.0)
 f4 = frame(4)
 h[0].send(f4)
-got = arrivals()
+got = arrivals(f4, (1, 2))
 out["healed"] = [f4 in g for g in got]
 out["rx0"] = c.request("read", reg="RX_FRAMES", index=0)["value"]
 out["frames"] = [f.hex() for f in (f1, f2, f3, f4)]
@@ -339,3 +346,53 @@ def test_second_daemon_refused_first_untouched(tmp_path):
             assert _stats(ns, sock)["ports_up"] == [True, True]     # the first still serves
             assert daemon.poll() is None
         assert daemon.returncode == 0 and not sock.exists()
+
+
+def test_second_daemon_on_a_tcp_control_address_refused_first_untouched(tmp_path):
+    """The TCP form of --control: a second cais-switch on the first's 127.0.0.1:PORT is refused by the
+    lock (one line naming the address and the holder's pid, exit status 2); one on a port that another
+    program (not a cais-switch) listens on gets one line naming the address; the first goes on answering
+    on its address and stops cleanly."""
+    import socket
+    import time
+    from netns import ip, python_in, stop
+    with namespace() as ns:
+        ip("-n", ns, "link", "set", "lo", "up")          # the TCP control endpoint is on the namespace's loopback
+        for i in range(3):
+            veth(ns, f"s{i}", f"h{i}")
+        ready, log = tmp_path / "ready", open(tmp_path / "switch.log", "wb")
+        first = python_in(ns, ["-m", "cais.sim.daemon", "--control", "127.0.0.1:7710", "--ready-file", str(ready),
+                               "s0", "s1"], stdout=log, stderr=log)
+        try:
+            end = time.monotonic() + 60
+            while not ready.exists():
+                assert first.poll() is None and time.monotonic() < end, (tmp_path / "switch.log").read_text()
+                time.sleep(0.05)
+            # another program on 127.0.0.1:7711 in the same namespace (a probe that listens until told)
+            other = python_in(ns, ["-c", "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 7711)); "
+                                   "s.listen(); print('listening', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            try:
+                assert other.stdout.readline().strip() == "listening"
+                for address, message in [("127.0.0.1:7710", "control endpoint 127.0.0.1:7710 is in use by another "
+                                                             f"cais-switch (pid {first.pid}"),
+                                         ("127.0.0.1:7711", "127.0.0.1:7711")]:
+                    p = python_in(ns, ["-m", "cais.sim.daemon", "--control", address, "s2"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+                    _, err = p.communicate(timeout=60)
+                    lines = err.strip().splitlines()
+                    assert p.returncode in (1, 2) and len(lines) == 1, err
+                    assert lines[0].startswith("cais-switch: error:") and message in lines[0], err
+                    if address.endswith("7710"):
+                        assert p.returncode == 2, err
+            finally:
+                other.stdin.close()
+                stop(other)
+            st = json.loads(run_probe(ns, "import json, sys\nfrom cais.endpoint import connect\n"
+                                          "print(json.dumps(connect(sys.argv[1]).request('stats')))", "127.0.0.1:7710"))
+            assert st["ports_up"] == [True, True]          # the first still serves, on its address
+            assert first.poll() is None
+        finally:
+            stop(first)
+            log.close()
+        assert first.returncode == 0

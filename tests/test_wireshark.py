@@ -45,17 +45,28 @@ def contribution(port, values, flags=0):
     hdr = proto.CaisHeader(group_id=9, layer_id=3, chunk_id=0, total_chunks=1, seq_num=5, payload_len=len(payload),
                            dtype=proto.DType.FP16, red_op=proto.ReduceOp.SUM, flags=flags)
     return proto.build_frame(hdr, payload, src=0x020000000100 | port, pad=True)
+def await_frames(port, want, what):
+    # each step waits for what the switch sends back (no fixed sleep: a busy machine is slow)
+    got, end = [], time.monotonic() + 60
+    while not want(got):
+        assert time.monotonic() < end, f"never received {what}: {got}"
+        got += port.recv_all()
+        time.sleep(0.005)
+def results(got):
+    return [f for f in got if proto.parse_frame(f).cais is not None and proto.parse_frame(f).cais.flags & proto.Flags.RESULT]
 h[0].send(contribution(0, [1.5, 2.0, -3.0]))
 h[1].send(contribution(1, [0.25, 4.0, 1.0]))
-time.sleep(0.3)
+await_frames(h[0], lambda got: results(got), "the result")
 h[0].send(contribution(0, [1.5, 2.0, -3.0], flags=proto.Flags.RETRANSMIT))   # a repeat: the result again
+await_frames(h[0], lambda got: results(got), "the result of the repeat")
 data = proto.build_host_frame(proto.HostHeader(kind=proto.HostKind.DATA, group_id=9, op_seq=7, step=2, frag=1,
                                                frags=3, length=8), bytes(range(8)), dst=0x020000000101, src=0x020000000100)
 ack = proto.build_host_frame(proto.HostHeader(kind=proto.HostKind.ACK, group_id=9, op_seq=7, step=2, frag=1, frags=3),
                              b"", dst=0x020000000100, src=0x020000000101)
 h[0].send(data)
+await_frames(h[1], lambda got: data in got, "the DATA frame")
 h[1].send(ack)
-time.sleep(0.3)
+await_frames(h[0], lambda got: ack in got, "the ACK frame")
 print(json.dumps({"ok": True}))
 """
 

@@ -13,6 +13,7 @@ network).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -81,15 +82,22 @@ def listen(address: Address, *, loopback_only: bool = True) -> socket.socket:
         except FileNotFoundError:
             pass
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(address.target)
     else:
         host = address.target[0]
         if loopback_only and host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"{address}: the control endpoint listens on loopback only (127.0.0.1)")
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
         sock.bind(address.target)
-    sock.listen(64)
+        sock.listen(64)
+    except OSError as e:
+        sock.close()
+        busy = " (another program listens there: stop it or choose another address)" \
+            if e.errno == errno.EADDRINUSE else ""
+        error = OSError(f"cannot listen on {address}: {e.strerror or e}{busy}")
+        error.errno = e.errno
+        raise error from None
     return sock
 
 
