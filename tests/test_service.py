@@ -109,10 +109,8 @@ def test_cli_and_metrics_against_a_running_service(switch, tmp_path):
             (3, 3, 3 * chunks, 3 * chunks * 4, 3000)
         assert "host only" not in cli(svc, "show-groups").stdout
         # show-stats: P50 / P99 of the queue delay (rtt - min rtt: 0, 50, 100, 150 us per collective)
-        import time
-        time.sleep(0.1)                                     # one evaluation at least
-        st = json.loads(cli(svc, "--json", "show-stats").stdout)["stats"]
-        assert st["queue_delay_s"]["count"] == 12
+        st = _until(lambda: json.loads(cli(svc, "--json", "show-stats").stdout)["stats"],
+                    lambda st: st["queue_delay_s"]["count"] == 12, "an evaluation with the 12 round trips")
         assert st["queue_delay_s"]["p50"] == pytest.approx(50e-6) and st["queue_delay_s"]["p99"] == pytest.approx(150e-6)
         assert st["collective_latency_s"]["count"] == 3 and st["bytes_reduced"] == 3000
         text = cli(svc, "show-stats").stdout
@@ -355,10 +353,9 @@ def test_sets_in_use_per_group_on_a_running_service(switch, tmp_path):
         daemon._stop = False
         loop = threading.Thread(target=daemon.run, name="switch-loop-2", daemon=True)
         loop.start()
-        import time
-        time.sleep(0.1)                                      # an evaluation at least (every 20 ms)
-        groups = {g["group_id"]: g for g in json.loads(cli(svc, "--json", "show-groups").stdout)["groups"]}
-        assert {g: groups[g]["sets_in_use"] for g in want} == want
+        groups = _until(lambda: {g["group_id"]: g for g in json.loads(cli(svc, "--json", "show-groups").stdout)["groups"]},
+                        lambda groups: {g: groups[g]["sets_in_use"] for g in want} == want,
+                        "an evaluation (every 20 ms) that reads the sets in use")
         assert groups[1]["sets_allocated"] == 2 * world.slot_count
         text = cli(svc, "show-groups").stdout
         assert f"{want[1]}/{2 * world.slot_count}" in text and f"{want[pair['group_id']]}/{2 << pair['count_log2']}" in text
@@ -373,6 +370,18 @@ def test_sets_in_use_per_group_on_a_running_service(switch, tmp_path):
             daemon.stop()
             loop.join(5)
         svc.close()
+
+
+def _until(fetch, cond, what, deadline_s=60.0):
+    """fetch() until cond(answer) holds; the answer (the deadline is a safety net: a busy machine is slow)."""
+    import time
+    end = time.monotonic() + deadline_s
+    while True:
+        ans = fetch()
+        if cond(ans):
+            return ans
+        assert time.monotonic() < end, f"{what}: {ans}"
+        time.sleep(0.02)
 
 
 def _wait_for(svc, what, cond, deadline_s=30.0):
