@@ -82,7 +82,6 @@ pg = cais.init(timeout=float(os.environ.get("T", "60")), offload=os.environ.get(
 r, N = pg.rank, pg.world_size
 out = {"rank": r}
 if scenario == "dies":
-    t0 = time.monotonic()
     try:
         cais.barrier()                    # may already fail on a survivor when the coordinator goes
         if r == int(os.environ["DIE"]):
