@@ -128,8 +128,10 @@ if scenario == "killed":
         a = [contribution(q, n, np.int32) for q in range(N)]
         buf = a[r].copy()
         armed.append(True)
+        t0 = time.monotonic()
         work = cais.all_reduce(buf, async_op=True)
         work.wait()
+        out["seconds"] = time.monotonic() - t0          # reported, not asserted
         survivors = [q for q in range(N) if q != victim]
         out["ranks"], out["path"] = work.ranks, work.path
         out["first"] = bool(np.array_equal(buf, np.sum(np.stack([a[q] for q in survivors]), axis=0)))
@@ -260,6 +262,7 @@ def test_rank_killed_mid_all_reduce_the_survivors_redo_it(tmp_path, offload, kil
         assert out["second"] is True and out["second_ranks"] == [0, 1, 3], out
         assert out["second_path"] == ("switch" if offload == "always" else "ring"), out
         assert out["avg"] == float(np.float32(0 + 1 + 3) / np.float32(3)), out
+    print(f"{offload}: the survivors' all-reduce took {max(outs[r]['seconds'] for r in (0, 1, 3)):.2f} s with the redo")
 
 
 def test_outstanding_mixed_kinds_buffers_and_groups(tmp_path):

@@ -48,7 +48,7 @@ def test_request_answer_and_errors(tmp_path):
 
     def serve():
         conn, _ = server.accept()
-        peer = JsonLines(conn, 5)
+        peer = JsonLines(conn, 30)
         req = peer.recv()
         peer.send({"ok": True, "echo": req["x"]})
         req = peer.recv()
@@ -57,7 +57,7 @@ def test_request_answer_and_errors(tmp_path):
 
     t = threading.Thread(target=serve)
     t.start()
-    c = connect(str(tmp_path / "s.sock"), timeout=5)
+    c = connect(str(tmp_path / "s.sock"), timeout=30)
     assert c.request("echo", x=[1, 2])["echo"] == [1, 2]
     with pytest.raises(EndpointError, match="thing: no such thing"):
         c.request("thing")

@@ -150,7 +150,7 @@ def test_restart_loses_no_group(switch, tmp_path):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(10)
+        t.join(60)                        # a safety net: returns once answered
     pair = out[1]
     d = one_collective(conns, 1, 0, nbytes=4000)
     before = Client(f"127.0.0.1:{svc.http_port}", TOKEN).request("GET", "/v1/groups")["groups"]
