@@ -267,6 +267,7 @@ class Coordinator:
         del self.ended[:-JOB_HISTORY]
         self._lock.notify_all()
         for gid in job.groups:
+            self._running.pop(gid, None)          # a group id may be given to another job's group later
             if gid in self.controller.groups:
                 try:
                     run_sync(self.controller.remove_group(gid))   # forgets the group first, then writes
