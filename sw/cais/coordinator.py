@@ -446,7 +446,8 @@ class Coordinator:
                                                         int(g["next_seq"]), int(g["next_op"])))
             if info.group_id not in job.groups:
                 job.groups.append(info.group_id)
-            if len(info.ranks) == size and job.world is None:
+            # the job's world group (it may have lost ranks that died before the restart)
+            if (g.get("world") or len(info.ranks) == size) and job.world is None:
                 job.world = info
                 self.recovering = False
         job.joined.add(rank)

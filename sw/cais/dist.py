@@ -417,7 +417,8 @@ class ProcessGroup:
                              name="coordinator", token=token)
         self._ctl = connect(addr, timeout=10.0, retry_for=self._connect_timeout, name="coordinator", token=token)
         with self._lock:
-            groups = [dict(group_to_dict(info), next_op=self._next_op.get(g, 0), next_seq=info.next_seq)
+            groups = [dict(group_to_dict(info), next_op=self._next_op.get(g, 0), next_seq=info.next_seq,
+                           world=g == self._world_group.group_id)
                       for g, info in sorted(self.controller.groups.items())]
         # on the connection that said hello: the one whose end without bye means this rank is gone
         self._user.request("rejoin", rank=self.rank, world_size=self.world_size, groups=groups, job=self.job,
