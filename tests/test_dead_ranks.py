@@ -98,3 +98,18 @@ def test_a_dead_rank_that_finished_stands_one_that_did_not_is_redone(coordinator
     assert world.ranks == (0, 1) and sorted(world.dropped) == [2, 3] and not world.rule_stale
     assert coord.controller.group_rule(world).contributors == 0b0011
     assert [e["dead"] for e in coord.jobs_view()["jobs"]] == [[2, 3]]
+
+
+def test_a_finish_of_an_abandoned_run_does_not_count(coordinator):
+    """A rank that finished the collective's first run on the switch after a peer died (and before it
+    learnt of the redo) reports it with the old epoch: ignored, so the ranks left wait for its redo."""
+    coord, conns = coordinator
+    decide(conns[0], 0)
+    die(coord, conns, 3)
+    assert status(conns[0], 0)["epoch"] == 1
+    conns[1].request("finished", rank=1, group=1, op_seq=0, epoch=0)       # stale: the abandoned run
+    for r in (0, 2):
+        conns[r].request("finished", rank=r, group=1, op_seq=0, epoch=1)
+    assert not status(conns[0], 0)["all_finished"]
+    conns[1].request("finished", rank=1, group=1, op_seq=0, epoch=1)
+    assert status(conns[0], 0)["all_finished"]

@@ -48,9 +48,11 @@ def test_readme_quick_start_runs_verbatim():
     try:
         out, _ = shell.communicate(timeout=120)          # a safety net: the block takes ~10 s
     finally:
-        if shell.poll() is None:
-            os.killpg(shell.pid, signal.SIGKILL)
-            shell.wait()
+        try:
+            os.killpg(shell.pid, signal.SIGKILL)    # the block's own processes, if any is left
+        except ProcessLookupError:
+            pass
+        shell.wait()
         for ns in namespaces_with(tag):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         captured = sorted(p.name for p in (folder / "pcap").glob("*.pcap")) if folder.exists() else []

@@ -30,7 +30,9 @@ Requests (JSON lines; every answer carries ``dead``, the job's ranks whose conne
     group    {rank, ranks, call}              -> the group, once every member asked (else an error after
                                                  the rendezvous timeout)
     decide   {group, op_seq, nbytes, kind}    -> decision or null (ask again), epoch, ranks, ports
-    finished {rank, group, op_seq, rtt}       rtt: the first chunk's round trip, s (switch path), or null
+    finished {rank, group, op_seq, rtt[, epoch]}  rtt: the first chunk's round trip, s (switch path), or null;
+                                                 a finish of another epoch than the collective's (a run
+                                                 abandoned since) is ignored
     fallback {rank, group, op_seq, why}
     status   {group, op_seq}                  -> fell_back, all_finished, epoch, ranks, ports
     bye      {rank}
@@ -401,11 +403,14 @@ class Coordinator:
                 return {"decision": {"offload": d.offload, "reason": d.reason, "seq_base": d.seq_base,
                                      "chunk_bytes": d.chunk_bytes}, **self._membership(job, g, s)}
             if op == "finished":
+                g, s, host = int(req["group"]), int(req["op_seq"]), job.host(int(req["rank"]))
+                if int(req.get("epoch", self.controller.op_epoch(g, s))) != self.controller.op_epoch(g, s):
+                    return {}                            # a run abandoned since (ranks dropped): it does not count
                 self.controller.tick(self.now())
                 if req.get("rtt") is not None:          # the first chunk's round trip (switch path)
                     self.controller.report_rtts([float(req["rtt"])])
-                self.controller.finished(job.host(int(req["rank"])), int(req["group"]), int(req["op_seq"]))
-                self._note(int(req["group"]), int(req["op_seq"]), job.host(int(req["rank"])))
+                self.controller.finished(host, g, s)
+                self._note(g, s, host)
                 run_sync(self.controller.service(self.now()))
                 return {}
             if op == "fallback":

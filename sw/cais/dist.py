@@ -461,7 +461,7 @@ class ProcessGroup:
                           why=f"a chunk ran out of {self.config.retry_limit} retries")
                 self._start_ring(op, now)
             elif e.done:
-                self._rpc("finished", rank=self.rank, group=g, op_seq=ar, rtt=e.first_rtt)
+                self._rpc("finished", rank=self.rank, group=g, op_seq=ar, rtt=e.first_rtt, epoch=op.epoch)
                 op.reported, op.state, op.next_poll = True, "settle", now
             elif now >= op.next_poll:
                 op.next_poll = now + STATUS_S
@@ -485,7 +485,7 @@ class ProcessGroup:
         if op.state == "ring" and op.kind == "all_reduce":
             if op.engine.result_ready:
                 if not op.reported:
-                    self._rpc("finished", rank=self.rank, group=g, op_seq=ar)
+                    self._rpc("finished", rank=self.rank, group=g, op_seq=ar, epoch=op.epoch)
                     op.reported = True
                 self._background.append((op.engine, float("inf")))
                 op.state, op.next_poll = "settle", now       # held until every rank left has it
