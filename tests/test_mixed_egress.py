@@ -22,6 +22,8 @@ from cais.sim.backends import wait_idle
 from cais.sim.traffic import host_mac
 from cais.tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
 
+from buildsets import DEFAULT, MANY_PORTS
+
 
 def unicast(port: int, ports: int, length: int, tag: int) -> bytes:
     """An ordinary frame of ``length`` bytes from the host on ``port`` to the host on the next port."""
@@ -112,7 +114,7 @@ def test_mixed_load_amaranth_backpressure():
     assert not problems, problems
 
 
-VERILATOR_SETS = {"p4_w64": SwitchParams(), "p8_w64": SwitchParams(ports=8)}
+VERILATOR_SETS = {"p4_w64": DEFAULT, "p16_int": MANY_PORTS}
 
 
 @pytest.mark.verilator
@@ -130,7 +132,7 @@ def test_mixed_load_verilator(pname, fwd):
 @pytest.mark.verilator
 def test_mixed_load_verilator_backpressure():
     from cais.sim.links.verilator import run_verilator
-    params = SwitchParams()
+    params = DEFAULT
     job = {"chunks": 24, "fwd_len": 700, "payload": params.max_payload, "backpressure": True}
     problems = run_verilator(params, lambda link: mixed_load(link, job), backpressure=0.3, seed=5)
     assert not problems, problems

@@ -21,17 +21,11 @@ import os
 import pytest
 
 from cais.params import SwitchParams
+
+from buildsets import REGRESSION_SETS
 from cais.sim.backends import run_backend
 
-# The 16-port build is the integer-only switch (its float frames are BAD_CODE drops, on the model too):
-# it is the only build of that kind the regression runs (F = ports x 3 + 1, ResultRow without rounding),
-# and its fold chain of 15 float stages would take most of the suite's time to compile; the float lanes'
-# cases run on the two builds with float units.
-PARAM_SETS = {
-    "p16_w128_int": SwitchParams(ports=16, data_width=128, slots=32, float_units=False),
-    "p4_w64": SwitchParams(),
-    "p2_w512": SwitchParams(ports=2, data_width=512, slots=16),
-}
+PARAM_SETS = REGRESSION_SETS
 FLOAT_SETS = [name for name, params in PARAM_SETS.items() if params.float_units]
 SEED = int(os.environ.get("CAIS_SEED", "1"))
 
