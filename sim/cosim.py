@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from cais import protocol as proto
-from cais.cli import Parser, integer, number
+from cais.cmdline import Parser, integer, number
 from cais.config import Config, ConfigError
 from cais.params import SwitchParams
 from cais.sim.workload import DTYPE_ALIASES, DTYPES

@@ -57,7 +57,7 @@ import sys
 import time
 from pathlib import Path
 
-from cais import cli
+from cais import cmdline
 from cais.endpoint import JsonLines, listen, parse_address
 from cais.link import run_sync
 from cais.params import SwitchParams
@@ -579,7 +579,7 @@ class SwitchDaemon:
 
 
 def build_parser():
-    p = cli.Parser(prog="cais-switch", description="Run a CAIS switch backend on real network interfaces "
+    p = cmdline.Parser(prog="cais-switch", description="Run a CAIS switch backend on real network interfaces "
                    "(AF_PACKET; needs root). Port p is the p-th interface.")
     p.add_argument("interfaces", nargs="+", metavar="IFACE", help="one interface per switch port (veth, TAP)")
     p.add_argument("--backend", choices=BACKENDS, default="model", help="default: model (numpy only)")
@@ -590,8 +590,8 @@ def build_parser():
     p.add_argument("--pcap", metavar="DIR", default=None, help="write DIR/port<p>.pcap per port")
     p.add_argument("--ready-file", metavar="PATH", default=None,
                    help="create PATH once every interface is open and the control endpoint listens")
-    cli.add_param_arguments(p)
-    cli.add_version(p)
+    cmdline.add_param_arguments(p)
+    cmdline.add_version(p)
     return p
 
 
@@ -600,7 +600,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if "--ports" not in (argv if argv is not None else sys.argv[1:]):
         args.ports = max(2, len(args.interfaces))   # as many ports as interfaces unless told
-    params = cli.params_from_args(parser, args)
+    params = cmdline.params_from_args(parser, args)
     if len(args.interfaces) > params.ports:
         parser.error(f"{len(args.interfaces)} interfaces, but --ports {params.ports}")
     if len(set(args.interfaces)) != len(args.interfaces):

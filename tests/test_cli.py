@@ -75,7 +75,7 @@ def test_export_takes_boolean_parameters(tmp_path, monkeypatch, spelling, value)
 
 
 # ---------------------------------------------------------------------- conventions of every tool
-TOOLS = [("cais.sim.daemon", "cais-switch"), ("cais.service", "cais-controller"), ("cais.admin", "cais-cli"),
+TOOLS = [("cais.sim.daemon", "cais-switch"), ("cais.service", "cais-controller"), ("cais.cli", "cais-cli"),
          ("cais.cluster", "cais-cluster")]
 
 
@@ -94,7 +94,7 @@ def test_every_tool_has_version_and_its_own_name(module, prog):
 
 def test_cli_json_after_the_command():
     """`cais-cli watch --json` is `cais-cli --json watch` (argparse alone: no service needed)."""
-    from cais.admin import build_parser
+    from cais.cli import build_parser
     p = build_parser()
     for argv in (["--json", "watch", "--count", "1"], ["watch", "--json", "--count", "1"],
                  ["watch", "--count", "1", "--json"]):

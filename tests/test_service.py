@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from cais.admin import Client, ServiceError
+from cais.cli import Client, ServiceError
 from cais.config import Config
 from cais.coordinator import kind_to_dict
 from cais.allreduce import CollectiveKind
@@ -46,7 +46,7 @@ def start(switch_sock, tmp_path, recover=False, name="ctl"):
 
 def cli(svc, *args, token=TOKEN):
     env = {"PATH": "/usr/bin:/bin", "CAIS_TOKEN": token} if token else {"PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, "-m", "cais.admin", "--controller", f"127.0.0.1:{svc.http_port}", *args],
+    return subprocess.run([sys.executable, "-m", "cais.cli", "--controller", f"127.0.0.1:{svc.http_port}", *args],
                           capture_output=True, text=True, timeout=60, env=env)
 
 
@@ -292,7 +292,7 @@ def test_catalogue_of_bad_requests_changes_nothing(switch, tmp_path):
 
 
 def test_service_down_is_one_line_exit_1(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "cais.admin", "--controller", "127.0.0.1:9", "show-stats"],
+    p = subprocess.run([sys.executable, "-m", "cais.cli", "--controller", "127.0.0.1:9", "show-stats"],
                        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "CAIS_TOKEN": "x"})
     assert p.returncode == 1 and p.stderr.startswith("cais-cli: error: cais-controller at http://127.0.0.1:9 "
                                                      "cannot be reached"), p.stderr

@@ -319,7 +319,7 @@ class Cluster:
 
     def cli(self, args: list[str]) -> subprocess.CompletedProcess:
         """cais-cli in the switch's namespace (where the controller's loopback is)."""
-        return subprocess.run(["ip", "netns", "exec", self.switch_ns, sys.executable, "-m", "cais.admin",
+        return subprocess.run(["ip", "netns", "exec", self.switch_ns, sys.executable, "-m", "cais.cli",
                                "--controller", self.http, "--token-file", str(self.token_file), *args],
                               capture_output=True, text=True, timeout=60)
 
@@ -427,18 +427,18 @@ def operate(cluster: Cluster) -> bool:
 
 
 def main(argv=None) -> int:
-    from . import cli
+    from . import cmdline
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
         return _worker()
-    p = cli.Parser(prog="cais-cluster", description="A CAIS cluster in network namespaces of its own: "
+    p = cmdline.Parser(prog="cais-cluster", description="A CAIS cluster in network namespaces of its own: "
                    "cais-switch (model) and one process per rank; runs every collective and checks it (root).")
-    p.add_argument("--ranks", type=cli.integer(2), default=4)
-    p.add_argument("--elements", type=cli.integer(1), default=4096, help="elements per rank (default 4096)")
+    p.add_argument("--ranks", type=cmdline.integer(2), default=4)
+    p.add_argument("--elements", type=cmdline.integer(1), default=4096, help="elements per rank (default 4096)")
     p.add_argument("--backend", choices=("model", "verilator"), default="model",
                    help="cais-switch's backend (default: model; verilator builds the exported Verilog first)")
     p.add_argument("--keep-logs", metavar="DIR", default=None, help="copy the switch's and ranks' logs here")
-    cli.add_version(p)
+    cmdline.add_version(p)
     args = p.parse_args(argv)
     if args.ranks > 16:
         p.error("--ranks: at most 16 (the switch's ports)")

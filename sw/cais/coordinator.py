@@ -45,7 +45,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from . import cli
+from . import cmdline
 from . import protocol as proto
 from .allreduce import CollectiveKind
 from .comm import host_mac
@@ -516,11 +516,11 @@ class Coordinator:
 
 
 def main(argv=None) -> int:
-    p = cli.Parser(prog="python -m cais.coordinator", description="The ranks' controller, alone (rank 0's "
+    p = cmdline.Parser(prog="python -m cais.coordinator", description="The ranks' controller, alone (rank 0's "
                    "cais.init starts one itself unless CAIS_COORDINATOR=external).")
     p.add_argument("--switch", required=True, metavar="ADDR", help="the switch's control endpoint")
     p.add_argument("--listen", required=True, metavar="ADDR", help="where ranks reach this coordinator")
-    p.add_argument("--world-size", required=True, type=cli.integer(1))
+    p.add_argument("--world-size", required=True, type=cmdline.integer(1))
     p.add_argument("--config", default=None, metavar="TOML")
     args = p.parse_args(argv)
     try:

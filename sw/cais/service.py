@@ -11,7 +11,7 @@ through cais-switch's control endpoint. It listens twice:
 
 - ``--listen``: the ranks' JSON-lines endpoint (:class:`cais.coordinator.Coordinator`: hello, group,
   decide, finished, ...), a Unix socket path (it reaches across network namespaces) or HOST:PORT;
-- ``--http``: HTTP + JSON for operators and :mod:`cais.admin` (``cais-cli``), and the Prometheus text
+- ``--http``: HTTP + JSON for operators and :mod:`cais.cli` (``cais-cli``), and the Prometheus text
   endpoint ``/metrics`` (prometheus_client), on loopback. The server is the standard library's
   :class:`http.server.ThreadingHTTPServer`: one thread per request, no dependency beyond
   prometheus_client. Routes::
@@ -22,7 +22,7 @@ through cais-switch's control endpoint. It listens twice:
                                    why) and the latest ended ones (ended or failed)
       GET    /v1/groups            per group: ranks, quota, rule, kind, accounting
       GET    /v1/rules             every rule the controller programmed (the table is write only)
-      POST   /v1/rules             {"index": N, "rule": {...}}  an operator rule (cais.admin.rule_from_dict)
+      POST   /v1/rules             {"index": N, "rule": {...}}  an operator rule (cais.cli.rule_from_dict)
       DELETE /v1/rules/N           an operator rule
       GET    /metrics              Prometheus text format
 
@@ -47,7 +47,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from . import cli
+from . import cmdline
 from .config import Config
 from .controller import RuleConflict
 from .coordinator import Coordinator
@@ -269,7 +269,7 @@ class ControllerService:
     # ------------------------------------------------------------------ the HTTP API
     def api(self, method: str, path: str, body: bytes | None) -> tuple[int, dict]:
         """One authorised request -> (status, JSON answer). Refusals change nothing."""
-        from .admin import rule_from_dict, rule_to_dict
+        from .cli import rule_from_dict, rule_to_dict
         ctl = self.controller
         if path == "/v1/health" and method == "GET":
             return 200, {"ok": True, "backend": self.coordinator.link.backend, "groups": len(ctl.groups),
@@ -408,20 +408,20 @@ def _handler(service: ControllerService):
 
 
 def main(argv=None) -> int:
-    p = cli.Parser(prog="cais-controller", description="The CAIS control plane as a service: groups, rules, "
+    p = cmdline.Parser(prog="cais-controller", description="The CAIS control plane as a service: groups, rules, "
                    "offload decisions, the ranks' endpoint, an HTTP+JSON API and Prometheus metrics.")
     p.add_argument("--switch", required=True, metavar="ADDR", help="cais-switch's control endpoint")
     p.add_argument("--listen", default=None, metavar="ADDR", help="where ranks reach the controller (default: "
                    "the configuration's controller_address:controller_port, as cais.init's default)")
     p.add_argument("--http", required=True, metavar="127.0.0.1:PORT", help="HTTP API and /metrics (loopback)")
-    p.add_argument("--world-size", required=True, type=cli.integer(1))
+    p.add_argument("--world-size", required=True, type=cmdline.integer(1))
     p.add_argument("--config", default=None, metavar="TOML")
     p.add_argument("--token-file", default=None, metavar="PATH", help="the shared secret (default: $CAIS_TOKEN)")
     p.add_argument("--recover", action="store_true", help="after a restart: groups come back with the ranks")
     p.add_argument("--ready-file", default=None, metavar="PATH", help="written (HTTP port) once listening")
-    p.add_argument("--switch-wait", type=cli.number(0, 3600), default=10.0, metavar="S",
+    p.add_argument("--switch-wait", type=cmdline.number(0, 3600), default=10.0, metavar="S",
                    help="wait this long for the switch's endpoint (default 10)")
-    cli.add_version(p)
+    cmdline.add_version(p)
     args = p.parse_args(argv)
     try:
         config = Config.load(args.config)
