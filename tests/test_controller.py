@@ -121,7 +121,7 @@ def test_threshold_rises_under_memory_pressure_and_fallbacks_warn(caplog):
     assert ctl.threshold == pytest.approx(0.25)
     # two offloaded collectives, one fell back: 50% > 10% -> a warning
     for op in (0, 1):
-        ctl._ops.pop((g.group_id, op), None)
+        ctl.registry.ops.pop((g.group_id, op), None)
     ctl.config = Config(offload="always")
     ctl.decide(g.group_id, 0, 1000, 0.0)
     for r in range(4):
@@ -294,9 +294,10 @@ def test_alerts_fire_once_and_clear_once(caplog):
     assert (alert["active"], alert["fired"], alert["cleared"]) == (False, 1, 1)
 
 
-def test_throughput_counts_the_bytes_actually_reduced():
-    """fp16 collectives reduce 2-byte elements in chunks of their own size: the throughput is the bytes
-    the collectives carried through the switch per second, not completed chunks x chunk_size."""
+def test_bytes_reduced_counts_the_bytes_actually_reduced():
+    """fp16 collectives reduce 2-byte elements in chunks of their own size: the bytes reduced are the bytes
+    the collectives carried through the switch, not completed chunks x chunk_size; totals by path only grow
+    (what Prometheus' rate() takes), so an evaluation after the run still shows them."""
     link, ctl = make(offload="always", chunk_size=256)
     g = run_sync(ctl.create_group([0, 1, 2, 3]))
     fp16 = CollectiveKind.make(proto.DType.FP16, proto.ReduceOp.SUM, acc_fp32=True)
@@ -307,7 +308,9 @@ def test_throughput_counts_the_bytes_actually_reduced():
     for r in range(4):
         ctl.finished(r, g.group_id, 0)
     stats = run_sync(ctl.evaluate(3.0))
-    assert stats["reduce_throughput_Bps"] == pytest.approx(3000 / 2.0)
+    assert stats["bytes_by_path"] == {"switch": 3000, "fallback": 0, "host": 0}
+    assert stats["collectives_by_path"] == {"switch": 1, "fallback": 0, "host": 0}
+    assert run_sync(ctl.evaluate(9.0))["bytes_by_path"]["switch"] == 3000      # no new bytes: the total stays
     chunks = -(-3000 // d.chunk_bytes)
     gc = stats["groups"][g.group_id]
     assert (gc["completions"], gc["contributions"], gc["bytes_reduced"]) == (chunks, 4 * chunks, 3000)
@@ -504,7 +507,7 @@ def test_removed_group_frees_rule_slots_and_its_collectives():
     assert ctl.pending                                   # its slots wait to be emptied
     run_sync(ctl.remove_group(a.group_id))
     assert not ctl.pending and ctl.slots_allocated == 8
-    assert not any(g == a.group_id for g, _ in ctl._ops)
+    assert not any(g == a.group_id for g, _ in ctl.registry.ops)
     hdr = proto.CaisHeader(group_id=a.group_id, seq_num=0, payload_len=4)
     link.model.receive(0, proto.build_frame(hdr, bytes(4), pad=True))
     assert link.model.counters()["DROP_NO_RULE"] == 1     # its rule entry is gone from the switch

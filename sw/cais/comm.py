@@ -496,7 +496,7 @@ class World:
     def _progress_state(self) -> tuple:
         """What changes when a collective moves on (queued, decided, started, finished, fallen back, a rank
         dropped)."""
-        return (len(self.controller.decisions), len(self.controller.dropped)) + tuple(
+        return (self.controller.decision_count, len(self.controller.dropped)) + tuple(
             (len(s.queue), len(s.background), len(s.lingering),
              None if s.current is None else (id(s.current), s.current.path, s.current.engine is None))
             for s in self._states)
