@@ -28,6 +28,11 @@ CASES = [
     (["-m", "cais.sim.scale", "--chunks", "3"], "--chunks 3"),
     (["-m", "cais.sim.scale", "--backend", "fpga"], "--backend"),
     (["-m", "cais.formal.prove", "--mutant", "nope"], "--mutant"),
+    (["-m", "cais.service", "--switch", "/tmp/s.sock", "--http", "127.0.0.1:0", "--world-size", "2",
+      "--metrics-listen", "0.0.0.0"], "--metrics-listen"),
+    (["-m", "cais.service", "--switch", "/tmp/s.sock", "--http", "127.0.0.1:0", "--world-size", "2",
+      "--metrics-listen", "0.0.0.0:99999"], "99999"),
+    (["-m", "cais.cli", "show-decisions", "--last", "-1"], "--last"),
 ]
 
 

@@ -515,3 +515,68 @@ def test_removed_group_frees_rule_slots_and_its_collectives():
     assert (c.base, c.slot_count, c.rule_index) == (a.base, a.slot_count, a.rule_index)
     run_sync(ctl.service(10.0))                          # nothing of the removed group is done any more
     assert sorted(ctl.groups) == sorted([b.group_id, c.group_id])
+
+
+def test_counter_extender_adds_the_modular_difference_across_a_wrap():
+    """Hand-made reads of a 32-bit counter: 10, 2**32 - 6, 4 (a wrap: +10), 4, then a switch reset (the
+    register restarts at 0) and 7: the total is the sum of the true increments."""
+    from cais.controller import CounterExtender
+    regs = register_map(SwitchParams(ports=2))
+    ext = CounterExtender(regs)
+    totals = []
+    for raw, reset in ((10, False), (2**32 - 6, False), (4, False), (4, False), (7, True)):
+        if reset:
+            ext.rebase()
+        out = ext.extend({"RX_FRAMES": [raw, 0], "DROP_NO_RULE": raw, "SLOTS_IN_USE": raw})
+        assert out["SLOTS_IN_USE"] == raw                          # a level is not a counter: as read
+        totals.append(out["RX_FRAMES"][0])
+        assert out["DROP_NO_RULE"] == out["RX_FRAMES"][0] and out["RX_FRAMES"][1] == 0
+    assert totals == [10, 2**32 - 6, 2**32 + 4, 2**32 + 4, 2**32 + 11]
+
+
+def test_controller_counters_go_past_2_to_the_32():
+    """The model's RX_FRAMES register set just below 2**32, then 5 real frames wrap it: the controller's
+    statistics and its per-port counters keep counting (2**32 - 2 + 5), as the raw register reads 3."""
+    from cais import protocol as proto
+    link, ctl = make()
+    run_sync(ctl.evaluate(0.0))
+    link.model._counters["RX_FRAMES"][1] = 2**32 - 2
+    assert run_sync(ctl.evaluate(1.0))["ports"][1]["rx_frames"] == 2**32 - 2
+    for _ in range(5):
+        link.model.receive(1, proto.build_frame(proto.CaisHeader(group_id=99, seq_num=0, payload_len=4), bytes(4),
+                                                pad=True))
+    assert run_sync(ctl.read_counters())["RX_FRAMES"][1] == 3           # the register wrapped
+    st = run_sync(ctl.evaluate(2.0))
+    assert st["ports"][1]["rx_frames"] == 2**32 + 3 and st["counters"]["RX_FRAMES"][1] == 2**32 + 3
+    assert st["drops"]["NO_RULE"] == 5
+
+
+def test_every_rank_logs_each_decision_with_its_reason(caplog):
+    """A small job on the in-process world (the model), offload=auto: every rank logs, at INFO, each
+    decision it gets with the path, the reason code, the score and the threshold; the controller's record
+    says the same."""
+    import re
+
+    import numpy as np
+
+    from cais.comm import World
+
+    def job(comm):
+        return [comm.all_reduce(np.full(n, comm.rank + 1, np.int32)) for n in (64, 4096, 64)]
+
+    world = World(ModelLink(SwitchParams(ports=4)), config=Config(timeout_ms=0.05))
+    with caplog.at_level(logging.INFO, logger="cais.comm"):
+        results = run_sync(world.run(job))
+    for out in results:
+        for x, n in zip(out, (64, 4096, 64)):
+            np.testing.assert_array_equal(x, np.full(n, 1 + 2 + 3 + 4, np.int32))
+    lines = [r.getMessage() for r in caplog.records if r.name == "cais.comm" and r.levelno == logging.INFO]
+    pattern = re.compile(r"rank (\d): group (\d+) collective (\d+) \((\d+) B\) -> (switch|host) \[(\w+)\] "
+                         r"score (-?[\d.]+) threshold ([\d.]+): (.*)")
+    seen = sorted((int(m[1]), int(m[3]), m[5], m[6], float(m[7])) for m in map(pattern.fullmatch, lines) if m)
+    assert len(seen) == len(lines) == 4 * 3, lines
+    want = sorted((rank, op, d.path, d.code.value, round(d.score, 3)) for rank in range(4)
+                  for _, _, op, d in world.controller.decisions)
+    assert seen == want
+    assert all(code in ("score_above_threshold", "score_below_threshold") for *_, code, _ in seen)
+    assert all((path == "switch") == (code == "score_above_threshold") for _, _, path, code, _ in seen)

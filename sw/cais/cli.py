@@ -8,6 +8,8 @@
     cais-cli dump-rules
     cais-cli show-stats
     cais-cli show-groups
+    cais-cli show-jobs
+    cais-cli show-decisions [--last 20]             (each decision's path, score, threshold and reason)
     cais-cli watch [--interval 1] [--count N]      (a live view, redrawn in place on a terminal)
 
 ``--controller`` defaults to ``$CAIS_CONTROLLER_HTTP``, the token to ``$CAIS_TOKEN``. ``--json`` prints
@@ -28,7 +30,7 @@ from . import cmdline
 from .protocol import DType, ReduceOp
 from .tables import Rule
 
-__all__ = ["main", "rule_from_dict", "rule_to_dict", "Client", "ServiceError"]
+__all__ = ["main", "rule_from_dict", "rule_to_dict", "Client", "ServiceError", "decisions_table"]
 
 RULE_KEYS = ("group", "layer", "chunk", "contributors", "results", "base", "count_log2", "dtype", "red_op",
              "acc_fp32", "saturate", "reproducible")
@@ -185,12 +187,27 @@ def jobs_table(answer: dict) -> str:
     return "\n".join(lines)
 
 
+def decisions_table(answer: dict) -> str:
+    """The latest decisions, each with what decided it, then the tally by path and reason code."""
+    lines = [f"{'job':<12} {'group':>5} {'op':>5} {'bytes':>10} {'ranks':>5} {'path':<6} {'score':>7} {'thresh':>6} "
+             f"{'reason code':<24} reason", "-" * 120]
+    for d in answer["decisions"]:
+        lines.append(f"{d['job'] or '-':<12} {d['group']:>5} {d['op_seq']:>5} {d['nbytes']:>10} {d['ranks']:>5} "
+                     f"{d['path']:<6} {d['score']:>7.3f} {d['threshold']:>6.3f} {d['code']:<24} {d['reason']}")
+    if not answer["decisions"]:
+        lines.append("(no decision yet)")
+    lines.append("")
+    lines.append(f"{answer['total']} decisions (offload={answer['offload']}, threshold {answer['threshold']:.3f}): "
+                 + (", ".join(f"{t['path']} {t['reason']} {t['count']}" for t in answer["tally"]) or "none"))
+    return "\n".join(lines)
+
+
 def stats_text(answer: dict) -> str:
     st = answer["stats"]
     q, lat = st.get("queue_delay_s", {}), st.get("collective_latency_s", {})
     lines = [f"slot sets in use      {st.get('sram_usage', 0):.1%}   allocated {st.get('sram_allocated', 0):.1%}",
-             f"reduce throughput     {st.get('reduce_throughput_Bps', 0) / 1e6:.3f} MB/s   "
-             f"({st.get('bytes_reduced', 0)} bytes reduced)",
+             "collectives by path   " + ", ".join(f"{p} {n} ({st.get('bytes_by_path', {}).get(p, 0)} B)"
+                                                   for p, n in st.get("collectives_by_path", {}).items()),
              f"collectives           {st.get('collectives', 0)}, offloaded {st.get('offloaded', 0)}, "
              f"fallback ratio {st.get('fallback_ratio', 0):.1%}, threshold {st.get('threshold', 0):.2f}",
              f"queue delay           P50 {_fmt_s(q.get('p50'))}  P99 {_fmt_s(q.get('p99'))}  "
@@ -265,6 +282,8 @@ def build_parser():
     sub.add_parser("show-stats", help="throughput, P50/P99, drops, ports, alerts")
     sub.add_parser("show-groups", help="groups, quotas and per-group counters")
     sub.add_parser("show-jobs", help="jobs: hosts, ranks joined, each group on the switch or the host ring (why)")
+    sd = sub.add_parser("show-decisions", help="the latest offload decisions: path, score, threshold, reason")
+    sd.add_argument("--last", type=cmdline.integer(0), default=20, metavar="N", help="how many (default 20)")
     w = sub.add_parser("watch", help="show-stats and show-groups, refreshed in place")
     w.add_argument("--interval", type=cmdline.number(0.05, 3600), default=1.0, metavar="S")
     w.add_argument("--count", type=cmdline.integer(1), default=None, metavar="N", help="stop after N views")
@@ -309,6 +328,9 @@ def run(args, client: Client, out=sys.stdout) -> int:
     elif cmd == "show-jobs":
         ans = client.request("GET", "/v1/jobs")
         print(json.dumps(ans) if args.json else jobs_table(ans), file=out)
+    elif cmd == "show-decisions":
+        ans = client.request("GET", f"/v1/decisions?last={args.last}")
+        print(json.dumps(ans) if args.json else decisions_table(ans), file=out)
     elif cmd == "watch":
         tty = out.isatty() and not args.json
         n = 0

@@ -64,7 +64,7 @@ RESTART_WAIT_S = 60.0
 CLI_COMMANDS = [["add-rule", "7", "--group", "200", "--contributors", "0,1", "--base", "60", "--count-log2", "1",
                  "--dtype", "fp16", "--op", "max"],
                 ["dump-rules"], ["show-groups"], ["show-stats"], ["watch", "--count", "1"], ["del-rule", "7"],
-                ["--json", "show-groups"], ["show-jobs"]]
+                ["--json", "show-groups"], ["show-jobs"], ["show-decisions", "--last", "5"]]
 
 
 class Interrupted(Exception):
@@ -413,7 +413,8 @@ def operate(cluster: Cluster) -> bool:
         ok &= p.returncode == 0
     metrics = cluster.scrape()
     wanted = ("cais_group_completions_total", "cais_group_contributions_total", "cais_collective_latency_seconds_count",
-              "cais_queue_delay_seconds_count", "cais_reduce_throughput_bytes_per_second", "cais_fallback_ratio",
+              "cais_queue_delay_seconds_count", "cais_collectives_total", "cais_collective_bytes_total",
+              "cais_offload_decisions_total", "cais_fallback_ratio",
               'cais_drops_total{reason="NO_RULE"}', 'cais_port_rx_frames_total{port="0"}', "cais_sets_in_use",
               "cais_group_sets_allocated", "cais_group_sets_in_use", "cais_group_sets_aged_total")
     print("\n$ curl -H 'Authorization: Bearer ...' http://" + cluster.http + "/metrics   (a few lines)")

@@ -277,7 +277,9 @@ class Coordinator:
                             "started": job.started,
                             "groups": [{"group_id": g.group_id, "ranks": [job.hosts.index(h) for h in g.ranks],
                                         "path": "switch" if g.offloadable else "host ring",
-                                        "why_not": g.why_not} for g in groups]})
+                                        "why_not": g.why_not,
+                                        "host_reason": g.host_reason.value if g.host_reason else None}
+                                       for g in groups]})
         return {"jobs": running, "ended": list(self.ended)}
 
     def _hello(self, req: dict, conn_state: dict) -> dict:
@@ -344,8 +346,7 @@ class Coordinator:
                                            kind_from_dict(req["kind"]))
                 if d is None:
                     return {"decision": None}
-                return {"decision": {"offload": d.offload, "reason": d.reason, "seq_base": d.seq_base,
-                                     "chunk_bytes": d.chunk_bytes}}
+                return {"decision": d.as_dict()}
             if op == "finished":
                 self.controller.tick(self.now())
                 if req.get("rtt") is not None:          # the first chunk's round trip (switch path)

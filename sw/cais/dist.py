@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import logging
 import os
 import select
 import threading
@@ -41,7 +42,7 @@ from . import protocol as proto
 from .allreduce import CollectiveKind, SwitchAllReduce, chunk_count
 from .comm import CollectiveError, Communicator, Group, Work as _CommWork, host_mac
 from .config import Config
-from .controller import GroupInfo
+from .controller import GroupInfo, decision_line
 from .coordinator import DEFAULT_JOB, Coordinator, group_from_dict, group_to_dict, kind_to_dict
 from .endpoint import EndpointError, RefusedError, connect
 from .forward import ForwardGather
@@ -53,6 +54,8 @@ from .ring import RingAllReduce
 __all__ = ["init", "is_initialized", "destroy_process_group", "new_group", "get_rank", "get_world_size",
            "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "synchronize",
            "ReduceOp", "Work", "ProcessGroup", "CollectiveError", "ENV", "DEPLOY_DEFAULTS"]
+
+log = logging.getLogger("cais.dist")
 
 #: environment variables :func:`init` reads for the arguments it is not given
 ENV = {"rank": "CAIS_RANK", "world_size": "CAIS_WORLD_SIZE", "interface": "CAIS_IFACE",
@@ -402,6 +405,7 @@ class ProcessGroup:
             if d is None:
                 op.next_poll = now + POLL_S
                 return False
+            log.info(decision_line(self.rank, g, ar, d))
             self._next_op[g] = ar + 1
             if d["offload"]:
                 # what a restarted controller must go on from (rejoin)

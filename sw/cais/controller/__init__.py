@@ -16,12 +16,12 @@ A package of small parts, each with its contract in its docstring, composed by :
 from ..allreduce import CollectiveKind
 from .core import Controller
 from .policy import (DRAIN_TIMEOUTS, MEMORY_PRESSURE, THRESHOLD_CAP, THRESHOLD_STEP, OffloadDecision, OffloadPolicy,
-                     Reason, offload_score)
+                     Reason, offload_score, decision_line)
 from .registry import Collective, GroupInfo, GroupRegistry
 from .rulebook import RuleBook, RuleConflict
 from .statistics import FALLBACK_WARNING, CounterExtender, Statistics
 from .aging import AGING_CHECKS, AgingWatcher
 
 __all__ = ["Controller", "GroupInfo", "OffloadDecision", "Reason", "CollectiveKind", "offload_score", "RuleConflict",
-           "OffloadPolicy", "GroupRegistry", "Collective", "RuleBook", "Statistics", "CounterExtender", "AgingWatcher",
+           "OffloadPolicy", "GroupRegistry", "Collective", "RuleBook", "Statistics", "CounterExtender", "AgingWatcher", "decision_line",
            "DRAIN_TIMEOUTS", "MEMORY_PRESSURE", "THRESHOLD_CAP", "THRESHOLD_STEP", "FALLBACK_WARNING", "AGING_CHECKS"]

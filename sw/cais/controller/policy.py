@@ -30,7 +30,7 @@ from ..monitor import Samples
 from ..params import SwitchParams
 from ..protocol import supported_dtypes
 
-__all__ = ["OffloadDecision", "OffloadPolicy", "Reason", "offload_score", "PATHS",
+__all__ = ["OffloadDecision", "OffloadPolicy", "Reason", "offload_score", "PATHS", "decision_line",
            "MEMORY_PRESSURE", "THRESHOLD_STEP", "THRESHOLD_CAP", "DRAIN_TIMEOUTS"]
 
 MEMORY_PRESSURE = 0.80      # sets in use above this fraction raise the threshold
@@ -218,3 +218,9 @@ class OffloadPolicy:
         message = f"threshold {self.threshold:.2f} -> {new:.2f} (slot sets in use {in_use:.0%})"
         self.threshold = new
         return message
+
+
+def decision_line(rank: int, group_id: int, op_seq: int, d: dict) -> str:
+    """How a rank logs (INFO) the decision it got, in its JSON form (:meth:`OffloadDecision.as_dict`)."""
+    return (f"rank {rank}: group {group_id} collective {op_seq} ({d['nbytes']} B) -> {d['path']} [{d['code']}] "
+            f"score {d['score']:.3f} threshold {d['threshold']:.3f}: {d['reason']}")
