@@ -87,8 +87,13 @@ def contribution(rank: int, n: int, dtype, seed: int = 11) -> np.ndarray:
 
 def _worker() -> int:
     """One rank: init from the environment, the suite, a JSON report to $CAIS_REPORT."""
+    import logging
+
     import cais as dist
     from cais.endpoint import connect
+
+    # the rank's log: each offload decision with its path, score, threshold and reason (cais.dist, INFO)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(levelname)s %(message)s")
 
     report_path = os.environ["CAIS_REPORT"]
     n_elem = int(os.environ.get("CAIS_ELEMENTS", "4096"))
