@@ -30,7 +30,7 @@ through cais-switch's control endpoint. It listens twice:
 
 ``--metrics-listen HOST:PORT`` adds a listener that serves ``/metrics`` only (any address: a Prometheus on
 another host), and ``--metrics-no-token`` lets ``/metrics`` (on either listener) be read without the
-token; the API always wants it (docs/controller.md, "Metrics").
+token; the API always wants it (docs/controller.md, "Metrics for a remote Prometheus").
 
 Both endpoints want the shared secret (``--token-file`` or ``CAIS_TOKEN``): HTTP as
 ``Authorization: Bearer <token>``, the ranks as ``"token"`` in every request. A request without it or
