@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from cais.cli import Parser, integer, number
+from cais.cmdline import Parser, integer, number
 
 __all__ = ["DESIGNS", "Design", "FlowOptions", "build_parser", "parse_args", "find_tool", "tools_available",
            "run_design", "main"]

@@ -19,7 +19,7 @@ import json
 import sys
 import time
 
-from cais.cli import Parser, integer
+from cais.cmdline import Parser, integer
 from cais.params import SwitchParams
 from cais.sim.backends import run_backend
 

@@ -31,7 +31,7 @@ from amaranth.hdl import Shape
 
 from cais import protocol as proto
 from cais.hdl.slots import state_entry_layout
-from cais.cli import Parser, integer
+from cais.cmdline import Parser, integer
 from cais.hdl.tables import rule_layout
 from cais.params import ParamError, SwitchParams
 from cais.registers import register_map

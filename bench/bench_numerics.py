@@ -62,7 +62,7 @@ import numpy as np
 
 from cais import numerics
 from cais import protocol as proto
-from cais.cli import Parser, integer
+from cais.cmdline import Parser, integer
 from cais.params import SwitchParams
 from cais.sim import operands
 

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 
-from ..cli import Parser, add_param_arguments, params_from_args
+from ..cmdline import Parser, add_param_arguments, params_from_args
 from ..params import SwitchParams
 
 __all__ = ["DEFAULT_NAME", "LINT_WAIVERS", "write_verilog", "generate_verilog", "generate_block", "write_integration_files",

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from cais import protocol as proto
-from cais.cli import Parser, integer, number
+from cais.cmdline import Parser, integer, number
 from cais.config import Config, ConfigError
 from cais.params import SwitchParams
 from cais.sim.workload import DTYPE_ALIASES, DTYPES
@@ -167,7 +167,7 @@ def report(params: SwitchParams, args, s: dict) -> None:
     print()
     print("controller:")
     print(f"  SRAM in use {st['sram_usage']:.1%} of sets, allocated {st['sram_allocated']:.1%} of slots; "
-          f"reduce throughput {st['reduce_throughput_Bps'] / 1e9:.2f} GB/s; "
+          f"reduced {st['bytes_reduced'] / max(s['cycles'] / s['clock_hz'], 1e-12) / 1e9:.2f} GB/s over the run; "
           f"average queue delay {st['avg_queue_delay_s'] * 1e6:.2f} us; fallback ratio {st['fallback_ratio']:.1%}")
     drops = {k: v for k, v in st["drops"].items() if v}
     print(f"  drops by reason: {drops or 'none'}")

@@ -29,7 +29,9 @@ lines, one request per line (docs/driver.md, "The switch daemon")::
 
 ``--fault PORT:drop=R[,duplicate=R][,reorder=R][,seed=N]`` injects seeded faults on a port's wires, both
 directions (:class:`cais.sim.faults.FaultSpec`); ``--pcap DIR`` writes ``DIR/port<p>.pcap`` with every
-frame the port received and transmitted. Bad arguments: one line on stderr, exit status 2.
+frame the port received and transmitted, capped at ``--pcap-max-mb`` (64) per port over ``--pcap-files``
+(4) rotated files, ``port<p>.pcap`` the newest, then ``port<p>.pcap.1``, ... (the oldest frames are dropped
+first; :class:`cais.rawsock.PcapWriter`). Bad arguments: one line on stderr, exit status 2.
 
 Links come and go: a port whose interface goes down, loses its carrier or is deleted is closed, counted
 (``link_down`` in the ``stats`` answer) and logged; frames the switch sends to it meanwhile are dropped
@@ -57,7 +59,7 @@ import sys
 import time
 from pathlib import Path
 
-from cais import cli
+from cais import cmdline
 from cais.endpoint import JsonLines, listen, parse_address
 from cais.link import run_sync
 from cais.params import SwitchParams
@@ -72,6 +74,8 @@ STEP_CYCLES = 4096          # one advance_to_frame call while frames are inside 
 MODEL_STEP_CYCLES = 1 << 16   # one advance of the model while frames are inside it
 DRAIN_LIMIT = 1 << 22       # cycles a drain may take before the daemon reports the switch stuck
 LINK_CHECK_S = 0.1          # how often the daemon looks at its interfaces' state (down, gone, back)
+PCAP_MAX_MB = 64            # default cap of one port's capture, MB, over PCAP_FILES rotated files
+PCAP_FILES = 4
 LOCK_DIR = "/run/cais"      # default folder of the interface (and TCP control) locks; $CAIS_LOCK_DIR
 
 
@@ -246,7 +250,8 @@ class SwitchDaemon:
     """
 
     def __init__(self, interfaces: list[str], params: SwitchParams, *, backend: str = "model",
-                 control: str | None = None, faults: dict | None = None, pcap_dir: str | None = None):
+                 control: str | None = None, faults: dict | None = None, pcap_dir: str | None = None,
+                 pcap_max_bytes: int | None = None, pcap_files: int = 1):
         if len(interfaces) > params.ports:
             raise ValueError(f"{len(interfaces)} interfaces for a switch of {params.ports} ports")
         self.params, self.backend = params, backend
@@ -276,7 +281,8 @@ class SwitchDaemon:
         try:
             if pcap_dir:
                 Path(pcap_dir).mkdir(parents=True, exist_ok=True)
-                self.pcaps = [PcapWriter(Path(pcap_dir) / f"port{p}.pcap") for p in range(n)]
+                self.pcaps = [PcapWriter(Path(pcap_dir) / f"port{p}.pcap", pcap_max_bytes, pcap_files)
+                              for p in range(n)]
             for p, name in enumerate(interfaces):
                 self.ports.append(RawPort(name, self.pcaps[p]))
                 self.sel.register(self.ports[p].sock, selectors.EVENT_READ, ("port", p))
@@ -583,7 +589,7 @@ class SwitchDaemon:
 
 
 def build_parser():
-    p = cli.Parser(prog="cais-switch", description="Run a CAIS switch backend on real network interfaces "
+    p = cmdline.Parser(prog="cais-switch", description="Run a CAIS switch backend on real network interfaces "
                    "(AF_PACKET; needs root). Port p is the p-th interface.")
     p.add_argument("interfaces", nargs="+", metavar="IFACE", help="one interface per switch port (veth, TAP)")
     p.add_argument("--backend", choices=BACKENDS, default="model", help="default: model (numpy only)")
@@ -592,10 +598,16 @@ def build_parser():
     p.add_argument("--fault", action="append", default=[], metavar="PORT:drop=R,...",
                    help="faults on a port's wires: drop=R, duplicate=R, reorder=R, seed=N (repeatable)")
     p.add_argument("--pcap", metavar="DIR", default=None, help="write DIR/port<p>.pcap per port")
+    p.add_argument("--pcap-max-mb", type=cmdline.number(0, 1e6, include_low=False), default=PCAP_MAX_MB,
+                   metavar="N", help=f"cap each port's capture at N MB (10**6 bytes) over its files, keeping the "
+                                     f"newest frames (default {PCAP_MAX_MB})")
+    p.add_argument("--pcap-files", type=cmdline.integer(1), default=PCAP_FILES, metavar="K",
+                   help=f"rotate each port's capture over K files: port<p>.pcap (newest), port<p>.pcap.1, ... "
+                        f"(default {PCAP_FILES})")
     p.add_argument("--ready-file", metavar="PATH", default=None,
                    help="create PATH once every interface is open and the control endpoint listens")
-    cli.add_param_arguments(p)
-    cli.add_version(p)
+    cmdline.add_param_arguments(p)
+    cmdline.add_version(p)
     return p
 
 
@@ -604,7 +616,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if "--ports" not in (argv if argv is not None else sys.argv[1:]):
         args.ports = max(2, len(args.interfaces))   # as many ports as interfaces unless told
-    params = cli.params_from_args(parser, args)
+    params = cmdline.params_from_args(parser, args)
     if len(args.interfaces) > params.ports:
         parser.error(f"{len(args.interfaces)} interfaces, but --ports {params.ports}")
     if len(set(args.interfaces)) != len(args.interfaces):
@@ -624,6 +636,13 @@ def main(argv=None) -> int:
         if port in faults:
             parser.error(f"--fault: port {port} given twice")
         faults[port] = spec
+    given = argv if argv is not None else sys.argv[1:]
+    if args.pcap is None and any(a.split("=")[0] in ("--pcap-max-mb", "--pcap-files") for a in given):
+        parser.error("--pcap-max-mb and --pcap-files need --pcap DIR")
+    pcap_max_bytes = int(args.pcap_max_mb * 1e6)
+    if args.pcap is not None and pcap_max_bytes // args.pcap_files < PcapWriter.MIN_FILE:
+        parser.error(f"--pcap-max-mb {args.pcap_max_mb:g} over --pcap-files {args.pcap_files}: each file needs at "
+                     f"least {PcapWriter.MIN_FILE} bytes (one frame of {PcapWriter.SNAPLEN} bytes)")
     if args.control:
         try:
             parse_address(args.control)
@@ -631,7 +650,8 @@ def main(argv=None) -> int:
             parser.error(f"--control {e}")
     try:
         daemon = SwitchDaemon(args.interfaces, params, backend=args.backend, control=args.control,
-                              faults=faults, pcap_dir=args.pcap)
+                              faults=faults, pcap_dir=args.pcap, pcap_max_bytes=pcap_max_bytes,
+                              pcap_files=args.pcap_files)
     except (OSError, ValueError, RuntimeError) as e:
         print(f"cais-switch: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ValueError) else 1     # Busy is a ValueError: exit status 2

@@ -55,14 +55,15 @@ def python_in(ns: str, args: list[str], **kw) -> subprocess.Popen:
 
 
 @contextlib.contextmanager
-def switch_daemon(ns: str, tmp_path, interfaces: list[str]):
-    """cais-switch (the model) in `ns` on `interfaces`, its control socket and a pcap folder in `tmp_path`,
-    up until its ready file appears (20 s at most); yields ``(daemon, sock, pcap)``, stopped on exit."""
+def switch_daemon(ns: str, tmp_path, interfaces: list[str], extra: tuple = ()):
+    """cais-switch (the model) in `ns` on `interfaces` (and `extra` options), its control socket and a pcap
+    folder in `tmp_path`, up until its ready file appears (20 s at most); yields ``(daemon, sock, pcap)``,
+    stopped on exit."""
     import time
     sock, ready, pcap = tmp_path / "sw.sock", tmp_path / "ready", tmp_path / "pcap"
     log = open(tmp_path / "switch.log", "wb")
     daemon = python_in(ns, ["-m", "cais.sim.daemon", "--control", str(sock), "--pcap", str(pcap),
-                            "--ready-file", str(ready), *interfaces], stdout=log, stderr=log)
+                            "--ready-file", str(ready), *extra, *interfaces], stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 20
         while not ready.exists():

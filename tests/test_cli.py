@@ -28,6 +28,11 @@ CASES = [
     (["-m", "cais.sim.scale", "--chunks", "3"], "--chunks 3"),
     (["-m", "cais.sim.scale", "--backend", "fpga"], "--backend"),
     (["-m", "cais.formal.prove", "--mutant", "nope"], "--mutant"),
+    (["-m", "cais.service", "--switch", "/tmp/s.sock", "--http", "127.0.0.1:0", "--world-size", "2",
+      "--metrics-listen", "0.0.0.0"], "--metrics-listen"),
+    (["-m", "cais.service", "--switch", "/tmp/s.sock", "--http", "127.0.0.1:0", "--world-size", "2",
+      "--metrics-listen", "0.0.0.0:99999"], "99999"),
+    (["-m", "cais.cli", "show-decisions", "--last", "-1"], "--last"),
 ]
 
 
@@ -75,7 +80,7 @@ def test_export_takes_boolean_parameters(tmp_path, monkeypatch, spelling, value)
 
 
 # ---------------------------------------------------------------------- conventions of every tool
-TOOLS = [("cais.sim.daemon", "cais-switch"), ("cais.service", "cais-controller"), ("cais.admin", "cais-cli"),
+TOOLS = [("cais.sim.daemon", "cais-switch"), ("cais.service", "cais-controller"), ("cais.cli", "cais-cli"),
          ("cais.cluster", "cais-cluster")]
 
 
@@ -94,7 +99,7 @@ def test_every_tool_has_version_and_its_own_name(module, prog):
 
 def test_cli_json_after_the_command():
     """`cais-cli watch --json` is `cais-cli --json watch` (argparse alone: no service needed)."""
-    from cais.admin import build_parser
+    from cais.cli import build_parser
     p = build_parser()
     for argv in (["--json", "watch", "--count", "1"], ["watch", "--json", "--count", "1"],
                  ["watch", "--count", "1", "--json"]):

@@ -14,9 +14,10 @@ from netns import namespaces_with, require_root
 
 
 @pytest.mark.slow
-def test_cluster_every_collective_correct():
+def test_cluster_every_collective_correct(tmp_path):
     require_root()
-    p = subprocess.Popen([sys.executable, "-m", "cais.cluster", "--ranks", "4", "--elements", "300"],
+    p = subprocess.Popen([sys.executable, "-m", "cais.cluster", "--ranks", "4", "--elements", "300",
+                          "--keep-logs", str(tmp_path)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = p.communicate(timeout=400)
     assert p.returncode == 0, out + err
@@ -43,6 +44,25 @@ def test_cluster_every_collective_correct():
     assert float(metrics['cais_group_sets_allocated{group="2"}']) > 0        # the pair, made before the restart
     assert float(metrics["cais_collective_latency_seconds_count"]) >= 2
     assert not namespaces_with(f"c{p.pid}"), "namespaces left behind"
+    # every rank logged each decision it got, with its path, reason code, score and threshold; the same
+    # decisions as the controller's show-decisions (its latest 5, by group and collective; ranks 0 and 1 are
+    # in both groups, the world and the pair)
+    import re
+    from cais.controller import Reason
+    line = re.compile(r"cais\.dist: INFO rank (\d): group (\d+) collective (\d+) \(\d+ B\) -> (switch|host) "
+                      r"\[(\w+)\] score -?[\d.]+ threshold [\d.]+: .+")
+    logged = {}
+    for r in range(4):
+        got = [m for m in map(line.fullmatch, (tmp_path / f"rank{r}.log").read_text().splitlines()) if m]
+        assert got and all(int(m[1]) == r and m[5] in {c.value for c in Reason} for m in got), r
+        assert all(Reason(m[5]).path == m[4] for m in got)
+        logged[r] = {(int(m[2]), int(m[3])): (m[4], m[5]) for m in got}
+    shown = out.split("$ cais-cli show-decisions --last 5\n", 1)[1].split("\n\n$ ", 1)[0].splitlines()[2:]
+    rows = [row.split() for row in shown if row.strip() and not row.strip()[0].isdigit()]
+    assert rows, out
+    for row in rows:
+        group, op, path, code = int(row[1]), int(row[2]), row[5], row[8]
+        assert all(logged[r][(group, op)] == (path, code) for r in (0, 1)), row    # ranks 0, 1: in every group
 
 
 def test_cluster_removes_its_namespaces_when_interrupted():

@@ -121,7 +121,7 @@ def test_threshold_rises_under_memory_pressure_and_fallbacks_warn(caplog):
     assert ctl.threshold == pytest.approx(0.25)
     # two offloaded collectives, one fell back: 50% > 10% -> a warning
     for op in (0, 1):
-        ctl._ops.pop((g.group_id, op), None)
+        ctl.registry.ops.pop((g.group_id, op), None)
     ctl.config = Config(offload="always")
     ctl.decide(g.group_id, 0, 1000, 0.0)
     for r in range(4):
@@ -294,9 +294,10 @@ def test_alerts_fire_once_and_clear_once(caplog):
     assert (alert["active"], alert["fired"], alert["cleared"]) == (False, 1, 1)
 
 
-def test_throughput_counts_the_bytes_actually_reduced():
-    """fp16 collectives reduce 2-byte elements in chunks of their own size: the throughput is the bytes
-    the collectives carried through the switch per second, not completed chunks x chunk_size."""
+def test_bytes_reduced_counts_the_bytes_actually_reduced():
+    """fp16 collectives reduce 2-byte elements in chunks of their own size: the bytes reduced are the bytes
+    the collectives carried through the switch, not completed chunks x chunk_size; totals by path only grow
+    (what Prometheus' rate() takes), so an evaluation after the run still shows them."""
     link, ctl = make(offload="always", chunk_size=256)
     g = run_sync(ctl.create_group([0, 1, 2, 3]))
     fp16 = CollectiveKind.make(proto.DType.FP16, proto.ReduceOp.SUM, acc_fp32=True)
@@ -307,7 +308,9 @@ def test_throughput_counts_the_bytes_actually_reduced():
     for r in range(4):
         ctl.finished(r, g.group_id, 0)
     stats = run_sync(ctl.evaluate(3.0))
-    assert stats["reduce_throughput_Bps"] == pytest.approx(3000 / 2.0)
+    assert stats["bytes_by_path"] == {"switch": 3000, "fallback": 0, "host": 0}
+    assert stats["collectives_by_path"] == {"switch": 1, "fallback": 0, "host": 0}
+    assert run_sync(ctl.evaluate(9.0))["bytes_by_path"]["switch"] == 3000      # no new bytes: the total stays
     chunks = -(-3000 // d.chunk_bytes)
     gc = stats["groups"][g.group_id]
     assert (gc["completions"], gc["contributions"], gc["bytes_reduced"]) == (chunks, 4 * chunks, 3000)
@@ -504,7 +507,7 @@ def test_removed_group_frees_rule_slots_and_its_collectives():
     assert ctl.pending                                   # its slots wait to be emptied
     run_sync(ctl.remove_group(a.group_id))
     assert not ctl.pending and ctl.slots_allocated == 8
-    assert not any(g == a.group_id for g, _ in ctl._ops)
+    assert not any(g == a.group_id for g, _ in ctl.registry.ops)
     hdr = proto.CaisHeader(group_id=a.group_id, seq_num=0, payload_len=4)
     link.model.receive(0, proto.build_frame(hdr, bytes(4), pad=True))
     assert link.model.counters()["DROP_NO_RULE"] == 1     # its rule entry is gone from the switch
@@ -512,3 +515,68 @@ def test_removed_group_frees_rule_slots_and_its_collectives():
     assert (c.base, c.slot_count, c.rule_index) == (a.base, a.slot_count, a.rule_index)
     run_sync(ctl.service(10.0))                          # nothing of the removed group is done any more
     assert sorted(ctl.groups) == sorted([b.group_id, c.group_id])
+
+
+def test_counter_extender_adds_the_modular_difference_across_a_wrap():
+    """Hand-made reads of a 32-bit counter: 10, 2**32 - 6, 4 (a wrap: +10), 4, then a switch reset (the
+    register restarts at 0) and 7: the total is the sum of the true increments."""
+    from cais.controller import CounterExtender
+    regs = register_map(SwitchParams(ports=2))
+    ext = CounterExtender(regs)
+    totals = []
+    for raw, reset in ((10, False), (2**32 - 6, False), (4, False), (4, False), (7, True)):
+        if reset:
+            ext.rebase()
+        out = ext.extend({"RX_FRAMES": [raw, 0], "DROP_NO_RULE": raw, "SLOTS_IN_USE": raw})
+        assert out["SLOTS_IN_USE"] == raw                          # a level is not a counter: as read
+        totals.append(out["RX_FRAMES"][0])
+        assert out["DROP_NO_RULE"] == out["RX_FRAMES"][0] and out["RX_FRAMES"][1] == 0
+    assert totals == [10, 2**32 - 6, 2**32 + 4, 2**32 + 4, 2**32 + 11]
+
+
+def test_controller_counters_go_past_2_to_the_32():
+    """The model's RX_FRAMES register set just below 2**32, then 5 real frames wrap it: the controller's
+    statistics and its per-port counters keep counting (2**32 - 2 + 5), as the raw register reads 3."""
+    from cais import protocol as proto
+    link, ctl = make()
+    run_sync(ctl.evaluate(0.0))
+    link.model._counters["RX_FRAMES"][1] = 2**32 - 2
+    assert run_sync(ctl.evaluate(1.0))["ports"][1]["rx_frames"] == 2**32 - 2
+    for _ in range(5):
+        link.model.receive(1, proto.build_frame(proto.CaisHeader(group_id=99, seq_num=0, payload_len=4), bytes(4),
+                                                pad=True))
+    assert run_sync(ctl.read_counters())["RX_FRAMES"][1] == 3           # the register wrapped
+    st = run_sync(ctl.evaluate(2.0))
+    assert st["ports"][1]["rx_frames"] == 2**32 + 3 and st["counters"]["RX_FRAMES"][1] == 2**32 + 3
+    assert st["drops"]["NO_RULE"] == 5
+
+
+def test_every_rank_logs_each_decision_with_its_reason(caplog):
+    """A small job on the in-process world (the model), offload=auto: every rank logs, at INFO, each
+    decision it gets with the path, the reason code, the score and the threshold; the controller's record
+    says the same."""
+    import re
+
+    import numpy as np
+
+    from cais.comm import World
+
+    def job(comm):
+        return [comm.all_reduce(np.full(n, comm.rank + 1, np.int32)) for n in (64, 4096, 64)]
+
+    world = World(ModelLink(SwitchParams(ports=4)), config=Config(timeout_ms=0.05))
+    with caplog.at_level(logging.INFO, logger="cais.comm"):
+        results = run_sync(world.run(job))
+    for out in results:
+        for x, n in zip(out, (64, 4096, 64)):
+            np.testing.assert_array_equal(x, np.full(n, 1 + 2 + 3 + 4, np.int32))
+    lines = [r.getMessage() for r in caplog.records if r.name == "cais.comm" and r.levelno == logging.INFO]
+    pattern = re.compile(r"rank (\d): group (\d+) collective (\d+) \((\d+) B\) -> (switch|host) \[(\w+)\] "
+                         r"score (-?[\d.]+) threshold ([\d.]+): (.*)")
+    seen = sorted((int(m[1]), int(m[3]), m[5], m[6], float(m[7])) for m in map(pattern.fullmatch, lines) if m)
+    assert len(seen) == len(lines) == 4 * 3, lines
+    want = sorted((rank, op, d.path, d.code.value, round(d.score, 3)) for rank in range(4)
+                  for _, _, op, d in world.controller.decisions)
+    assert seen == want
+    assert all(code in ("score_above_threshold", "score_below_threshold") for *_, code, _ in seen)
+    assert all((path == "switch") == (code == "score_above_threshold") for _, _, path, code, _ in seen)

@@ -137,6 +137,10 @@ def test_daemon_on_veth_pairs(tmp_path):
     (["--fault", "3:drop=0.1", "lo"], "port 3 is not one of 0..0"),
     (["--fault", "0:loss", "lo"], "is not drop=R"),
     (["--ports", "2", "lo", "nope1", "nope2"], "3 interfaces, but --ports 2"),
+    (["--pcap-max-mb", "1", "lo"], "need --pcap DIR"),
+    (["--pcap", "/tmp/x", "--pcap-max-mb", "0.1", "--pcap-files", "2", "lo"], "each file needs at least 65575"),
+    (["--pcap", "/tmp/x", "--pcap-files", "0", "lo"], "--pcap-files"),
+    (["--pcap", "/tmp/x", "--pcap-max-mb", "0", "lo"], "--pcap-max-mb"),
 ])
 def test_bad_arguments_one_line_exit_2(args, message):
     p = subprocess.run([sys.executable, "-m", "cais.sim.daemon", *args], capture_output=True, text=True, timeout=30)
@@ -396,3 +400,83 @@ def test_second_daemon_on_a_tcp_control_address_refused_first_untouched(tmp_path
             stop(first)
             log.close()
         assert first.returncode == 0
+
+
+# ---------------------------------------------------------------------- pcap cap and rotation
+
+def _frames_kept(path) -> list[int]:
+    """The tags of the frames of a rotated capture, oldest file first (path.K-1, ..., path.1, path), read
+    by scapy; each file is a whole pcap file of its own."""
+    from scapy.utils import rdpcap
+    files = sorted(path.parent.glob(path.name + ".*"), key=lambda f: -int(f.suffix[1:])) + [path]
+    tags = []
+    for f in files:
+        for pkt in rdpcap(str(f)):
+            tags.append(int.from_bytes(bytes(pkt)[14:18], "big"))
+    return tags
+
+
+def test_pcap_writer_caps_and_rotates_keeping_the_newest(tmp_path):
+    """500 frames of 1000 bytes into a cap of 3 x 70,000 bytes: each file holds (70,000 - 24) // (16 + 1000)
+    = 68 records (the pcap format: a 24-byte file header, a 16-byte record header), so the files hold
+    24 (newest), 68 and 68 frames: 340..499, in order; no file beyond path.2; one file starts again."""
+    from scapy.layers.l2 import Ether
+
+    from cais.rawsock import PcapWriter
+
+    def frame(i):
+        return bytes(Ether(dst="ff:ff:ff:ff:ff:ff", src="02:00:00:00:01:00", type=0x88B6)) + i.to_bytes(4, "big") + bytes(982)
+
+    path = tmp_path / "port0.pcap"
+    w = PcapWriter(path, max_bytes=3 * 70_000, files=3)
+    for i in range(500):
+        w.write(frame(i), when=1000.0 + i)
+        files = list(tmp_path.iterdir())
+        assert sum(f.stat().st_size for f in files) <= 3 * 70_000 and len(files) <= 3
+    w.close()
+    per_file = (70_000 - 24) // (16 + 1000)
+    assert per_file == 68 and w.rotations == 500 // per_file
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["port0.pcap", "port0.pcap.1", "port0.pcap.2"]
+    assert _frames_kept(path) == list(range(500 - (500 % 68) - 2 * 68, 500))
+    # one file: it starts again when full, so it holds the frames since its last start
+    one = tmp_path / "one" / "port1.pcap"
+    one.parent.mkdir()
+    w = PcapWriter(one, max_bytes=70_000, files=1)
+    for i in range(100):
+        w.write(frame(i))
+    w.close()
+    assert _frames_kept(one) == list(range(68, 100)) and [f.name for f in one.parent.iterdir()] == ["port1.pcap"]
+    with pytest.raises(ValueError, match="each file needs at least 65575 bytes"):
+        PcapWriter(tmp_path / "small.pcap", max_bytes=100_000, files=2)
+
+
+PCAP_PROBE = r"""
+import sys, time
+from cais.rawsock import RawPort
+h0, h1 = RawPort("h0"), RawPort("h1")
+for i in range(int(sys.argv[2])):
+    f = b"\xff" * 6 + bytes.fromhex("020000000100") + b"\x88\xb6" + i.to_bytes(4, "big") + bytes(982)
+    h0.send(f)
+    end = time.monotonic() + 10
+    while f not in h1.recv_all():       # flooded to port 1: the switch has taken it (and captured it)
+        assert time.monotonic() < end, i
+        time.sleep(0.001)
+print("sent")
+"""
+
+
+def test_daemon_pcap_capped_and_rotated(tmp_path):
+    """cais-switch --pcap-max-mb 0.2 --pcap-files 2 (100,000 bytes a file) on veth pairs: 300 frames of 1000
+    bytes into port 0; its capture stays within the cap, keeps the newest frames in order, and scapy
+    reads each file."""
+    with namespace() as ns:
+        for i in range(2):
+            veth(ns, f"s{i}", f"h{i}")
+        with switch_daemon(ns, tmp_path, ["s0", "s1"], ("--pcap-max-mb", "0.2", "--pcap-files", "2")) as (_, sock, pcap):
+            assert run_probe(ns, PCAP_PROBE, sock, "300").strip() == "sent"
+            files = sorted(pcap.glob("port0.pcap*"))
+            assert [f.name for f in files] == ["port0.pcap", "port0.pcap.1"]
+            assert sum(f.stat().st_size for f in files) <= 200_000
+            kept = _frames_kept(pcap / "port0.pcap")
+            per_file = (100_000 - 24) // (16 + 1000)
+            assert kept == list(range(300 - (300 % per_file) - per_file, 300))

@@ -127,7 +127,8 @@ def test_three_jobs_at_once_then_three_one_after_another(tmp_path):
         why = ring_job["groups"][0]["why_not"]
         assert "sram_usage_limit" in why, why
         assert f"host ring ({why})" in seen["table"], seen["table"]
-        assert f'cais_job_groups_host_ring{{job="{ring_job["job"]}",reason="{why}"}} 1.0' in seen["metrics"]
+        assert ring_job["groups"][0]["host_reason"] == "no_slots"      # the label: a code, not the sentence
+        assert f'cais_job_groups_host_ring{{job="{ring_job["job"]}",reason="no_slots"}} 1.0' in seen["metrics"]
         assert 'cais_jobs{state="running"} 3.0' in seen["metrics"]
         assert "cais_slots_allocated 48.0" in seen["metrics"]          # 32 + 16, the limit reached
         _wait_jobs_gone(cluster, {"alpha", "beta", "gamma"})

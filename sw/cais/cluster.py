@@ -64,7 +64,7 @@ RESTART_WAIT_S = 60.0
 CLI_COMMANDS = [["add-rule", "7", "--group", "200", "--contributors", "0,1", "--base", "60", "--count-log2", "1",
                  "--dtype", "fp16", "--op", "max"],
                 ["dump-rules"], ["show-groups"], ["show-stats"], ["watch", "--count", "1"], ["del-rule", "7"],
-                ["--json", "show-groups"], ["show-jobs"]]
+                ["--json", "show-groups"], ["show-jobs"], ["show-decisions", "--last", "5"]]
 
 
 class Interrupted(Exception):
@@ -87,8 +87,13 @@ def contribution(rank: int, n: int, dtype, seed: int = 11) -> np.ndarray:
 
 def _worker() -> int:
     """One rank: init from the environment, the suite, a JSON report to $CAIS_REPORT."""
+    import logging
+
     import cais as dist
     from cais.endpoint import connect
+
+    # the rank's log: each offload decision with its path, score, threshold and reason (cais.dist, INFO)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(levelname)s %(message)s")
 
     report_path = os.environ["CAIS_REPORT"]
     n_elem = int(os.environ.get("CAIS_ELEMENTS", "4096"))
@@ -319,7 +324,7 @@ class Cluster:
 
     def cli(self, args: list[str]) -> subprocess.CompletedProcess:
         """cais-cli in the switch's namespace (where the controller's loopback is)."""
-        return subprocess.run(["ip", "netns", "exec", self.switch_ns, sys.executable, "-m", "cais.admin",
+        return subprocess.run(["ip", "netns", "exec", self.switch_ns, sys.executable, "-m", "cais.cli",
                                "--controller", self.http, "--token-file", str(self.token_file), *args],
                               capture_output=True, text=True, timeout=60)
 
@@ -413,7 +418,8 @@ def operate(cluster: Cluster) -> bool:
         ok &= p.returncode == 0
     metrics = cluster.scrape()
     wanted = ("cais_group_completions_total", "cais_group_contributions_total", "cais_collective_latency_seconds_count",
-              "cais_queue_delay_seconds_count", "cais_reduce_throughput_bytes_per_second", "cais_fallback_ratio",
+              "cais_queue_delay_seconds_count", "cais_collectives_total", "cais_collective_bytes_total",
+              "cais_offload_decisions_total", "cais_fallback_ratio",
               'cais_drops_total{reason="NO_RULE"}', 'cais_port_rx_frames_total{port="0"}', "cais_sets_in_use",
               "cais_group_sets_allocated", "cais_group_sets_in_use", "cais_group_sets_aged_total")
     print("\n$ curl -H 'Authorization: Bearer ...' http://" + cluster.http + "/metrics   (a few lines)")
@@ -427,18 +433,18 @@ def operate(cluster: Cluster) -> bool:
 
 
 def main(argv=None) -> int:
-    from . import cli
+    from . import cmdline
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
         return _worker()
-    p = cli.Parser(prog="cais-cluster", description="A CAIS cluster in network namespaces of its own: "
+    p = cmdline.Parser(prog="cais-cluster", description="A CAIS cluster in network namespaces of its own: "
                    "cais-switch (model) and one process per rank; runs every collective and checks it (root).")
-    p.add_argument("--ranks", type=cli.integer(2), default=4)
-    p.add_argument("--elements", type=cli.integer(1), default=4096, help="elements per rank (default 4096)")
+    p.add_argument("--ranks", type=cmdline.integer(2), default=4)
+    p.add_argument("--elements", type=cmdline.integer(1), default=4096, help="elements per rank (default 4096)")
     p.add_argument("--backend", choices=("model", "verilator"), default="model",
                    help="cais-switch's backend (default: model; verilator builds the exported Verilog first)")
     p.add_argument("--keep-logs", metavar="DIR", default=None, help="copy the switch's and ranks' logs here")
-    cli.add_version(p)
+    cmdline.add_version(p)
     args = p.parse_args(argv)
     if args.ranks > 16:
         p.error("--ranks: at most 16 (the switch's ports)")

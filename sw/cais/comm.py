@@ -18,6 +18,7 @@ the collective's element type and operator); the protocol engines (:class:`cais.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -29,12 +30,14 @@ from . import protocol as proto
 from . import quantize
 from .allreduce import CollectiveKind, SwitchAllReduce
 from .config import Config
-from .controller import Controller, GroupInfo
+from .controller import Controller, GroupInfo, decision_line
 from .link import SwitchLink
 from .numerics import native_dtype, wire_dtype
 from .registers import register_map
 
 __all__ = ["World", "Communicator", "Work", "Group", "host_mac", "CollectiveError", "RankKilled", "ring_op_id"]
+
+log = logging.getLogger("cais.comm")
 
 ACTIVE_STEP = 32        # cycles per world step while the controller has register work waiting
 IDLE_CHECK = 256        # cycles of silence before the world may jump ahead to the next timer; also the
@@ -496,7 +499,7 @@ class World:
     def _progress_state(self) -> tuple:
         """What changes when a collective moves on (queued, decided, started, finished, fallen back, a rank
         dropped)."""
-        return (len(self.controller.decisions), len(self.controller.dropped)) + tuple(
+        return (self.controller.decision_count, len(self.controller.dropped)) + tuple(
             (len(s.queue), len(s.background), len(s.lingering),
              None if s.current is None else (id(s.current), s.current.path, s.current.engine is None))
             for s in self._states)
@@ -591,6 +594,7 @@ class World:
             if c is not None and c.engine is None:
                 decision = ctl.decide(c.group.group_id, c.op_seq, c.data.nbytes, now, c.kind)
                 if decision is not None:
+                    log.info(decision_line(s.rank, c.group.group_id, c.op_seq, decision.as_dict()))
                     if decision.offload:
                         c.engine = SwitchAllReduce(
                             data=c.data, op=c.op, group_id=c.group.group_id, seq_base=decision.seq_base,

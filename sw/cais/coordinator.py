@@ -53,7 +53,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from . import cli
+from . import cmdline
 from . import protocol as proto
 from .allreduce import CollectiveKind
 from .comm import host_mac
@@ -287,7 +287,9 @@ class Coordinator:
                             "started": job.started,
                             "groups": [{"group_id": g.group_id, "ranks": [job.hosts.index(h) for h in g.ranks],
                                         "path": "switch" if g.offloadable else "host ring",
-                                        "why_not": g.why_not} for g in groups]})
+                                        "why_not": g.why_not,
+                                        "host_reason": g.host_reason.value if g.host_reason else None}
+                                       for g in groups]})
         return {"jobs": running, "ended": list(self.ended)}
 
     def _hello(self, req: dict, conn_state: dict) -> dict:
@@ -400,8 +402,7 @@ class Coordinator:
                     return {"decision": None}
                 g, s = int(req["group"]), int(req["op_seq"])
                 self._note(g, s)
-                return {"decision": {"offload": d.offload, "reason": d.reason, "seq_base": d.seq_base,
-                                     "chunk_bytes": d.chunk_bytes}, **self._membership(job, g, s)}
+                return {"decision": d.as_dict(), **self._membership(job, g, s)}
             if op == "finished":
                 g, s, host = int(req["group"]), int(req["op_seq"]), job.host(int(req["rank"]))
                 if int(req.get("epoch", self.controller.op_epoch(g, s))) != self.controller.op_epoch(g, s):
@@ -578,11 +579,11 @@ class Coordinator:
 
 
 def main(argv=None) -> int:
-    p = cli.Parser(prog="python -m cais.coordinator", description="The ranks' controller, alone (rank 0's "
+    p = cmdline.Parser(prog="python -m cais.coordinator", description="The ranks' controller, alone (rank 0's "
                    "cais.init starts one itself unless CAIS_COORDINATOR=external).")
     p.add_argument("--switch", required=True, metavar="ADDR", help="the switch's control endpoint")
     p.add_argument("--listen", required=True, metavar="ADDR", help="where ranks reach this coordinator")
-    p.add_argument("--world-size", required=True, type=cli.integer(1))
+    p.add_argument("--world-size", required=True, type=cmdline.integer(1))
     p.add_argument("--config", default=None, metavar="TOML")
     args = p.parse_args(argv)
     try:

@@ -46,7 +46,7 @@ from . import protocol as proto
 from .allreduce import CollectiveKind, SwitchAllReduce, chunk_count
 from .comm import CollectiveError, Communicator, Group, Work as _CommWork, host_mac, ring_op_id
 from .config import Config
-from .controller import GroupInfo
+from .controller import GroupInfo, decision_line
 from .coordinator import DEFAULT_JOB, Coordinator, group_from_dict, group_to_dict, kind_to_dict
 from .endpoint import EndpointError, RefusedError, connect
 from .forward import ForwardGather
@@ -441,6 +441,7 @@ class ProcessGroup:
             if d is None:
                 op.next_poll = now + POLL_S
                 return False
+            log.info(decision_line(self.rank, g, ar, d))
             self._next_op[g] = ar + 1
             if self._follow(op, reply):
                 self._start_ring(op, now)       # redone before this rank started it: the ring at once

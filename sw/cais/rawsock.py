@@ -137,22 +137,59 @@ class RawPort:
 
 class PcapWriter:
     """A classic pcap file (microsecond timestamps, LINKTYPE_ETHERNET), flushed after every frame so
-    that a capture read while the daemon runs (or after it was killed) is complete."""
+    that a capture read while the daemon runs (or after it was killed) is complete.
+
+    With `max_bytes` the capture is capped and rotated: at most `files` files (``path``, ``path.1``, ...
+    ``path.<files-1>``, newest first), each at most ``max_bytes // files`` bytes, so the capture never takes
+    more than `max_bytes` and always holds the newest frames. When the next record would not fit in
+    ``path``, ``path.<files-2>`` moves to ``path.<files-1>`` (the oldest is dropped), ... ``path`` to
+    ``path.1``, and a new ``path`` is started (with ``files=1`` the one file starts again).
+
+    Members
+    -------
+    rotations : int
+        Times a new file was started because the current one was full.
+    """
 
     MAGIC, VERSION, SNAPLEN, LINKTYPE_ETHERNET = 0xA1B2C3D4, (2, 4), 65535, 1
+    HEADER, RECORD = 24, 16          # bytes of the file header and of each record's header
+    MIN_FILE = HEADER + RECORD + SNAPLEN   # a file holds at least one frame of any size
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = path
-        self.f = open(path, "wb")
+    def __init__(self, path: str | os.PathLike, max_bytes: int | None = None, files: int = 1):
+        if files < 1:
+            raise ValueError(f"pcap files={files}: at least 1")
+        self.file_limit = None if max_bytes is None else max_bytes // files
+        if self.file_limit is not None and self.file_limit < self.MIN_FILE:
+            raise ValueError(f"pcap cap of {max_bytes} bytes over {files} files: each file needs at least "
+                             f"{self.MIN_FILE} bytes (one frame of {self.SNAPLEN} bytes)")
+        self.path, self.files, self.rotations = os.fspath(path), files, 0
+        self._start()
+
+    def _start(self) -> None:
+        self.f = open(self.path, "wb")
         self.f.write(struct.pack("<IHHiIII", self.MAGIC, *self.VERSION, 0, 0, self.SNAPLEN,
                                  self.LINKTYPE_ETHERNET))
         self.f.flush()
+        self.size = self.HEADER
+
+    def _rotate(self) -> None:
+        self.f.close()
+        for i in range(self.files - 1, 0, -1):
+            older = self.path if i == 1 else f"{self.path}.{i - 1}"
+            if os.path.exists(older):
+                os.replace(older, f"{self.path}.{i}")
+        self.rotations += 1
+        self._start()
 
     def write(self, frame: bytes, when: float | None = None) -> None:
         t = time.time() if when is None else when
         sec = int(t)
         data = bytes(frame[:self.SNAPLEN])
-        self.f.write(struct.pack("<IIII", sec, int((t - sec) * 1e6), len(data), len(frame)) + data)
+        record = struct.pack("<IIII", sec, int((t - sec) * 1e6), len(data), len(frame)) + data
+        if self.file_limit is not None and self.size + len(record) > self.file_limit:
+            self._rotate()
+        self.f.write(record)
+        self.size += len(record)
         self.f.flush()
 
     def close(self) -> None:

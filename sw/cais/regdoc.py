@@ -12,7 +12,7 @@ import re
 import sys
 from dataclasses import fields
 
-from .cli import Parser, add_param_arguments, params_from_args
+from .cmdline import Parser, add_param_arguments, params_from_args
 from .params import SwitchParams
 from .registers import COUNTER_EVENTS, MAGIC, VERSION, Kind, Register, RegisterMap, register_map
 

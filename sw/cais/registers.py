@@ -16,7 +16,7 @@ from .protocol import SWITCH_MAC_DEFAULT, DropReason
 
 __all__ = ["Access", "Kind", "Field", "Register", "RegisterMap", "register_map", "RegisterFile", "read_counters",
            "MAGIC",
-           "VERSION", "COUNTER_EVENTS", "AGE_UNIT_LOG2", "AGED_QUEUE_DEPTH", "aging_period"]
+           "VERSION", "COUNTER_EVENTS", "AGE_UNIT_LOG2", "AGED_QUEUE_DEPTH", "aging_period", "REGISTER_BITS"]
 
 MAGIC = 0x43414953  # "CAIS"
 VERSION = 0x0004_0003  # minor 3: a stale copy acknowledges nothing (docs/protocol.md 7.3); minor 2: SETS_IN_USE and set aging (AGING ...); minor 1: every rule folds in port order
@@ -26,6 +26,9 @@ VERSION = 0x0004_0003  # minor 3: a stale copy acknowledges nothing (docs/protoc
 AGE_UNIT_LOG2 = 10
 #: Events the aged-set queue (``AGED_EVENT``, ``AGED_POP``) holds; one more is counted in AGED_LOST.
 AGED_QUEUE_DEPTH = 8
+
+
+REGISTER_BITS = 32   # every register's width (the AXI4-Lite data bus); counters wrap modulo 2**REGISTER_BITS
 
 
 def aging_period(params: SwitchParams) -> int:

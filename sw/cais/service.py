@@ -11,7 +11,7 @@ through cais-switch's control endpoint. It listens twice:
 
 - ``--listen``: the ranks' JSON-lines endpoint (:class:`cais.coordinator.Coordinator`: hello, group,
   decide, finished, ...), a Unix socket path (it reaches across network namespaces) or HOST:PORT;
-- ``--http``: HTTP + JSON for operators and :mod:`cais.admin` (``cais-cli``), and the Prometheus text
+- ``--http``: HTTP + JSON for operators and :mod:`cais.cli` (``cais-cli``), and the Prometheus text
   endpoint ``/metrics`` (prometheus_client), on loopback. The server is the standard library's
   :class:`http.server.ThreadingHTTPServer`: one thread per request, no dependency beyond
   prometheus_client. Routes::
@@ -21,10 +21,16 @@ through cais-switch's control endpoint. It listens twice:
       GET    /v1/jobs              running jobs (hosts, ranks joined, groups: switch or host ring and
                                    why) and the latest ended ones (ended or failed)
       GET    /v1/groups            per group: ranks, quota, rule, kind, accounting
+      GET    /v1/decisions         the latest offload decisions (?last=N, default 50) with score,
+                                   threshold and reason, and the tally by path and reason code
       GET    /v1/rules             every rule the controller programmed (the table is write only)
-      POST   /v1/rules             {"index": N, "rule": {...}}  an operator rule (cais.admin.rule_from_dict)
+      POST   /v1/rules             {"index": N, "rule": {...}}  an operator rule (cais.cli.rule_from_dict)
       DELETE /v1/rules/N           an operator rule
       GET    /metrics              Prometheus text format
+
+``--metrics-listen HOST:PORT`` adds a listener that serves ``/metrics`` only (any address: a Prometheus on
+another host), and ``--metrics-no-token`` lets ``/metrics`` (on either listener) be read without the
+token; the API always wants it (docs/controller.md, "Metrics for a remote Prometheus").
 
 Both endpoints want the shared secret (``--token-file`` or ``CAIS_TOKEN``): HTTP as
 ``Authorization: Bearer <token>``, the ranks as ``"token"`` in every request. A request without it or
@@ -42,20 +48,22 @@ import hmac
 import json
 import logging
 import re
+import socket
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from . import cli
+from . import cmdline
 from .config import Config
-from .controller import RuleConflict
+from .controller import Reason, RuleConflict
+from .controller.statistics import COLLECTIVE_PATHS
 from .coordinator import Coordinator
 from .endpoint import EndpointError, parse_address, read_token
 from .link import run_sync
 from .protocol import DropReason
 
-__all__ = ["ControllerService", "MetricsCollector", "main", "http_target", "MAX_BODY"]
+__all__ = ["ControllerService", "MetricsCollector", "main", "http_target", "metrics_target", "MAX_BODY"]
 
 log = logging.getLogger("cais.service")
 
@@ -70,6 +78,17 @@ def http_target(text: str) -> tuple[str, int]:
     host, sep, port = str(text).removeprefix("tcp:").rpartition(":")
     if host not in ("127.0.0.1", "localhost"):
         raise ValueError(f"{text!r}: the HTTP endpoint listens on 127.0.0.1:PORT only")
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"{text!r}: port {port!r} is not in 0..65535")
+    return host, int(port)
+
+
+def metrics_target(text: str) -> tuple[str, int]:
+    """(host, port) of ``HOST:PORT`` (``[::1]:PORT`` for IPv6; port 0: any free one); ValueError otherwise."""
+    host, sep, port = str(text).removeprefix("tcp:").rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not host:
+        raise ValueError(f"{text!r}: HOST:PORT (e.g. 0.0.0.0:9720)")
     if not port.isdigit() or not 0 <= int(port) < 65536:
         raise ValueError(f"{text!r}: port {port!r} is not in 0..65535")
     return host, int(port)
@@ -101,6 +120,9 @@ class MetricsCollector:
             jobs = svc.coordinator.jobs_view()
             rules_in_use = len(svc.controller.dump_rules())
             slots_allocated = svc.controller.slots_allocated
+            stats = svc.controller.statistics
+            collectives, nbytes = dict(stats.collectives), dict(stats.bytes)
+            tally = dict(svc.controller.policy.tally)
         counters = st.get("counters", {})
         g = GaugeMetricFamily("cais_sets_in_use", "Shadow sets holding a chunk (SLOTS_IN_USE)")
         g.add_metric([], counters.get("SLOTS_IN_USE", 0))
@@ -124,10 +146,21 @@ class MetricsCollector:
                                 "(AGED_LOST)")
         c.add_metric([], counters.get("AGED_LOST", 0))
         yield c
-        g = GaugeMetricFamily("cais_reduce_throughput_bytes_per_second",
-                              "Bytes reduced by the switch per second over the last evaluation interval")
-        g.add_metric([], st.get("reduce_throughput_Bps", 0.0))
-        yield g
+        c = CounterMetricFamily("cais_collectives", "Collectives finished on every rank, by where they ran "
+                                "(switch; fallback: offloaded, then redone on the host ring; host)", labels=["path"])
+        for path in COLLECTIVE_PATHS:
+            c.add_metric([path], collectives[path])
+        yield c
+        c = CounterMetricFamily("cais_collective_bytes", "Wire bytes of the collectives finished on every rank, "
+                                "by where they ran (path=switch: the bytes the switch reduced)", labels=["path"])
+        for path in COLLECTIVE_PATHS:
+            c.add_metric([path], nbytes[path])
+        yield c
+        c = CounterMetricFamily("cais_offload_decisions", "Offload decisions, by path and reason code",
+                                labels=["path", "reason"])
+        for reason in Reason:
+            c.add_metric([reason.path, reason.value], tally.get((reason.path, reason.value), 0))
+        yield c
         g = GaugeMetricFamily("cais_fallback_ratio", "Offloaded collectives that fell back / offloaded")
         g.add_metric([], st.get("fallback_ratio", 0.0))
         yield g
@@ -138,17 +171,14 @@ class MetricsCollector:
         for a in svc.controller.alerts.values():
             g.add_metric([a.name], float(a.active))
         yield g
-        c = CounterMetricFamily("cais_bytes_reduced", "Bytes of offloaded collectives reduced by the switch")
-        c.add_metric([], st.get("bytes_reduced", 0))
-        yield c
-        c = CounterMetricFamily("cais_drops", "Frames the switch dropped, by reason (wraps at 2**32)",
+        c = CounterMetricFamily("cais_drops", "Frames the switch dropped, by reason",
                                 labels=["reason"])
         for r in DropReason:
             c.add_metric([r.name], counters.get(f"DROP_{r.name}", 0))
         yield c
         for name, reg, what in (("rx_frames", "RX_FRAMES", "Frames received"), ("rx_bytes", "RX_BYTES", "Bytes received"),
                                 ("tx_frames", "TX_FRAMES", "Frames sent"), ("tx_bytes", "TX_BYTES", "Bytes sent")):
-            c = CounterMetricFamily(f"cais_port_{name}", f"{what} per switch port (wraps at 2**32)", labels=["port"])
+            c = CounterMetricFamily(f"cais_port_{name}", f"{what} per switch port", labels=["port"])
             for p, v in enumerate(counters.get(reg, [])):
                 c.add_metric([str(p)], v)
             yield c
@@ -168,12 +198,13 @@ class MetricsCollector:
             g.add_metric([state], sum(j["state"] == state for j in jobs["jobs"]))
         yield g
         g = GaugeMetricFamily("cais_job_groups_host_ring", "Groups of a running job that run on the host ring, "
-                              "by why (no rule entry or slots left)", labels=["job", "reason"])
+                              "by reason code (no_rule_entry, no_slots, host_only_before_restart)",
+                              labels=["job", "reason"])
         for j in jobs["jobs"]:
             reasons: dict[str, int] = {}
             for grp in j["groups"]:
-                if grp["why_not"]:
-                    reasons[grp["why_not"]] = reasons.get(grp["why_not"], 0) + 1
+                if grp["host_reason"]:
+                    reasons[grp["host_reason"]] = reasons.get(grp["host_reason"], 0) + 1
             for why, n in sorted(reasons.items()):
                 g.add_metric([j["job"], why], n)
         yield g
@@ -205,9 +236,11 @@ class ControllerService:
     """
 
     def __init__(self, switch: str, world_size: int, config: Config, *, token: str | None,
-                 recover: bool = False, switch_retry_s: float = 0.0):
-        from prometheus_client import CollectorRegistry, Histogram
+                 recover: bool = False, switch_retry_s: float = 0.0, metrics_no_token: bool = False):
+        from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
+        disable_created_metrics()      # no *_created series: they are not counts, and rate() has no use for them
         self.token = token
+        self.metrics_no_token = metrics_no_token
         self.coordinator = Coordinator(switch, world_size, config, token=token, recover=recover,
                                        switch_retry_s=switch_retry_s)
         self.controller = self.coordinator.controller
@@ -224,6 +257,8 @@ class ControllerService:
         self.controller.latency.listeners.append(self.latency_hist.observe)
         self.registry.register(MetricsCollector(self))
         self._http = None
+        self._metrics_http = None
+        self.metrics_port = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         with self.lock:
@@ -239,13 +274,25 @@ class ControllerService:
             self.http_refused[reason] = self.http_refused.get(reason, 0) + 1
 
     # ------------------------------------------------------------------ lifecycle
-    def serve(self, ranks_address: str, http_address: str) -> None:
-        """Listen for ranks and for HTTP, start the periodic evaluation (returns at once)."""
+    def serve(self, ranks_address: str, http_address: str, metrics_address: str | None = None) -> None:
+        """Listen for ranks, for HTTP and (`metrics_address`) for /metrics alone; start the periodic
+        evaluation (returns at once)."""
         self._http = ThreadingHTTPServer(http_target(http_address), _handler(self))
         self._http.daemon_threads = True
         self.http_port = self._http.server_address[1]
+        loops = [(self._http.serve_forever, "cais-http"), (self._evaluate_loop, "cais-evaluate")]
+        if metrics_address is not None:
+            host, port = metrics_target(metrics_address)
+            server_class = ThreadingHTTPServer
+            if ":" in host:
+                class server_class(ThreadingHTTPServer):       # noqa: N801 (an IPv6 listener)
+                    address_family = socket.AF_INET6
+            self._metrics_http = server_class((host, port), _handler(self, metrics_only=True))
+            self._metrics_http.daemon_threads = True
+            self.metrics_port = self._metrics_http.server_address[1]
+            loops.append((self._metrics_http.serve_forever, "cais-metrics"))
         self.coordinator.serve(ranks_address)
-        for target, name in ((self._http.serve_forever, "cais-http"), (self._evaluate_loop, "cais-evaluate")):
+        for target, name in loops:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -261,15 +308,32 @@ class ControllerService:
 
     def close(self) -> None:
         self._stop.set()
-        if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+        for server in (self._http, self._metrics_http):
+            if server is not None:
+                server.shutdown()
+                server.server_close()
         self.coordinator.close()
 
     # ------------------------------------------------------------------ the HTTP API
-    def api(self, method: str, path: str, body: bytes | None) -> tuple[int, dict]:
+    def decisions_view(self, query: str = "") -> dict:
+        """The latest decisions (``last=N``, default 50, at most DECISIONS_KEPT), each with its job, and the
+        tally by path and reason code (/v1/decisions, cais-cli show-decisions)."""
+        from urllib.parse import parse_qs
+        last = parse_qs(query).get("last", ["50"])[-1]
+        if not last.isdigit():
+            raise ValueError(f"last={last!r}: a number of decisions")
+        with self.lock:
+            ctl = self.controller
+            job_of = {g: j.name for j in self.coordinator.jobs.values() for g in j.groups}
+            recent = list(ctl.decisions)[-int(last):] if int(last) else []
+            return {"decisions": [{"time_s": t, "job": job_of.get(g), "group": g, "op_seq": s, **d.as_dict()}
+                                  for t, g, s, d in recent],
+                    "total": ctl.decision_count, "threshold": ctl.threshold, "offload": ctl.config.offload,
+                    "tally": [{"path": p, "reason": r, "count": n} for (p, r), n in sorted(ctl.policy.tally.items())]}
+
+    def api(self, method: str, path: str, body: bytes | None, query: str = "") -> tuple[int, dict]:
         """One authorised request -> (status, JSON answer). Refusals change nothing."""
-        from .admin import rule_from_dict, rule_to_dict
+        from .cli import rule_from_dict, rule_to_dict
         ctl = self.controller
         if path == "/v1/health" and method == "GET":
             return 200, {"ok": True, "backend": self.coordinator.link.backend, "groups": len(ctl.groups),
@@ -286,6 +350,8 @@ class ControllerService:
         if path == "/v1/groups" and method == "GET":
             with self.lock:
                 return 200, {"ok": True, "groups": [ctl.group_counters(g) for g in sorted(ctl.groups)]}
+        if path == "/v1/decisions" and method == "GET":
+            return 200, {"ok": True, **self.decisions_view(query)}
         if path == "/v1/rules" and method == "GET":
             with self.lock:
                 return 200, {"ok": True, "rules": [{"index": i, "owner": o, "rule": rule_to_dict(r)}
@@ -329,7 +395,8 @@ class ControllerService:
                 except ValueError as e:
                     return self._bad("bad_request", 400, str(e))
             return 200, {"ok": True, "index": index, "rule": rule_to_dict(rule)}
-        if path in ("/v1/health", "/v1/stats", "/v1/jobs", "/v1/groups", "/v1/rules", "/metrics") or m:
+        if path in ("/v1/health", "/v1/stats", "/v1/jobs", "/v1/groups", "/v1/decisions", "/v1/rules",
+                    "/metrics") or m:
             return self._bad("method", 405, f"{method} {path}: method not allowed")
         return self._bad("not_found", 404, f"{path}: no such resource")
 
@@ -337,15 +404,16 @@ class ControllerService:
         self.refuse(reason)
         return status, {"ok": False, "error": message}
 
-    def authorised(self, header: str | None) -> bool:
-        if self.token is None:
+    def authorised(self, header: str | None, path: str = "") -> bool:
+        if self.token is None or (path == "/metrics" and self.metrics_no_token):
             return True
         if not header or not header.startswith("Bearer "):
             return False
         return hmac.compare_digest(header[7:].strip().encode(), self.token.encode())
 
 
-def _handler(service: ControllerService):
+def _handler(service: ControllerService, metrics_only: bool = False):
+    """The request handler: the API and /metrics, or (`metrics_only`) /metrics alone."""
     class Handler(BaseHTTPRequestHandler):
         server_version = "cais-controller"
         protocol_version = "HTTP/1.1"
@@ -374,18 +442,23 @@ def _handler(service: ControllerService):
                                   {"ok": False, "error": f"body of {length} bytes: at most {MAX_BODY}"})
             if length:
                 body = self.rfile.read(length)
-            if not service.authorised(self.headers.get("Authorization")):
+            path, _, query = self.path.partition("?")
+            if metrics_only and path != "/metrics":
+                service.refuse("not_found")
+                return self._send(404, {"ok": False, "error": f"{path}: this listener serves /metrics only"})
+            if not service.authorised(self.headers.get("Authorization"), path):
                 service.refuse("token")
                 log.warning("http: refused %s %s without the token", method, self.path)
                 return self._send(401, {"ok": False, "error": "unauthorised: missing or wrong token "
                                                               "(Authorization: Bearer ...; cais-cli: --token-file "
                                                               "or CAIS_TOKEN)"})
-            path = self.path.split("?", 1)[0]
             if path == "/metrics" and method == "GET":
                 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
                 return self._send(200, generate_latest(service.registry), CONTENT_TYPE_LATEST)
             try:
-                status, answer = service.api(method, path, body)
+                status, answer = service.api(method, path, body, query)
+            except ValueError as e:
+                status, answer = service._bad("bad_request", 400, str(e))
             except (EndpointError, OSError) as e:
                 status, answer = 503, {"ok": False, "error": f"the switch's control endpoint: {e}"}
             self._send(status, answer)
@@ -408,20 +481,25 @@ def _handler(service: ControllerService):
 
 
 def main(argv=None) -> int:
-    p = cli.Parser(prog="cais-controller", description="The CAIS control plane as a service: groups, rules, "
+    p = cmdline.Parser(prog="cais-controller", description="The CAIS control plane as a service: groups, rules, "
                    "offload decisions, the ranks' endpoint, an HTTP+JSON API and Prometheus metrics.")
     p.add_argument("--switch", required=True, metavar="ADDR", help="cais-switch's control endpoint")
     p.add_argument("--listen", default=None, metavar="ADDR", help="where ranks reach the controller (default: "
                    "the configuration's controller_address:controller_port, as cais.init's default)")
     p.add_argument("--http", required=True, metavar="127.0.0.1:PORT", help="HTTP API and /metrics (loopback)")
-    p.add_argument("--world-size", required=True, type=cli.integer(1))
+    p.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
+                   help="also serve /metrics (and nothing else) here, e.g. 0.0.0.0:9720 for a Prometheus on "
+                        "another host (default: /metrics on --http only)")
+    p.add_argument("--metrics-no-token", action="store_true",
+                   help="/metrics without the token (the API still wants it)")
+    p.add_argument("--world-size", required=True, type=cmdline.integer(1))
     p.add_argument("--config", default=None, metavar="TOML")
     p.add_argument("--token-file", default=None, metavar="PATH", help="the shared secret (default: $CAIS_TOKEN)")
     p.add_argument("--recover", action="store_true", help="after a restart: groups come back with the ranks")
     p.add_argument("--ready-file", default=None, metavar="PATH", help="written (HTTP port) once listening")
-    p.add_argument("--switch-wait", type=cli.number(0, 3600), default=10.0, metavar="S",
+    p.add_argument("--switch-wait", type=cmdline.number(0, 3600), default=10.0, metavar="S",
                    help="wait this long for the switch's endpoint (default 10)")
-    cli.add_version(p)
+    cmdline.add_version(p)
     args = p.parse_args(argv)
     try:
         config = Config.load(args.config)
@@ -430,7 +508,10 @@ def main(argv=None) -> int:
     if args.listen is None:
         args.listen = f"{config.controller_address}:{config.controller_port}"
     for flag, value, check in (("--listen", args.listen, parse_address), ("--http", args.http, http_target),
-                               ("--switch", args.switch, parse_address)):
+                               ("--switch", args.switch, parse_address),
+                               ("--metrics-listen", args.metrics_listen, metrics_target)):
+        if value is None:
+            continue
         try:
             check(value)
         except ValueError as e:
@@ -444,8 +525,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="cais-controller: %(levelname)s %(message)s")
     try:
         svc = ControllerService(args.switch, args.world_size, config, token=token,
-                                recover=args.recover, switch_retry_s=args.switch_wait)
-        svc.serve(args.listen, args.http)
+                                recover=args.recover, switch_retry_s=args.switch_wait,
+                                metrics_no_token=args.metrics_no_token)
+        svc.serve(args.listen, args.http, args.metrics_listen)
     except (EndpointError, ValueError, OSError, RuntimeError) as e:
         print(f"cais-controller: error: {e}", file=sys.stderr)
         return 2
@@ -453,7 +535,9 @@ def main(argv=None) -> int:
     stop = threading.Event()
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, lambda *_: stop.set())
-    print(f"cais-controller: ranks on {args.listen}, HTTP on 127.0.0.1:{svc.http_port}"
+    metrics = "" if svc.metrics_port is None else f", /metrics on {args.metrics_listen.rpartition(':')[0]}:{svc.metrics_port}"
+    print(f"cais-controller: ranks on {args.listen}, HTTP on 127.0.0.1:{svc.http_port}{metrics}"
+          + (" (/metrics without the token)" if args.metrics_no_token else "")
           + (" (recovering)" if args.recover else ""), file=sys.stderr, flush=True)
     if args.ready_file:
         with open(args.ready_file, "w") as f:
