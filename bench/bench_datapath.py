@@ -30,9 +30,9 @@ import numpy as np
 from amaranth.hdl import Shape
 
 from cais import protocol as proto
-from cais.hdl.slots import state_entry_layout
+from cais.hdl.sram.slots import state_entry_layout
 from cais.cli import Parser, integer
-from cais.hdl.tables import rule_layout
+from cais.hdl.control.tables import rule_layout
 from cais.params import ParamError, SwitchParams
 from cais.registers import register_map
 from cais.sim.backends import run_backend, wait_idle

@@ -12,17 +12,17 @@ from amaranth.utils import ceil_log2
 from cais import protocol as proto
 from cais.params import SwitchParams
 
-from .decision import DECISION_HEADERS, bank_addr_bits, job_layout
+from ..common.frame_fifo import FrameFifo
+from ..common.pipeline import delay_line
+from ..decision import DECISION_HEADERS, bank_addr_bits, job_layout
+from ..egress.results import ResultRow, result_frame_layout
 from .fold import FoldChain
-from .frame_fifo import FrameFifo
 from .lane import LANE_DECISIONS, OPEN_BITS
-from .pipeline import delay_line
-from .results import ResultRow, result_frame_layout
 
 __all__ = ["JobQueue", "FoldReader", "job_depth", "ROW_QUEUE_LATENCY", "BANK_READ_REGISTERS"]
 
 #: Cycles from a folded row's write into the row queue to its first cycle on ``FoldReader.rows`` (a
-#: :class:`~cais.hdl.frame_fifo.FrameFifo` with a registered output: the block RAM's output goes straight
+#: :class:`~cais.hdl.common.frame_fifo.FrameFifo` with a registered output: the block RAM's output goes straight
 #: into a register, no logic between).
 ROW_QUEUE_LATENCY = 3
 
@@ -139,9 +139,9 @@ class FoldReader(wiring.Component):
     """Reads each job's rows from every bank at once and folds them into result rows.
 
     Row ``j`` of a job is read from address ``row_base + j`` of all banks in one cycle; the banks' read
-    data is registered, the rows of the contributors go through a :class:`~cais.hdl.fold.FoldChain` in
+    data is registered, the rows of the contributors go through a :class:`~cais.hdl.alu.fold.FoldChain` in
     ascending port order, fp32 accumulators are rounded to the wire format
-    (:class:`~cais.hdl.results.ResultRow`), and the row is queued for the result generator. A read is
+    (:class:`~cais.hdl.egress.results.ResultRow`), and the row is queued for the result generator. A read is
     issued only when the queue is sure to have room for it, so the reader runs at one row per cycle while
     the generator keeps up, across jobs without a bubble.
 

@@ -1,7 +1,7 @@
 """The fold chain of the per-port-bank core (docs/core-design.md, candidate B): one row of every port's
 contribution, folded in ascending port order, one row per cycle.
 
-The switch's fold reader (cais.hdl.completion.FoldReader) builds it at its defaults; bench/bench_area.py
+The switch's fold reader (cais.hdl.alu.completion.FoldReader) builds it at its defaults; bench/bench_area.py
 measures it on its own (``fold_chain``).
 """
 
@@ -9,8 +9,8 @@ from amaranth.hdl import Module, Mux, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from .enums import DType, ReduceOp
-from .pipeline import delay_line
+from ..common.enums import DType, ReduceOp
+from ..common.pipeline import delay_line
 from .slot_alu import FADD_STAGES, SlotALU, slot_alu_latency
 
 __all__ = ["FoldChain"]
@@ -18,7 +18,7 @@ __all__ = ["FoldChain"]
 
 class FoldChain(wiring.Component):
     """``rows[0..P-1]`` folded as ``acc = x[p0]; acc = acc (op) x[p1]; ...`` over the ports in ``mask``
-    (ascending), with the arithmetic of :class:`cais.hdl.slot_alu.SlotALU`: bit-exact with
+    (ascending), with the arithmetic of :class:`cais.hdl.alu.slot_alu.SlotALU`: bit-exact with
     ``numerics.accumulate`` applied in port order (docs/numerics.md section 11).
 
     One :class:`SlotALU` per port in a pipeline: stage p takes the accumulator of stages 0..p-1 and port p's

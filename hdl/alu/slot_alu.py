@@ -6,9 +6,9 @@ from amaranth.lib.wiring import In, Out
 
 from cais import protocol as proto
 
-from .alu import ReduceALU, byteswap
-from .pipeline import delay_line
+from ..common.pipeline import delay_line
 from .fpu import BF16, FP16, FP32, NUMPY_ZERO_TIE, FloatAdder, FloatMaxMin, FloatNarrow, FloatWiden, MaxMinOp
+from .reduce import ReduceALU, byteswap
 
 __all__ = ["SlotALU", "slot_alu_latency", "FADD_STAGES"]
 
@@ -22,7 +22,7 @@ class SlotALU(wiring.Component):
 
     A slot word is ``2 * data_width`` bits, two granules of ``W = data_width`` bits (granule 0 in the low
     bits). Rows and words are in AXI byte order (byte 0 in bits 7:0) and hold big-endian elements: element
-    ``i`` of ``n``-byte elements is bytes ``n*i .. n*i+n-1`` (see :func:`cais.hdl.alu.byteswap`).
+    ``i`` of ``n``-byte elements is bytes ``n*i .. n*i+n-1`` (see :func:`cais.hdl.alu.reduce.byteswap`).
 
     * **Wire-format modes** (int32/int16/int8, fp32, and fp16/bf16 without ``acc_fp32``): granule
       ``granule`` of the result is ``numerics.combine(dtype, op, acc_granule, row, saturate)``, or ``row``
@@ -32,12 +32,12 @@ class SlotALU(wiring.Component):
       is ``numerics.combine(FP32, op, acc, numerics.widen(dtype, row))``, or ``widen(dtype, row)`` with
       ``store``; ``we = 0b11``.
 
-    The float arithmetic runs in ``W/16`` float32 lanes, each a :class:`~cais.hdl.fpu.FloatAdder` and a
-    :class:`~cais.hdl.fpu.FloatMaxMin`: fp32 wire mode uses lanes ``0 .. W/32-1``; fp16/bf16 wire mode
+    The float arithmetic runs in ``W/16`` float32 lanes, each a :class:`~cais.hdl.alu.fpu.FloatAdder` and a
+    :class:`~cais.hdl.alu.fpu.FloatMaxMin`: fp32 wire mode uses lanes ``0 .. W/32-1``; fp16/bf16 wire mode
     widens both operands, combines in float32 and narrows the result (exactly numpy's float16 arithmetic,
     and correctly rounded because 24 >= 2p + 2); fp32 accumulation widens the row element only. The
     ``-0``/``+0`` tie of max/min returns the operand numpy returns for the format the reference computes
-    in (:data:`~cais.hdl.fpu.NUMPY_ZERO_TIE`: float16 for fp16 wire mode, float32 otherwise). NaN results
+    in (:data:`~cais.hdl.alu.fpu.NUMPY_ZERO_TIE`: float16 for fp16 wire mode, float32 otherwise). NaN results
     are the canonical quiet NaN of the output format; ``store`` passes a row's NaN payloads unchanged in the
     wire-format modes.
 

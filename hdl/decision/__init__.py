@@ -25,10 +25,10 @@ from amaranth.lib.wiring import In, Out
 from cais.params import SwitchParams
 from cais.registers import AGE_UNIT_LOG2, RegisterMap
 
-from ..enums import DropReason
-from ..ingress import frame_meta_layout
-from ..slots import SetUpdate
-from ..tables import TableProgramSignature
+from ..common.enums import DropReason
+from ..control.tables import TableProgramSignature
+from ..parser.ingress import frame_meta_layout
+from ..sram.slots import SetUpdate
 from .arbiter import Arbiter
 from .counters import UsageCounters, writer_delta
 from .layouts import bank_addr_bits, decision_layout, job_layout

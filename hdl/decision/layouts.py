@@ -6,7 +6,7 @@ from amaranth.utils import ceil_log2
 from cais import protocol as proto
 from cais.params import SwitchParams
 
-from ..enums import Action, DType, ReduceOp
+from ..common.enums import Action, DType, ReduceOp
 
 __all__ = ["decision_layout", "job_layout", "bank_addr_bits"]
 

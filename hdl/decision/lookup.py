@@ -9,12 +9,12 @@ from cais import protocol as proto
 from cais.params import SwitchParams
 from cais.registers import RegisterMap
 
-from ..enums import Action, DropReason, DType, ReduceOp
-from ..header import FrameHeader
-from ..ingress import frame_meta_layout
-from ..slots import rule_index_bits
-from ..tables import (MATCH_PARTS, MacTable, RuleTable, TableProgramSignature, hits_of_parts, lowest_one, or_tree,
+from ..common.enums import Action, DropReason, DType, ReduceOp
+from ..control.tables import (MATCH_PARTS, MacTable, RuleTable, TableProgramSignature, hits_of_parts, lowest_one, or_tree,
                       rule_layout)
+from ..parser.header import FrameHeader
+from ..parser.ingress import frame_meta_layout
+from ..sram.slots import rule_index_bits
 from .layouts import bank_addr_bits
 
 __all__ = ["RuleLookup", "carry_layout", "lookup_layout", "slot_bits"]

@@ -8,8 +8,8 @@ from amaranth.lib.wiring import In, Out
 from cais.params import SwitchParams
 from cais.registers import AGE_UNIT_LOG2, AGED_QUEUE_DEPTH, RegisterMap
 
-from ..slots import age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
-from ..tables import TableProgramSignature, field_bits
+from ..control.tables import TableProgramSignature, field_bits
+from ..sram.slots import age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
 from .lookup import slot_bits
 from .slot_state import StateAccessSignature
 

@@ -10,9 +10,9 @@ from amaranth.lib.wiring import In, Out
 
 from cais.params import SwitchParams
 
-from ..enums import Action, DropReason
-from ..slots import SetUpdate, SlotOutcome, age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
-from ..tables import or_tree
+from ..common.enums import Action, DropReason
+from ..control.tables import or_tree
+from ..sram.slots import SetUpdate, SlotOutcome, age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
 from .layouts import decision_layout, job_layout
 from .lookup import carry_layout, lookup_layout, slot_bits
 
@@ -100,7 +100,7 @@ class SlotState(wiring.Component):
 
     ``latency`` (5): a header on ``i`` in cycle t is decided on the outputs in cycle t + 5 and writes its
     slot in t + 5 - :data:`STATE_WRITE_LEAD`. ``set_update`` builds the state transition
-    (:class:`cais.hdl.slots.SetUpdate`, given the ports) and ``new_stamp`` the stamp of the set (the formal
+    (:class:`cais.hdl.sram.slots.SetUpdate`, given the ports) and ``new_stamp`` the stamp of the set (the formal
     harness's mutants come in through them). Every output is a register.
     """
 

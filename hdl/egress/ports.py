@@ -15,9 +15,9 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .axis import AxisSignature
-from .frame_fifo import FrameFifo
-from .ingress import popcount
+from ..common.axis import AxisSignature
+from ..common.frame_fifo import FrameFifo
+from ..parser.ingress import popcount
 
 __all__ = ["EgressCrossbar", "EgressMerge", "EgressPort", "FrameSourceSignature", "ResultFanout", "beat_layout"]
 
@@ -275,7 +275,7 @@ class EgressMerge(wiring.Component):
 
     Both inputs are first-word-fall-through FIFOs that receive every frame back to back, one beat per
     cycle (the crossbar's and the fanout's contract), and show their head beat in registers
-    (:class:`~cais.hdl.frame_fifo.FrameFifo` with ``registered_output``): once a frame's first beat is at
+    (:class:`~cais.hdl.common.frame_fifo.FrameFifo` with ``registered_output``): once a frame's first beat is at
     the head, each of its later beats is at the head by the cycle after the one before it was read, so a
     frame that is started is sent to its end at the sink's pace.
 

@@ -7,10 +7,10 @@ from amaranth.lib.wiring import In, Out
 from cais import protocol as proto
 from cais.params import SwitchParams
 
-from .alu import byteswap
-from .fpu import BF16, FP16, FP32, FloatNarrow
-from .egress import FrameSourceSignature
-from .header import cais_field
+from ..alu.fpu import BF16, FP16, FP32, FloatNarrow
+from ..alu.reduce import byteswap
+from ..parser.header import cais_field
+from .ports import FrameSourceSignature
 
 __all__ = ["ResultGenerator", "ResultRow", "result_row_latency", "result_frame_layout", "header_split"]
 
@@ -43,7 +43,7 @@ class ResultRow(wiring.Component):
     Members
     -------
     word : In(2 * data_width)
-        The accumulator word (:attr:`cais.hdl.fold.FoldChain.result`).
+        The accumulator word (:attr:`cais.hdl.alu.fold.FoldChain.result`).
     acc_fp32 : In(1); dtype : In(4)
         How the set accumulates (presented with ``word``).
     row : Out(data_width)
@@ -118,7 +118,7 @@ class ResultGenerator(wiring.Component):
         (``rows.payload`` is the oldest of them when ``rows_held`` is not 0: ``rows.valid`` is not used,
         ``rows.ready`` takes only a row ``rows_held`` counts).
     out : Out(FrameSourceSignature)
-        The result frames, to the result fanout (:class:`~cais.hdl.egress.ResultFanout`, which writes them
+        The result frames, to the result fanout (:class:`~cais.hdl.egress.ports.ResultFanout`, which writes them
         into the ports' result queues): a frame asks for its ports; granted, it starts in the
         next cycle, and the egress takes each beat the cycle it is offered.
     busy : Out(1)

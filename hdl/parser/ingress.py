@@ -8,9 +8,9 @@ from amaranth.lib.wiring import In, Out
 from cais import protocol as proto
 from cais.params import SwitchParams
 
-from .axis import AxisSignature
-from .enums import DropReason
-from .frame_fifo import FrameFifo
+from ..common.axis import AxisSignature
+from ..common.enums import DropReason
+from ..common.frame_fifo import FrameFifo
 from .header import HEADER_BITS, FrameHeader
 
 __all__ = ["IngressPort", "HeaderQueue", "frame_meta_layout", "popcount"]

@@ -1,8 +1,8 @@
 """The SRAM buffer's contribution banks: one block RAM per port holding that port's all-reduce payload rows.
 
 An all-reduce payload row is written once, into the bank of the port it came from (by the port's
-:class:`cais.hdl.lane.IngressLane`), and read back when its set completes: the fold reader
-(:class:`cais.hdl.completion.FoldReader`) reads the same row address of every bank in one cycle.
+:class:`cais.hdl.alu.lane.IngressLane`), and read back when its set completes: the fold reader
+(:class:`cais.hdl.alu.completion.FoldReader`) reads the same row address of every bank in one cycle.
 """
 
 from amaranth.hdl import Module
@@ -12,7 +12,7 @@ from amaranth.lib.wiring import In, Out
 
 from cais.params import SwitchParams
 
-from .decision import bank_addr_bits
+from ..decision import bank_addr_bits
 
 __all__ = ["ContributionBanks", "BANK_READ_LATENCY", "bank_depth"]
 
