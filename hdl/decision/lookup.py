@@ -15,14 +15,10 @@ from ..control.tables import (MATCH_PARTS, MacTable, RuleTable, TableProgramSign
 from ..parser.header import FrameHeader
 from ..parser.ingress import frame_meta_layout
 from ..sram.slots import rule_index_bits
+from ..sram.state import slot_bits
 from .layouts import bank_addr_bits
 
-__all__ = ["RuleLookup", "carry_layout", "lookup_layout", "slot_bits"]
-
-
-def slot_bits(params: SwitchParams) -> int:
-    """Bits of a slot index (at least one)."""
-    return max(1, ceil_log2(params.slots))
+__all__ = ["RuleLookup", "carry_layout", "lookup_layout"]
 
 
 def carry_layout(params: SwitchParams) -> data.StructLayout:
