@@ -13,6 +13,7 @@ from ..common.enums import Action
 from ..decision import DECISION_LATENCY, bank_addr_bits, decision_layout
 from ..egress.ports import FrameSourceSignature
 from ..egress.results import header_split
+from ..latency import LANE_FINISH, LANE_REQUEST, LANE_START
 
 __all__ = ["IngressLane", "LANE_DECISIONS", "OPEN_BITS"]
 
@@ -69,7 +70,16 @@ class IngressLane(wiring.Component):
         ``finished`` (what a result job queued in this cycle waits for,
         :class:`cais.hdl.alu.completion.JobQueue`).
     busy : Out(1)
+
+    Latencies (:mod:`cais.hdl.latency`), on an idle lane: ``request_latency`` (1) from a forwarded frame's
+    decision to its ``fwd.req``; ``start_latency`` (2) from the decision of a frame that is not forwarded
+    to its first beat taken; ``finish_latency`` (1) from a frame's last beat to its ``finished``, one more
+    when its last payload row starts in its last beat.
     """
+
+    request_latency = LANE_REQUEST
+    start_latency = LANE_START
+    finish_latency = LANE_FINISH
 
     def __init__(self, params: SwitchParams):
         self.params = params

@@ -12,6 +12,7 @@ from cais.registers import RegisterMap
 from ..common.enums import Action, DropReason, DType, ReduceOp
 from ..control.tables import (MATCH_PARTS, MacTable, RuleTable, TableProgramSignature, hits_of_parts, lowest_one, or_tree,
                       rule_layout)
+from ..latency import RULE_LOOKUP
 from ..parser.header import FrameHeader
 from ..parser.ingress import frame_meta_layout
 from ..sram.slots import rule_index_bits
@@ -78,10 +79,10 @@ class RuleLookup(wiring.Component):
     busy : Out(1)
         A header is in T, B1 or B2.
 
-    ``latency`` (3): a header taken in cycle t is on ``o`` in cycle t + 3.
+    ``latency`` (:data:`cais.hdl.latency.RULE_LOOKUP`, 3): a header taken in cycle t is on ``o`` in cycle t + 3.
     """
 
-    latency = 3
+    latency = RULE_LOOKUP
 
     def __init__(self, params: SwitchParams, regmap: RegisterMap):
         self.params, self.regmap = params, regmap

@@ -11,6 +11,7 @@ from cais.params import SwitchParams
 
 from ..common.enums import Action, DropReason
 from ..control.tables import or_tree
+from ..latency import SLOT_STATE
 from ..sram.slots import SetUpdate, SlotOutcome, age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
 from ..sram.state import SlotStatePort, slot_bits
 from .layouts import decision_layout, job_layout
@@ -83,13 +84,13 @@ class SlotState(wiring.Component):
     busy : Out(1)
         A header is in S0 .. V (not counting the outputs).
 
-    ``latency`` (5): a header on ``i`` in cycle t is decided on the outputs in cycle t + 5 and writes its
+    ``latency`` (:data:`cais.hdl.latency.SLOT_STATE`, 5): a header on ``i`` in cycle t is decided on the outputs in cycle t + 5 and writes its
     slot in t + 5 - :data:`STATE_WRITE_LEAD`. ``set_update`` builds the state transition
     (:class:`cais.hdl.sram.slots.SetUpdate`, given the ports) and ``new_stamp`` the stamp of the set (the formal
     harness's mutants come in through them). Every output is a register.
     """
 
-    latency = 5
+    latency = SLOT_STATE
 
     def __init__(self, params: SwitchParams, *, set_update=SetUpdate, new_stamp=new_stamp):
         self.params = params

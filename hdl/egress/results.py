@@ -9,6 +9,7 @@ from cais.params import SwitchParams
 
 from ..alu.fpu import BF16, FP16, FP32, FloatNarrow
 from ..alu.reduce import byteswap
+from ..latency import RESULT_REQUEST
 from ..parser.header import cais_field
 from .ports import FrameSourceSignature
 
@@ -122,7 +123,12 @@ class ResultGenerator(wiring.Component):
         into the ports' result queues): a frame asks for its ports; granted, it starts in the
         next cycle, and the egress takes each beat the cycle it is offered.
     busy : Out(1)
+
+    ``request_latency`` (:data:`cais.hdl.latency.RESULT_REQUEST`, 1): an idle generator whose job and rows
+    are all held in cycle t asks (``out.req``) in t + 1.
     """
+
+    request_latency = RESULT_REQUEST
 
     def __init__(self, params: SwitchParams):
         self.params = params

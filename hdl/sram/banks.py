@@ -13,12 +13,13 @@ from amaranth.lib.wiring import In, Out
 from cais.params import SwitchParams
 
 from ..decision import bank_addr_bits
+from ..latency import BANK_READ
 
 __all__ = ["ContributionBanks", "BANK_READ_LATENCY", "bank_depth"]
 
 #: Clock edges from a read address (with ``rd_en``) to its data on ``rd_data``: the block RAM's
-#: synchronous read port, whose output is a register.
-BANK_READ_LATENCY = 1
+#: synchronous read port, whose output is a register (:data:`cais.hdl.latency.BANK_READ`).
+BANK_READ_LATENCY = BANK_READ
 
 
 def bank_depth(params: SwitchParams) -> int:
