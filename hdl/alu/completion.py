@@ -15,9 +15,9 @@ from cais.params import SwitchParams
 from ..common.frame_fifo import FrameFifo
 from ..common.pipeline import delay_line
 from ..decision import DECISION_HEADERS, bank_addr_bits, job_layout
-from ..egress.results import ResultRow, result_frame_layout
+from ..egress.results import result_frame_layout
 from ..latency import BANK_READ, BANK_READ_REGISTERS, FOLD_READER_START, FRAME_FIFO, JOB_QUEUE
-from .fold import FoldChain
+from .fold import FoldChain, ResultRow
 from .lane import LANE_DECISIONS, OPEN_BITS
 
 __all__ = ["JobQueue", "FoldReader", "job_depth", "ROW_QUEUE_LATENCY", "BANK_READ_REGISTERS"]
@@ -147,7 +147,7 @@ class FoldReader(wiring.Component):
     Row ``j`` of a job is read from address ``row_base + j`` of all banks in one cycle; the banks' read
     data is registered, the rows of the contributors go through a :class:`~cais.hdl.alu.fold.FoldChain` in
     ascending port order, fp32 accumulators are rounded to the wire format
-    (:class:`~cais.hdl.egress.results.ResultRow`), and the row is queued for the result generator. A read is
+    (:class:`~cais.hdl.alu.fold.ResultRow`), and the row is queued for the result generator. A read is
     issued only when the queue is sure to have room for it, so the reader runs at one row per cycle while
     the generator keeps up, across jobs without a bubble.
 

@@ -19,7 +19,7 @@ import random
 import cocotb
 from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
 
-from cais.hdl.decision import bank_addr_bits
+from cais.hdl.sram.banks import bank_addr_bits
 from cais.tb.common import clock_and_reset, tb_params
 
 #: documented in cais.hdl.sram.banks (BANK_READ_LATENCY); restated here as the contract under test
