@@ -17,7 +17,7 @@ seeds (every seed's beside it), its utilisation and critical path the median see
   the defaults);
 * ``switch_int``: integer types only (``float_units=False``); ``switch`` minus this row is the cost of the
   float units;
-* ``fold_chain``: the port-order fold of the switch's result path (``cais.hdl.fold.FoldChain``,
+* ``fold_chain``: the port-order fold of the switch's result path (``cais.hdl.alu.fold.FoldChain``,
   docs/core-design.md), 4 ports x 64 bits;
 * ``fold_reader_int``: the fold reader of the integer-only build (``fold_reader`` is the default's);
 * ``bram_loop``: a bare registered block-RAM read-modify-write loop of the slot memory's shape, the floor a
@@ -26,7 +26,7 @@ seeds (every seed's beside it), its utilisation and critical path the median see
 
 The blocks are wrapped in a register rank on every input and on every output (clock domain ``sync``), so
 the path timed for a combinational block is register -> logic -> register; the wrapper's flip-flops are
-included in the FF column and listed in the details. Rows of ``cais.hdl.fpu`` are skipped, with the
+included in the FF column and listed in the details. Rows of ``cais.hdl.alu.fpu`` are skipped, with the
 reason printed, when that module does not import.
 
 Flow: place and route is out of context (``--out-of-context``: no IO buffers, clock not promoted to a
@@ -106,15 +106,15 @@ class Design:
 
 
 def _alu_lane():
-    from cais.hdl.alu import ReduceALU
+    from cais.hdl.alu.reduce import ReduceALU
     return ReduceALU(data_width=32), True
 
 
 def _fpu():
     try:
-        fpu = importlib.import_module("cais.hdl.fpu")
+        fpu = importlib.import_module("cais.hdl.alu.fpu")
     except Exception as exc:  # the module is work in progress elsewhere: any failure to import is a skip
-        raise Skip(f"cais.hdl.fpu does not import ({type(exc).__name__}: {exc})") from None
+        raise Skip(f"cais.hdl.alu.fpu does not import ({type(exc).__name__}: {exc})") from None
     return fpu
 
 
@@ -147,9 +147,9 @@ def _float_maxmin(fmt_name: str):
 
 def _slot_alu():
     try:
-        from cais.hdl.slot_alu import SlotALU
+        from cais.hdl.alu.slot_alu import SlotALU
     except Exception as exc:  # work in progress elsewhere: a failure to import is a skip
-        raise Skip(f"cais.hdl.slot_alu does not import ({type(exc).__name__}: {exc})") from None
+        raise Skip(f"cais.hdl.alu.slot_alu does not import ({type(exc).__name__}: {exc})") from None
     return SlotALU(data_width=64), True
 
 
@@ -192,7 +192,7 @@ def bram_loop(data_width: int, depth: int):
 
 def _fold_chain(**kw):
     def build():
-        from cais.hdl.fold import FoldChain
+        from cais.hdl.alu.fold import FoldChain
         from cais.params import SwitchParams
         P = SwitchParams()
         return FoldChain(P.ports, P.data_width, **kw), True
@@ -211,12 +211,12 @@ def _stage(build_stage):
 
 
 def _ingress_stage(P, regmap):
-    from cais.hdl.ingress import IngressPort
+    from cais.hdl.parser.ingress import IngressPort
     return IngressPort(P)
 
 
 def _regbank_stage(P, regmap):
-    from cais.hdl.csr import RegisterBank
+    from cais.hdl.control.csr import RegisterBank
     from cais.hdl.switch import AXIL_ADDR_WIDTH
     return RegisterBank(regmap, addr_width=AXIL_ADDR_WIDTH)
 
@@ -227,50 +227,50 @@ def _decision_stage(P, regmap):
 
 
 def _lane_stage(P, regmap):
-    from cais.hdl.lane import IngressLane
+    from cais.hdl.alu.lane import IngressLane
     return IngressLane(P)
 
 
 def _crossbar_stage(P, regmap):
-    from cais.hdl.egress import EgressCrossbar
+    from cais.hdl.egress.ports import EgressCrossbar
     return EgressCrossbar(P.ports, P.ports, P.data_width, P.max_frame_beats, P.egress_depth)
 
 
 def _result_fanout_stage(P, regmap):
-    from cais.hdl.egress import ResultFanout
+    from cais.hdl.egress.ports import ResultFanout
     return ResultFanout(P.ports, P.data_width, P.max_frame_beats, P.result_queue_depth)
 
 
 def _merge_stage(P, regmap):
-    from cais.hdl.egress import EgressMerge
+    from cais.hdl.egress.ports import EgressMerge
     return EgressMerge(P.data_width)
 
 
 def _job_queue_stage(P, regmap):
-    from cais.hdl.completion import JobQueue
+    from cais.hdl.alu.completion import JobQueue
     return JobQueue(P)
 
 
 def _fold_reader_stage(P, regmap):
-    from cais.hdl.completion import FoldReader
+    from cais.hdl.alu.completion import FoldReader
     return FoldReader(P)
 
 
 def _fold_reader_int():
-    from cais.hdl.completion import FoldReader
+    from cais.hdl.alu.completion import FoldReader
     from cais.params import SwitchParams
     return FoldReader(SwitchParams(float_units=False)), True
 
 
 def _result_gen_stage(P, regmap):
-    from cais.hdl.results import ResultGenerator
+    from cais.hdl.egress.results import ResultGenerator
     return ResultGenerator(P)
 
 
 def _wide_core_alu():
     """Candidate A of docs/core-design.md: one core of ports x data_width bits (gearboxes after ingress and
     before egress) reduces a wide word per cycle, so its slot ALU is ports x data_width bits wide."""
-    from cais.hdl.slot_alu import SlotALU
+    from cais.hdl.alu.slot_alu import SlotALU
     from cais.params import SwitchParams
     P = SwitchParams()
     return SlotALU(data_width=P.ports * P.data_width), True     # the fold chain's adder depth (FADD_STAGES)

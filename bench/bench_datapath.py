@@ -30,13 +30,13 @@ import numpy as np
 from amaranth.hdl import Shape
 
 from cais import protocol as proto
-from cais.hdl.slots import state_entry_layout
+from cais.hdl.sram.slots import state_entry_layout
 from cais.cmdline import Parser, integer
-from cais.hdl.tables import rule_layout
+from cais.hdl.control.tables import rule_layout
 from cais.params import ParamError, SwitchParams
 from cais.registers import register_map
 from cais.sim.backends import run_backend, wait_idle
-from cais.sim.timing import frame_beats, measure_latency
+from cais.sim.timing import documented_latency, frame_beats, measure_latency
 from cais.sim.traffic import host_mac
 from cais.tables import MacEntry, Rule, mac_writes, rule_writes
 
@@ -363,6 +363,7 @@ def main(argv=None) -> int:
             "baseline_per_port_beats_per_cycle": baseline_per_port(P),
             "baseline_latency_cycles": BASELINE_LATENCY_4X64 if P == SwitchParams() else None,
             "latency_cycles": lat,
+            "documented_latency_cycles": documented_latency(P, P.max_payload),
             "decision_oversubscription": {
                 "min_frames": decision_oversubscription(P, proto.MIN_FRAME_BYTES),
                 "max_payload_frames": decision_oversubscription(P, proto.HEADERS_BYTES + P.max_payload)},
@@ -402,7 +403,8 @@ def main(argv=None) -> int:
     print()
     before = (f" (before the line-rate core: {BASELINE_LATENCY_4X64})"
               if P == SwitchParams() else "")
-    print(f"latency, last contribution's last beat in -> first result beat out: {lat} cycles{before}")
+    print(f"latency, last contribution's last beat in -> first result beat out: {lat} cycles{before}; "
+          f"documented (the blocks' latencies, cais.hdl.latency): {documented_latency(P, P.max_payload)}")
     print(f"decision pipeline (one header per cycle) asked for, every port at line rate: "
           f"{decision_oversubscription(P, proto.MIN_FRAME_BYTES):.2f} headers/cycle with 60-byte frames, "
           f"{decision_oversubscription(P, proto.HEADERS_BYTES + P.max_payload):.2f} with full-size "

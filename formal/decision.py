@@ -51,10 +51,10 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from cais.hdl.decision import DECISION_LATENCY, STATE_WRITE_LEAD, Decision
-from cais.hdl.enums import DropReason
-from cais.hdl.header import FrameHeader
-from cais.hdl.slots import SetUpdate, SlotOutcome, state_set_layout
-from cais.hdl.tables import TableProgramSignature
+from cais.hdl.common.enums import DropReason
+from cais.hdl.parser.header import FrameHeader
+from cais.hdl.sram.slots import SetUpdate, SlotOutcome, state_set_layout
+from cais.hdl.control.tables import TableProgramSignature
 from cais.params import SwitchParams
 from cais.protocol import OpType
 from cais.registers import register_map

@@ -7,16 +7,16 @@ only where the block has them) so cocotbext-axi's models drive them (``bus_separ
 ========  ====================================  ==========================================================
 block     wraps                                 ports
 ========  ====================================  ==========================================================
-ingress   :class:`cais.hdl.ingress.IngressPort`  ``s_axis`` (tdata tkeep tlast tuser), ``m_hdr`` (tdata: the
+ingress   :class:`cais.hdl.parser.ingress.IngressPort`  ``s_axis`` (tdata tkeep tlast tuser), ``m_hdr`` (tdata: the
                                                 frame_meta_layout bits), ``m_axis`` (tdata: the beats),
                                                 ``drop``, ``drop_reason``, ``rx_frame``, ``rx_bytes``, ``busy``
-sram      :class:`cais.hdl.sram.ContributionBanks`  its own members (``wr_addr__0`` ..., ``rd_data__0`` ...)
-alu       :class:`cais.hdl.fold.FoldChain`       ``s_axis`` (tdata: :func:`fold_input_fields` packed, tvalid),
+sram      :class:`cais.hdl.sram.banks.ContributionBanks`  its own members (``wr_addr__0`` ..., ``rd_data__0`` ...)
+alu       :class:`cais.hdl.alu.fold.FoldChain`       ``s_axis`` (tdata: :func:`fold_input_fields` packed, tvalid),
                                                 ``m_axis`` (tdata: the result word, tvalid); no tready: the
                                                 chain takes a set of rows every cycle
-csr       :class:`cais.hdl.csr.AXI4LiteToCSR` +  ``s_axil`` (AXI4-Lite) and every member of the register bank
-          :class:`cais.hdl.csr.RegisterBank`     (``switch_mac_lo``, ``rule_write_stb``, ``rx_bytes_inc__0`` ...)
-egress    :class:`cais.hdl.egress.EgressCrossbar`  ``s_axis__<s>`` per lane and ``s_res`` (tdata tkeep tlast tdest:
+csr       :class:`cais.hdl.control.csr.AXI4LiteToCSR` +  ``s_axil`` (AXI4-Lite) and every member of the register bank
+          :class:`cais.hdl.control.csr.RegisterBank`     (``switch_mac_lo``, ``rule_write_stb``, ``rx_bytes_inc__0`` ...)
+egress    :class:`cais.hdl.egress.ports.EgressCrossbar`  ``s_axis__<s>`` per lane and ``s_res`` (tdata tkeep tlast tdest:
           + ``ResultFanout`` + ``EgressPort``     the frame's port mask), ``m_axis__<p>`` (tdata tkeep tlast),
           per port                              ``tx_frame__<p>``, ``tx_bytes__<p>``, ``busy``, ``underrun``
 switch    :class:`cais.hdl.top.SwitchTop`        the exported switch (``s_axis_p0_tdata`` ...)
@@ -32,15 +32,15 @@ from amaranth.lib.wiring import In, Out
 from cais.params import SwitchParams
 from cais.registers import register_map
 
-from .axis import AxisSignature
-from .csr import AXI4LiteSignature, AXI4LiteToCSR, RegisterBank
-from .egress import EgressCrossbar, EgressPort, FrameSourceSignature, ResultFanout
-from .fold import FoldChain
-from .frame_fifo import FrameFifo
-from .ingress import IngressPort
-from .sram import ContributionBanks
+from .alu.fold import FoldChain
+from .common.axis import AxisSignature
+from .common.enums import DropReason, DType, ReduceOp
+from .common.frame_fifo import FrameFifo
+from .control.csr import AXI4LiteSignature, AXI4LiteToCSR, RegisterBank
+from .egress.ports import EgressCrossbar, EgressPort, FrameSourceSignature, ResultFanout
+from .parser.ingress import IngressPort
+from .sram.banks import ContributionBanks
 from .top import SwitchTop
-from .enums import DropReason, DType, ReduceOp
 
 __all__ = ["StreamPorts", "IngressBlock", "BanksBlock", "FoldBlock", "CsrBlock", "AxisDestSignature",
            "AxisFrameSource", "EgressBlock", "BLOCKS", "block_top",
@@ -64,7 +64,7 @@ def _stream_out(m, outer, inner):
 
 
 class IngressBlock(wiring.Component):
-    """:class:`cais.hdl.ingress.IngressPort` with its header and beat streams as AXI4-Stream ports."""
+    """:class:`cais.hdl.parser.ingress.IngressPort` with its header and beat streams as AXI4-Stream ports."""
 
     def __init__(self, params: SwitchParams):
         self.params = params
@@ -89,7 +89,7 @@ class IngressBlock(wiring.Component):
 
 
 def BanksBlock(params: SwitchParams):
-    """:class:`cais.hdl.sram.ContributionBanks` as it is: its members are plain ports already."""
+    """:class:`cais.hdl.sram.banks.ContributionBanks` as it is: its members are plain ports already."""
     return ContributionBanks(params)
 
 
@@ -102,7 +102,7 @@ def fold_input_fields(ports: int, data_width: int) -> list[tuple[str, int]]:
 
 
 class FoldBlock(wiring.Component):
-    """:class:`cais.hdl.fold.FoldChain` with its inputs packed into one stream (``s_axis``) and its result
+    """:class:`cais.hdl.alu.fold.FoldChain` with its inputs packed into one stream (``s_axis``) and its result
     on another (``m_axis``); neither has ``tready``: a set of rows enters whenever ``s_axis__tvalid``, and
     its result leaves :attr:`latency` cycles later with ``m_axis__tvalid``."""
 
@@ -172,10 +172,10 @@ class AxisDestSignature(wiring.Signature):
 
 class AxisFrameSource(wiring.Component):
     """Test scaffolding: an AXI4-Stream slave whose frames are offered as a
-    :class:`~cais.hdl.egress.FrameSourceSignature` source (what a lane or the result generator is to the
+    :class:`~cais.hdl.egress.ports.FrameSourceSignature` source (what a lane or the result generator is to the
     egress), so cocotbext-axi's AxiStreamSource can drive the egress blocks. Not part of the switch.
 
-    Each frame is buffered whole (a :class:`~cais.hdl.frame_fifo.FrameFifo` of ``depth`` beats, committed at
+    Each frame is buffered whole (a :class:`~cais.hdl.common.frame_fifo.FrameFifo` of ``depth`` beats, committed at
     its last beat), its port mask (``tdest`` of its last beat) and beat count queued beside it; then it
     asks (``req``, ``mask``, ``beats``: registers) and, granted, streams its beats one per cycle without a
     gap. Like a lane, it asks for the next frame while the current one streams, as early as the signature
@@ -245,9 +245,9 @@ class AxisFrameSource(wiring.Component):
 
 class EgressBlock(wiring.Component):
     """The switch's egress stage as :class:`cais.hdl.core.SwitchCore` and :class:`cais.hdl.switch.Switch`
-    wire it: an :class:`~cais.hdl.egress.EgressCrossbar` of P lane sources, a
-    :class:`~cais.hdl.egress.ResultFanout` and per port an :class:`~cais.hdl.egress.EgressPort` (egress
-    FIFO, result queue, :class:`~cais.hdl.egress.EgressMerge`, credits, tx counter increments), with the
+    wire it: an :class:`~cais.hdl.egress.ports.EgressCrossbar` of P lane sources, a
+    :class:`~cais.hdl.egress.ports.ResultFanout` and per port an :class:`~cais.hdl.egress.ports.EgressPort` (egress
+    FIFO, result queue, :class:`~cais.hdl.egress.ports.EgressMerge`, credits, tx counter increments), with the
     switch's depths and frame lengths.
 
     The lanes and the result generator are replaced by test scaffolding, one :class:`AxisFrameSource`
@@ -262,7 +262,7 @@ class EgressBlock(wiring.Component):
     s_res : In(AxisDestSignature(data_width, ports))
     m_axis[p] : Out(AxisSignature(data_width))
     tx_frame[p] : Out(1); tx_bytes[p] : Out(range(beat_bytes + 1))
-        Port p's tx counter increments (:class:`~cais.hdl.egress.EgressPort`).
+        Port p's tx counter increments (:class:`~cais.hdl.egress.ports.EgressPort`).
     busy : Out(1)
         A frame is anywhere in the block (scaffolding included).
     underrun : Out(1)

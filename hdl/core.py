@@ -26,15 +26,15 @@ from amaranth.lib.wiring import In, Out
 from cais.params import SwitchParams
 from cais.registers import RegisterMap
 
-from .completion import FoldReader, JobQueue
+from .alu.completion import FoldReader, JobQueue
+from .alu.lane import IngressLane
+from .common.enums import Action, DropReason
+from .control.tables import TableProgramSignature
 from .decision import DECISION_HEADERS, Decision
-from .egress import EgressCrossbar, ResultFanout, beat_layout
-from .enums import Action, DropReason
-from .ingress import frame_meta_layout
-from .lane import IngressLane
-from .results import ResultGenerator
-from .sram import ContributionBanks
-from .tables import TableProgramSignature
+from .egress.ports import EgressCrossbar, ResultFanout, beat_layout
+from .egress.results import ResultGenerator
+from .parser.ingress import frame_meta_layout
+from .sram.banks import ContributionBanks
 
 __all__ = ["SwitchCore", "Action"]
 
@@ -45,7 +45,7 @@ class SwitchCore(wiring.Component):
     Members
     -------
     headers[p] : In(stream.Signature(frame_meta_layout)); beats[p] : In(stream.Signature(data_width))
-        The good frames of each ingress port (see :class:`cais.hdl.ingress.IngressPort`): a header is
+        The good frames of each ingress port (see :class:`cais.hdl.parser.ingress.IngressPort`): a header is
         taken (``ready``, a register of the decision) only while its lane has room for its decision.
     egress[p] : Out(stream.Signature(beat_layout(data_width), always_ready=True))
         Forwarded beats for egress FIFO p (registers); each is taken the cycle it is offered.

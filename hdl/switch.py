@@ -8,11 +8,11 @@ from cais import protocol as proto
 from cais.params import SwitchParams
 from cais.registers import register_map
 
-from .axis import AxisSignature
+from .common.axis import AxisSignature
+from .control.csr import AXI4LiteSignature, AXI4LiteToCSR, RegisterBank
 from .core import SwitchCore
-from .csr import AXI4LiteSignature, AXI4LiteToCSR, RegisterBank
-from .egress import EgressPort
-from .ingress import IngressPort
+from .egress.ports import EgressPort
+from .parser.ingress import IngressPort
 
 __all__ = ["Switch", "AXIL_ADDR_WIDTH"]
 

@@ -11,8 +11,8 @@ from amaranth.lib.wiring import In
 
 from cais.params import SwitchParams
 
-from .axis import AxisSignature
-from .csr import AXI4LiteSignature
+from .common.axis import AxisSignature
+from .control.csr import AXI4LiteSignature
 from .switch import AXIL_ADDR_WIDTH, Switch
 
 __all__ = ["SwitchTop"]

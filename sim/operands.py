@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cais.hdl.fpu import BF16, FP16, FP32, FloatFormat
+from cais.hdl.alu.fpu import BF16, FP16, FP32, FloatFormat
 from cais.protocol import DType
 
 __all__ = ["FLOAT_FMT", "INT_BITS", "UINT", "catalogue", "random_row", "directed_add_pairs", "random_pairs", "all_pairs", "maxmin_catalogue",

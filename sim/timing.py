@@ -1,11 +1,11 @@
 """The switch's documented cycle figures and the scenarios that check them: the amaranth.sim white-box tests
 (tests/test_switch_timing.py) use the figures and scenarios; :func:`timing_job` checks them on any link.
 
-The figures are docs/interface.md's, written here once: result latency ``beats + rows + F + RESULT_OVERHEAD``
-cycles
-(one more when the last payload row starts in the frame's last beat) from the completing contribution's
-last beat to the result's first beat, where ``F`` is the fold chain's latency
-(:attr:`SwitchParams.fold_latency`), the same for every kind of rule.
+The figures are docs/interface.md's, composed from the blocks' latencies in :mod:`cais.hdl.latency` (and
+re-exported here): result latency ``beats + rows + F + RESULT_OVERHEAD`` cycles (one more when the last
+payload row starts in the frame's last beat) from the completing contribution's last beat to the result's
+first beat, where ``F`` is the fold chain's latency (:attr:`SwitchParams.fold_latency`), the same for every
+kind of rule; ``FORWARD_LATENCY`` from a forwarded frame's last beat to its first beat out.
 """
 
 from __future__ import annotations
@@ -17,33 +17,18 @@ from cais.params import SwitchParams
 from cais.registers import AGE_UNIT_LOG2, register_map
 from cais.tables import Rule, rule_writes, slot_clear_writes
 
+from ..hdl import latency as switch_latency
+from ..hdl.latency import FORWARD_LATENCY, RESULT_OVERHEAD, frame_beats
 from .traffic import Scenario, TxFrame, compare, host_mac, replay
 
 __all__ = ["frame_beats", "documented_latency", "RESULT_OVERHEAD", "FORWARD_LATENCY", "contribution", "broadcast", "group_writes",
            "held_port_scenario", "forward_states", "timing_job"]
 
-#: Cycles from a forwarded frame's last beat in to its first beat out on each of its ports, when its lane
-#: and its egress ports are free (docs/interface.md), whatever the frame's length and the build.
-FORWARD_LATENCY = 20
-
-#: The result latency's cycles besides the frame's beats, its rows and the fold chain (documented_latency).
-RESULT_OVERHEAD = 28
-
-
-def frame_beats(params: SwitchParams, payload_len: int) -> int:
-    """Beats of a CAIS frame with ``payload_len`` bytes of payload, padded to 60 bytes if shorter."""
-    length = max(proto.HEADERS_BYTES + payload_len, proto.MIN_FRAME_BYTES)
-    return -(-length // params.beat_bytes)
-
-
 def documented_latency(params: SwitchParams, payload_len: int) -> int:
-    """Cycles from the completing contribution's last beat to the result's first beat (docs/interface.md):
-    the lane streams the frame into its bank, the fold reads every row, then the frame leaves. One cycle
-    more when the last payload row starts in the frame's last beat (it is written in the next cycle)."""
-    rows = -(-payload_len // params.beat_bytes)
-    beats = frame_beats(params, payload_len)
-    flush = beats == rows + proto.HEADERS_BYTES // params.beat_bytes
-    return beats + rows + params.fold_latency + RESULT_OVERHEAD + int(flush)
+    """Cycles from the completing contribution's last beat to the result's first beat (docs/interface.md,
+    :func:`cais.hdl.latency.result_latency`): the lane streams the frame into its bank, the fold reads
+    every row, then the frame leaves."""
+    return switch_latency.result_latency(params, payload_len)
 
 
 def contribution(port: int, seq: int, payload: bytes, group: int = 1,

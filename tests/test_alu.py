@@ -8,7 +8,7 @@ of the beat is tdata[7:0].
 import numpy as np
 import pytest
 
-from cais.hdl.alu import ReduceALU
+from cais.hdl.alu.reduce import ReduceALU
 from cais.protocol import ReduceOp
 
 from blocksim import run

@@ -4,7 +4,7 @@ docs/numerics.md (the 4-bit sequence 7 - 5 + 5 + 5 - 3 - 7, true sum 2, scaled t
 import numpy as np
 import pytest
 
-from cais.hdl.alu import ReduceALU
+from cais.hdl.alu.reduce import ReduceALU
 from cais.protocol import DType, ReduceOp
 
 from blocksim import run

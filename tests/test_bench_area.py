@@ -107,14 +107,14 @@ def test_real_run_of_the_alu_lane(tmp_path, capsys):
 
 
 def test_float_rows_skipped_when_fpu_does_not_import(monkeypatch, tmp_path, capsys):
-    monkeypatch.setitem(sys.modules, "cais.hdl.fpu", None)       # makes `import cais.hdl.fpu` fail
-    with pytest.raises(bench.Skip, match="cais.hdl.fpu does not import"):
+    monkeypatch.setitem(sys.modules, "cais.hdl.alu.fpu", None)       # makes `import cais.hdl.alu.fpu` fail
+    with pytest.raises(bench.Skip, match="cais.hdl.alu.fpu does not import"):
         bench.DESIGNS["fadd_fp32"].build()
     monkeypatch.setattr(bench, "tools_available", lambda: (True, "stub"))
     status = bench.main(["--only", "fadd_bf16", "--only", "fmaxmin_fp32", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert status == 0
-    assert "fadd_bf16: skipped: cais.hdl.fpu does not import" in out
+    assert "fadd_bf16: skipped: cais.hdl.alu.fpu does not import" in out
     assert "fmaxmin_fp32: skipped:" in out
     assert not (tmp_path / "fadd_bf16").exists()
 

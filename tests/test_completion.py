@@ -12,7 +12,7 @@ import pytest
 
 from cais import numerics
 from cais import protocol as proto
-from cais.hdl.completion import ROW_QUEUE_LATENCY, FoldReader, JobQueue
+from cais.hdl.alu.completion import ROW_QUEUE_LATENCY, FoldReader, JobQueue
 from cais.params import SwitchParams
 from cais.protocol import DType, ReduceOp
 

@@ -21,7 +21,7 @@ import pytest
 
 from cais import protocol as proto
 from cais.hdl.decision import DECISION_LATENCY, Decision
-from cais.hdl.enums import Action
+from cais.hdl.common.enums import Action
 from cais.params import SwitchParams
 from cais.registers import Kind, register_map
 from cais.sim.refmodel import SwitchModel

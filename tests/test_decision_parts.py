@@ -1,9 +1,11 @@
-"""The decision's parts on their own (cais.hdl.decision: Arbiter, Maintenance, RuleLookup + SlotState),
+"""The decision's parts on their own (cais.hdl.decision: Arbiter, Maintenance, RuleLookup + SlotState, and the
+slot-state memory they share, cais.hdl.sram.state),
 under amaranth.sim, against hand-derived cycles: each part's ``latency`` attribute is what it does, and the
 composition's DECISION_LATENCY is the sum the whole decision shows (tests/test_decision.py checks that
 against the reference model)."""
 
 from cais.hdl.decision import DECISION_LATENCY, Arbiter, Maintenance, RuleLookup, SlotState
+from cais.hdl.sram.state import SlotStateMemory
 from cais.params import SwitchParams
 from cais.registers import register_map
 
@@ -50,29 +52,68 @@ def test_arbiter_blocked_holds_back_all_reduce_only():
     assert got == [0b0100, 0, 0, 0b0001, 0]
 
 
-def test_maintenance_sweep_and_clear_latency():
-    """After reset the sweep writes slot s in cycle s (before the pipeline's writes); a SLOT_CLEAR strobed
-    in cycle t with nothing in flight writes its slot empty in cycle t + ``latency`` (4)."""
+def test_state_memory_sweep_and_write_order():
+    """The slot-state memory's reset sweep (cais.hdl.sram.state) writes slot s empty in cycle s after reset,
+    before any other write; then a maintenance write in the cycle of a pipeline write waits its turn (the
+    pipeline's goes first, the maintenance's is dropped), and a read shows its entry ``read_latency`` (2)
+    cycles after its address."""
+    params = SwitchParams(ports=2, slots=4, rules=2)
+    dut = SlotStateMemory(params)
+    full = (1 << dut.mem.shape.size) - 1
+    emptied, sweeping, reads = {}, [], []
+
+    async def tb(ctx):
+        for s in range(params.slots):
+            ctx.set(dut.mem.data[s].as_value(), full)
+        for cycle in range(10):
+            sweeping.append((ctx.get(dut.sweeping), ctx.get(dut.sweep_last)))
+            ctx.set(dut.pipe.write_en, cycle in (0, 6))           # (0: during the sweep, lost)
+            ctx.set(dut.pipe.write_addr, 1)
+            ctx.set(dut.pipe.write_data.as_value(), 5)
+            ctx.set(dut.maint.write_en, cycle in (1, 6))
+            ctx.set(dut.maint.write_addr, 2)
+            ctx.set(dut.maint.write_data.as_value(), 7)
+            ctx.set(dut.pipe.read_addr, 1)
+            reads.append(ctx.get(dut.pipe.read_data.as_value()))
+            await ctx.tick()
+            for s in range(params.slots):
+                if s not in emptied and ctx.get(dut.mem.data[s].as_value()) == 0:
+                    emptied[s] = cycle
+        assert [ctx.get(dut.mem.data[s].as_value()) for s in range(params.slots)] == [0, 5, 0, 0]
+    run(dut, tb)
+    assert SlotStateMemory.read_latency == 2
+    assert emptied == {s: s for s in range(params.slots)}
+    assert sweeping == [(1, 0), (1, 0), (1, 0), (1, 1)] + [(0, 0)] * 6
+    # slot 1: written with 5 in cycle 6 (seen by a read addressed in cycle 7, shown in cycle 9)
+    assert reads[:9] == [0, 0, full, full, 0, 0, 0, 0, 0] and reads[9] == 5
+
+
+def test_maintenance_clear_latency():
+    """While the memory sweeps the maintenance writes nothing and holds all-reduce headers back; a
+    SLOT_CLEAR strobed in cycle t with nothing in flight writes its slot empty in cycle t + ``latency`` (4)."""
     params = SwitchParams(ports=2, slots=4, rules=2)
     regs = register_map(params)
     dut = Maintenance(params, regs)
-    writes = []
+    writes, blocked = [], []
 
     async def tb(ctx):
         ctx.set(dut.drained, 1)
         for cycle in range(20):
+            ctx.set(dut.sweeping, cycle < params.slots)                 # as the memory's sweep
+            ctx.set(dut.sweep_last, cycle == params.slots - 1)
             if cycle == 10:
                 ctx.set(dut.program.slot_clear_data, regs["SLOT_CLEAR"].pack(slot=3))
                 ctx.set(dut.program.slot_clear_stb, 1)
             st = dut.state
+            blocked.append(ctx.get(dut.blocked))
             if ctx.get(st.write_en):
-                writes.append((cycle, ctx.get(st.write_addr), ctx.get(st.write_first),
-                               ctx.get(st.write_data.as_value())))
+                writes.append((cycle, ctx.get(st.write_addr), ctx.get(st.write_data.as_value())))
             await ctx.tick()
             ctx.set(dut.program.slot_clear_stb, 0)
     run(dut, tb)
     assert Maintenance.latency == 4
-    assert writes == [(s, s, 1, 0) for s in range(params.slots)] + [(10 + 4, 3, 0, 0)]
+    assert writes == [(10 + 4, 3, 0)]
+    assert blocked[:6] == [1, 1, 1, 1, 0, 0]
 
 
 def test_decision_latency_is_the_parts():

@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from cais.hdl.egress import EgressCrossbar
+from cais.hdl.egress.ports import EgressCrossbar
 
 from blocksim import run
 
@@ -191,8 +191,8 @@ def test_one_beat_frames():
 
 from amaranth.hdl import Module, Elaboratable                                     # noqa: E402
 
-from cais.hdl.egress import EgressMerge, ResultFanout                             # noqa: E402
-from cais.hdl.frame_fifo import FrameFifo                                         # noqa: E402
+from cais.hdl.egress.ports import EgressMerge, ResultFanout                             # noqa: E402
+from cais.hdl.common.frame_fifo import FrameFifo                                         # noqa: E402
 
 
 def simulate_fanout(ports, depth, frames, *, seed=0, drain=None, cycles=6000):

@@ -1,4 +1,4 @@
-"""cais.hdl.fold.FoldChain against numerics.accumulate in ascending port order (docs/numerics.md section 11):
+"""cais.hdl.alu.fold.FoldChain against numerics.accumulate in ascending port order (docs/numerics.md section 11):
 random rows of every element type and operator, random contributor masks, one set of rows per cycle."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cais import numerics
-from cais.hdl.fold import FoldChain
+from cais.hdl.alu.fold import FoldChain
 from cais.protocol import DType, ReduceOp
 from cais.sim.operands import INT_BITS, random_row
 

@@ -1,11 +1,11 @@
 # amaranth: UnusedElaboratable=no
-"""cais.hdl.fpu against independent references: numpy (float32/float16 arithmetic, conversions, maximum and
+"""cais.hdl.alu.fpu against independent references: numpy (float32/float16 arithmetic, conversions, maximum and
 minimum) and, for BF16 (not a numpy type), an exact integer reference written here.
 
 The integer reference decodes a value into ``(-1)**s * n * 2**k`` with Python integers, adds exactly and
 rounds once to nearest even; it shares nothing with the RTL and is itself checked against numpy for FP32 and
 FP16. NaN results must be NaN wherever the reference is NaN, and bit-exactly the canonical quiet NaN of the
-output format (the rule of cais.hdl.fpu; numpy's own NaN bits depend on the operands and the CPU).
+output format (the rule of cais.hdl.alu.fpu; numpy's own NaN bits depend on the operands and the CPU).
 
 Random vectors per format: ``CAIS_FPU_VECTORS`` (default 100000) adder pairs and the same number of
 max/min pairs; narrowing uses ``max(50000, CAIS_FPU_VECTORS)`` random FP32 patterns. Widening is
@@ -23,7 +23,7 @@ import pytest
 from amaranth.hdl import Elaboratable, Module, Signal
 from amaranth.sim import Simulator
 
-from cais.hdl.fpu import (BF16, FP16, FP32, NUMPY_ZERO_TIE, FloatAdder, FloatFormat, FloatMaxMin,
+from cais.hdl.alu.fpu import (BF16, FP16, FP32, NUMPY_ZERO_TIE, FloatAdder, FloatFormat, FloatMaxMin,
                           FloatNarrow, FloatWiden, MaxMinOp)
 from cais.sim.operands import (UINT, all_pairs, catalogue, directed_add_pairs, maxmin_catalogue, maxmin_random,
                                random_pairs)
@@ -412,7 +412,7 @@ def test_adder_rejects_unknown_stage_count():
 # ============================================================================ max / min
 def test_numpy_signed_zero_rule_is_the_documented_one():
     """Measure which operand numpy returns for -0 vs +0 (arrays of several sizes and alignments, and scalars)
-    and check cais.hdl.fpu.NUMPY_ZERO_TIE says the same. If this fails, numpy on this machine behaves
+    and check cais.hdl.alu.fpu.NUMPY_ZERO_TIE says the same. If this fails, numpy on this machine behaves
     differently from the machine the rule was measured on; the RTL follows the constant."""
     for dt, fmt in ((np.float32, FP32), (np.float16, FP16)):
         rule = NUMPY_ZERO_TIE[fmt]

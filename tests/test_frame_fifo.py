@@ -17,7 +17,7 @@ from collections import deque
 
 import pytest
 
-from cais.hdl.frame_fifo import FrameFifo
+from cais.hdl.common.frame_fifo import FrameFifo
 
 from blocksim import run
 

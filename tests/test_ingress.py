@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 
 from cais import protocol as proto
-from cais.hdl.ingress import IngressPort
+from cais.hdl.parser.ingress import IngressPort
 from cais.params import SwitchParams
 from cais.protocol import DropReason as R
 from cais.sim.refmodel import SwitchModel
@@ -557,7 +557,7 @@ def test_header_queue_keeps_only_committed_entries(seed):
     is kept (the next write replaces one that is not), an entry committed in cycle t is at the head from
     t + 2 when the queue is empty, the head register takes the next entry in the cycle it is read, and
     the caller never writes with ``depth`` entries queued."""
-    from cais.hdl.ingress import HeaderQueue
+    from cais.hdl.parser.ingress import HeaderQueue
 
     depth, width = 8, 12
     dut = HeaderQueue(width, depth)

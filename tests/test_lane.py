@@ -13,8 +13,8 @@ import random
 import pytest
 
 from cais import protocol as proto
-from cais.hdl.enums import Action
-from cais.hdl.lane import IngressLane
+from cais.hdl.common.enums import Action
+from cais.hdl.alu.lane import IngressLane
 from cais.params import SwitchParams
 
 from blocksim import from_word, run, to_word

@@ -155,9 +155,10 @@ def _imports(path):
     """The absolute module names a source file imports (relative imports resolved against its package)."""
     import ast
 
-    package = {"sw/cais": "cais", "hdl": "cais.hdl", "sim": "cais.sim", "sim/links": "cais.sim.links"}
-    rel = str(path.parent.relative_to(REPO))
-    here = package.get(rel, rel.replace("/", "."))
+    roots = {"sw/cais": "cais", "hdl": "cais.hdl", "sim": "cais.sim"}
+    rel = path.parent.relative_to(REPO)
+    root = next(r for r in roots if rel == Path(r) or Path(r) in rel.parents)
+    here = ".".join([roots[root], *rel.relative_to(root).parts])
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -178,7 +179,7 @@ def _imports(path):
 ])
 def test_imports_go_one_way(folder, forbidden):
     bad = [f"{path.relative_to(REPO)} imports {name}"
-           for path in sorted((REPO / folder).glob("*.py")) for name in _imports(path)
+           for path in sorted((REPO / folder).rglob("*.py")) for name in _imports(path)
            if any(name == f or name.startswith(f + ".") for f in forbidden)]
     assert not bad, bad
 

@@ -18,7 +18,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect
 from amaranth.sim import Simulator
 
-from cais.hdl.csr import (AXI4LiteSignature, AXI4LiteToCSR, AxiResp, CSRBusSignature, RegisterBank,
+from cais.hdl.control.csr import (AXI4LiteSignature, AXI4LiteToCSR, AxiResp, CSRBusSignature, RegisterBank,
                           csr_addr_width)
 from cais.params import SwitchParams
 from cais.regdoc import render_markdown

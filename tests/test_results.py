@@ -15,7 +15,7 @@ import random
 import pytest
 
 from cais import protocol as proto
-from cais.hdl.results import ResultGenerator
+from cais.hdl.egress.results import ResultGenerator
 from cais.params import SwitchParams
 
 from blocksim import from_word, run, to_word

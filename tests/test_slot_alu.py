@@ -1,5 +1,5 @@
 # amaranth: UnusedElaboratable=no
-"""cais.hdl.slot_alu.SlotALU against the numpy reference cais.numerics, bit for bit.
+"""cais.hdl.alu.slot_alu.SlotALU against the numpy reference cais.numerics, bit for bit.
 
 Rows stream into the ALU one per cycle, back to back (with a few bubbles), every row with its own random
 dtype/op/acc_fp32/saturate/store/granule, so the control has to travel down the pipeline with its data;
@@ -24,8 +24,8 @@ from amaranth.hdl import Cat, ClockDomain, Elaboratable, Module, Signal
 from amaranth.sim import Simulator
 
 from cais import numerics
-from cais.hdl.fpu import BF16, FP16, FP32, NUMPY_ZERO_TIE
-from cais.hdl.slot_alu import SlotALU
+from cais.hdl.alu.fpu import BF16, FP16, FP32, NUMPY_ZERO_TIE
+from cais.hdl.alu.slot_alu import SlotALU
 from cais.protocol import DType, ReduceOp
 
 from cais.sim.operands import FLOAT_FMT, acc32_pairs, all_pairs, catalogue, float_pairs, int_pairs, random_pairs

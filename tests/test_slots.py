@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from cais.hdl.slots import SlotOutcome, SlotUpdate
+from cais.hdl.sram.slots import SlotOutcome, SlotUpdate
 
 from blocksim import run
 

@@ -1,8 +1,9 @@
 """Cycle-level promises of docs/interface.md, checked on the whole switch under amaranth.sim.
 
 Written from the document, run on the amaranth.sim link (cais.sim.links.amaranth): result latency
-(``beats + rows + F + 28`` cycles from the completing contribution's last beat to the result's first beat,
-F the fold chain's latency, for every kind of rule), forwarding latency, whole
+(``beats + rows + F + RESULT_OVERHEAD`` cycles from the completing contribution's last beat to the result's
+first beat, F the fold chain's latency, for every kind of rule; the figures composed from the blocks' latencies
+in cais.hdl.latency, which tests/test_latency.py holds the docs to), forwarding latency, whole
 frames on every egress port while another port's sink holds ``tready`` low, the BUSY register's value in
 every cycle, and the slot-state sweep after reset. Cycle stamps: a beat is stamped with the cycle in which
 its tvalid and tready were both high (the AXI4-Lite convention of registers.md: a read accepted in cycle 0

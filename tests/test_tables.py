@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from cais.hdl.tables import MacTable, RuleTable
+from cais.hdl.control.tables import MacTable, RuleTable
 from cais.params import SwitchParams
 from cais.registers import register_map
 
@@ -347,8 +347,8 @@ def test_mac_random(params, seed):
 def test_table_program_signature_is_the_register_banks():
     """The core and the tables take their programming by the register bank's own member names and shapes,
     so the switch connects them by name (hdl/switch.py) and nothing is copied by hand."""
-    from cais.hdl.csr import RegisterBank
-    from cais.hdl.tables import TABLE_REGISTERS, TableProgramSignature
+    from cais.hdl.control.csr import RegisterBank
+    from cais.hdl.control.tables import TABLE_REGISTERS, TableProgramSignature
 
     rm = register_map(SwitchParams())
     program = TableProgramSignature(rm).members

@@ -10,8 +10,12 @@ The pipeline is the composition of its parts, each a component of its own with i
     SlotState (slot_state.py)   S0: the state read, BAD_SLOT, an ordinary frame's ports; S1, S2: the
                                 forwarding from the writes in flight, the compares; U: SetUpdate;
                                 V: the decision, events and job; W: the state write         latency 5
-    Maintenance (maintenance.py)  the reset sweep, SLOT_CLEAR, the aging scanner, the aged events
+    Maintenance (maintenance.py)  SLOT_CLEAR, the aging scanner, the aged events
     UsageCounters (counters.py)   SLOTS_IN_USE and SETS_IN_USE per rule entry
+
+The slot state itself lives in the SRAM buffer: :class:`cais.hdl.sram.state.SlotStateMemory` (the memory,
+its read and write arbitration between the pipeline and the maintenance, the reset sweep), which
+``SlotState`` and ``Maintenance`` use through a port each.
 
 One header per cycle, never stalled: the arbiter holds headers back instead (``hold``, and the
 maintenance's ``blocked`` for all-reduce headers only). :data:`DECISION_LATENCY` is the lookup's and the
@@ -25,10 +29,11 @@ from amaranth.lib.wiring import In, Out
 from cais.params import SwitchParams
 from cais.registers import AGE_UNIT_LOG2, RegisterMap
 
-from ..enums import DropReason
-from ..ingress import frame_meta_layout
-from ..slots import SetUpdate
-from ..tables import TableProgramSignature
+from ..common.enums import DropReason
+from ..control.tables import TableProgramSignature
+from ..parser.ingress import frame_meta_layout
+from ..sram.slots import SetUpdate
+from ..sram.state import SlotStateMemory
 from .arbiter import Arbiter
 from .counters import UsageCounters, writer_delta
 from .layouts import bank_addr_bits, decision_layout, job_layout
@@ -86,8 +91,8 @@ class Decision(wiring.Component):
     Every output is a register. ``age_unit_log2`` is the age unit's (:data:`cais.registers.AGE_UNIT_LOG2`
     but in the formal harness); ``set_update``, ``new_stamp``, ``age_due`` and ``writer_delta`` are the
     parts' (:class:`SlotState`, :class:`Maintenance`, :class:`UsageCounters`), replaced only by the
-    formal harness's mutants. ``state_mem`` (the slot-state memory) and ``age_clock`` are the parts', for
-    the formal harness.
+    formal harness's mutants. ``state_mem`` (the slot-state memory's ``mem``) and ``age_clock`` are the
+    parts', for the formal harness.
     """
 
     def __init__(self, params: SwitchParams, regmap: RegisterMap, *, age_unit_log2: int = AGE_UNIT_LOG2,
@@ -111,16 +116,18 @@ class Decision(wiring.Component):
         self.age_unit_log2 = age_unit_log2
         self.arbiter = Arbiter(P)
         self.lookup = RuleLookup(params, regmap)
+        self.state_memory = SlotStateMemory(params)
         self.slot_state = SlotState(params, set_update=set_update, new_stamp=new_stamp)
         self.maintenance = Maintenance(params, regmap, age_unit_log2=age_unit_log2, age_due=age_due)
         self.counters = UsageCounters(params, writer_delta=writer_delta)
-        self.state_mem = self.slot_state.mem
+        self.state_mem = self.state_memory.mem
         self.age_clock = self.maintenance.age_clock
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.arbiter = arb = self.arbiter
         m.submodules.lookup = look = self.lookup
+        m.submodules.state_memory = mem = self.state_memory
         m.submodules.slot_state = st = self.slot_state
         m.submodules.maintenance = mt = self.maintenance
         m.submodules.counters = cnt = self.counters
@@ -136,9 +143,11 @@ class Decision(wiring.Component):
             look.take.eq(arb.take), look.port.eq(arb.port), look.taken_stateful.eq(arb.stateful),
         ]
         wiring.connect(m, wiring.flipped(self.program), look.program, mt.program)
-        # The slot state: the looked-up header, the maintenance's accesses; the decision's outputs.
+        # The slot state: the looked-up header, the memory's ports; the decision's outputs.
         wiring.connect(m, look.o, st.i)
-        wiring.connect(m, mt.state, st.maint)
+        wiring.connect(m, st.state, mem.pipe)
+        wiring.connect(m, mt.state, mem.maint)
+        m.d.comb += [mt.sweeping.eq(mem.sweeping), mt.sweep_last.eq(mem.sweep_last)]
         m.d.comb += [st.read_slot.eq(look.read_slot), st.now.eq(mt.now)]
         for p in range(P):
             wiring.connect(m, st.lanes[p], wiring.flipped(self.lanes[p]))
@@ -153,7 +162,7 @@ class Decision(wiring.Component):
                                   "aged_ports")]
         # The counters: every write of the slot state.
         wiring.connect(m, st.written, cnt.written)
-        m.d.comb += [cnt.sweeping.eq(mt.sweeping), cnt.cleared.eq(mt.cleared), cnt.read_data.eq(mt.state.read_data),
+        m.d.comb += [cnt.sweeping.eq(mem.sweeping), cnt.cleared.eq(mt.cleared), cnt.read_data.eq(mt.state.read_data),
                      cnt.visit_aged.eq(mt.visit_aged), cnt.visit_free.eq(mt.visit_free),
                      cnt.visit_rule.eq(mt.visit_rule),
                      self.slots_in_use.eq(cnt.slots_in_use),

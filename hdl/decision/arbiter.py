@@ -5,6 +5,8 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
+from ..latency import ARBITER
+
 __all__ = ["Arbiter", "lowest"]
 
 
@@ -40,10 +42,10 @@ class Arbiter(wiring.Component):
         With ``take``: the taken header may need the slot state, for the maintenance's wait (exact while
         ``blocked``, when only headers that need none are granted; taken as needing it otherwise).
 
-    ``latency`` (1): a header offered and granted in cycle t is taken in cycle t + 1.
+    ``latency`` (:data:`cais.hdl.latency.ARBITER`, 1): a header offered and granted in cycle t is taken in cycle t + 1.
     """
 
-    latency = 1
+    latency = ARBITER
 
     def __init__(self, ports: int):
         self.ports = ports

@@ -6,7 +6,7 @@ from amaranth.lib.wiring import In, Out
 
 from cais.params import SwitchParams
 
-from ..slots import rule_index_bits, state_entry_layout
+from ..sram.slots import rule_index_bits, state_entry_layout
 from .slot_state import write_layout
 
 __all__ = ["UsageCounters", "writer_delta"]

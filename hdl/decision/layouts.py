@@ -1,19 +1,14 @@
 """What the decision hands on: a lane's decision, a result job, and the bank rows they address."""
 
 from amaranth.lib import data
-from amaranth.utils import ceil_log2
 
 from cais import protocol as proto
 from cais.params import SwitchParams
 
-from ..enums import Action, DType, ReduceOp
+from ..common.enums import Action, DType, ReduceOp
+from ..sram.banks import bank_addr_bits
 
 __all__ = ["decision_layout", "job_layout", "bank_addr_bits"]
-
-
-def bank_addr_bits(params: SwitchParams) -> int:
-    """Address bits of a contribution bank: one row per beat of payload, per shadow set of every slot."""
-    return ceil_log2(params.slots * 2 * params.rows_per_set)
 
 
 def decision_layout(params: SwitchParams) -> data.StructLayout:

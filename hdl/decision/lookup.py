@@ -9,20 +9,17 @@ from cais import protocol as proto
 from cais.params import SwitchParams
 from cais.registers import RegisterMap
 
-from ..enums import Action, DropReason, DType, ReduceOp
-from ..header import FrameHeader
-from ..ingress import frame_meta_layout
-from ..slots import rule_index_bits
-from ..tables import (MATCH_PARTS, MacTable, RuleTable, TableProgramSignature, hits_of_parts, lowest_one, or_tree,
+from ..common.enums import Action, DropReason, DType, ReduceOp
+from ..control.tables import (MATCH_PARTS, MacTable, RuleTable, TableProgramSignature, hits_of_parts, lowest_one, or_tree,
                       rule_layout)
+from ..latency import RULE_LOOKUP
+from ..parser.header import FrameHeader
+from ..parser.ingress import frame_meta_layout
+from ..sram.slots import rule_index_bits
+from ..sram.state import slot_bits
 from .layouts import bank_addr_bits
 
-__all__ = ["RuleLookup", "carry_layout", "lookup_layout", "slot_bits"]
-
-
-def slot_bits(params: SwitchParams) -> int:
-    """Bits of a slot index (at least one)."""
-    return max(1, ceil_log2(params.slots))
+__all__ = ["RuleLookup", "carry_layout", "lookup_layout"]
 
 
 def carry_layout(params: SwitchParams) -> data.StructLayout:
@@ -82,10 +79,10 @@ class RuleLookup(wiring.Component):
     busy : Out(1)
         A header is in T, B1 or B2.
 
-    ``latency`` (3): a header taken in cycle t is on ``o`` in cycle t + 3.
+    ``latency`` (:data:`cais.hdl.latency.RULE_LOOKUP`, 3): a header taken in cycle t is on ``o`` in cycle t + 3.
     """
 
-    latency = 3
+    latency = RULE_LOOKUP
 
     def __init__(self, params: SwitchParams, regmap: RegisterMap):
         self.params, self.regmap = params, regmap

@@ -1,4 +1,5 @@
-"""The slot state's maintenance: the reset sweep, SLOT_CLEAR, the aging scanner and its event queue."""
+"""The slot state's maintenance: SLOT_CLEAR, the aging scanner and its event queue (the reset sweep is the
+slot-state memory's own: :class:`cais.hdl.sram.state.SlotStateMemory`)."""
 
 from amaranth.hdl import Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, wiring
@@ -8,10 +9,9 @@ from amaranth.lib.wiring import In, Out
 from cais.params import SwitchParams
 from cais.registers import AGE_UNIT_LOG2, AGED_QUEUE_DEPTH, RegisterMap
 
-from ..slots import age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
-from ..tables import TableProgramSignature, field_bits
-from .lookup import slot_bits
-from .slot_state import StateAccessSignature
+from ..control.tables import TableProgramSignature, field_bits
+from ..sram.slots import age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
+from ..sram.state import SlotStatePort, slot_bits
 
 __all__ = ["Maintenance", "age_due"]
 
@@ -25,10 +25,10 @@ def age_due(s, now, age):
 
 
 class Maintenance(wiring.Component):
-    """What changes the slot state besides the headers: the sweep after reset, SLOT_CLEAR and aging.
+    """What changes the slot state besides the headers: SLOT_CLEAR and aging; it waits for the memory's reset
+    sweep (one slot per cycle after reset: memories do not reset) and holds all-reduce headers back meanwhile.
 
-    After reset the slot state is swept to empty, one slot per cycle (memories do not reset). A
-    SLOT_CLEAR waits until no all-reduce header is in the pipeline (``drained``), then reads the slot (for
+    A SLOT_CLEAR waits until no all-reduce header is in the pipeline (``drained``), then reads the slot (for
     the counters) and writes it empty. While ``AGING.age`` is not 0, a scanner visits one set per age unit
     (``age_unit_log2`` cycles), every set in turn, through the same machinery: it waits for the headers in
     flight, reads the slot, decides (a cycle of its own, from the registered read) and writes the set
@@ -42,16 +42,18 @@ class Maintenance(wiring.Component):
         SLOT_CLEAR, AGING and AGED_POP (the rest is the lookup's).
     drained : In(1)
         No all-reduce header is in the pipeline, from the take to its write.
+    sweeping : In(1); sweep_last : In(1)
+        The memory's reset sweep writes in this cycle; it writes its last slot in this cycle.
     blocked : Out(1)
         A register: hold all-reduce headers back in this cycle (the sweep, a clear waiting, a visit due or
         starting). One granted in the cycle after a clear starts reads the slot state (S0) after the
         clear's write; the scanner writes a cycle later, so it blocks the cycle after its start too.
-    state : Out(StateAccessSignature)
-        Its reads and writes of the slot state (the sweep's writes go before the pipeline's).
+    state : Out(SlotStatePort(read_en=True))
+        Its reads and writes of the slot-state memory (the pipeline's writes go before its own).
     now : Out(age stamp bits)
         The age clock's unit: an accepted contribution stamps its set with it.
-    sweeping : Out(1); cleared : Out(1); visit_aged : Out(1); visit_free : Out(1); visit_rule : Out(rule index bits)
-        For the counters: the sweep is on; a clear writes (``state.read_data`` holds the slot it read); a
+    cleared : Out(1); visit_aged : Out(1); visit_free : Out(1); visit_rule : Out(rule index bits)
+        For the counters: a clear writes (``state.read_data`` holds the slot it read); a
         visited set aged and is written in this cycle (emptied with ``visit_free``), counted for
         ``visit_rule``.
     aged : Out(1); aged_rule : Out(range(rules)); aged_slot, aged_set : Out; aged_lost : Out(1)
@@ -75,9 +77,9 @@ class Maintenance(wiring.Component):
         # The age clock, in cycles (its upper bits count age units): the formal harness reads it.
         self.age_clock = Signal(age_unit_log2 + age_stamp_bits(params))
         super().__init__({
-            "program": In(TableProgramSignature(regmap)), "drained": In(1),
-            "blocked": Out(1), "state": Out(StateAccessSignature(params)), "now": Out(age_stamp_bits(params)),
-            "sweeping": Out(1), "cleared": Out(1), "visit_aged": Out(1), "visit_free": Out(1),
+            "program": In(TableProgramSignature(regmap)), "drained": In(1), "sweeping": In(1), "sweep_last": In(1),
+            "blocked": Out(1), "state": Out(SlotStatePort(params, read_en=True)), "now": Out(age_stamp_bits(params)),
+            "cleared": Out(1), "visit_aged": Out(1), "visit_free": Out(1),
             "visit_rule": Out(rule_index_bits(params)),
             "aged": Out(1), "aged_rule": Out(range(params.rules)), "aged_slot": Out(range(params.slots)),
             "aged_set": Out(1), "aged_lost": Out(1), "aged_event": Out(32), "aged_ports": Out(32),
@@ -96,10 +98,7 @@ class Maintenance(wiring.Component):
         aging = self.regmap["AGING"]
         aging_on = field_bits(self.program.aging, aging.field("age")) != 0
 
-        sweep = Signal(range(max(2, prm.slots)))
-        sweeping = Signal(init=1)
-        with m.If(sweeping):
-            m.d.sync += [sweep.eq(sweep + 1), sweeping.eq(sweep != prm.slots - 1)]
+        sweeping = self.sweeping
         # A SLOT_CLEAR: clear_pending, then clr_read, clr_wait, clr_write.
         clear_pending = Signal()
         clear_slot = Signal(16)
@@ -128,15 +127,13 @@ class Maintenance(wiring.Component):
                      clr_write.eq(clr_wait), scan_due.eq(next_due), sc_read.eq(start_scan), sc_wait.eq(sc_read),
                      sc_decide.eq(sc_wait), sc_write.eq(sc_decide)]
         blocked = Signal(init=1)
-        m.d.sync += blocked.eq((sweeping & (sweep != prm.slots - 1)) | next_pending | next_due | start_scan)
-        m.d.comb += [self.blocked.eq(blocked), self.sweeping.eq(sweeping), self.cleared.eq(clr_write),
+        m.d.sync += blocked.eq((sweeping & ~self.sweep_last) | next_pending | next_due | start_scan)
+        m.d.comb += [self.blocked.eq(blocked), self.cleared.eq(clr_write),
                      self.state.read_en.eq(clr_read | sc_read), self.state.read_addr.eq(clr_cur)]
 
         sc_go, sc_entry = self._visit(m, clr_cur, sc_set, sc_decide, sc_write, aging_on)
         st = self.state
-        with m.If(sweeping):
-            m.d.comb += [st.write_first.eq(1), st.write_en.eq(1), st.write_addr.eq(sweep), st.write_data.eq(0)]
-        with m.Elif(clr_write):                    # (read_data holds the slot clr_read read)
+        with m.If(clr_write):                    # (read_data holds the slot clr_read read)
             m.d.comb += [st.write_en.eq(1), st.write_addr.eq(clr_cur), st.write_data.eq(0)]
         with m.Elif(sc_go):                        # the visited set aged: freed or marked
             m.d.comb += [st.write_en.eq(1), st.write_addr.eq(clr_cur), st.write_data.eq(sc_entry)]

@@ -1,22 +1,23 @@
 """Stages S0, S1, S2, U, V and W: the slot-state read, the forwarding from the writes in flight,
-``SetUpdate``, the decision and the state write."""
+``SetUpdate``, the decision and the state write (into :class:`cais.hdl.sram.state.SlotStateMemory`)."""
 
 from types import SimpleNamespace
 
 from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from cais.params import SwitchParams
 
-from ..enums import Action, DropReason
-from ..slots import SetUpdate, SlotOutcome, age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
-from ..tables import or_tree
+from ..common.enums import Action, DropReason
+from ..control.tables import or_tree
+from ..latency import SLOT_STATE
+from ..sram.slots import SetUpdate, SlotOutcome, age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
+from ..sram.state import SlotStatePort, slot_bits
 from .layouts import decision_layout, job_layout
-from .lookup import carry_layout, lookup_layout, slot_bits
+from .lookup import carry_layout, lookup_layout
 
-__all__ = ["SlotState", "StateAccessSignature", "write_layout", "new_stamp", "STATE_WRITE_LEAD"]
+__all__ = ["SlotState", "write_layout", "new_stamp", "STATE_WRITE_LEAD"]
 
 #: Cycles from a header's slot-state write (W) to its decision on the outputs: the outputs are registered
 #: in W's cycle (stage V), so the cycle that shows a decision also shows, in the state memory, its write.
@@ -27,21 +28,6 @@ def new_stamp(accepted, now, stamp):
     """A set's age stamp after a frame: the current age unit if the frame was accepted into it (a
     duplicate or a refused frame does not feed the set), else unchanged."""
     return Mux(accepted, now, stamp)
-
-
-class StateAccessSignature(wiring.Signature):
-    """The maintenance's access to the slot-state memory, from the maintenance's side: a read through the
-    pipeline's read port (its output registered, ``read_data``, a cycle later) and a write through its
-    write port. ``write_first``: the write goes before the pipeline's (the reset sweep); otherwise the
-    pipeline's write goes first."""
-
-    def __init__(self, params: SwitchParams):
-        sb = slot_bits(params)
-        super().__init__({
-            "read_en": Out(1), "read_addr": Out(sb), "read_data": In(state_entry_layout(params)),
-            "write_en": Out(1), "write_first": Out(1), "write_addr": Out(sb),
-            "write_data": Out(state_entry_layout(params)),
-        })
 
 
 def write_layout(params: SwitchParams) -> data.StructLayout:
@@ -58,7 +44,7 @@ class SlotState(wiring.Component):
     Stages::
 
         S0: the slot-state read (addressed from B2's slot), its output registered; BAD_SLOT; an
-            ordinary frame's ports                                                  (r_*, f_mem0)
+            ordinary frame's ports                              (r_*; the entry in the memory's register)
         S1: the two oldest writes the read missed merged in; which newer write is the newest (f_*)
         S2: the state forwarded from the two newer writes; tag and length compares, and whether the
             other set holds the slot's next chunk (no implicit acknowledgement then)      (u_*)
@@ -82,9 +68,9 @@ class SlotState(wiring.Component):
         The slot of the header entering B2: the read is addressed from it (unless the maintenance reads).
     now : In(age stamp bits)
         The current age unit: an accepted contribution stamps its set with it.
-    maint : In(StateAccessSignature)
-        The maintenance's reads and writes of the slot state; ``read_data`` is the read's registered output
-        (``f_mem0``), the pipeline's as well.
+    state : Out(SlotStatePort(read_en=False))
+        The pipeline's port on the slot-state memory (:class:`cais.hdl.sram.state.SlotStateMemory`): the
+        read addressed from ``read_slot`` in every cycle, its registered entry (S1's input), the write (W).
     lanes[p] : Out(stream.Signature(decision_layout, always_ready=True)); jobs : Out(stream.Signature(job_layout))
         The decision (on the lane of the header's port, the same payload on every lane) and a result job,
         ``latency`` cycles after the header is on ``i``.
@@ -98,23 +84,22 @@ class SlotState(wiring.Component):
     busy : Out(1)
         A header is in S0 .. V (not counting the outputs).
 
-    ``latency`` (5): a header on ``i`` in cycle t is decided on the outputs in cycle t + 5 and writes its
+    ``latency`` (:data:`cais.hdl.latency.SLOT_STATE`, 5): a header on ``i`` in cycle t is decided on the outputs in cycle t + 5 and writes its
     slot in t + 5 - :data:`STATE_WRITE_LEAD`. ``set_update`` builds the state transition
-    (:class:`cais.hdl.slots.SetUpdate`, given the ports) and ``new_stamp`` the stamp of the set (the formal
+    (:class:`cais.hdl.sram.slots.SetUpdate`, given the ports) and ``new_stamp`` the stamp of the set (the formal
     harness's mutants come in through them). Every output is a register.
     """
 
-    latency = 5
+    latency = SLOT_STATE
 
     def __init__(self, params: SwitchParams, *, set_update=SetUpdate, new_stamp=new_stamp):
         self.params = params
         self.set_update, self.new_stamp = set_update, new_stamp
         P = params.ports
-        self.mem = Memory(shape=state_entry_layout(params), depth=params.slots, init=[])
         super().__init__({
             "i": In(stream.Signature(lookup_layout(params), always_ready=True)),
             "read_slot": In(slot_bits(params)), "now": In(age_stamp_bits(params)),
-            "maint": In(StateAccessSignature(params)),
+            "state": Out(SlotStatePort(params, read_en=False)),
             "lanes": Out(stream.Signature(decision_layout(params), always_ready=True)).array(P),
             "jobs": Out(stream.Signature(job_layout(params), always_ready=True)),
             "ev_drop": Out(1), "ev_drop_reason": Out(DropReason), "ev_forwarded": Out(1), "ev_contribution": Out(1),
@@ -126,7 +111,6 @@ class SlotState(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         s = self._registers()
-        m.submodules.state_mem = self.mem
         self._read(m, s)
         self._forward(m, s)
         self._update(m, s)
@@ -150,7 +134,7 @@ class SlotState(wiring.Component):
             setattr(s, f"{k}_reason", Signal(DropReason, name=f"{k}_reason"))
             setattr(s, f"{k}_mask", Signal(P, name=f"{k}_mask"))
             setattr(s, f"{k}_c", Signal(carry_l, reset_less=True, name=f"{k}_c"))
-        s.f_mem0, s.r_sel = Signal(ent, reset_less=True), Signal(3, reset_less=True)
+        s.r_sel = Signal(3, reset_less=True)
         s.f_mem, s.f_sel = Signal(ent, reset_less=True), Signal(3, reset_less=True)
         s.u_cur, s.u_other = Signal(setl, reset_less=True), Signal(setl, reset_less=True)
         s.u_tag_eq, s.u_len_eq, s.u_prev_same, s.u_same_set = (Signal(reset_less=True), Signal(reset_less=True),
@@ -171,11 +155,10 @@ class SlotState(wiring.Component):
         prm = self.params
         all_ports = (1 << prm.ports) - 1
         sb = slot_bits(prm)
-        mt, b = self.maint, self.i.payload
-        # Synchronous, not transparent (a write in the cycle of the read is missed); addressed from B2's
-        # slot add (its low bits), so its output has a register of its own (f_mem0) in S0.
-        st_rd = self.mem.read_port()
-        m.d.comb += [st_rd.addr.eq(Mux(mt.read_en, mt.read_addr, self.read_slot)), mt.read_data.eq(s.f_mem0)]
+        b = self.i.payload
+        # The memory reads B2's slot (not transparent: a write in the cycle of the read is missed); its
+        # entry comes from a register of the memory's own in S1 (state.read_data).
+        m.d.comb += self.state.read_addr.eq(self.read_slot)
         b_cand = self.i.valid & ~b.l2 & (b.action == Action.AGGREGATE)
         bad = b.slot >= prm.slots
         l2_dest = Mux(b.group | ~b.mac_hit, all_ports, b.mac_mask) & ~b.c.me
@@ -183,7 +166,7 @@ class SlotState(wiring.Component):
         # h1 and h2 when this one is in S1 (the newest wins).
         hit4 = s.w_agg & (s.w_slot == b.slot[:sb])
         hit5 = s.h1_agg & (s.h1_slot == b.slot[:sb])
-        m.d.sync += [s.f_mem0.eq(st_rd.data), s.r_sel.eq(Cat(hit4, ~hit4 & hit5, ~hit4 & ~hit5))]
+        m.d.sync += s.r_sel.eq(Cat(hit4, ~hit4 & hit5, ~hit4 & ~hit5))
         m.d.sync += [
             s.r_valid.eq(self.i.valid), s.r_agg.eq(b_cand & ~bad), s.r_mask.eq(Mux(b.l2, l2_dest, b.mask)),
             s.r_action.eq(Mux(b.l2, Mux(l2_dest == 0, Action.DROP, Action.FORWARD),
@@ -196,7 +179,7 @@ class SlotState(wiring.Component):
         m.d.sync += [
             s.f_valid.eq(s.r_valid), s.f_agg.eq(s.r_agg), s.f_action.eq(s.r_action), s.f_reason.eq(s.r_reason),
             s.f_mask.eq(s.r_mask), s.f_c.eq(s.r_c),
-            s.f_mem.eq(or_tree(Mux(s.r_sel[k], src, 0) for k, src in enumerate((s.h1_new, s.h2_new, s.f_mem0)))),
+            s.f_mem.eq(or_tree(Mux(s.r_sel[k], src, 0) for k, src in enumerate((s.h1_new, s.h2_new, self.state.read_data)))),
         ]
         # Of the rest, the ones now in U and W are in W and h1 when this one is in S2.
         hit_w = s.u_agg & (s.u_c.slot == s.r_c.slot)
@@ -303,15 +286,9 @@ class SlotState(wiring.Component):
         ]
 
     def _write(self, m, s):
-        """W: the state write (the maintenance's sweep first, then the pipeline's, then its other writes)."""
-        mt = self.maint
-        st_wr = self.mem.write_port()
-        with m.If(mt.write_first):
-            m.d.comb += [st_wr.addr.eq(mt.write_addr), st_wr.data.eq(mt.write_data), st_wr.en.eq(1)]
-        with m.Elif(s.w_agg):
-            m.d.comb += [st_wr.addr.eq(s.w_slot), st_wr.data.eq(s.w_new), st_wr.en.eq(1)]
-        with m.Elif(mt.write_en):
-            m.d.comb += [st_wr.addr.eq(mt.write_addr), st_wr.data.eq(mt.write_data), st_wr.en.eq(1)]
+        """W: the state write (the memory puts the reset sweep's first, the maintenance's after it)."""
+        m.d.comb += [self.state.write_en.eq(s.w_agg), self.state.write_addr.eq(s.w_slot),
+                     self.state.write_data.eq(s.w_new)]
         w = self.written
         m.d.comb += [w.valid.eq(s.w_agg), w.payload.new.eq(s.w_new), w.payload.old_bitmaps.eq(s.w_old),
                      w.payload.rule.eq(s.w_rule), w.payload.old_rules.eq(s.w_old_rule)]

@@ -13,7 +13,7 @@ from cais.params import SwitchParams
 from cais.protocol import Flags, parse_frame
 
 from ..refmodel import SwitchModel
-from ..timing import documented_latency
+from ..timing import FORWARD_LATENCY as SWITCH_FORWARD_LATENCY, documented_latency
 from .base import LinkBase, Received, Sent, check_frame
 
 __all__ = ["ModelLink", "run_model", "SIMULATOR_ONLY_OPTIONS"]
@@ -34,7 +34,8 @@ class ModelLink(LinkBase):
       of sending; the model's ``receive`` runs then, so registers read afterwards see its effect) and
       streamed by the port's lane, one beat per cycle: a frame starts when it has arrived and the lane
       finished the port's previous frame. Ports do not wait for each other (docs/interface.md).
-    * Egress: a forwarded frame's first beat leaves ``FORWARD_LATENCY`` cycles after its lane started it;
+    * Egress: a forwarded frame's first beat leaves ``FORWARD_LATENCY`` cycles after its lane started it
+      (the RTL's :data:`cais.hdl.latency.FORWARD_LATENCY` from its last beat in, for a lone frame);
       a result's first beat leaves docs/interface.md's result latency
       (:func:`cais.sim.timing.documented_latency`) after the completing frame's last beat, plus the cycles
       that frame waited for its lane; either waits for the egress port's previous frame only (each port
@@ -46,7 +47,9 @@ class ModelLink(LinkBase):
     so the outcome does not depend on how ``advance`` calls are split.
     """
 
-    FORWARD_LATENCY = 6      # decision, lane start and egress grant
+    #: Cycles from a frame's start in its lane (the cycle after its last beat, when the lane is free) to its
+    #: first beat out when forwarded: the switch's forward latency counts from the last beat.
+    FORWARD_LATENCY = SWITCH_FORWARD_LATENCY - 1
 
     def __init__(self, params: SwitchParams = SwitchParams(), clock_hz: float = DEFAULT_CLOCK_HZ, *,
                  reg_cycles: int = 4, model: SwitchModel | None = None):

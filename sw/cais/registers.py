@@ -1,5 +1,5 @@
 """The control/status register map: the one description from which the RTL register bank
-(``cais.hdl.csr``), the software accessors (:class:`RegisterFile`) and docs/registers.md are derived.
+(``cais.hdl.control.csr``), the software accessors (:class:`RegisterFile`) and docs/registers.md are derived.
 
 All registers are 32 bits wide on a byte-addressed AXI4-Lite bus; offsets are multiples of 4. Counters
 are free-running, count up, wrap modulo 2**32 and are never cleared while the switch runs (software

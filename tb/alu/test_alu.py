@@ -1,4 +1,4 @@
-"""The reduce ALU: the fold chain (cais.hdl.fold.FoldChain, with SlotALU / ReduceALU / the FPU behind it; top
+"""The reduce ALU: the fold chain (cais.hdl.alu.fold.FoldChain, with SlotALU / ReduceALU / the FPU behind it; top
 ``cais_alu``) against cais.numerics, the project's bit-exact numerics reference.
 
 Each item is one row of every port, a random contributor mask and the rule's arithmetic; the expected word is
@@ -25,7 +25,7 @@ from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamMonitor, AxiStr
 from cais import numerics
 from cais.hdl.blocks import fold_input_fields
 from cais.protocol import DType, ReduceOp
-from cais.hdl.slot_alu import FADD_STAGES
+from cais.hdl.alu.slot_alu import FADD_STAGES
 from cais.sim.operands import INT_BITS, random_row
 from cais.tb.common import CLOCK_NS, clock_and_reset, quiet_bfms, set_idle, tb_params
 

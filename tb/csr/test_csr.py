@@ -1,8 +1,8 @@
-"""The AXI4-Lite register block (cais.hdl.csr: AXI4LiteToCSR + RegisterBank, top ``cais_csr`` of
+"""The AXI4-Lite register block (cais.hdl.control.csr: AXI4LiteToCSR + RegisterBank, top ``cais_csr`` of
 cais.hdl.blocks) under cocotbext-axi's AxiLiteMaster.
 
 Every expectation comes from the register map definition (cais.registers.register_map) and the rules of
-docs/registers.md / cais.hdl.csr: a register reads its reset value (CONST: the constant, CONFIG: ``reset``,
+docs/registers.md / cais.hdl.control.csr: a register reads its reset value (CONST: the constant, CONFIG: ``reset``,
 COUNTER: 0, COMMAND: 0 as it is write-only, LEVEL: the gauge input); bits outside a register's fields read 0
 and are not written; RW registers take writes (and drive their port), RO ones ignore them with OKAY, a WO
 command pulses its strobe for exactly one cycle with the written word; an address outside the map answers

@@ -1,4 +1,4 @@
-"""The egress stage: cais.hdl.egress's EgressCrossbar (P lane sources), ResultFanout and per port an EgressPort
+"""The egress stage: cais.hdl.egress.ports's EgressCrossbar (P lane sources), ResultFanout and per port an EgressPort
 (egress FIFO, result queue, EgressMerge, tx counter increments), wired as the switch wires them; top
 ``cais_egress`` (cais.hdl.blocks.EgressBlock).
 

@@ -1,4 +1,4 @@
-"""The header parser: cais.hdl.ingress.IngressPort (with cais.hdl.header's field decoding), top ``cais_ingress``.
+"""The header parser: cais.hdl.parser.ingress.IngressPort (with cais.hdl.parser.header's field decoding), top ``cais_ingress``.
 
 An AxiStreamSource sends frames on ``s_axis`` (tkeep per byte, tuser on a frame the MAC flagged); AxiStreamSinks
 take the good frames' metadata (``m_hdr``: frame_meta_layout, the first 30 bytes, length and beat count) and
@@ -28,7 +28,7 @@ from cocotbext.axi import AxiStreamBus, AxiStreamFrame, AxiStreamSink, AxiStream
 from amaranth.lib import data
 
 from cais import protocol as proto
-from cais.hdl.ingress import frame_meta_layout
+from cais.hdl.parser.ingress import frame_meta_layout
 from cais.protocol import DropReason as R
 from cais.sim.refmodel import SwitchModel
 from cais.tb.common import IDLE_BACKPRESSURE, clock_and_reset, quiet_bfms, set_backpressure, set_idle, tb_params

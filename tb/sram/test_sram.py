@@ -1,4 +1,4 @@
-"""The SRAM buffer's contribution banks (cais.hdl.sram.ContributionBanks, top ``cais_sram``) against a Python
+"""The SRAM buffer's contribution banks (cais.hdl.sram.banks.ContributionBanks, top ``cais_sram``) against a Python
 dict per bank.
 
 The contract (ContributionBanks' docstring): a write in cycle t is seen by reads issued from t + 1 on, a read of
@@ -19,10 +19,10 @@ import random
 import cocotb
 from cocotb.triggers import FallingEdge, ReadOnly, RisingEdge
 
-from cais.hdl.decision import bank_addr_bits
+from cais.hdl.sram.banks import bank_addr_bits
 from cais.tb.common import clock_and_reset, tb_params
 
-#: documented in cais.hdl.sram (BANK_READ_LATENCY); restated here as the contract under test
+#: documented in cais.hdl.sram.banks (BANK_READ_LATENCY); restated here as the contract under test
 READ_LATENCY = 1
 
 

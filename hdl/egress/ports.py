@@ -15,9 +15,10 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .axis import AxisSignature
-from .frame_fifo import FrameFifo
-from .ingress import popcount
+from ..common.axis import AxisSignature
+from ..common.frame_fifo import FrameFifo
+from ..latency import EGRESS_PORT, FRAME_GRANT
+from ..parser.ingress import popcount
 
 __all__ = ["EgressCrossbar", "EgressMerge", "EgressPort", "FrameSourceSignature", "ResultFanout", "beat_layout"]
 
@@ -91,7 +92,13 @@ class EgressCrossbar(wiring.Component):
         Beats for egress FIFO p, registered (the credits make sure it has room).
     busy : Out(1)
         A frame is granted and not yet written.
+
+    ``latency`` (:data:`cais.hdl.latency.FRAME_GRANT`, 3): a request in cycle c, granted at once, puts
+    the frame's first beat on ``egress`` in c + 3 (the grant register, the source's beat, the output
+    register).
     """
+
+    latency = FRAME_GRANT
 
     def __init__(self, sources: int, ports: int, data_width: int, max_beats: int, depth: int):
         self.n_sources, self.ports, self.max_beats, self.depth = sources, ports, max_beats, depth
@@ -228,7 +235,12 @@ class ResultFanout(wiring.Component):
         Beats for result queue p, registered (the credits make sure it has room).
     busy : Out(1)
         A frame is granted and not yet written.
+
+    ``latency`` (:data:`cais.hdl.latency.FRAME_GRANT`, 3): a request in cycle c, granted at once, puts
+    the frame's first beat on ``queues`` in c + 3, as :class:`EgressCrossbar`.
     """
+
+    latency = FRAME_GRANT
 
     def __init__(self, ports: int, data_width: int, max_beats: int, depth: int):
         self.ports, self.max_beats, self.depth = ports, max_beats, depth
@@ -275,7 +287,7 @@ class EgressMerge(wiring.Component):
 
     Both inputs are first-word-fall-through FIFOs that receive every frame back to back, one beat per
     cycle (the crossbar's and the fanout's contract), and show their head beat in registers
-    (:class:`~cais.hdl.frame_fifo.FrameFifo` with ``registered_output``): once a frame's first beat is at
+    (:class:`~cais.hdl.common.frame_fifo.FrameFifo` with ``registered_output``): once a frame's first beat is at
     the head, each of its later beats is at the head by the cycle after the one before it was read, so a
     frame that is started is sent to its end at the sink's pace.
 
@@ -357,7 +369,12 @@ class EgressPort(wiring.Component):
         late in the cycle for a count and an adder behind it.
     busy : Out(1)
         A beat is held in the egress FIFO or the result queue.
+
+    ``latency`` (:data:`cais.hdl.latency.EGRESS_PORT`, 3): a beat on ``fwd`` or ``res`` in cycle t is on
+    ``m_axis`` from t + 3 when the port is free (the FIFO's :attr:`FrameFifo.latency`; the merge adds none).
     """
+
+    latency = EGRESS_PORT
 
     def __init__(self, data_width: int, fifo_depth: int, queue_depth: int):
         self.data_width, self.fifo_depth, self.queue_depth = data_width, fifo_depth, queue_depth

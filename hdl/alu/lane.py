@@ -9,10 +9,11 @@ from amaranth.utils import ceil_log2
 
 from cais.params import SwitchParams
 
-from .decision import DECISION_LATENCY, bank_addr_bits, decision_layout
-from .egress import FrameSourceSignature
-from .enums import Action
-from .results import header_split
+from ..common.enums import Action
+from ..decision import DECISION_LATENCY, bank_addr_bits, decision_layout
+from ..egress.ports import FrameSourceSignature
+from ..egress.results import header_split
+from ..latency import LANE_FINISH, LANE_REQUEST, LANE_START
 
 __all__ = ["IngressLane", "LANE_DECISIONS", "OPEN_BITS"]
 
@@ -44,7 +45,7 @@ class IngressLane(wiring.Component):
     ingress beat, passed through) and ``bank_data`` (the ingress beat shifted behind the previous one, one
     level). ``beats.valid`` is not looked at: a frame is decided only after the ingress committed all of
     its beats, so they are at the head of the ingress FIFO one per cycle while the lane streams it (the
-    ingress's :class:`~cais.hdl.frame_fifo.FrameFifo` with a registered output sustains one per cycle),
+    ingress's :class:`~cais.hdl.common.frame_fifo.FrameFifo` with a registered output sustains one per cycle),
     and no path runs from the FIFO's output into the lane's control.
 
     Members
@@ -67,9 +68,18 @@ class IngressLane(wiring.Component):
     open_after : Out(OPEN_BITS)
         Frames decided and not counted in ``finished`` yet, counting this cycle's decision and
         ``finished`` (what a result job queued in this cycle waits for,
-        :class:`cais.hdl.completion.JobQueue`).
+        :class:`cais.hdl.alu.completion.JobQueue`).
     busy : Out(1)
+
+    Latencies (:mod:`cais.hdl.latency`), on an idle lane: ``request_latency`` (1) from a forwarded frame's
+    decision to its ``fwd.req``; ``start_latency`` (2) from the decision of a frame that is not forwarded
+    to its first beat taken; ``finish_latency`` (1) from a frame's last beat to its ``finished``, one more
+    when its last payload row starts in its last beat.
     """
+
+    request_latency = LANE_REQUEST
+    start_latency = LANE_START
+    finish_latency = LANE_FINISH
 
     def __init__(self, params: SwitchParams):
         self.params = params

@@ -7,7 +7,7 @@ from amaranth.lib.wiring import In, Out
 from cais.params import SwitchParams
 from cais.registers import Kind, RegisterMap
 
-from .enums import DType, ReduceOp
+from ..common.enums import DType, ReduceOp
 
 __all__ = ["RuleTable", "MacTable", "rule_layout", "TableProgramSignature", "TABLE_REGISTERS", "or_tree", "lowest_one",
            "field_bits", "MATCH_PARTS", "hits_of_parts"]
@@ -22,7 +22,7 @@ TABLE_REGISTERS = ("RULE_GROUP", "RULE_LAYER", "RULE_CHUNK", "RULE_PORTS", "RULE
 
 
 class TableProgramSignature(wiring.Signature):
-    """Table programming, from the register bank's side: the members :class:`cais.hdl.csr.RegisterBank`
+    """Table programming, from the register bank's side: the members :class:`cais.hdl.control.csr.RegisterBank`
     has for :data:`TABLE_REGISTERS`, named as it names them (``rule_group`` : Out(32) for a CONFIG
     register; ``rule_write_stb`` : Out(1) and ``rule_write_data`` : Out(32) for a COMMAND register).
     Derived from the register map, so the bank, the core and the tables agree by construction."""

@@ -1,29 +1,35 @@
 """The SRAM buffer's contribution banks: one block RAM per port holding that port's all-reduce payload rows.
 
 An all-reduce payload row is written once, into the bank of the port it came from (by the port's
-:class:`cais.hdl.lane.IngressLane`), and read back when its set completes: the fold reader
-(:class:`cais.hdl.completion.FoldReader`) reads the same row address of every bank in one cycle.
+:class:`cais.hdl.alu.lane.IngressLane`), and read back when its set completes: the fold reader
+(:class:`cais.hdl.alu.completion.FoldReader`) reads the same row address of every bank in one cycle.
 """
 
 from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
 
 from cais.params import SwitchParams
 
-from .decision import bank_addr_bits
+from ..latency import BANK_READ
 
-__all__ = ["ContributionBanks", "BANK_READ_LATENCY", "bank_depth"]
+__all__ = ["ContributionBanks", "BANK_READ_LATENCY", "bank_depth", "bank_addr_bits"]
 
 #: Clock edges from a read address (with ``rd_en``) to its data on ``rd_data``: the block RAM's
-#: synchronous read port, whose output is a register.
-BANK_READ_LATENCY = 1
+#: synchronous read port, whose output is a register (:data:`cais.hdl.latency.BANK_READ`).
+BANK_READ_LATENCY = BANK_READ
 
 
 def bank_depth(params: SwitchParams) -> int:
     """Rows per bank: one per beat of payload, for each shadow set of every slot."""
     return params.slots * 2 * params.rows_per_set
+
+
+def bank_addr_bits(params: SwitchParams) -> int:
+    """Address bits of a contribution bank (:func:`bank_depth` rows)."""
+    return ceil_log2(bank_depth(params))
 
 
 class ContributionBanks(wiring.Component):

@@ -8,9 +8,10 @@ from amaranth.lib.wiring import In, Out
 from cais import protocol as proto
 from cais.params import SwitchParams
 
-from .axis import AxisSignature
-from .enums import DropReason
-from .frame_fifo import FrameFifo
+from ..common.axis import AxisSignature
+from ..common.enums import DropReason
+from ..common.frame_fifo import FrameFifo
+from ..latency import HEADER_QUEUE, INGRESS_DECIDE, INGRESS_HEADER
 from .header import HEADER_BITS, FrameHeader
 
 __all__ = ["IngressPort", "HeaderQueue", "frame_meta_layout", "popcount"]
@@ -74,7 +75,9 @@ class IngressPort(wiring.Component):
     -------
     s_axis : In(AxisSignature(user=True))
     headers : Out(stream.Signature(frame_meta_layout))
-        One entry per good frame, valid once all its beats are in the FIFO.
+        One entry per good frame, valid once all its beats are in the FIFO: :attr:`header_latency`
+        (:data:`cais.hdl.latency.INGRESS_HEADER`, 4) cycles after its last beat was accepted, the commit
+        (:attr:`DECIDE_DELAY`) and the header queue's :attr:`HeaderQueue.latency`.
     beats : Out(stream.Signature(data_width))
         The beats of the good frames, in order.
     drop : Out(1); drop_reason : Out(DropReason)
@@ -88,7 +91,8 @@ class IngressPort(wiring.Component):
         last of those ends (once the core has taken a frame, its own busy covers that cycle).
     """
 
-    DECIDE_DELAY = 2   # cycles from a frame's last beat to its commit (or rollback) and its header queued
+    DECIDE_DELAY = INGRESS_DECIDE   # cycles from a frame's last beat to its commit (or rollback) and its header queued
+    header_latency = INGRESS_HEADER   # cycles from a good frame's last beat to its header on ``headers``
     DROP_DELAY = 3     # cycles from a dropped frame's last beat to its drop pulse
     RX_DELAY = 2       # cycles from a beat to its rx_frame / rx_bytes increment
 
@@ -259,6 +263,8 @@ class HeaderQueue(wiring.Component):
     ``SyncFIFOBuffered``'s: an entry committed in cycle ``t`` is at the head (``r_valid``, ``r_data``,
     both registers) in cycle ``t + 2``.
 
+    ``latency`` (:data:`cais.hdl.latency.HEADER_QUEUE`, 2): committed in cycle t, at the head in t + 2.
+
     Members
     -------
     w_data : In(width); w_en : In(1); commit : In(1)
@@ -267,6 +273,8 @@ class HeaderQueue(wiring.Component):
     r_data : Out(width); r_valid : Out(1); r_en : In(1)
         The oldest kept entry while ``r_valid``; ``r_en`` takes it.
     """
+
+    latency = HEADER_QUEUE
 
     def __init__(self, width: int, depth: int):
         assert depth >= 2 and depth & (depth - 1) == 0, "depth must be a power of two"

@@ -12,22 +12,23 @@ from amaranth.utils import ceil_log2
 from cais import protocol as proto
 from cais.params import SwitchParams
 
-from .decision import DECISION_HEADERS, bank_addr_bits, job_layout
-from .fold import FoldChain
-from .frame_fifo import FrameFifo
+from ..common.frame_fifo import FrameFifo
+from ..common.pipeline import delay_line
+from ..decision import DECISION_HEADERS, bank_addr_bits, job_layout
+from ..egress.results import result_frame_layout
+from ..latency import BANK_READ, BANK_READ_REGISTERS, FOLD_READER_START, FRAME_FIFO, JOB_QUEUE
+from .fold import FoldChain, ResultRow
 from .lane import LANE_DECISIONS, OPEN_BITS
-from .pipeline import delay_line
-from .results import ResultRow, result_frame_layout
 
 __all__ = ["JobQueue", "FoldReader", "job_depth", "ROW_QUEUE_LATENCY", "BANK_READ_REGISTERS"]
 
 #: Cycles from a folded row's write into the row queue to its first cycle on ``FoldReader.rows`` (a
-#: :class:`~cais.hdl.frame_fifo.FrameFifo` with a registered output: the block RAM's output goes straight
+#: :class:`~cais.hdl.common.frame_fifo.FrameFifo` with a registered output: the block RAM's output goes straight
 #: into a register, no logic between).
-ROW_QUEUE_LATENCY = 3
+ROW_QUEUE_LATENCY = FRAME_FIFO
 
-#: Register ranks between a bank's block RAM output and the fold chain.
-BANK_READ_REGISTERS = 2
+# BANK_READ_REGISTERS (exported from here too): register ranks between a bank's block RAM output and the
+# fold chain, cais.hdl.latency's.
 
 
 def job_depth(params: SwitchParams) -> int:
@@ -69,7 +70,12 @@ class JobQueue(wiring.Component):
         Jobs queued (registered).
     o : Out(stream.Signature(job_layout))
         The oldest job; ``o.valid`` (registered): it is queued and its frames are finished.
+
+    ``latency`` (:data:`cais.hdl.latency.JOB_QUEUE`, 1): the head job whose last frame shows ``finished``
+    in cycle t is offered in t + 1.
     """
+
+    latency = JOB_QUEUE
 
     def __init__(self, params: SwitchParams):
         self.params = params
@@ -139,9 +145,9 @@ class FoldReader(wiring.Component):
     """Reads each job's rows from every bank at once and folds them into result rows.
 
     Row ``j`` of a job is read from address ``row_base + j`` of all banks in one cycle; the banks' read
-    data is registered, the rows of the contributors go through a :class:`~cais.hdl.fold.FoldChain` in
+    data is registered, the rows of the contributors go through a :class:`~cais.hdl.alu.fold.FoldChain` in
     ascending port order, fp32 accumulators are rounded to the wire format
-    (:class:`~cais.hdl.results.ResultRow`), and the row is queued for the result generator. A read is
+    (:class:`~cais.hdl.alu.fold.ResultRow`), and the row is queued for the result generator. A read is
     issued only when the queue is sure to have room for it, so the reader runs at one row per cycle while
     the generator keeps up, across jobs without a bubble.
 
@@ -166,7 +172,12 @@ class FoldReader(wiring.Component):
     rows : Out(stream.Signature(data_width)); rows_held : Out(16)
         Result rows in job order; how many are queued.
     busy : Out(1)
+
+    ``start_latency`` (:data:`cais.hdl.latency.FOLD_READER_START`, 1): a job offered in cycle t to an idle
+    reader has its first row read (``rd_en``) in t + 1.
     """
+
+    start_latency = FOLD_READER_START
 
     def __init__(self, params: SwitchParams):
         self.params = params
@@ -255,8 +266,8 @@ class FoldReader(wiring.Component):
         # to the chain (with one, the whole switch measured 4.8 ns of routing behind the RAM). The chain
         # takes the row with the job's kind as it was at the read.
         m.submodules.chain = chain = self.chain
-        read_kind = delay_line(m, kind, 1 + BANK_READ_REGISTERS, "read_kind")
-        read_valid = delay_line(m, issue, 1 + BANK_READ_REGISTERS, "read_valid", reset_less=False)
+        read_kind = delay_line(m, kind, BANK_READ + BANK_READ_REGISTERS, "read_kind")
+        read_valid = delay_line(m, issue, BANK_READ + BANK_READ_REGISTERS, "read_valid", reset_less=False)
         m.d.comb += [
             chain.i_valid.eq(read_valid), chain.mask.eq(read_kind.contributors),
             chain.dtype.eq(read_kind.dtype), chain.op.eq(read_kind.op), chain.acc_fp32.eq(read_kind.acc_fp32),

@@ -1,7 +1,9 @@
 """The fold chain of the per-port-bank core (docs/core-design.md, candidate B): one row of every port's
-contribution, folded in ascending port order, one row per cycle.
+contribution, folded in ascending port order, one row per cycle (:class:`FoldChain`); then the rounding of
+fp32 accumulators to the wire format as the row leaves (:class:`ResultRow`). F of docs/interface.md is the
+two's latency.
 
-The switch's fold reader (cais.hdl.completion.FoldReader) builds it at its defaults; bench/bench_area.py
+The switch's fold reader (cais.hdl.alu.completion.FoldReader) builds it at its defaults; bench/bench_area.py
 measures it on its own (``fold_chain``).
 """
 
@@ -9,16 +11,20 @@ from amaranth.hdl import Module, Mux, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from .enums import DType, ReduceOp
-from .pipeline import delay_line
+from cais import protocol as proto
+
+from ..common.enums import DType, ReduceOp
+from ..common.pipeline import delay_line
+from .fpu import BF16, FP16, FP32, FloatNarrow
+from .reduce import byteswap
 from .slot_alu import FADD_STAGES, SlotALU, slot_alu_latency
 
-__all__ = ["FoldChain"]
+__all__ = ["FoldChain", "ResultRow", "result_row_latency"]
 
 
 class FoldChain(wiring.Component):
     """``rows[0..P-1]`` folded as ``acc = x[p0]; acc = acc (op) x[p1]; ...`` over the ports in ``mask``
-    (ascending), with the arithmetic of :class:`cais.hdl.slot_alu.SlotALU`: bit-exact with
+    (ascending), with the arithmetic of :class:`cais.hdl.alu.slot_alu.SlotALU`: bit-exact with
     ``numerics.accumulate`` applied in port order (docs/numerics.md section 11).
 
     One :class:`SlotALU` per port in a pipeline: stage p takes the accumulator of stages 0..p-1 and port p's
@@ -95,3 +101,64 @@ class FoldChain(wiring.Component):
         m.d.comb += self.result.eq(result)
         return m
 
+
+class ResultRow(wiring.Component):
+    """One payload row of a result, from the fold chain's accumulator word, pipelined.
+
+    In the wire format the row is the word's low ``data_width`` bits; fp16/bf16 accumulated in fp32 fill
+    the whole word with W/16 float32 accumulators, which are rounded to the wire format here, once, as the
+    result leaves (docs/numerics.md). With float units the rounding takes :attr:`latency` = 2 clock edges
+    (the alignment, registered; then the rounding and the choice of the row, into the output register),
+    and every row takes them, whatever its kind; without float units the row is the word's low bits,
+    combinational (latency 0). A new word may enter every cycle.
+
+    Members
+    -------
+    word : In(2 * data_width)
+        The accumulator word (:attr:`cais.hdl.alu.fold.FoldChain.result`).
+    acc_fp32 : In(1); dtype : In(4)
+        How the set accumulates (presented with ``word``).
+    row : Out(data_width)
+        The row of the word presented :attr:`latency` cycles earlier.
+    """
+
+    def __init__(self, data_width: int, float_units: bool = True):
+        self.data_width, self.float_units = data_width, float_units
+        super().__init__({"word": In(2 * data_width), "acc_fp32": In(1), "dtype": In(4),
+                          "row": Out(data_width)})
+
+    @property
+    def latency(self) -> int:
+        """Clock edges from ``word`` to its ``row``."""
+        return result_row_latency(self.float_units)
+
+    def elaborate(self, platform):
+        m = Module()
+        W = self.data_width
+        wire = self.word[:W]
+        if not self.float_units:
+            m.d.comb += self.row.eq(wire)
+            return m
+        # Stage 1 (inside FloatNarrow(stages=1)): the alignment; the controls and the wire row beside it.
+        narrowed = {}
+        for dtype, fmt in ((proto.DType.FP16, FP16), (proto.DType.BF16, BF16)):
+            out = Signal(W, name=f"narrow_{dtype.name.lower()}")
+            for i in range(W // 16):
+                unit = m.submodules[f"narrow_{dtype.name.lower()}{i}"] = FloatNarrow(FP32, fmt, stages=1)
+                m.d.comb += [unit.a.eq(byteswap(self.word[32 * i:32 * i + 32], 4)),
+                             out[16 * i:16 * i + 16].eq(byteswap(unit.result, 2))]
+            narrowed[dtype] = out
+        # Data only (the caller's valid bits travel beside it): no register here needs a reset.
+        wire_r, acc_r, bf16_r = Signal(W, reset_less=True), Signal(reset_less=True), Signal(reset_less=True)
+        m.d.sync += [wire_r.eq(wire), acc_r.eq(self.acc_fp32), bf16_r.eq(self.dtype == proto.DType.BF16)]
+        # Stage 2: the rounding and the choice, into the output register.
+        row = Signal(W, reset_less=True)
+        m.d.sync += row.eq(Mux(acc_r, Mux(bf16_r, narrowed[proto.DType.BF16], narrowed[proto.DType.FP16]),
+                               wire_r))
+        m.d.comb += self.row.eq(row)
+        return m
+
+
+def result_row_latency(float_units: bool) -> int:
+    """:attr:`ResultRow.latency` of a ResultRow so built, without building it."""
+    return 2 if float_units else 0

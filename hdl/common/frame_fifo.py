@@ -5,6 +5,8 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from ..latency import FRAME_FIFO
+
 __all__ = ["FrameFifo"]
 
 
@@ -46,6 +48,12 @@ class FrameFifo(wiring.Component):
     r_ready : In(1)
         First-word-fall-through read side: ``r_data`` is the oldest committed beat while ``r_valid``.
     """
+
+    @property
+    def latency(self) -> int:
+        """Cycles from a beat's commit to its first cycle at the head (with ``registered_output``:
+        :data:`cais.hdl.latency.FRAME_FIFO`; without, the read-ahead's one)."""
+        return FRAME_FIFO if self.registered_output else 1
 
     def __init__(self, width: int, depth: int, registered_output: bool = False):
         assert depth >= 2 and depth & (depth - 1) == 0, "depth must be a power of two"

@@ -1,14 +1,17 @@
 """The slot ALU: the read-modify-write arithmetic between the slot memory's read and its write."""
 
+import functools
+from types import SimpleNamespace
+
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from cais import protocol as proto
 
-from .alu import ReduceALU, byteswap
-from .pipeline import delay_line
+from ..common.pipeline import delay_line
 from .fpu import BF16, FP16, FP32, NUMPY_ZERO_TIE, FloatAdder, FloatMaxMin, FloatNarrow, FloatWiden, MaxMinOp
+from .reduce import ReduceALU, byteswap
 
 __all__ = ["SlotALU", "slot_alu_latency", "FADD_STAGES"]
 
@@ -22,7 +25,7 @@ class SlotALU(wiring.Component):
 
     A slot word is ``2 * data_width`` bits, two granules of ``W = data_width`` bits (granule 0 in the low
     bits). Rows and words are in AXI byte order (byte 0 in bits 7:0) and hold big-endian elements: element
-    ``i`` of ``n``-byte elements is bytes ``n*i .. n*i+n-1`` (see :func:`cais.hdl.alu.byteswap`).
+    ``i`` of ``n``-byte elements is bytes ``n*i .. n*i+n-1`` (see :func:`cais.hdl.alu.reduce.byteswap`).
 
     * **Wire-format modes** (int32/int16/int8, fp32, and fp16/bf16 without ``acc_fp32``): granule
       ``granule`` of the result is ``numerics.combine(dtype, op, acc_granule, row, saturate)``, or ``row``
@@ -32,12 +35,12 @@ class SlotALU(wiring.Component):
       is ``numerics.combine(FP32, op, acc, numerics.widen(dtype, row))``, or ``widen(dtype, row)`` with
       ``store``; ``we = 0b11``.
 
-    The float arithmetic runs in ``W/16`` float32 lanes, each a :class:`~cais.hdl.fpu.FloatAdder` and a
-    :class:`~cais.hdl.fpu.FloatMaxMin`: fp32 wire mode uses lanes ``0 .. W/32-1``; fp16/bf16 wire mode
+    The float arithmetic runs in ``W/16`` float32 lanes, each a :class:`~cais.hdl.alu.fpu.FloatAdder` and a
+    :class:`~cais.hdl.alu.fpu.FloatMaxMin`: fp32 wire mode uses lanes ``0 .. W/32-1``; fp16/bf16 wire mode
     widens both operands, combines in float32 and narrows the result (exactly numpy's float16 arithmetic,
     and correctly rounded because 24 >= 2p + 2); fp32 accumulation widens the row element only. The
     ``-0``/``+0`` tie of max/min returns the operand numpy returns for the format the reference computes
-    in (:data:`~cais.hdl.fpu.NUMPY_ZERO_TIE`: float16 for fp16 wire mode, float32 otherwise). NaN results
+    in (:data:`~cais.hdl.alu.fpu.NUMPY_ZERO_TIE`: float16 for fp16 wire mode, float32 otherwise). NaN results
     are the canonical quiet NaN of the output format; ``store`` passes a row's NaN payloads unchanged in the
     wire-format modes.
 
@@ -102,49 +105,63 @@ class SlotALU(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        W = self.data_width
-        DT = proto.DType
-
-        def reg(value, name, reset_less=True, cycles=1):
-            return delay_line(m, value, cycles, name, reset_less=reset_less)
-
-        # Stage 0, in every build: the inputs registered (in a fold chain the stage before chooses this
-        # stage's accumulator right in front of them).
-        granule, row, acc = reg(self.granule, "in_granule"), reg(self.row, "in_row"), reg(self.acc, "in_acc")
-        dtype, op, acc_fp32 = reg(self.dtype, "in_dtype"), reg(self.op, "in_op"), reg(self.acc_fp32, "in_acc_fp32")
-        saturate, store = reg(self.saturate, "in_saturate"), reg(self.store, "in_store")
-        valid = reg(self.i_valid, "in_valid", reset_less=False)
-
+        s = self._inputs(m)
         if not self.float_units:
-            # Stage 1: the granule and the integer ALU's sums and compares (its register rank); stage 2:
-            # the result chosen (op, saturation, dtype, store), into the output register.
-            acc32 = ((dtype == DT.FP16) | (dtype == DT.BF16)) & acc_fp32
-            m.submodules.int_alu = int_alu = ReduceALU(W, stages=1)
-            m.d.comb += [int_alu.a.eq(Mux(granule & ~acc32, acc[W:], acc[:W])),
-                         int_alu.b.eq(row), int_alu.op.eq(op),
-                         int_alu.dtype.eq(dtype), int_alu.saturate.eq(saturate)]
-            we_r = reg(Mux(acc32, 0b11, Mux(granule, 0b10, 0b01)), "we")
-            row_r, store_r = reg(row, "row"), reg(store, "store")
-            valid_r = reg(valid, "valid", reset_less=False)
-            wire_result = Mux(store_r, row_r, int_alu.result)
-            result = Signal(2 * W, name="result_r", reset_less=True)
-            m.d.sync += [
-                self.o_valid.eq(valid_r),
-                result.eq(Cat(wire_result, wire_result)),
-                self.we.eq(Mux(valid_r, we_r, 0)),
-            ]
-            m.d.comb += self.result.eq(result)
-            return m
+            self._integer_only(m, s)
+        else:
+            self._float_operands(m, s)
+            self._float_lanes(m, s)
+            self._narrow_and_pack(m, s)
+        return m
 
-        L = self.fadd_stages
+    @staticmethod
+    def _reg(m, value, name, reset_less=True, cycles=1):
+        return delay_line(m, value, cycles, name, reset_less=reset_less)
 
-        def delay(value, name, reset_less=True):
-            # A chain of L registers (none when L == 0) beside the adder: one write point whatever the path.
-            return delay_line(m, value, L, name, reset_less=reset_less)
+    def _inputs(self, m):
+        """Stage 0, in every build: the inputs registered (in a fold chain the stage before chooses this
+        stage's accumulator right in front of them). Returns the namespace the other stages share."""
+        reg = functools.partial(self._reg, m)
+        s = SimpleNamespace()
+        s.granule, s.row, s.acc = reg(self.granule, "in_granule"), reg(self.row, "in_row"), reg(self.acc, "in_acc")
+        s.dtype, s.op = reg(self.dtype, "in_dtype"), reg(self.op, "in_op")
+        s.acc_fp32 = reg(self.acc_fp32, "in_acc_fp32")
+        s.saturate, s.store = reg(self.saturate, "in_saturate"), reg(self.store, "in_store")
+        s.valid = reg(self.i_valid, "in_valid", reset_less=False)
+        return s
 
+    def _integer_only(self, m, s):
+        """Without float units. Stage 1: the granule and the integer ALU's sums and compares (its register
+        rank); stage 2: the result chosen (op, saturation, dtype, store), into the output register."""
+        reg = functools.partial(self._reg, m)
+        W, DT = self.data_width, proto.DType
+        acc32 = ((s.dtype == DT.FP16) | (s.dtype == DT.BF16)) & s.acc_fp32
+        m.submodules.int_alu = int_alu = ReduceALU(W, stages=1)
+        m.d.comb += [int_alu.a.eq(Mux(s.granule & ~acc32, s.acc[W:], s.acc[:W])),
+                     int_alu.b.eq(s.row), int_alu.op.eq(s.op),
+                     int_alu.dtype.eq(s.dtype), int_alu.saturate.eq(s.saturate)]
+        we_r = reg(Mux(acc32, 0b11, Mux(s.granule, 0b10, 0b01)), "we")
+        row_r, store_r = reg(s.row, "row"), reg(s.store, "store")
+        valid_r = reg(s.valid, "valid", reset_less=False)
+        wire_result = Mux(store_r, row_r, int_alu.result)
+        result = Signal(2 * W, name="result_r", reset_less=True)
+        m.d.sync += [
+            self.o_valid.eq(valid_r),
+            result.eq(Cat(wire_result, wire_result)),
+            self.we.eq(Mux(valid_r, we_r, 0)),
+        ]
+        m.d.comb += self.result.eq(result)
+
+    def _float_operands(self, m, s):
+        """Stages 1 and 2: the widening's classification and leading-zero count (FloatWiden's register
+        rank), the integer ALU's sums and compares (ReduceALU's), then every lane's float32 operands, the
+        integer result and the controls, registered (``s.operands``, ``s.r_*``)."""
+        reg = functools.partial(self._reg, m)
+        W, DT = self.data_width, proto.DType
+        dtype, op, acc, row, granule, store = s.dtype, s.op, s.acc, s.row, s.granule, s.store
         is_half = (dtype == DT.FP16) | (dtype == DT.BF16)
         acc32 = Signal()
-        m.d.comb += acc32.eq(is_half & acc_fp32)
+        m.d.comb += acc32.eq(is_half & s.acc_fp32)
         we = Mux(acc32, 0b11, Mux(granule, 0b10, 0b01))
 
         # The granule the wire-format modes combine with. fp32 accumulation reads lanes 0 .. W/32-1 from
@@ -154,20 +171,19 @@ class SlotALU(wiring.Component):
 
         is_fp32 = dtype == DT.FP32
         is_bf16 = dtype == DT.BF16
-        half_wire = is_half & ~acc_fp32
+        half_wire = is_half & ~s.acc_fp32
         # Results that come out of the float lanes; the others (integers, wire-format store) take the
         # wire_result path.
         lane_form = (is_fp32 | is_half) & ~(store & ~acc32)
         use_adder = (op == proto.ReduceOp.SUM) & ~store
         # Which operand wins a -0/+0 tie: FloatMaxMin follows float32; fp16 wire mode follows float16.
-        tie16 = NUMPY_ZERO_TIE[FP16]
+        s.tie16 = tie16 = NUMPY_ZERO_TIE[FP16]
         fix_tie = half_wire & ~is_bf16 if tie16 != NUMPY_ZERO_TIE[FP32] else Const(0)
 
-        # Stage 1: the widening's classification and leading-zero count (FloatWiden's register rank), the
-        # integer ALU's sums and compares (ReduceALU's), the float32 operands and the controls beside them.
+        # Stage 1: the integer ALU, the widening's first rank, the controls beside them.
         m.submodules.int_alu = int_alu = ReduceALU(W, stages=1)
         m.d.comb += [int_alu.a.eq(a_gran), int_alu.b.eq(row), int_alu.op.eq(op),
-                     int_alu.dtype.eq(dtype), int_alu.saturate.eq(saturate)]
+                     int_alu.dtype.eq(dtype), int_alu.saturate.eq(s.saturate)]
         bf16_1, half_wire_1, is_half_1 = reg(is_bf16, "bf16_1"), reg(half_wire, "half_wire_1"), reg(is_half, "half_1")
         row_1, store_1 = reg(row, "row_1"), reg(store, "store_1")
 
@@ -180,7 +196,7 @@ class SlotALU(wiring.Component):
             return Mux(bf16_1, wbf.result, w16.result)
 
         # Stage 2: the operands of every lane as float32, the integer result and the controls, registered.
-        operands = []
+        s.operands = []
         for i in range(W // 16):
             # Operands of lane i as float32: a from the word, b from the row. Lanes W/32 .. W/16-1 only
             # serve fp16/bf16 (a 32-bit element i of the word lies in granule 1 there).
@@ -188,56 +204,67 @@ class SlotALU(wiring.Component):
             b16 = byteswap(row[16 * i:16 * i + 16], 2)
             a32 = reg(byteswap((acc if i >= W // 32 else a_gran)[32 * i:32 * i + 32], 4), f"lane{i}_a32")
             b32 = reg(byteswap(row[32 * i:32 * i + 32], 4) if i < W // 32 else Const(0, 32), f"lane{i}_b32")
-            operands.append((reg(Mux(half_wire_1, widened(a16, f"lane{i}_a"), a32), f"lane{i}_a"),
-                             reg(Mux(is_half_1, widened(b16, f"lane{i}_b"), b32), f"lane{i}_b")))
-        r_wire = reg(Mux(store_1, row_1, int_alu.result), "wire")
-        r_valid = reg(valid, "valid", reset_less=False, cycles=2)
-        r_store, r_fix_tie = reg(store, "store", cycles=2), reg(fix_tie, "fix_tie", cycles=2)
-        r_min = reg(op == proto.ReduceOp.MIN, "min", cycles=2)
-        r_lane_form, r_use_adder = reg(lane_form, "lane_form", cycles=2), reg(use_adder, "use_adder", cycles=2)
-        r_acc32, r_fp32 = reg(acc32, "acc32", cycles=2), reg(is_fp32, "fp32", cycles=2)
-        r_bf16, r_we = reg(is_bf16, "bf16", cycles=2), reg(we, "we", cycles=2)
+            s.operands.append((reg(Mux(half_wire_1, widened(a16, f"lane{i}_a"), a32), f"lane{i}_a"),
+                               reg(Mux(is_half_1, widened(b16, f"lane{i}_b"), b32), f"lane{i}_b")))
+        s.r_wire = reg(Mux(store_1, row_1, int_alu.result), "wire")
+        s.r_valid = reg(s.valid, "valid", reset_less=False, cycles=2)
+        s.r_store, s.r_fix_tie = reg(store, "store", cycles=2), reg(fix_tie, "fix_tie", cycles=2)
+        s.r_min = reg(op == proto.ReduceOp.MIN, "min", cycles=2)
+        s.r_lane_form, s.r_use_adder = reg(lane_form, "lane_form", cycles=2), reg(use_adder, "use_adder", cycles=2)
+        s.r_acc32, s.r_fp32 = reg(acc32, "acc32", cycles=2), reg(is_fp32, "fp32", cycles=2)
+        s.r_bf16, s.r_we = reg(is_bf16, "bf16", cycles=2), reg(we, "we", cycles=2)
 
-        # Stages 3 .. L+2: the adders; max/min and store beside them, delayed to meet their results.
+    def _float_lanes(self, m, s):
+        """Stages 3 .. L+2: the adders, max/min and store beside them, delayed to meet their results; stage
+        L+3: each lane's result registered (``s.lanes``, ``s.wire_row`` and the controls ``s.out``)."""
+        reg = functools.partial(self._reg, m)
+        W, L = self.data_width, self.fadd_stages
+
+        def delay(value, name, reset_less=True):
+            # A chain of L registers (none when L == 0) beside the adder: one write point whatever the path.
+            return delay_line(m, value, L, name, reset_less=reset_less)
+
         bypass_lanes, adders = [], []
-        for i, (a, b) in enumerate(operands):
+        for i, (a, b) in enumerate(s.operands):
             m.submodules[f"lane{i}_fadd"] = add = FloatAdder(FP32, self.fadd_stages)
-            m.d.comb += [add.a.eq(a), add.b.eq(b), add.i_valid.eq(r_valid)]
+            m.d.comb += [add.a.eq(a), add.b.eq(b), add.i_valid.eq(s.r_valid)]
             adders.append(add)
 
             m.submodules[f"lane{i}_maxmin"] = mm = FloatMaxMin(FP32, NUMPY_ZERO_TIE[FP32])
-            m.d.comb += [mm.a.eq(a), mm.b.eq(b), mm.op.eq(Mux(r_min, MaxMinOp.MIN, MaxMinOp.MAX))]
+            m.d.comb += [mm.a.eq(a), mm.b.eq(b), mm.op.eq(Mux(s.r_min, MaxMinOp.MIN, MaxMinOp.MAX))]
             # A -0/+0 tie differs only in the sign bit, so the float16 rule patches just that bit.
-            tie_operand = a if tie16 == "a" else b
-            tie = r_fix_tie & (a[:31] == 0) & (b[:31] == 0)
+            tie_operand = a if s.tie16 == "a" else b
+            tie = s.r_fix_tie & (a[:31] == 0) & (b[:31] == 0)
             mm_result = Cat(mm.result[:31], Mux(tie, tie_operand[31], mm.result[31]))
             # store with fp32 accumulation: the widened row is lane b.
-            bypass_lanes.append(Mux(r_store, b, mm_result))
+            bypass_lanes.append(Mux(s.r_store, b, mm_result))
 
         # The non-adder results travel through one delay line, lanes (float32, native bit order) or the
         # wire-format row in the low W bits.
         bypass = Signal(2 * W)
-        m.d.comb += bypass.eq(Mux(r_lane_form, Cat(*bypass_lanes), r_wire))
+        m.d.comb += bypass.eq(Mux(s.r_lane_form, Cat(*bypass_lanes), s.r_wire))
         d_bypass = delay(bypass, "bypass")
-        d_use_adder = delay(r_use_adder, "use_adder")
-        d_ctl = [delay(v, n) for v, n in ((r_lane_form, "lane_form"), (r_acc32, "acc32"), (r_fp32, "fp32"),
-                                          (r_bf16, "bf16"), (r_we, "we"))]
-        d_valid = delay(r_valid, "valid", reset_less=False)
+        d_use_adder = delay(s.r_use_adder, "use_adder")
+        d_ctl = [delay(v, n) for v, n in ((s.r_lane_form, "lane_form"), (s.r_acc32, "acc32"), (s.r_fp32, "fp32"),
+                                          (s.r_bf16, "bf16"), (s.r_we, "we"))]
+        d_valid = delay(s.r_valid, "valid", reset_less=False)
 
-        # Stage L+3: each lane's result (the adder's, or what came beside it), registered.
-        lanes = [reg(Mux(d_use_adder, add.result, d_bypass[32 * i:32 * i + 32]), f"lane{i}_result")
-                 for i, add in enumerate(adders)]
-        wire_row = reg(d_bypass[:W], "wire_row")
-        lane_form_r, acc32_r, fp32_r, bf16_r, we_r = (reg(v, f"out_{k}") for k, v in enumerate(d_ctl))
-        valid_r = reg(d_valid, "out_valid", reset_less=False)
+        s.lanes = [reg(Mux(d_use_adder, add.result, d_bypass[32 * i:32 * i + 32]), f"lane{i}_result")
+                   for i, add in enumerate(adders)]
+        s.wire_row = reg(d_bypass[:W], "wire_row")
+        s.out = [reg(v, f"out_{k}") for k, v in enumerate(d_ctl)]      # lane_form, acc32, fp32, bf16, we
+        s.out_valid = reg(d_valid, "out_valid", reset_less=False)
 
-        # Stages L+4 and L+5: narrowed to the wire format (the narrowing has a register rank of its own,
-        # which the rest meets) and packed back in the wire or accumulator layout, into the output register.
+    def _narrow_and_pack(self, m, s):
+        """Stages L+4 and L+5: narrowed to the wire format (the narrowing has a register rank of its own,
+        which the rest meets) and packed back in the wire or accumulator layout, into the output register."""
+        reg = functools.partial(self._reg, m)
+        W = self.data_width
         lane_form_r, acc32_r, fp32_r, bf16_r, we_r, valid_r, wire_row = (
             reg(v, f"narrow_{k}", reset_less=k != 5)
-            for k, v in enumerate((lane_form_r, acc32_r, fp32_r, bf16_r, we_r, valid_r, wire_row)))
+            for k, v in enumerate((*s.out, s.out_valid, s.wire_row)))
         word32, row16, rowbf = [], [], []
-        for i, lane in enumerate(lanes):
+        for i, lane in enumerate(s.lanes):
             word32.append(byteswap(reg(lane, f"lane{i}_wide"), 4))
             n16, nbf = FloatNarrow(FP32, FP16, stages=1), FloatNarrow(FP32, BF16, stages=1)
             m.submodules[f"lane{i}_narrow16"] = n16
@@ -261,7 +288,6 @@ class SlotALU(wiring.Component):
             self.o_valid.eq(valid_r),
         ]
         m.d.comb += self.result.eq(result)
-        return m
 
 
 def slot_alu_latency(float_units: bool, fadd_stages: int = FADD_STAGES) -> int:

@@ -7,12 +7,11 @@ from amaranth.lib.wiring import In, Out
 from cais import protocol as proto
 from cais.params import SwitchParams
 
-from .alu import byteswap
-from .fpu import BF16, FP16, FP32, FloatNarrow
-from .egress import FrameSourceSignature
-from .header import cais_field
+from ..latency import RESULT_REQUEST
+from ..parser.header import cais_field
+from .ports import FrameSourceSignature
 
-__all__ = ["ResultGenerator", "ResultRow", "result_row_latency", "result_frame_layout", "header_split"]
+__all__ = ["ResultGenerator", "result_frame_layout", "header_split"]
 
 
 def header_split(beat_bytes: int):
@@ -28,68 +27,6 @@ def result_frame_layout(params: SwitchParams) -> data.StructLayout:
         "mask": params.ports,                  # egress ports
         "rows": range(params.rows_per_set + 1),  # ceil(payload_len / B)
     })
-
-
-class ResultRow(wiring.Component):
-    """One payload row of a result, from the fold chain's accumulator word, pipelined.
-
-    In the wire format the row is the word's low ``data_width`` bits; fp16/bf16 accumulated in fp32 fill
-    the whole word with W/16 float32 accumulators, which are rounded to the wire format here, once, as the
-    result leaves (docs/numerics.md). With float units the rounding takes :attr:`latency` = 2 clock edges
-    (the alignment, registered; then the rounding and the choice of the row, into the output register),
-    and every row takes them, whatever its kind; without float units the row is the word's low bits,
-    combinational (latency 0). A new word may enter every cycle.
-
-    Members
-    -------
-    word : In(2 * data_width)
-        The accumulator word (:attr:`cais.hdl.fold.FoldChain.result`).
-    acc_fp32 : In(1); dtype : In(4)
-        How the set accumulates (presented with ``word``).
-    row : Out(data_width)
-        The row of the word presented :attr:`latency` cycles earlier.
-    """
-
-    def __init__(self, data_width: int, float_units: bool = True):
-        self.data_width, self.float_units = data_width, float_units
-        super().__init__({"word": In(2 * data_width), "acc_fp32": In(1), "dtype": In(4),
-                          "row": Out(data_width)})
-
-    @property
-    def latency(self) -> int:
-        """Clock edges from ``word`` to its ``row``."""
-        return result_row_latency(self.float_units)
-
-    def elaborate(self, platform):
-        m = Module()
-        W = self.data_width
-        wire = self.word[:W]
-        if not self.float_units:
-            m.d.comb += self.row.eq(wire)
-            return m
-        # Stage 1 (inside FloatNarrow(stages=1)): the alignment; the controls and the wire row beside it.
-        narrowed = {}
-        for dtype, fmt in ((proto.DType.FP16, FP16), (proto.DType.BF16, BF16)):
-            out = Signal(W, name=f"narrow_{dtype.name.lower()}")
-            for i in range(W // 16):
-                unit = m.submodules[f"narrow_{dtype.name.lower()}{i}"] = FloatNarrow(FP32, fmt, stages=1)
-                m.d.comb += [unit.a.eq(byteswap(self.word[32 * i:32 * i + 32], 4)),
-                             out[16 * i:16 * i + 16].eq(byteswap(unit.result, 2))]
-            narrowed[dtype] = out
-        # Data only (the caller's valid bits travel beside it): no register here needs a reset.
-        wire_r, acc_r, bf16_r = Signal(W, reset_less=True), Signal(reset_less=True), Signal(reset_less=True)
-        m.d.sync += [wire_r.eq(wire), acc_r.eq(self.acc_fp32), bf16_r.eq(self.dtype == proto.DType.BF16)]
-        # Stage 2: the rounding and the choice, into the output register.
-        row = Signal(W, reset_less=True)
-        m.d.sync += row.eq(Mux(acc_r, Mux(bf16_r, narrowed[proto.DType.BF16], narrowed[proto.DType.FP16]),
-                               wire_r))
-        m.d.comb += self.row.eq(row)
-        return m
-
-
-def result_row_latency(float_units: bool) -> int:
-    """:attr:`ResultRow.latency` of a ResultRow so built, without building it."""
-    return 2 if float_units else 0
 
 
 class ResultGenerator(wiring.Component):
@@ -118,11 +55,16 @@ class ResultGenerator(wiring.Component):
         (``rows.payload`` is the oldest of them when ``rows_held`` is not 0: ``rows.valid`` is not used,
         ``rows.ready`` takes only a row ``rows_held`` counts).
     out : Out(FrameSourceSignature)
-        The result frames, to the result fanout (:class:`~cais.hdl.egress.ResultFanout`, which writes them
+        The result frames, to the result fanout (:class:`~cais.hdl.egress.ports.ResultFanout`, which writes them
         into the ports' result queues): a frame asks for its ports; granted, it starts in the
         next cycle, and the egress takes each beat the cycle it is offered.
     busy : Out(1)
+
+    ``request_latency`` (:data:`cais.hdl.latency.RESULT_REQUEST`, 1): an idle generator whose job and rows
+    are all held in cycle t asks (``out.req``) in t + 1.
     """
+
+    request_latency = RESULT_REQUEST
 
     def __init__(self, params: SwitchParams):
         self.params = params

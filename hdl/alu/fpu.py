@@ -16,7 +16,7 @@ module fixes where IEEE 754 or numpy leave a choice (docs/numerics.md is their p
 Bit numbering: a value's bit ``width-1`` is the sign, the exponent field sits below it, the fraction in
 the low ``man_bits`` bits (the usual IEEE layout, as numpy's ``view(np.uint32)`` / ``view(np.uint16)``).
 Lanes are in this native order; byte swapping for the wire is the caller's business (see
-:func:`cais.hdl.alu.byteswap`).
+:func:`cais.hdl.alu.reduce.byteswap`).
 """
 
 from __future__ import annotations

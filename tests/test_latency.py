@@ -1,0 +1,112 @@
+"""The documented latencies against the blocks' (cais.hdl.latency): every figure docs/interface.md and
+docs/core-design.md quote as current (the result formula's constant, the worked examples, the forwarding
+latency, the tables of the final tree) is parsed from the text and compared with the composition of the
+blocks' latencies. The RTL is measured against the same composition by tests/test_switch_timing.py
+(amaranth.sim) and tests/test_switch_verilator.py (the exported Verilog), through cais.sim.timing; the
+decision's parts by tests/test_decision_parts.py."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from cais.hdl import latency
+from cais.hdl.alu.completion import BANK_READ_REGISTERS, ROW_QUEUE_LATENCY, FoldReader, JobQueue
+from cais.hdl.alu.lane import IngressLane
+from cais.hdl.common.frame_fifo import FrameFifo
+from cais.hdl.decision import DECISION_LATENCY, Arbiter, RuleLookup, SlotState
+from cais.hdl.egress.ports import EgressCrossbar, EgressPort, ResultFanout
+from cais.hdl.egress.results import ResultGenerator
+from cais.hdl.parser.ingress import HeaderQueue, IngressPort
+from cais.hdl.sram.banks import ContributionBanks
+from cais.params import SwitchParams
+from cais.sim import timing
+from cais.sim.links.model import ModelLink
+
+REPO = Path(__file__).resolve().parents[1]
+INTERFACE = (REPO / "docs/interface.md").read_text()
+CORE = (REPO / "docs/core-design.md").read_text()
+
+P4 = SwitchParams()
+P4_INT = SwitchParams(float_units=False)
+P2_W512 = SwitchParams(ports=2, data_width=512, slots=16)
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def found(pattern: str, text: str) -> list[tuple[int, ...]]:
+    """Every match of ``pattern`` in ``text`` (whitespace folded), its groups as ints; at least one."""
+    got = [tuple(int(g) for g in m.groups()) for m in re.finditer(pattern, flat(text))]
+    assert got, f"the docs no longer say {pattern!r}: update this test with them"
+    return got
+
+
+def test_hand_derived_sums():
+    """The two paths term by term, summed by hand from the registers named in docs/interface.md: forward
+    4 (ingress) + 1 (take) + 3 + 5 (decision) + 1 (lane request) + 3 (crossbar) + 3 (egress FIFO) = 20;
+    result 4 + 1 + 8 + 2 (lane start) + 1 (finished) + 1 (job queue) + 1 (reader start) + 3 (bank read)
+    + 2 (row queue) + 1 (request) + 3 (fanout) + 3 (result queue), less the first beat and the first row
+    (counted in beats and rows) = 28; and the worked examples."""
+    assert latency.FORWARD_LATENCY == 20
+    assert latency.RESULT_OVERHEAD == 28
+    assert latency.result_latency(P4, 256) == 36 + 32 + (4 * 12 + 3) + 28 == 147
+    assert latency.result_latency(P4_INT, 256) == 36 + 32 + (4 * 3 + 1) + 28 == 109
+    assert latency.result_latency(P2_W512, 4) == 1 + 1 + (2 * 12 + 3) + 28 + 1 == 58
+
+
+def test_blocks_carry_the_terms():
+    """Each term is a block's own attribute (the one definition in cais.hdl.latency, read by the block), and
+    the composition uses the decision's own DECISION_LATENCY."""
+    assert IngressPort.header_latency == IngressPort.DECIDE_DELAY + HeaderQueue.latency == latency.INGRESS_HEADER
+    assert (Arbiter.latency, RuleLookup.latency + SlotState.latency) == (latency.ARBITER, DECISION_LATENCY)
+    assert (IngressLane.request_latency, IngressLane.start_latency, IngressLane.finish_latency) == \
+        (latency.LANE_REQUEST, latency.LANE_START, latency.LANE_FINISH)
+    assert EgressCrossbar.latency == ResultFanout.latency == latency.FRAME_GRANT
+    assert EgressPort.latency == FrameFifo(8, 4, registered_output=True).latency == ROW_QUEUE_LATENCY
+    assert (JobQueue.latency, FoldReader.start_latency, ResultGenerator.request_latency) == \
+        (latency.JOB_QUEUE, latency.FOLD_READER_START, latency.RESULT_REQUEST)
+    assert (ContributionBanks(P4).read_latency, BANK_READ_REGISTERS) == (latency.BANK_READ, latency.BANK_READ_REGISTERS)
+
+
+def test_sim_timing_and_the_model_read_the_composition():
+    assert (timing.FORWARD_LATENCY, timing.RESULT_OVERHEAD) == (latency.FORWARD_LATENCY, latency.RESULT_OVERHEAD)
+    assert timing.documented_latency(P4, 256) == latency.result_latency(P4, 256)
+    # the model starts a frame in its lane the cycle after its last beat: one cycle of the 20 is behind it
+    assert ModelLink.FORWARD_LATENCY == latency.FORWARD_LATENCY - 1
+
+
+def test_interface_md_quotes_the_derived_figures():
+    assert found(r"`beats \+ rows \+ F \+ (\d+)`", INTERFACE) == [(latency.RESULT_OVERHEAD,)]
+    assert found(r"`RESULT_OVERHEAD` = (\d+)", INTERFACE) == [(latency.RESULT_OVERHEAD,)]
+    assert found(r"(\d+) / (\d+) cycles for a 256-byte payload at 4 x 64 bits", INTERFACE) == \
+        [(latency.result_latency(P4, 256), latency.result_latency(P4_INT, 256))]
+    assert found(r"(\d+) for a 4-byte payload at 2 x 512 bits", INTERFACE) == [(latency.result_latency(P2_W512, 4),)]
+    assert found(r"first beat leaves on each of its ports (\d+) cycles after its last beat", INTERFACE) == \
+        [(latency.FORWARD_LATENCY,)]
+
+
+@pytest.mark.parametrize("pattern, want", [
+    # the final tree's figures (the history of the passes quotes older ones: not checked)
+    (r"\(`RESULT_OVERHEAD` (\d+), `FORWARD_LATENCY` (\d+)\)", (latency.RESULT_OVERHEAD, latency.FORWARD_LATENCY)),
+    (r"result latency (\d+) cycles for a 256-byte payload at 4 x 64 \((\d+) at 8 x 64\)",
+     (latency.result_latency(P4, 256), latency.result_latency(SwitchParams(ports=8), 256))),
+    (r"\| result latency, 256-byte payload \(unchanged\) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|",
+     tuple(latency.result_latency(p, 256) for p in (P4, SwitchParams(ports=8), SwitchParams(ports=3, data_width=128),
+                                                     SwitchParams(ports=8, data_width=256)))),
+    (r"\| result latency, 256-byte payload, 4 x 64 with float units / integer-only \| [^|]* \| (\d+) / (\d+)",
+     (latency.result_latency(P4, 256), latency.result_latency(P4_INT, 256))),
+    (r"\| forwarding latency, last beat in to first beat out \| [^|]* \| (\d+)", (latency.FORWARD_LATENCY,)),
+])
+def test_core_design_md_quotes_the_derived_figures(pattern, want):
+    assert set(found(pattern, CORE)) == {want}
+
+
+def test_core_design_md_latest_pass():
+    """The last "Latency after this pass" (the newest pass) states today's figures."""
+    last = found(r"Latency after this pass: `RESULT_OVERHEAD` (\d+) \(was \d+\), `FORWARD_LATENCY` (\d+) \(was \d+\): "
+                 r"(\d+) / (\d+) cycles for a 256-byte payload at 4 x 64 with / without float units, (\d+) for a "
+                 r"4-byte payload at 2 x 512", CORE)[-1]
+    assert last == (latency.RESULT_OVERHEAD, latency.FORWARD_LATENCY, latency.result_latency(P4, 256),
+                    latency.result_latency(P4_INT, 256), latency.result_latency(P2_W512, 4))
