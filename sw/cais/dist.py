@@ -164,6 +164,10 @@ class ProcessGroup:
         self._next_op: dict[int, int] = {}     # group -> op_seq after the last decision this rank got
         self.rejoins = 0                        # controller restarts this rank went through
         self.params = SwitchParams(**hello["params"])
+        # where frames may come from (_admit): the controller leaves SWITCH_MAC at its reset value
+        self.switch_mac = proto.SWITCH_MAC_DEFAULT
+        self._job_macs = frozenset(self._mac_of(r) for r in range(world_size))
+        self._refused: collections.Counter = collections.Counter({"result_source": 0, "ring_source": 0})
         self.controller = _ControllerView(bool(hello["float_units"]))
         self._world_group = group_from_dict(hello["world"])
         self.controller.groups[self._world_group.group_id] = self._world_group
@@ -388,6 +392,29 @@ class ProcessGroup:
                 keep.append((t, frame))
         self._stash = keep
 
+    def _admit(self, frame: bytes) -> bool:
+        """Whether a received frame may reach the engines (docs/protocol.md, "Threat model"): a CAIS frame
+        only from the switch's MAC, a host-ring frame only from a host of this job (the ring engine then
+        takes DATA only from its predecessor and ACKs only from its successor). Tagged frames never get
+        here (:class:`~cais.rawsock.RawPort`). What is refused is counted by reason (``frames_refused``)."""
+        if len(frame) < proto.ETH_HEADER_BYTES:
+            return False
+        ethertype, src = int.from_bytes(frame[12:14], "big"), int.from_bytes(frame[6:12], "big")
+        if ethertype == proto.ETHERTYPE and src != self.switch_mac:
+            why = "result_source"
+        elif ethertype == proto.HOST_ETHERTYPE and src not in self._job_macs:
+            why = "ring_source"
+        else:
+            return True
+        self._refused[why] += 1
+        return False
+
+    @property
+    def frames_refused(self) -> dict[str, int]:
+        """Frames this rank refused, by reason: ``tagged`` (an 802.1Q/802.1ad tag), ``result_source`` (a
+        CAIS frame not from the switch's MAC), ``ring_source`` (a host-ring frame from no host of the job)."""
+        return {"tagged": self.port.tagged, **self._refused}
+
     def _mac_of(self, rank: int) -> int:
         """The MAC address of this job's rank `rank`: its host's (job ranks and hosts differ when many
         jobs share the switch)."""
@@ -563,6 +590,8 @@ class ProcessGroup:
         if self.port.sock in ready:
             now = time.monotonic()
             for frame in self.port.recv_all():
+                if not self._admit(frame):
+                    continue
                 if not any(e.receive(frame, now) for e in engines):
                     # a peer may already send a collective this rank has not started: kept for a moment
                     self._stash.append((now, frame))

@@ -1,0 +1,146 @@
+"""Issue 29, data plane (H1): a host on a switch port cannot change another job's results with tagged frames.
+
+Everything runs in network namespaces the test creates (tests/netns.py conventions: root, fail rather
+than skip): cais-switch (the model) with three ports, two ranks of one job on ports 0 and 1, and an
+attacker on port 2 that builds its frames with scapy (an encoder independent of cais.protocol's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import numpy as np
+
+from cais import protocol as proto
+from cais.cluster import Cluster
+from cais.endpoint import connect
+from netns import require_root
+
+ELEMENTS = 1024          # whole 256-byte chunks of int32: every forged result has the length a chunk wants
+ITERATIONS = 3
+FORGED = 5000            # the value the attacker wants in every element
+
+RANK = r"""
+import json, os, sys
+import numpy as np
+import cais
+pg = cais.init(timeout=60, offload=os.environ["CAIS_TEST_OFFLOAD"])
+r, n = pg.rank, int(os.environ["ELEMENTS"])
+out = {"rank": r, "results": [], "paths": []}
+for i in range(int(os.environ["ITERATIONS"])):
+    buf = np.full(n, r + 1 + i, np.int32)
+    work = cais.all_reduce(buf, async_op=True)
+    work.wait()
+    out["results"].append(buf.tolist())
+    out["paths"].append(work.path)
+out["refused"] = getattr(pg, "frames_refused", None)   # None before issue 29
+cais.destroy_process_group()
+print(json.dumps(out), flush=True)
+"""
+
+ATTACKER = r"""
+import os, socket, sys, time
+frames_hex, iface, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+frames = [bytes.fromhex(h) for h in frames_hex.split(",")]
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((iface, 0))
+sent, end = 0, time.monotonic() + 120          # bounded: it stops by itself
+while not os.path.exists(stop) and time.monotonic() < end:
+    for f in frames:
+        s.send(f)
+        sent += 1
+    time.sleep(0.002)
+print(sent, flush=True)
+"""
+
+
+def qinq_results(group_id: int, seqs, value: int) -> list[bytes]:
+    """RESULT frames of `group_id` for chunks `seqs`, every element `value`, inside an 802.1ad tag and an
+    802.1Q tag, source the switch's MAC (built with scapy)."""
+    from scapy.layers.l2 import Dot1AD, Dot1Q, Ether
+    from scapy.packet import Raw
+    out = []
+    for seq in seqs:
+        payload = int(value).to_bytes(4, "big") * 64
+        hdr = proto.CaisHeader(group_id=group_id, seq_num=seq, payload_len=len(payload), flags=proto.Flags.RESULT)
+        cais = proto.build_frame(hdr, payload)[proto.ETH_HEADER_BYTES:]    # the header and payload only
+        pkt = (Ether(dst=proto.mac_to_str(proto.result_mac(group_id)), src=proto.mac_to_str(proto.SWITCH_MAC_DEFAULT))
+               / Dot1AD(vlan=10) / Dot1Q(vlan=20, type=proto.ETHERTYPE) / Raw(cais))
+        out.append(bytes(pkt))
+    return out
+
+
+def run(tmp_path, attacker_frames: list[bytes], offload: str):
+    """Two ranks of one job on ports 0 and 1 all-reduce while port 2 sends `attacker_frames` over and over;
+    returns (rank outputs, the daemon's stats, frames the attacker sent)."""
+    require_root()
+    cluster = Cluster(3, tmp_path)
+    stop = tmp_path / "stop"
+    try:
+        cluster.create()
+        cluster.start_switch([])
+        attacker = cluster._spawn(cluster.rank_ns[2], ["-c", ATTACKER, ",".join(f.hex() for f in attacker_frames),
+                                                      f"{cluster.tag}h2", str(stop)],
+                                  dict(os.environ), tmp_path / "attacker.log")
+        deadline = time.monotonic() + 30
+        while not _arrived(_daemon_stats(cluster)):
+            assert attacker.poll() is None, (tmp_path / "attacker.log").read_text()
+            assert time.monotonic() < deadline, "the attacker's frames never reached the switch"
+            time.sleep(0.05)
+        procs = []
+        for i in range(2):
+            env = {**os.environ, "CAIS_RANK": str(i), "CAIS_WORLD_SIZE": "2", "CAIS_IFACE": f"{cluster.tag}h{i}",
+                   "CAIS_SWITCH": cluster.control, "CAIS_CONTROLLER": cluster.controller,
+                   "CAIS_TEST_OFFLOAD": offload, "ELEMENTS": str(ELEMENTS), "ITERATIONS": str(ITERATIONS)}
+            procs.append(cluster._spawn(cluster.rank_ns[i], ["-c", RANK], env, tmp_path / f"rank{i}.log"))
+        for p in procs:
+            p.wait(120)
+        stats = _daemon_stats(cluster)
+        stop.touch()
+        attacker.wait(30)
+        outs = []
+        for i in range(2):
+            text = (tmp_path / f"rank{i}.log").read_text()
+            lines = [line for line in text.splitlines() if line.startswith("{")]
+            assert lines, text[-3000:]
+            outs.append(json.loads(lines[-1]))
+        sent = int((tmp_path / "attacker.log").read_text().split()[-1])
+        return outs, stats, sent
+    finally:
+        stop.touch()
+        cluster.close()
+
+
+def _arrived(stats: dict) -> bool:
+    """Port 2's frames reach the daemon (taken, or refused for their tags)."""
+    return stats["frames_in"][2] + stats.get("tagged_drops", [0] * 3)[2] > 0
+
+
+def _daemon_stats(cluster) -> dict:
+    conn = connect(cluster.control, timeout=10, name="switch")
+    try:
+        return conn.request("stats")
+    finally:
+        conn.close()
+
+
+def test_qinq_result_from_a_foreign_port_changes_no_result(tmp_path):
+    """H1: RESULT frames of the job's group in two VLAN tags (802.1ad outside, 802.1Q inside), source the
+    switch's MAC, sent from port 2 before and while two ranks all-reduce. Each tag a veth strips used to
+    leave a plain frame for the next hop, and the ranks took the attacker's 5000s. Now the daemon refuses
+    every one of them (counted per port in its stats) and nothing forged reaches a rank: every result is
+    the exact sum (numpy), on the switch path."""
+    frames = qinq_results(1, range(0, 4 * ITERATIONS * ELEMENTS // 64), FORGED)
+    outs, stats, sent = run(tmp_path, frames, "always")
+    for i in range(ITERATIONS):
+        want = (np.full(ELEMENTS, 1 + i, np.int32) + np.full(ELEMENTS, 2 + i, np.int32)).tolist()
+        for out in outs:
+            assert out["results"][i] == want, f"rank {out['rank']} iteration {i}: {out['results'][i][:4]}..."
+            assert out["paths"][i] == "switch"
+    assert stats["tagged_drops"][2] > 0 and stats["tagged_drops"][:2] == [0, 0], stats
+    assert sent >= stats["tagged_drops"][2]
+    for out in outs:
+        assert out["refused"]["tagged"] == 0 and out["refused"]["result_source"] == 0, out["refused"]
