@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from cais import protocol as proto
+from cais.comm import host_mac
 from cais.cluster import Cluster
 from cais.endpoint import connect
 from netns import require_root
@@ -73,7 +74,7 @@ def qinq_results(group_id: int, seqs, value: int) -> list[bytes]:
     return out
 
 
-def run(tmp_path, attacker_frames: list[bytes], offload: str):
+def run(tmp_path, attacker_frames: list[bytes], offload: str, elements: int = ELEMENTS, token: str | None = None):
     """Two ranks of one job on ports 0 and 1 all-reduce while port 2 sends `attacker_frames` over and over;
     returns (rank outputs, the daemon's stats, frames the attacker sent)."""
     require_root()
@@ -94,7 +95,10 @@ def run(tmp_path, attacker_frames: list[bytes], offload: str):
         for i in range(2):
             env = {**os.environ, "CAIS_RANK": str(i), "CAIS_WORLD_SIZE": "2", "CAIS_IFACE": f"{cluster.tag}h{i}",
                    "CAIS_SWITCH": cluster.control, "CAIS_CONTROLLER": cluster.controller,
-                   "CAIS_TEST_OFFLOAD": offload, "ELEMENTS": str(ELEMENTS), "ITERATIONS": str(ITERATIONS)}
+                   "CAIS_TEST_OFFLOAD": offload, "ELEMENTS": str(elements), "ITERATIONS": str(ITERATIONS)}
+            env.pop("CAIS_TOKEN", None)
+            if token is not None:
+                env["CAIS_TOKEN"] = token
             procs.append(cluster._spawn(cluster.rank_ns[i], ["-c", RANK], env, tmp_path / f"rank{i}.log"))
         for p in procs:
             p.wait(120)
@@ -144,3 +148,40 @@ def test_qinq_result_from_a_foreign_port_changes_no_result(tmp_path):
     assert sent >= stats["tagged_drops"][2]
     for out in outs:
         assert out["refused"]["tagged"] == 0 and out["refused"]["result_source"] == 0, out["refused"]
+
+
+RING_ELEMENTS = 64       # a block of 32 int32 per rank of two: one fragment per ring step
+
+
+def forged_ring_data(src: int, dst: int, group_id: int, op_seqs, value: int) -> list[bytes]:
+    """Host-ring DATA frames of every step of a 2-rank ring for collectives `op_seqs`, every element
+    `value`, claiming `src` (a rank's MAC) as their source (built with scapy)."""
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
+    payload = int(value).to_bytes(4, "big") * (RING_ELEMENTS // 2)
+    out = []
+    for op_seq in op_seqs:
+        for step in (0, 1):
+            hdr = proto.HostHeader(kind=proto.HostKind.DATA, group_id=group_id, op_seq=op_seq, step=step, frag=0,
+                                   frags=1, length=len(payload))
+            pkt = Ether(dst=proto.mac_to_str(dst), src=proto.mac_to_str(src), type=proto.HOST_ETHERTYPE) \
+                / Raw(hdr.pack() + payload)
+            out.append(bytes(pkt))
+    return out
+
+
+def test_ring_data_spoofing_rank_0_from_a_third_port_is_refused(tmp_path):
+    """H2: from port 2, host-ring DATA frames that claim rank 0's MAC, addressed to rank 1, for the first
+    collectives of the world group, sent before and while the two ranks all-reduce on the host ring. The
+    switch forwards them to rank 1 by their destination (it binds no source MAC to a port yet), and rank 1
+    used to take them first. Now the ranks seal their host frames under the job's key (they share the
+    token) and rank 1 refuses every unsealed one (counted): both ranks get the exact sum (numpy)."""
+    frames = forged_ring_data(host_mac(0), host_mac(1), 1, range(16), 1000)
+    outs, stats, sent = run(tmp_path, frames, "never", RING_ELEMENTS, token="t" * 32)
+    for i in range(ITERATIONS):
+        want = (np.full(RING_ELEMENTS, 1 + i, np.int32) + np.full(RING_ELEMENTS, 2 + i, np.int32)).tolist()
+        for out in outs:
+            assert out["results"][i] == want, f"rank {out['rank']} iteration {i}: {out['results'][i][:4]}..."
+            assert out["paths"][i] == "ring"
+    assert stats["frames_in"][2] > 0, stats
+    assert outs[1]["refused"]["ring_seal"] > 0, outs[1]["refused"]
