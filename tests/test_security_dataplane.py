@@ -185,3 +185,66 @@ def test_ring_data_spoofing_rank_0_from_a_third_port_is_refused(tmp_path):
             assert out["paths"][i] == "ring"
     assert stats["frames_in"][2] > 0, stats
     assert outs[1]["refused"]["ring_seal"] > 0, outs[1]["refused"]
+
+
+def test_seal_against_a_hand_computed_hmac():
+    """cais.seal: the tag is HMAC-SHA256 (hashlib, computed here) under HMAC(token, label + job), after the
+    payload; opening gives the frame back as build_host_frame made it; any changed byte, another job's
+    key, a missing tag or a frame too short for its header is refused and counted; CAIS frames pass."""
+    import hashlib
+    import hmac
+
+    from cais.seal import SEAL_BYTES, FrameSeal
+    hdr = proto.HostHeader(kind=proto.HostKind.DATA, group_id=3, op_seq=7, step=1, frag=0, frags=1, length=8)
+    frame = proto.build_host_frame(hdr, bytes(range(8)), dst=host_mac(1), src=host_mac(0))
+    seal = FrameSeal.for_job("secret", "jobA")
+    sealed = seal.seal(frame)
+    key = hmac.new(b"secret", b"cais host frames v1\0jobA", hashlib.sha256).digest()
+    body = frame[:30 + 8]
+    assert sealed[:38] == body and sealed[38:38 + SEAL_BYTES] == hmac.new(key, body, hashlib.sha256).digest()[:16]
+    assert len(sealed) == 60 and seal.open(sealed) == frame and seal.refused == 0
+    for at in (0, 6, 11, 17, 31, 38, 53):           # dst, src MAC, op_seq, payload, the tag itself
+        bad = bytearray(sealed)
+        bad[at] ^= 1
+        assert seal.open(bytes(bad)) is None, at
+    assert FrameSeal.for_job("secret", "jobB").open(sealed) is None
+    assert seal.open(frame) is None                 # unsealed: 22 pad bytes of zeros are no tag
+    short = proto.build_host_frame(hdr.__class__(length=200), b"", dst=host_mac(1), src=host_mac(0))
+    assert seal.open(short) is None and seal.refused == 1 + 7 + 1
+    cais_frame = proto.build_frame(proto.CaisHeader(payload_len=4), bytes(4), pad=True)
+    assert seal.seal(cais_frame) == cais_frame and seal.open(cais_frame) == cais_frame
+
+
+def test_raw_port_refuses_tagged_frames(tmp_path):
+    """RawPort on one end of a veth pair; from the other end (scapy-built frames): an 802.1Q frame, a
+    priority-tagged one (VLAN 0), a QinQ one, a frame whose EtherType is still 0x8100 inside an outer
+    802.1ad tag... each refused and counted; the plain frame sent last is the only one returned."""
+    from scapy.layers.l2 import Dot1AD, Dot1Q, Ether
+    from scapy.packet import Raw
+    from netns import namespace, run_probe, veth
+    cais_body = proto.build_frame(proto.CaisHeader(payload_len=4), bytes(4))[proto.ETH_HEADER_BYTES:]
+    eth = dict(dst="02:00:00:00:01:01", src="02:00:00:00:01:00")
+    tagged = [Ether(**eth) / Dot1Q(vlan=5, type=proto.ETHERTYPE) / Raw(cais_body),
+              Ether(**eth) / Dot1Q(vlan=0, prio=3, type=proto.ETHERTYPE) / Raw(cais_body),
+              Ether(**eth) / Dot1AD(vlan=1) / Dot1Q(vlan=2, type=proto.ETHERTYPE) / Raw(cais_body),
+              Ether(**eth) / Dot1Q(vlan=1) / Dot1Q(vlan=2) / Dot1Q(vlan=3, type=proto.ETHERTYPE) / Raw(cais_body)]
+    plain = bytes(Ether(**eth, type=proto.ETHERTYPE) / Raw(cais_body))
+    probe = r"""
+import select, socket, sys, time
+from cais.rawsock import RawPort
+port = RawPort(sys.argv[2])
+tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+tx.bind((sys.argv[1], 0))
+for h in sys.argv[3].split(","):
+    tx.send(bytes.fromhex(h))
+got, end = [], time.monotonic() + 20
+while not got and time.monotonic() < end:
+    select.select([port.sock], [], [], 1.0)
+    got += port.recv_all()
+print(port.tagged, ",".join(f.hex() for f in got))
+"""
+    with namespace() as ns:
+        veth(ns, "ta", "tb")
+        out = run_probe(ns, probe, "ta", "tb", ",".join(bytes(p).hex() for p in tagged + [plain]))
+    count, frames = out.split()
+    assert int(count) == len(tagged) and [bytes.fromhex(h) for h in frames.split(",")] == [plain]
