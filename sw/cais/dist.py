@@ -173,6 +173,7 @@ class ProcessGroup:
         # host frames sealed under the job's key when the ranks share the token (cais.seal)
         self._seal = FrameSeal.for_job(token, self.job) if token else None
         self._seal_bytes = SEAL_BYTES if token else 0
+        self._warned: set[str] = set()
         self.controller = _ControllerView(bool(hello["float_units"]))
         self._world_group = group_from_dict(hello["world"])
         self.controller.groups[self._world_group.group_id] = self._world_group
@@ -408,19 +409,32 @@ class ProcessGroup:
         if len(frame) < proto.ETH_HEADER_BYTES:
             return None
         ethertype, src = int.from_bytes(frame[12:14], "big"), int.from_bytes(frame[6:12], "big")
+        why = None
         if ethertype == proto.ETHERTYPE:
             result = len(frame) >= proto.HEADERS_BYTES and proto.CaisHeader.unpack(
                 frame[proto.ETH_HEADER_BYTES:]).flags & proto.Flags.RESULT
             if src != self.switch_mac if result else src not in self._job_macs:
-                self._refused["result_source" if result else "cais_source"] += 1
-                return None
+                why = "result_source" if result else "cais_source"
         elif ethertype == proto.HOST_ETHERTYPE:
             if src not in self._job_macs:
-                self._refused["ring_source"] += 1
-                return None
-            if self._seal is not None:
-                return self._seal.open(frame)
-        return frame
+                why = "ring_source"
+            elif self._seal is not None:
+                opened = self._seal.open(frame)
+                if opened is None:
+                    self._warn_refused("ring_seal", src)
+                return opened
+        if why is None:
+            return frame
+        self._refused[why] += 1
+        self._warn_refused(why, src)
+        return None
+
+    def _warn_refused(self, why: str, src: int) -> None:
+        """Log the first refusal of each kind (the counters count them all)."""
+        if why not in self._warned:
+            self._warned.add(why)
+            log.warning("rank %d: refused a frame from %s (%s); further ones are counted, not logged",
+                        self.rank, proto.mac_to_str(src), why)
 
     @property
     def frames_refused(self) -> dict[str, int]:
