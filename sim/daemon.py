@@ -24,7 +24,7 @@ lines, one request per line (docs/driver.md, "The switch daemon")::
     {"op": "write", "reg": "SWITCH_MAC_LO", "value": 1}
     {"op": "write", "reg": "RULE_SLOTS", "fields": {"base": 0, "count_log2": 5}}
     {"op": "info"}       -> params, clock_hz, backend, interfaces, cycle
-    {"op": "stats"}      -> frames in and out per port, fault injection counts
+    {"op": "stats"}      -> frames in and out per port, tagged frames refused per port, fault counts
     {"op": "fault", "port": 1, "drop": 0.05}   (replaces the port's faults; all rates 0 turns them off)
 
 ``--fault PORT:drop=R[,duplicate=R][,reorder=R][,seed=N]`` injects seeded faults on a port's wires, both
@@ -247,6 +247,8 @@ class SwitchDaemon:
         Port p's interface.
     frames_in, frames_out : list[int]
         Frames taken from / transmitted on each interface.
+    tagged_drops : list[int]
+        Frames refused on each interface for an 802.1Q/802.1ad tag (never handed to the switch).
     """
 
     def __init__(self, interfaces: list[str], params: SwitchParams, *, backend: str = "model",
@@ -276,6 +278,7 @@ class SwitchDaemon:
         self.pcaps: list[PcapWriter | None] = [None] * n
         self.sel = selectors.DefaultSelector()
         self.frames_in, self.frames_out = [0] * n, [0] * n
+        self.tagged_drops = [0] * n
         self.link_down, self.link_up, self.down_drops = [0] * n, [0] * n, [0] * n
         self._next_check = 0.0
         try:
@@ -424,11 +427,15 @@ class SwitchDaemon:
         now = time.monotonic()
         if self.ports[p] is None:
             return
+        raw = self.ports[p]
+        tagged = raw.tagged
         try:
-            frames = self.ports[p].recv_all()
+            frames = raw.recv_all()
         except OSError as e:
             self._port_down(p, os.strerror(e.errno) if e.errno else str(e))
             return
+        finally:
+            self.tagged_drops[p] += raw.tagged - tagged   # the port may be opened anew: the total is kept here
         for frame in frames:
             if len(frame) < 14:
                 continue
@@ -473,6 +480,7 @@ class SwitchDaemon:
             if op == "stats":
                 return {"ok": True, "frames_in": self.frames_in, "frames_out": self.frames_out,
                         "send_drops": [port.send_drops if port else 0 for port in self.ports],
+                        "tagged_drops": self.tagged_drops,
                         "ports_up": [port is not None for port in self.ports],
                         "link_down": self.link_down, "link_up": self.link_up, "down_drops": self.down_drops,
                         "faults": {str(p): f.stats for p, f in self.faults.items()}}

@@ -30,7 +30,7 @@ def test_a_reset_mid_collective_is_repaired_by_the_controller(backend):
 def test_without_the_epoch_check_the_reset_is_not_repaired(monkeypatch):
     """The same run with the controller blind to the reset: the rules are gone, the chunks after the reset
     are dropped (NO_RULE) and the ranks fall back to the host ring; check_reset says so."""
-    async def blind(self, now):
+    async def blind(self, now, epoch=None):
         return False
     monkeypatch.setattr(Controller, "check_reset", blind)
     s = run_backend("model", SwitchParams(ports=4), "cais.sim.scale:reset_job", dict(RESET, retry_limit=4))

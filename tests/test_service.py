@@ -5,9 +5,11 @@ bad requests and arguments that are refused and change nothing."""
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -541,3 +543,134 @@ def test_metrics_listener_serves_metrics_only_with_the_token_optional_when_asked
             assert http(svc, "GET", "/v1/stats", token=None)[0] == 401          # the API: the token, always
         finally:
             svc.close()
+
+
+class StallingProxy:
+    """A control-socket proxy in front of cais-switch that holds the reply to one chosen request until the
+    test releases it (a switch that answers late), then delivers it on the connection it came in on."""
+
+    def __init__(self, target: str, path: str):
+        import queue
+        self._queue = queue.Queue
+        self.target, self.match = target, None
+        self.holding, self.release, self.late_sent = threading.Event(), threading.Event(), threading.Event()
+        self.delivered: list[dict] = []            # requests whose reply reached the client, in order
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(path)
+        self.server.listen(8)
+        self._socks = [self.server]
+        threading.Thread(target=self._accept, daemon=True, name="proxy-accept").start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            up.connect(self.target)
+            self._socks += [client, up]
+            pending = self._queue()
+            threading.Thread(target=self._requests, args=(client, up, pending), daemon=True).start()
+            threading.Thread(target=self._replies, args=(client, up, pending), daemon=True).start()
+
+    def _requests(self, client, up, pending):
+        try:
+            for line in client.makefile("rb"):
+                pending.put(json.loads(line))
+                up.sendall(line)
+            up.shutdown(socket.SHUT_WR)        # the daemon answers what it has, then closes
+        except OSError:
+            pass
+
+    def _replies(self, client, up, pending):
+        try:
+            for line in up.makefile("rb"):
+                req = pending.get()
+                held = self.match is not None and self.match(req)
+                if held:
+                    self.match = None
+                    self.holding.set()
+                    self.release.wait()
+                try:
+                    client.sendall(line)
+                    if not held:
+                        self.delivered.append(req)
+                except OSError:
+                    pass                        # the client hung up meanwhile
+                if held:
+                    self.late_sent.set()
+        except OSError:
+            pass
+        finally:
+            client.close()
+            up.close()
+
+    def close(self):
+        self.release.set()
+        for s in self._socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def _wait(cond, what, deadline_s=60.0):
+    deadline = time.monotonic() + deadline_s
+    while not cond():
+        assert time.monotonic() < deadline, f"no {what} within {deadline_s} s"
+        time.sleep(0.01)
+
+
+def test_switch_link_survives_a_late_reply_and_metrics_answer_while_it_stalls(switch, tmp_path):
+    """Issue 29 M1. The switch's control endpoint (through a proxy) holds one EPOCH read. While it is held,
+    /metrics answers (the evaluation's switch reads are made without the service lock): the scrape returns
+    while the held read has neither been answered nor timed out. Then a read is held past the link's
+    timeout and answered late: the link drops that connection, so the late reply is never taken for another
+    request's; no false "switch reset noticed", the evaluation loop goes on (the failure counted), and
+    collectives decided before and after go on the same sequence numbers."""
+    sock, _ = switch
+    proxy = StallingProxy(sock, str(tmp_path / "proxy.sock"))
+    svc = start(str(tmp_path / "proxy.sock"), tmp_path)
+    link, ctl = svc.coordinator.link, svc.controller
+    epoch = ctl.regs["EPOCH"].address()
+    is_epoch_read = lambda req: req.get("op") == "read" and req.get("addr") == epoch    # noqa: E731
+    try:
+        conns = rank_clients(svc, tmp_path)
+        for r, c in enumerate(conns):
+            c.request("hello", rank=r, world_size=4)
+        chunks = -(-1000 // 256)
+        seqs = [one_collective(conns, 1, 0)["seq_base"]]
+        # a stall, no timeout: /metrics answers while the read is held
+        link.timeout = 600.0
+        proxy.match = is_epoch_read
+        _wait(proxy.holding.is_set, "held EPOCH read")
+        status, body = http(svc, "GET", "/metrics")
+        assert status == 200 and "cais_evaluation_errors_total 0.0" in body.decode()
+        assert not proxy.late_sent.is_set() and link.failures == 0 and svc.evaluation_errors == 0
+        proxy.release.set()
+        _wait(proxy.late_sent.is_set, "reply to the held read")
+        # a stall past the link's timeout, then the late reply
+        proxy.holding.clear(), proxy.release.clear(), proxy.late_sent.clear()
+        link.timeout = 0.3
+        proxy.match = is_epoch_read
+        _wait(proxy.holding.is_set, "held EPOCH read")
+        _wait(lambda: link.failures >= 1 and svc.evaluation_errors >= 1, "timed-out evaluation")
+        link.timeout = 60.0
+        proxy.release.set()
+        _wait(proxy.late_sent.is_set, "late reply")
+        n = len(proxy.delivered)
+        _wait(lambda: sum(map(is_epoch_read, proxy.delivered[n:])) >= 3, "three evaluations after the late reply")
+        assert ctl.resets == 0 and not [e for _, e in ctl.events if "reset" in e], ctl.events
+        assert link.reconnects >= 1
+        assert any(t.name == "cais-evaluate" and t.is_alive() for t in threading.enumerate())
+        for op in range(1, 4):
+            d = one_collective(conns, 1, op)
+            assert d["offload"] and d["path"] == "switch"
+            seqs.append(d["seq_base"])
+        assert seqs == [seqs[0] + i * chunks for i in range(4)]
+        status, body = http(svc, "GET", "/metrics")
+        assert status == 200 and f"cais_evaluation_errors_total {float(svc.evaluation_errors)}" in body.decode()
+    finally:
+        svc.close()
+        proxy.close()

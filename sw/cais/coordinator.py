@@ -59,9 +59,9 @@ from .allreduce import CollectiveKind
 from .comm import host_mac
 from .config import Config
 from .controller import Controller, GroupInfo
+from .controller.switch import ControlLink
 from .endpoint import EndpointError, JsonLines, connect, listen, parse_address
 from .link import run_sync
-from .params import SwitchParams
 
 __all__ = ["ControlLink", "Coordinator", "Job", "DEFAULT_JOB", "group_to_dict", "group_from_dict", "kind_to_dict",
            "kind_from_dict"]
@@ -110,44 +110,6 @@ class Job:
     @property
     def state(self) -> str:
         return "failing" if self.dead else "running" if self.live else "idle"
-
-
-class ControlLink:
-    """The register half of :class:`cais.link.SwitchLink` over a switch's control endpoint.
-
-    Its coroutines never suspend (blocking socket calls), so :func:`cais.link.run_sync` runs them. ``cycle``
-    is wall time in switch clock cycles: the controller's timers are real time here.
-
-    Members
-    -------
-    params : SwitchParams
-        As the switch reports them (``info``).
-    clock_hz : float
-    """
-
-    def __init__(self, address: str, *, timeout: float = 10.0, retry_for: float = 0.0):
-        self._conn = connect(address, timeout=timeout, retry_for=retry_for, name="switch control endpoint")
-        info = self._conn.request("info")
-        self.params = SwitchParams(**info["params"])
-        self.clock_hz = float(info["clock_hz"])
-        self.backend = info.get("backend", "?")
-        self._t0 = time.monotonic()
-        self._lock = threading.Lock()
-
-    @property
-    def cycle(self) -> int:
-        return int((time.monotonic() - self._t0) * self.clock_hz)
-
-    async def read(self, addr: int) -> int:
-        with self._lock:
-            return int(self._conn.request("read", addr=int(addr))["value"])
-
-    async def write(self, addr: int, value: int) -> None:
-        with self._lock:
-            self._conn.request("write", addr=int(addr), value=int(value))
-
-    def close(self) -> None:
-        self._conn.close()
 
 
 def kind_to_dict(kind: CollectiveKind) -> dict:

@@ -53,7 +53,8 @@ from .forward import ForwardGather
 from .numerics import native_dtype
 from .params import SwitchParams
 from .rawsock import RawPort
-from .ring import RingAllReduce
+from .ring import DEFAULT_MAX_PAYLOAD, RingAllReduce
+from .seal import SEAL_BYTES, FrameSeal
 
 __all__ = ["init", "is_initialized", "destroy_process_group", "new_group", "get_rank", "get_world_size",
            "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "synchronize",
@@ -164,6 +165,15 @@ class ProcessGroup:
         self._next_op: dict[int, int] = {}     # group -> op_seq after the last decision this rank got
         self.rejoins = 0                        # controller restarts this rank went through
         self.params = SwitchParams(**hello["params"])
+        # where frames may come from (_admit): the controller leaves SWITCH_MAC at its reset value
+        self.switch_mac = proto.SWITCH_MAC_DEFAULT
+        self._job_macs = frozenset(self._mac_of(r) for r in range(world_size))
+        self._refused: collections.Counter = collections.Counter(dict.fromkeys(
+            ("result_source", "cais_source", "ring_source"), 0))
+        # host frames sealed under the job's key when the ranks share the token (cais.seal)
+        self._seal = FrameSeal.for_job(token, self.job) if token else None
+        self._seal_bytes = SEAL_BYTES if token else 0
+        self._warned: set[str] = set()
         self.controller = _ControllerView(bool(hello["float_units"]))
         self._world_group = group_from_dict(hello["world"])
         self.controller.groups[self._world_group.group_id] = self._world_group
@@ -352,13 +362,13 @@ class ProcessGroup:
             k = op.ckind
             op.engine = RingAllReduce(index, macs, op.group.group_id, op.seq, op.data, k.op, self.mac,
                                       self.config.timeout_s, now=now, dtype=k.dtype, saturate=k.saturate,
-                                      reduce_scatter=True)
+                                      reduce_scatter=True, max_payload=DEFAULT_MAX_PAYLOAD - self._seal_bytes)
             op.state, op.work.path = "ring", "ring"
             self._replay(op.engine, now)
         else:
             via_switch = op.group.offloadable and self.config.offload != "never"
             chunk = self.params.max_payload if via_switch else proto.MAX_FRAME_BYTES - proto.ETH_HEADER_BYTES \
-                - proto.HOST_HEADER_BYTES
+                - proto.HOST_HEADER_BYTES - self._seal_bytes
             op.engine = ForwardGather(index, macs, op.group.group_id, op.seq, op.sizes, op.senders,
                                       op.data.tobytes(), chunk_bytes=chunk, timeout_s=self.config.timeout_s,
                                       retry_limit=max(self.config.retry_limit, 12), via_switch=via_switch,
@@ -376,7 +386,8 @@ class ProcessGroup:
         op.engine = RingAllReduce(op.group.ranks.index(self.rank), [self._mac_of(r) for r in op.group.ranks],
                                   op.group.group_id, ring_op_id(op.seq, op.epoch), op.data, k.op, self.mac,
                                   self.config.timeout_s, now=now, dtype=k.dtype, saturate=k.saturate,
-                                  reproducible=k.reproducible, acc_fp32=k.acc_fp32, fold_order=order)
+                                  reproducible=k.reproducible, acc_fp32=k.acc_fp32, fold_order=order,
+                                  max_payload=DEFAULT_MAX_PAYLOAD - self._seal_bytes)
         op.state, op.work.path, op.on_ring, op.next_poll = "ring", "ring", True, now + STATUS_S
         self._replay(op.engine, now)
 
@@ -387,6 +398,52 @@ class ProcessGroup:
             if now - t <= STASH_S and not engine.receive(frame, now):
                 keep.append((t, frame))
         self._stash = keep
+
+    def _admit(self, frame: bytes) -> bytes | None:
+        """A received frame as the engines may see it, or None (docs/protocol.md, "Threat model"): a CAIS
+        result only from the switch's MAC, any other CAIS frame (host-path broadcast through the switch)
+        and a host frame only from a host of this job, a host frame sealed under the job's key when the
+        ranks have the token (:mod:`cais.seal`; the tag is taken off here). The engines then check the
+        exact peer (the ring takes DATA only from its predecessor, ACKs only from its successor). Tagged
+        frames never get here (:class:`~cais.rawsock.RawPort`). Refusals are counted (``frames_refused``)."""
+        if len(frame) < proto.ETH_HEADER_BYTES:
+            return None
+        ethertype, src = int.from_bytes(frame[12:14], "big"), int.from_bytes(frame[6:12], "big")
+        why = None
+        if ethertype == proto.ETHERTYPE:
+            result = len(frame) >= proto.HEADERS_BYTES and proto.CaisHeader.unpack(
+                frame[proto.ETH_HEADER_BYTES:]).flags & proto.Flags.RESULT
+            if src != self.switch_mac if result else src not in self._job_macs:
+                why = "result_source" if result else "cais_source"
+        elif ethertype == proto.HOST_ETHERTYPE:
+            if src not in self._job_macs:
+                why = "ring_source"
+            elif self._seal is not None:
+                opened = self._seal.open(frame)
+                if opened is None:
+                    self._warn_refused("ring_seal", src)
+                return opened
+        if why is None:
+            return frame
+        self._refused[why] += 1
+        self._warn_refused(why, src)
+        return None
+
+    def _warn_refused(self, why: str, src: int) -> None:
+        """Log the first refusal of each kind (the counters count them all)."""
+        if why not in self._warned:
+            self._warned.add(why)
+            log.warning("rank %d: refused a frame from %s (%s); further ones are counted, not logged",
+                        self.rank, proto.mac_to_str(src), why)
+
+    @property
+    def frames_refused(self) -> dict[str, int]:
+        """Frames this rank refused, by reason: ``tagged`` (an 802.1Q/802.1ad tag), ``result_source`` (a
+        CAIS result not from the switch's MAC), ``cais_source`` (another CAIS frame from no host of the job),
+        ``ring_source`` (a host frame from no host of the job), ``ring_seal`` (a host frame whose seal is
+        missing or wrong)."""
+        return {"tagged": self.port.tagged, **self._refused,
+                "ring_seal": self._seal.refused if self._seal is not None else 0}
 
     def _mac_of(self, rank: int) -> int:
         """The MAC address of this job's rank `rank`: its host's (job ranks and hosts differ when many
@@ -545,7 +602,7 @@ class ProcessGroup:
 
     def _send(self, frames) -> None:
         for frame in frames:
-            self.port.send(frame)
+            self.port.send(self._seal.seal(frame) if self._seal is not None else frame)
 
     def _wait(self, op: _Op | None, now: float) -> None:
         deadlines = [now + (POLL_S if op is not None and op.state in ("decide", "settle") else STATUS_S)]
@@ -563,6 +620,9 @@ class ProcessGroup:
         if self.port.sock in ready:
             now = time.monotonic()
             for frame in self.port.recv_all():
+                frame = self._admit(frame)
+                if frame is None:
+                    continue
                 if not any(e.receive(frame, now) for e in engines):
                     # a peer may already send a collective this rank has not started: kept for a moment
                     self._stash.append((now, frame))

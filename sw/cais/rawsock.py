@@ -4,6 +4,11 @@ Used by the switch daemon (one :class:`RawPort` per switch port) and by a rank's
 Needs Linux and CAP_NET_RAW (root). The socket is bound to one interface and every EtherType, put in
 promiscuous mode (a rank's frames carry the driver's MAC addresses, not the interface's), and skips the
 copies of its own transmissions the kernel hands back to packet sockets.
+
+Tagged frames are refused and counted (``tagged``), never returned: the kernel strips a frame's outer
+802.1Q/802.1ad tag before packet sockets see it and reports it only in PACKET_AUXDATA, so a tag-stacked
+(QinQ) frame would otherwise look like a plain one at each hop that strips a tag (docs/protocol.md,
+"Threat model"). A frame still carrying a VLAN EtherType after the strip is refused too.
 """
 
 from __future__ import annotations
@@ -15,12 +20,16 @@ import socket
 import struct
 import time
 
-__all__ = ["RawPort", "PcapWriter", "interface_error"]
+__all__ = ["RawPort", "PcapWriter", "interface_error", "was_tagged", "VLAN_ETHERTYPES"]
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_ADD_MEMBERSHIP = 1
 PACKET_MR_PROMISC = 1
+PACKET_AUXDATA = 8
+TP_STATUS_VLAN_VALID = 1 << 4      # tpacket_auxdata.tp_status: the kernel stripped a VLAN tag (tci may be 0)
+AUXDATA = struct.Struct("=IIIHHHH")  # struct tpacket_auxdata: status, len, snaplen, mac, net, vlan_tci, vlan_tpid
+VLAN_ETHERTYPES = (0x8100, 0x88A8, 0x9100)   # 802.1Q, 802.1ad (QinQ) and the old QinQ TPID
 SEND_WAIT_S = 0.05     # how long a send waits for room in a full socket buffer
 RCVBUF = 8 << 20       # a burst of result frames must not overflow the socket while Python is busy
 
@@ -64,6 +73,8 @@ class RawPort:
         The AF_PACKET socket (non-blocking; ``fileno()`` for select).
     send_drops : int
         Frames given up because the send buffer stayed full for ``SEND_WAIT_S``.
+    tagged : int
+        Frames refused because they carried an 802.1Q/802.1ad tag (module docstring).
     """
 
     def __init__(self, name: str, pcap: "PcapWriter | None" = None, carrier_wait: float = CARRIER_WAIT_S):
@@ -80,11 +91,13 @@ class RawPort:
             self.sock.bind((name, ETH_P_ALL))
             mreq = struct.pack("iHH8s", self.ifindex, PACKET_MR_PROMISC, 0, b"")
             self.sock.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, mreq)
+            self.sock.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
         except OSError:
             self.sock.close()
             raise
         self.sock.setblocking(False)
         self.send_drops = 0          # frames given up because the send buffer stayed full
+        self.tagged = 0              # frames refused for a VLAN tag
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -114,17 +127,21 @@ class RawPort:
             self.pcap.write(frame)
 
     def recv_all(self, limit: int = 256) -> list[bytes]:
-        """The frames waiting (up to `limit`), without blocking; own transmissions skipped."""
+        """The frames waiting (up to `limit`), without blocking; own transmissions skipped, tagged frames
+        refused and counted (``tagged``; they still go to the capture, as the kernel left them)."""
         out = []
         while len(out) < limit:
             try:
-                data, addr = self.sock.recvfrom(1 << 16)
+                data, anc, _, addr = self.sock.recvmsg(1 << 16, socket.CMSG_SPACE(AUXDATA.size))
             except (BlockingIOError, InterruptedError):
                 break
             if addr[2] == socket.PACKET_OUTGOING:
                 continue
             if self.pcap:
                 self.pcap.write(data)
+            if was_tagged(data, anc):
+                self.tagged += 1
+                continue
             out.append(data)
         return out
 
@@ -133,6 +150,17 @@ class RawPort:
         self.sock.close()
         if self.pcap and pcap:
             self.pcap.close()
+
+
+def was_tagged(frame: bytes, ancillary) -> bool:
+    """Whether a received frame carried a VLAN tag: one the kernel stripped (PACKET_AUXDATA says so) or
+    one still in the frame (its EtherType is a VLAN TPID)."""
+    for level, kind, data in ancillary:
+        if level == SOL_PACKET and kind == PACKET_AUXDATA and len(data) >= AUXDATA.size:
+            status, _, _, _, _, tci, _ = AUXDATA.unpack_from(data)
+            if status & TP_STATUS_VLAN_VALID or tci:
+                return True
+    return len(frame) >= 14 and int.from_bytes(frame[12:14], "big") in VLAN_ETHERTYPES
 
 
 class PcapWriter:

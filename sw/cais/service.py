@@ -123,6 +123,7 @@ class MetricsCollector:
             stats = svc.controller.statistics
             collectives, nbytes = dict(stats.collectives), dict(stats.bytes)
             tally = dict(svc.controller.policy.tally)
+            evaluation_errors = svc.evaluation_errors
         counters = st.get("counters", {})
         g = GaugeMetricFamily("cais_sets_in_use", "Shadow sets holding a chunk (SLOTS_IN_USE)")
         g.add_metric([], counters.get("SLOTS_IN_USE", 0))
@@ -214,6 +215,10 @@ class MetricsCollector:
         g = GaugeMetricFamily("cais_slots_allocated", "Slots in the quotas of the groups and operator rules")
         g.add_metric([], slots_allocated)
         yield g
+        c = CounterMetricFamily("cais_evaluation_errors", "Periodic evaluations that failed (a switch request "
+                                "without an answer, ...); each is logged and the next one follows")
+        c.add_metric([], evaluation_errors)
+        yield c
         c = CounterMetricFamily("cais_requests_refused", "Requests refused, by endpoint and reason",
                                 labels=["endpoint", "reason"])
         for (endpoint, reason), n in sorted(refused.items()):
@@ -230,7 +235,10 @@ class ControllerService:
         The ranks' endpoint and the controller behind it.
     controller : cais.controller.Controller
     lock : threading.Condition
-        Held around every use of the controller (the coordinator's).
+        Held around every use of the controller's state (the coordinator's); the periodic evaluation's
+        switch reads are done without it (:meth:`evaluate_once`).
+    evaluation_errors : int
+        Periodic evaluations that failed (logged; the loop goes on).
     http_refused : dict[str, int]
         HTTP requests refused, by reason (token, bad_request, not_found, method, conflict, too_large).
     """
@@ -246,6 +254,7 @@ class ControllerService:
         self.controller = self.coordinator.controller
         self.lock = self.coordinator._lock
         self.http_refused: dict[str, int] = {}
+        self.evaluation_errors = 0
         self._t0 = time.monotonic()
         self.registry = CollectorRegistry()
         self.queue_hist = Histogram("cais_queue_delay_seconds", "First-chunk round trip minus the smallest",
@@ -300,11 +309,23 @@ class ControllerService:
     def _evaluate_loop(self) -> None:
         period = self.controller.config.reevaluate_interval_ms / 1000.0
         while not self._stop.wait(period):
-            try:
-                with self.lock:
-                    run_sync(self.controller.service(self.coordinator.now()))
-            except (EndpointError, OSError) as e:
-                log.error("evaluation: the switch's control endpoint: %s", e)
+            self.evaluate_once()
+
+    def evaluate_once(self) -> bool:
+        """One pass of the periodic work: the reads without the lock (a switch that answers late holds up
+        no rank request and no /metrics scrape), then the state changes under it. An error is logged and
+        counted (``evaluation_errors``), never raised: the loop goes on with the next pass."""
+        try:
+            now = self.coordinator.now()
+            pre = run_sync(self.controller.prefetch(now))
+            with self.lock:
+                run_sync(self.controller.service(now, pre))
+            return True
+        except Exception as e:      # noqa: BLE001 (any one failure: the loop must outlive it)
+            self.evaluation_errors += 1
+            what = "the switch's control endpoint" if isinstance(e, (EndpointError, OSError)) else type(e).__name__
+            log.error("evaluation failed (%s: %s); the next one follows", what, e)
+            return False
 
     def close(self) -> None:
         self._stop.set()

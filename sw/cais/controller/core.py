@@ -303,11 +303,24 @@ class Controller:
         return decision
 
     # ---------------------------------------------------------------- periodic work
-    async def service(self, now: float) -> None:
-        """Pending register work, and the periodic re-evaluation when it is due."""
+    async def prefetch(self, now: float) -> dict:
+        """The reads :meth:`service` at `now` wants (EPOCH when the reset check is due, the counters when an
+        evaluation is due), touching no state: the service does them without its lock, so a slow switch
+        holds up nobody else."""
+        pre = {}
+        if now >= self._next_epoch_check:
+            pre["EPOCH"] = await self.switch.read("EPOCH")
+        if now >= self._next_eval:
+            pre["counters"] = await self.read_counters()
+        return pre
+
+    async def service(self, now: float, pre: dict | None = None) -> None:
+        """Pending register work, and the periodic re-evaluation when it is due (`pre`: the reads of
+        :meth:`prefetch`, used instead of reading again)."""
+        pre = pre or {}
         self.registry.tick(now)
         if now >= self._next_epoch_check:          # a reset is noticed within one retransmission timeout
-            await self.check_reset(now)
+            await self.check_reset(now, pre.get("EPOCH"))
             self._next_epoch_check = now + self.config.timeout_ms / 1000.0
         await self.aging.service(now)
         reg = self.registry
@@ -327,7 +340,7 @@ class Controller:
             for group_id in ready:
                 await self.retype(group_id, self._retypes.pop(group_id))
         if now >= self._next_eval:
-            await self.evaluate(now)
+            await self.evaluate(now, pre.get("counters"))
             self._next_eval = now + self.config.reevaluate_interval_ms / 1000.0
 
     async def switch_idle(self) -> bool:
@@ -353,12 +366,12 @@ class Controller:
         self.retypes += 1
         log.debug("group %d: rule %d retyped %s -> %s", group_id, info.rule_index, old, kind)
 
-    async def check_reset(self, now: float) -> bool:
+    async def check_reset(self, now: float, epoch: int | None = None) -> bool:
         """Whether the switch was reset since it was programmed (EPOCH reads 0); if so, program it again:
         the MAC entries, and for every group its slots emptied and its rule as it was. Chunks in flight
         lost their partial sets with the reset; the drivers' retransmissions fill them again (or their
-        retries run out and they fall back to the host ring)."""
-        if await self.switch.read("EPOCH") != 0:
+        retries run out and they fall back to the host ring). `epoch`: EPOCH as just read (None: read it)."""
+        if (await self.switch.read("EPOCH") if epoch is None else epoch) != 0:
             return False
         await self._program_macs()
         await self.rules.reprogram()
@@ -376,9 +389,12 @@ class Controller:
         """The switch's counters and levels as the registers read (32 bits, wrapping)."""
         return await read_counters(self.link.read, self.regs)
 
-    async def evaluate(self, now: float) -> dict:
-        """Read the counters, update the statistics (64-bit totals), adapt the threshold, warn."""
-        st = self.statistics.evaluate(now, await self.read_counters(), self.slots_allocated)
+    async def evaluate(self, now: float, counters: dict | None = None) -> dict:
+        """Read the counters (unless given, as just read), update the statistics (64-bit totals), adapt the
+        threshold, warn."""
+        if counters is None:
+            counters = await self.read_counters()
+        st = self.statistics.evaluate(now, counters, self.slots_allocated)
         st["groups"] = {g: self.group_counters(g) for g in sorted(self.groups)}
         return st
 

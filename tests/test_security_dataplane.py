@@ -1,0 +1,250 @@
+"""Issue 29, data plane (H1): a host on a switch port cannot change another job's results with tagged frames.
+
+Everything runs in network namespaces the test creates (tests/netns.py conventions: root, fail rather
+than skip): cais-switch (the model) with three ports, two ranks of one job on ports 0 and 1, and an
+attacker on port 2 that builds its frames with scapy (an encoder independent of cais.protocol's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import numpy as np
+
+from cais import protocol as proto
+from cais.comm import host_mac
+from cais.cluster import Cluster
+from cais.endpoint import connect
+from netns import require_root
+
+ELEMENTS = 1024          # whole 256-byte chunks of int32: every forged result has the length a chunk wants
+ITERATIONS = 3
+FORGED = 5000            # the value the attacker wants in every element
+
+RANK = r"""
+import json, os, sys
+import numpy as np
+import cais
+pg = cais.init(timeout=60, offload=os.environ["CAIS_TEST_OFFLOAD"])
+r, n = pg.rank, int(os.environ["ELEMENTS"])
+out = {"rank": r, "results": [], "paths": []}
+for i in range(int(os.environ["ITERATIONS"])):
+    buf = np.full(n, r + 1 + i, np.int32)
+    work = cais.all_reduce(buf, async_op=True)
+    work.wait()
+    out["results"].append(buf.tolist())
+    out["paths"].append(work.path)
+out["refused"] = getattr(pg, "frames_refused", None)   # None before issue 29
+cais.destroy_process_group()
+print(json.dumps(out), flush=True)
+"""
+
+ATTACKER = r"""
+import os, socket, sys, time
+frames_hex, iface, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+frames = [bytes.fromhex(h) for h in frames_hex.split(",")]
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((iface, 0))
+sent, end = 0, time.monotonic() + 120          # bounded: it stops by itself
+while not os.path.exists(stop) and time.monotonic() < end:
+    for f in frames:
+        s.send(f)
+        sent += 1
+    time.sleep(0.002)
+print(sent, flush=True)
+"""
+
+
+def qinq_results(group_id: int, seqs, value: int) -> list[bytes]:
+    """RESULT frames of `group_id` for chunks `seqs`, every element `value`, inside an 802.1ad tag and an
+    802.1Q tag, source the switch's MAC (built with scapy)."""
+    from scapy.layers.l2 import Dot1AD, Dot1Q, Ether
+    from scapy.packet import Raw
+    out = []
+    for seq in seqs:
+        payload = int(value).to_bytes(4, "big") * 64
+        hdr = proto.CaisHeader(group_id=group_id, seq_num=seq, payload_len=len(payload), flags=proto.Flags.RESULT)
+        cais = proto.build_frame(hdr, payload)[proto.ETH_HEADER_BYTES:]    # the header and payload only
+        pkt = (Ether(dst=proto.mac_to_str(proto.result_mac(group_id)), src=proto.mac_to_str(proto.SWITCH_MAC_DEFAULT))
+               / Dot1AD(vlan=10) / Dot1Q(vlan=20, type=proto.ETHERTYPE) / Raw(cais))
+        out.append(bytes(pkt))
+    return out
+
+
+def run(tmp_path, attacker_frames: list[bytes], offload: str, elements: int = ELEMENTS, token: str | None = None):
+    """Two ranks of one job on ports 0 and 1 all-reduce while port 2 sends `attacker_frames` over and over;
+    returns (rank outputs, the daemon's stats, frames the attacker sent)."""
+    require_root()
+    cluster = Cluster(3, tmp_path)
+    stop = tmp_path / "stop"
+    try:
+        cluster.create()
+        cluster.start_switch([])
+        attacker = cluster._spawn(cluster.rank_ns[2], ["-c", ATTACKER, ",".join(f.hex() for f in attacker_frames),
+                                                      f"{cluster.tag}h2", str(stop)],
+                                  dict(os.environ), tmp_path / "attacker.log")
+        deadline = time.monotonic() + 30
+        while not _arrived(_daemon_stats(cluster)):
+            assert attacker.poll() is None, (tmp_path / "attacker.log").read_text()
+            assert time.monotonic() < deadline, "the attacker's frames never reached the switch"
+            time.sleep(0.05)
+        procs = []
+        for i in range(2):
+            env = {**os.environ, "CAIS_RANK": str(i), "CAIS_WORLD_SIZE": "2", "CAIS_IFACE": f"{cluster.tag}h{i}",
+                   "CAIS_SWITCH": cluster.control, "CAIS_CONTROLLER": cluster.controller,
+                   "CAIS_TEST_OFFLOAD": offload, "ELEMENTS": str(elements), "ITERATIONS": str(ITERATIONS)}
+            env.pop("CAIS_TOKEN", None)
+            if token is not None:
+                env["CAIS_TOKEN"] = token
+            procs.append(cluster._spawn(cluster.rank_ns[i], ["-c", RANK], env, tmp_path / f"rank{i}.log"))
+        for p in procs:
+            p.wait(120)
+        stats = _daemon_stats(cluster)
+        stop.touch()
+        attacker.wait(30)
+        outs = []
+        for i in range(2):
+            text = (tmp_path / f"rank{i}.log").read_text()
+            lines = [line for line in text.splitlines() if line.startswith("{")]
+            assert lines, text[-3000:]
+            outs.append(json.loads(lines[-1]))
+        sent = int((tmp_path / "attacker.log").read_text().split()[-1])
+        return outs, stats, sent
+    finally:
+        stop.touch()
+        cluster.close()
+
+
+def _arrived(stats: dict) -> bool:
+    """Port 2's frames reach the daemon (taken, or refused for their tags)."""
+    return stats["frames_in"][2] + stats.get("tagged_drops", [0] * 3)[2] > 0
+
+
+def _daemon_stats(cluster) -> dict:
+    conn = connect(cluster.control, timeout=10, name="switch")
+    try:
+        return conn.request("stats")
+    finally:
+        conn.close()
+
+
+def test_qinq_result_from_a_foreign_port_changes_no_result(tmp_path):
+    """H1: RESULT frames of the job's group in two VLAN tags (802.1ad outside, 802.1Q inside), source the
+    switch's MAC, sent from port 2 before and while two ranks all-reduce. Each tag a veth strips used to
+    leave a plain frame for the next hop, and the ranks took the attacker's 5000s. Now the daemon refuses
+    every one of them (counted per port in its stats) and nothing forged reaches a rank: every result is
+    the exact sum (numpy), on the switch path."""
+    frames = qinq_results(1, range(0, 4 * ITERATIONS * ELEMENTS // 64), FORGED)
+    outs, stats, sent = run(tmp_path, frames, "always")
+    for i in range(ITERATIONS):
+        want = (np.full(ELEMENTS, 1 + i, np.int32) + np.full(ELEMENTS, 2 + i, np.int32)).tolist()
+        for out in outs:
+            assert out["results"][i] == want, f"rank {out['rank']} iteration {i}: {out['results'][i][:4]}..."
+            assert out["paths"][i] == "switch"
+    assert stats["tagged_drops"][2] > 0 and stats["tagged_drops"][:2] == [0, 0], stats
+    assert sent >= stats["tagged_drops"][2]
+    for out in outs:
+        assert out["refused"]["tagged"] == 0 and out["refused"]["result_source"] == 0, out["refused"]
+
+
+RING_ELEMENTS = 64       # a block of 32 int32 per rank of two: one fragment per ring step
+
+
+def forged_ring_data(src: int, dst: int, group_id: int, op_seqs, value: int) -> list[bytes]:
+    """Host-ring DATA frames of every step of a 2-rank ring for collectives `op_seqs`, every element
+    `value`, claiming `src` (a rank's MAC) as their source (built with scapy)."""
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
+    payload = int(value).to_bytes(4, "big") * (RING_ELEMENTS // 2)
+    out = []
+    for op_seq in op_seqs:
+        for step in (0, 1):
+            hdr = proto.HostHeader(kind=proto.HostKind.DATA, group_id=group_id, op_seq=op_seq, step=step, frag=0,
+                                   frags=1, length=len(payload))
+            pkt = Ether(dst=proto.mac_to_str(dst), src=proto.mac_to_str(src), type=proto.HOST_ETHERTYPE) \
+                / Raw(hdr.pack() + payload)
+            out.append(bytes(pkt))
+    return out
+
+
+def test_ring_data_spoofing_rank_0_from_a_third_port_is_refused(tmp_path):
+    """H2: from port 2, host-ring DATA frames that claim rank 0's MAC, addressed to rank 1, for the first
+    collectives of the world group, sent before and while the two ranks all-reduce on the host ring. The
+    switch forwards them to rank 1 by their destination (it binds no source MAC to a port yet), and rank 1
+    used to take them first. Now the ranks seal their host frames under the job's key (they share the
+    token) and rank 1 refuses every unsealed one (counted): both ranks get the exact sum (numpy)."""
+    frames = forged_ring_data(host_mac(0), host_mac(1), 1, range(16), 1000)
+    outs, stats, sent = run(tmp_path, frames, "never", RING_ELEMENTS, token="t" * 32)
+    for i in range(ITERATIONS):
+        want = (np.full(RING_ELEMENTS, 1 + i, np.int32) + np.full(RING_ELEMENTS, 2 + i, np.int32)).tolist()
+        for out in outs:
+            assert out["results"][i] == want, f"rank {out['rank']} iteration {i}: {out['results'][i][:4]}..."
+            assert out["paths"][i] == "ring"
+    assert stats["frames_in"][2] > 0, stats
+    assert outs[1]["refused"]["ring_seal"] > 0, outs[1]["refused"]
+
+
+def test_seal_against_a_hand_computed_hmac():
+    """cais.seal: the tag is HMAC-SHA256 (hashlib, computed here) under HMAC(token, label + job), after the
+    payload; opening gives the frame back as build_host_frame made it; any changed byte, another job's
+    key, a missing tag or a frame too short for its header is refused and counted; CAIS frames pass."""
+    import hashlib
+    import hmac
+
+    from cais.seal import SEAL_BYTES, FrameSeal
+    hdr = proto.HostHeader(kind=proto.HostKind.DATA, group_id=3, op_seq=7, step=1, frag=0, frags=1, length=8)
+    frame = proto.build_host_frame(hdr, bytes(range(8)), dst=host_mac(1), src=host_mac(0))
+    seal = FrameSeal.for_job("secret", "jobA")
+    sealed = seal.seal(frame)
+    key = hmac.new(b"secret", b"cais host frames v1\0jobA", hashlib.sha256).digest()
+    body = frame[:30 + 8]
+    assert sealed[:38] == body and sealed[38:38 + SEAL_BYTES] == hmac.new(key, body, hashlib.sha256).digest()[:16]
+    assert len(sealed) == 60 and seal.open(sealed) == frame and seal.refused == 0
+    for at in (0, 6, 11, 17, 31, 38, 53):           # dst, src MAC, op_seq, payload, the tag itself
+        bad = bytearray(sealed)
+        bad[at] ^= 1
+        assert seal.open(bytes(bad)) is None, at
+    assert FrameSeal.for_job("secret", "jobB").open(sealed) is None
+    assert seal.open(frame) is None                 # unsealed: 22 pad bytes of zeros are no tag
+    short = proto.build_host_frame(hdr.__class__(length=200), b"", dst=host_mac(1), src=host_mac(0))
+    assert seal.open(short) is None and seal.refused == 1 + 7 + 1
+    cais_frame = proto.build_frame(proto.CaisHeader(payload_len=4), bytes(4), pad=True)
+    assert seal.seal(cais_frame) == cais_frame and seal.open(cais_frame) == cais_frame
+
+
+def test_raw_port_refuses_tagged_frames(tmp_path):
+    """RawPort on one end of a veth pair; from the other end (scapy-built frames): an 802.1Q frame, a
+    priority-tagged one (VLAN 0), a QinQ one, a frame whose EtherType is still 0x8100 inside an outer
+    802.1ad tag... each refused and counted; the plain frame sent last is the only one returned."""
+    from scapy.layers.l2 import Dot1AD, Dot1Q, Ether
+    from scapy.packet import Raw
+    from netns import namespace, run_probe, veth
+    cais_body = proto.build_frame(proto.CaisHeader(payload_len=4), bytes(4))[proto.ETH_HEADER_BYTES:]
+    eth = dict(dst="02:00:00:00:01:01", src="02:00:00:00:01:00")
+    tagged = [Ether(**eth) / Dot1Q(vlan=5, type=proto.ETHERTYPE) / Raw(cais_body),
+              Ether(**eth) / Dot1Q(vlan=0, prio=3, type=proto.ETHERTYPE) / Raw(cais_body),
+              Ether(**eth) / Dot1AD(vlan=1) / Dot1Q(vlan=2, type=proto.ETHERTYPE) / Raw(cais_body),
+              Ether(**eth) / Dot1Q(vlan=1) / Dot1Q(vlan=2) / Dot1Q(vlan=3, type=proto.ETHERTYPE) / Raw(cais_body)]
+    plain = bytes(Ether(**eth, type=proto.ETHERTYPE) / Raw(cais_body))
+    probe = r"""
+import select, socket, sys, time
+from cais.rawsock import RawPort
+port = RawPort(sys.argv[2])
+tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+tx.bind((sys.argv[1], 0))
+for h in sys.argv[3].split(","):
+    tx.send(bytes.fromhex(h))
+got, end = [], time.monotonic() + 20
+while not got and time.monotonic() < end:
+    select.select([port.sock], [], [], 1.0)
+    got += port.recv_all()
+print(port.tagged, ",".join(f.hex() for f in got))
+"""
+    with namespace() as ns:
+        veth(ns, "ta", "tb")
+        out = run_probe(ns, probe, "ta", "tb", ",".join(bytes(p).hex() for p in tagged + [plain]))
+    count, frames = out.split()
+    assert int(count) == len(tagged) and [bytes.fromhex(h) for h in frames.split(",")] == [plain]
