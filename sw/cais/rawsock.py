@@ -143,7 +143,8 @@ class PcapWriter:
 
     def __init__(self, path: str | os.PathLike):
         self.path = path
-        self.f = open(path, "wb")
+        from .endpoint import open_private
+        self.f = os.fdopen(open_private(path), "wb")     # 0600, no symbolic link followed
         self.f.write(struct.pack("<IHHiIII", self.MAGIC, *self.VERSION, 0, 0, self.SNAPLEN,
                                  self.LINKTYPE_ETHERNET))
         self.f.flush()
