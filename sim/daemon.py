@@ -50,6 +50,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -76,6 +77,20 @@ LINK_CHECK_S = 0.1          # how often the daemon looks at its interfaces' stat
 LOCK_DIR = "/run/cais"      # default folder of the interface (and TCP control) locks; $CAIS_LOCK_DIR
 MAX_OUTPUT = 1 << 20        # answers waiting for a control client that does not read; past it, it is dropped
 CLIENT_STALL_S = 10.0       # ... and so is one that leaves answers unread this long
+
+
+FD_RESERVE = 16             # descriptors kept free for the ports, pcaps and link checks, whatever the clients
+
+
+def _client_cap() -> int:
+    """Control clients at most: MAX_CONNECTIONS, fewer when the descriptor limit leaves less room (the
+    ports must never starve for descriptors because of control clients)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        used = 64
+    return max(1, min(MAX_CONNECTIONS, soft - used - FD_RESERVE))
 
 
 class _Client:
@@ -306,6 +321,7 @@ class SwitchDaemon:
             self.sel.register(self.control, selectors.EVENT_READ, ("listen", None))
         self._clients: dict[int, _Client] = {}
         self._accept_paused = 0.0          # while out of descriptors: when to accept again
+        self._max_clients = _client_cap()
         self.control_dropped = 0           # control clients dropped (unread answers, silence, bad lines)
         self._addr_end = max(r.address(r.count - 1) for r in self.regs) + 4
         self._stop = False
@@ -549,9 +565,9 @@ class SwitchDaemon:
                       f"the switch)")
             self._reject(conn, f"uid {uid} may not use this control endpoint (root or uid {os.geteuid()} only)")
             return
-        if len(self._clients) >= MAX_CONNECTIONS:
-            self._log(f"control: {MAX_CONNECTIONS} clients already: refused one more")
-            self._reject(conn, f"too many control clients ({MAX_CONNECTIONS})")
+        if len(self._clients) >= self._max_clients:
+            self._log(f"control: too many control clients ({self._max_clients}): refused one more")
+            self._reject(conn, f"too many control clients ({self._max_clients})")
             return
         conn.setblocking(False)
         self._clients[conn.fileno()] = _Client(conn, time.monotonic())
@@ -562,6 +578,8 @@ class SwitchDaemon:
         try:
             conn.setblocking(False)
             conn.send(json.dumps({"ok": False, "error": why}).encode() + b"\n")
+            conn.shutdown(socket.SHUT_WR)
+            conn.recv(1 << 16)        # what it sent already: closing over unread bytes would reset the answer
         except OSError:
             pass
         conn.close()

@@ -45,13 +45,13 @@ import re
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from . import cli
 from .config import Config
 from .controller import RuleConflict
 from .coordinator import Coordinator
-from .endpoint import EndpointError, parse_address, read_token
+from .endpoint import HTTP_IDLE_S, EndpointError, GuardedHTTPServer, parse_address, read_token
 from .link import run_sync
 from .protocol import DropReason
 
@@ -241,8 +241,8 @@ class ControllerService:
     # ------------------------------------------------------------------ lifecycle
     def serve(self, ranks_address: str, http_address: str) -> None:
         """Listen for ranks and for HTTP, start the periodic evaluation (returns at once)."""
-        self._http = ThreadingHTTPServer(http_target(http_address), _handler(self))
-        self._http.daemon_threads = True
+        # capped connections, idle ones closed, EMFILE survived (cais.endpoint; docs/security.md)
+        self._http = GuardedHTTPServer(http_target(http_address), _handler(self))
         self.http_port = self._http.server_address[1]
         self.coordinator.serve(ranks_address)
         for target, name in ((self._http.serve_forever, "cais-http"), (self._evaluate_loop, "cais-evaluate")):
@@ -349,6 +349,7 @@ def _handler(service: ControllerService):
     class Handler(BaseHTTPRequestHandler):
         server_version = "cais-controller"
         protocol_version = "HTTP/1.1"
+        timeout = HTTP_IDLE_S
 
         def log_message(self, fmt, *args):       # quiet: the service logs what matters
             log.debug("http: " + fmt, *args)
