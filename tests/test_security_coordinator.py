@@ -30,8 +30,8 @@ TOKEN = "s3cret-for-tests"
 
 @contextlib.contextmanager
 def coordinator(tmp_path, ranks=2, token=True):
-    """cais-switch on `ranks` veth pairs and ``python -m cais.coordinator`` on it; yields the coordinator's
-    socket path once it answers."""
+    """cais-switch on `ranks` veth pairs and ``python -m cais.coordinator`` on it (its token in CAIS_TOKEN);
+    yields (coordinator process, its socket, the switch's socket) once it answers."""
     sw_sock, coord_sock, ready = tmp_path / "sw.sock", tmp_path / "coord.sock", tmp_path / "ready"
     (tmp_path / "token").write_text(TOKEN + "\n")
     os.chmod(tmp_path / "token", 0o600)
@@ -49,9 +49,8 @@ def coordinator(tmp_path, ranks=2, token=True):
                 time.sleep(0.05)
             clog = open(tmp_path / "coord.log", "wb")
             coord = subprocess.Popen([sys.executable, "-m", "cais.coordinator", "--switch", str(sw_sock), "--listen",
-                                      str(coord_sock), "--world-size", str(ranks), "--token-file",
-                                      str(tmp_path / "token")], stdout=clog, stderr=clog, start_new_session=True,
-                                     env={"PATH": os.environ["PATH"]})
+                                      str(coord_sock), "--world-size", str(ranks)], stdout=clog, stderr=clog,
+                                     start_new_session=True, env={"PATH": os.environ["PATH"], "CAIS_TOKEN": TOKEN})
             connect(str(coord_sock), retry_for=30, token=TOKEN).close()
             yield coord, coord_sock, sw_sock
         finally:
@@ -73,12 +72,27 @@ def refused(conn, op, **fields) -> str:
 
 
 def test_coordinator_refuses_to_start_without_a_token(tmp_path):
+    """M2: ``python -m cais.coordinator`` had no token option and checked none."""
     with coordinator(tmp_path) as (_, _, sw_sock):
-        out = subprocess.run([sys.executable, "-m", "cais.coordinator", "--switch", str(sw_sock), "--listen",
-                              str(tmp_path / "other.sock"), "--world-size", "2"], capture_output=True, text=True,
-                             timeout=60, env={"PATH": os.environ["PATH"]})
-        assert out.returncode == 2 and "a token is required" in out.stderr, out.stderr
-        assert len(out.stderr.strip().splitlines()) == 1
+        (tmp_path / "empty").write_text("\n")
+        for extra, needle in (([], "a token is required"), (["--token-file", str(tmp_path / "empty")], "is empty")):
+            out = subprocess.run([sys.executable, "-m", "cais.coordinator", "--switch", str(sw_sock), "--listen",
+                                  str(tmp_path / "other.sock"), "--world-size", "2", *extra], capture_output=True,
+                                 text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+            assert out.returncode == 2 and needle in out.stderr, out.stderr
+            assert len(out.stderr.strip().splitlines()) == 1
+        # with --token-file it runs, and wants that token
+        coord = subprocess.Popen([sys.executable, "-m", "cais.coordinator", "--switch", str(sw_sock), "--listen",
+                                  str(tmp_path / "other.sock"), "--world-size", "2", "--token-file",
+                                  str(tmp_path / "token")], start_new_session=True, env={"PATH": os.environ["PATH"]},
+                                 stderr=subprocess.DEVNULL)
+        try:
+            c = connect(str(tmp_path / "other.sock"), retry_for=30, token=TOKEN)
+            assert c.request("ping")["ok"]
+            wrong = connect(str(tmp_path / "other.sock"), token="wrong")
+            assert "unauthorised" in refused(wrong, "hello", rank=0, world_size=2)
+        finally:
+            stop(coord)
 
 
 def test_a_token_holder_cannot_speak_for_another_rank(tmp_path):
@@ -101,7 +115,6 @@ def test_a_token_holder_cannot_speak_for_another_rank(tmp_path):
              "next_seq": 2 ** 32 - 6, "next_op": 0, "world": True}])
         intruder.close()
         # rank 1 is alive and well: nobody could kill it
-        time.sleep(0)
         assert r0.request("ping")["dead"] == [] and r1.request("ping")["dead"] == []
         assert coord.poll() is None
 
