@@ -485,14 +485,13 @@ def connect(address: Address | str, *, timeout: float = 10.0, retry_for: float =
 
 def read_token(path: str | None) -> str | None:
     """The controller service's shared secret: the file `path` (stripped), else ``CAIS_TOKEN``; None when
-    neither is given, ValueError when it is empty."""
+    neither is given, ValueError when it is empty. A token file other users can read is warned about (one
+    line on stderr): whoever reads it may drive the controller."""
+    mode = 0
     if path:
         with open(path) as f:
             mode = os.fstat(f.fileno()).st_mode
             text = f.read()
-        if mode & 0o077:
-            print(f"warning: the token file {path} is readable by other users (mode {stat.S_IMODE(mode):04o}): "
-                  f"chmod 600 {path}", file=sys.stderr)
     else:
         text = os.environ.get("CAIS_TOKEN")
     if text is None:
@@ -500,4 +499,7 @@ def read_token(path: str | None) -> str | None:
     text = text.strip()
     if not text:
         raise ValueError(f"the token {'in ' + path if path else 'CAIS_TOKEN'} is empty")
+    if mode & 0o077:
+        print(f"warning: the token file {path} is readable by other users (mode {stat.S_IMODE(mode):04o}): "
+              f"chmod 600 {path}", file=sys.stderr)
     return text
