@@ -27,9 +27,20 @@ lines, one request per line (docs/driver.md, "The switch daemon")::
     {"op": "stats"}      -> frames in and out per port, fault injection counts
     {"op": "fault", "port": 1, "drop": 0.05}   (replaces the port's faults; all rates 0 turns them off)
 
+The endpoint is not authenticated by a token: only root and the daemon's own user may use it. A Unix socket
+is created 0600 whatever the umask; a client on loopback TCP whose uid (``/proc/net/tcp``) is another user's
+is refused. Every field is checked (plain integers in range); a bad request is one ``ok: false`` line and the
+daemon goes on. Answers are sent without blocking: a client whose unread answers pass ``MAX_OUTPUT`` bytes,
+or stay unread ``CLIENT_STALL_S``, is dropped; so is one that sends a line longer than
+:data:`cais.endpoint.MAX_LINE` or nothing within :data:`cais.endpoint.AUTH_IDLE_S`. At most
+:data:`cais.endpoint.MAX_CONNECTIONS` clients (fewer when ``RLIMIT_NOFILE`` leaves less than
+``FD_RESERVE`` descriptors for the ports); out of descriptors, it stops accepting a moment, and frames go on
+(docs/security.md).
+
 ``--fault PORT:drop=R[,duplicate=R][,reorder=R][,seed=N]`` injects seeded faults on a port's wires, both
 directions (:class:`cais.sim.faults.FaultSpec`); ``--pcap DIR`` writes ``DIR/port<p>.pcap`` with every
-frame the port received and transmitted. Bad arguments: one line on stderr, exit status 2.
+frame the port received and transmitted (DIR made 0700, or an existing folder of this user; files 0600,
+never through a symbolic link). Bad arguments: one line on stderr, exit status 2.
 
 Links come and go: a port whose interface goes down, loses its carrier or is deleted is closed, counted
 (``link_down`` in the ``stats`` answer) and logged; frames the switch sends to it meanwhile are dropped

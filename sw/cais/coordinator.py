@@ -26,7 +26,8 @@ docs/reliability.md section 8, "The process world". Every request may carry ``jo
 
 Requests (JSON lines; every answer carries ``dead``, the job's ranks whose connection ended without ``bye``)::
 
-    hello    {rank, world_size[, job, hosts]}  -> params, clock_hz, float_units, world group, hosts
+    hello    {rank, world_size[, job, hosts]}  -> params, clock_hz, float_units, world group, hosts, session
+    attach   {session}                         a rank's second connection becomes that rank
     group    {rank, ranks, call}              -> the group, once every member asked (else an error after
                                                  the rendezvous timeout)
     decide   {group, op_seq, nbytes, kind}    -> decision or null (ask again), epoch, ranks, ports
@@ -39,8 +40,18 @@ Requests (JSON lines; every answer carries ``dead``, the job's ranks whose conne
     rejoin   {rank, world_size, groups[, job, hosts]}  after a controller restart (docs/controller.md): the groups
                                                  this rank is in, each with next_op and next_seq
 
-With a token (:class:`cais.service.ControllerService`, ``CAIS_TOKEN``), every request must carry it as
-``"token"``; one without it or with another is refused (``ok`` false) and counted in ``refused``.
+A connection is the rank that said hello on it (or rejoined, or attached with the session its hello
+answer gave): a request's ``rank`` and ``job`` must be the connection's own, and only the hello connection
+says ``bye`` (which frees the rank at once). ``rejoin`` is answered only by a coordinator started with
+``recover`` (cais-controller --recover), for a job that came back by rejoin, from a rank not back yet, with
+groups inside the switch, ``slots_per_group`` and ``sram_usage_limit``.
+
+There is always a token (``token``; ``--token-file`` or ``CAIS_TOKEN`` for ``python -m cais.coordinator``;
+rank 0 makes one when ``CAIS_TOKEN`` is unset: :func:`make_token`): every request must carry it as
+``"token"``; one without it or with another is refused (``ok`` false) and counted in ``refused``. Every
+field is a checked plain integer; lines are capped (:data:`cais.endpoint.MAX_LINE`), a connection must
+send its first request within :data:`cais.endpoint.AUTH_IDLE_S`, and at most
+:data:`cais.endpoint.MAX_CONNECTIONS` are served at once (docs/security.md).
 """
 
 from __future__ import annotations
