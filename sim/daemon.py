@@ -614,8 +614,7 @@ class SwitchDaemon:
             return
         if events & selectors.EVENT_WRITE:
             self._flush(fd)
-            if fd not in self._clients or not events & selectors.EVENT_READ:
-                return
+            return
         if client.out:                      # answers first: no new request from a client that does not read
             return
         try:
@@ -665,7 +664,8 @@ class SwitchDaemon:
         except OSError:
             self._drop_client(fd)
             return
-        want = selectors.EVENT_READ | (selectors.EVENT_WRITE if client.out else 0)
+        # answers pending: wait to write only (reading waits, and a readable socket must not spin the loop)
+        want = selectors.EVENT_WRITE if client.out else selectors.EVENT_READ
         if want != client.events:
             client.events = want
             self.sel.modify(client.sock, want, ("client", fd))
