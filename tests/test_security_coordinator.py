@@ -29,7 +29,7 @@ TOKEN = "s3cret-for-tests"
 
 
 @contextlib.contextmanager
-def coordinator(tmp_path, ranks=2, token=True):
+def coordinator(tmp_path, ranks=2, preexec_fn=None):
     """cais-switch on `ranks` veth pairs and ``python -m cais.coordinator`` on it (its token in CAIS_TOKEN);
     yields (coordinator process, its socket, the switch's socket) once it answers."""
     sw_sock, coord_sock, ready = tmp_path / "sw.sock", tmp_path / "coord.sock", tmp_path / "ready"
@@ -50,7 +50,8 @@ def coordinator(tmp_path, ranks=2, token=True):
             clog = open(tmp_path / "coord.log", "wb")
             coord = subprocess.Popen([sys.executable, "-m", "cais.coordinator", "--switch", str(sw_sock), "--listen",
                                       str(coord_sock), "--world-size", str(ranks)], stdout=clog, stderr=clog,
-                                     start_new_session=True, env={"PATH": os.environ["PATH"], "CAIS_TOKEN": TOKEN})
+                                     start_new_session=True, env={"PATH": os.environ["PATH"], "CAIS_TOKEN": TOKEN},
+                                     preexec_fn=preexec_fn)
             connect(str(coord_sock), retry_for=30, token=TOKEN).close()
             yield coord, coord_sock, sw_sock
         finally:
@@ -197,6 +198,37 @@ def test_connection_cap_and_silence_before_the_token(tmp_path):
             c.close()
         assert coord.poll() is None
         assert rank(sock, 0).request("ping")["ok"]
+
+
+def test_out_of_file_descriptors_the_coordinator_keeps_accepting(tmp_path):
+    """M5: at the descriptor limit the rank accept loop exited for good. Now it backs off and, once the
+    silent connections are closed (AUTH_IDLE_S) or go, answers again."""
+    import resource
+
+    def few_fds():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+    with coordinator(tmp_path, preexec_fn=few_fds) as (coord, sock, _):
+        conns = []
+        try:
+            for _ in range(MAX_CONNECTIONS):
+                c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                c.settimeout(2)
+                try:
+                    c.connect(str(sock))
+                except OSError:                        # the backlog is full: it stopped accepting
+                    c.close()
+                    break
+                conns.append(c)
+            deadline = time.monotonic() + 30
+            while "cannot accept" not in (tmp_path / "coord.log").read_text():
+                assert time.monotonic() < deadline and coord.poll() is None, (tmp_path / "coord.log").read_text()
+                time.sleep(0.05)
+        finally:
+            for c in conns:
+                c.close()
+        c = connect(str(sock), token=TOKEN, retry_for=30, timeout=30)
+        c.request("hello", rank=0, world_size=2)
+        assert c.request("ping")["ok"] and coord.poll() is None
 
 
 PARAMS = SwitchParams(ports=4, slots=64)
