@@ -14,8 +14,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from cais.endpoint import connect
 from cais.registers import register_map
 from cais.params import SwitchParams
