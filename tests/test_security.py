@@ -32,11 +32,12 @@ else:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("127.0.0.1", int(where)))
 s.listen(1)
+s.settimeout(3)
 print("listening", flush=True)
-conn, _ = s.accept()
-conn.settimeout(5)
 got = b""
 try:
+    conn, _ = s.accept()
+    conn.settimeout(5)
     while True:
         data = conn.recv(4096)
         if not data:
@@ -80,6 +81,28 @@ def test_token_never_goes_to_a_server_of_another_user(family):
                 thief.wait()
     finally:
         subprocess.run(["rm", "-rf", folder], check=False)
+
+
+def test_cais_cli_sends_no_token_to_another_users_http_listener():
+    """M3 for cais-cli: a non-root user listening first on the service's HTTP port got the Bearer token."""
+    uid = nonroot_uid()
+    port = _free_port()
+    thief = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", sys.executable,
+                              "-c", THIEF, "tcp", str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert thief.stdout.readline().strip() == "listening"
+        out = subprocess.run([sys.executable, "-m", "cais.admin", "--controller", f"127.0.0.1:{port}", "show-groups"],
+                             capture_output=True, text=True, timeout=60,
+                             env={"PATH": os.environ["PATH"], "CAIS_TOKEN": "the-secret"})
+        assert out.returncode != 0 and f"uid {uid}" in out.stderr and "not sending it the token" in out.stderr, \
+            out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+        got = bytes.fromhex(thief.communicate(timeout=30)[0].strip() or "")
+        assert b"the-secret" not in got
+    finally:
+        if thief.poll() is None:
+            thief.kill()
+            thief.wait()
 
 
 def test_token_goes_to_a_server_of_the_same_user(tmp_path):

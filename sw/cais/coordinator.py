@@ -78,7 +78,8 @@ from .endpoint import (AUTH_IDLE_S, EndpointError, Gate, LineBuffer, accept_back
 from .link import run_sync
 from .params import SwitchParams
 
-__all__ = ["ControlLink", "Coordinator", "Job", "DEFAULT_JOB", "token_file_for", "make_token", "read_made_token", "group_to_dict", "group_from_dict", "kind_to_dict",
+__all__ = ["ControlLink", "Coordinator", "Job", "DEFAULT_JOB", "token_file_for", "make_token", "read_made_token",
+           "group_to_dict", "group_from_dict", "kind_to_dict",
            "kind_from_dict"]
 
 log = logging.getLogger("cais.coordinator")
@@ -621,8 +622,9 @@ class Coordinator:
             count_log2 = need_int(g, "count_log2", 0, 16)
             count = 1 << count_log2
             if count > self.config.slots_per_group or base + count > usable:
-                raise ValueError(f"rejoin: group {gid}: slots {base}+{count} exceed the quota ({self.config.slots_per_group}"
-                                 f" per group, slots 0..{usable - 1} usable: sram_usage_limit)")
+                raise ValueError(f"rejoin: group {gid}: slots {base}+{count} exceed the quota "
+                                 f"({self.config.slots_per_group} per group, slots 0..{usable - 1} usable: "
+                                 f"sram_usage_limit)")
             out.update(base=base, count_log2=count_log2, rule_index=need_int(g, "rule_index", 0, params.rules - 1))
         return out
 

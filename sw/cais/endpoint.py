@@ -35,8 +35,8 @@ from http.server import ThreadingHTTPServer
 
 __all__ = ["Address", "parse_address", "JsonLines", "EndpointError", "RefusedError", "connect", "listen",
            "read_token", "MAX_LINE", "MAX_DEPTH", "MAX_CONNECTIONS", "AUTH_IDLE_S", "HTTP_IDLE_S", "LineBuffer",
-           "decode", "need_int", "peer_uid", "server_uid", "trusted_uid", "Gate", "accept_backoff",
-           "GuardedHTTPServer", "private_dir", "open_private"]
+           "decode", "need_int", "peer_uid", "server_uid", "trusted_uid", "check_listener", "Gate",
+           "accept_backoff", "GuardedHTTPServer", "private_dir", "open_private"]
 
 log = logging.getLogger("cais.endpoint")
 
@@ -197,6 +197,16 @@ def server_uid(sock: socket.socket, address: Address) -> int | None:
     if address.target[0] in ("127.0.0.1", "localhost"):
         return _proc_tcp_uid(address.target, None)
     return None
+
+
+def check_listener(host: str, port: int, name: str) -> None:
+    """Before a token goes to HOST:PORT over TCP (cais-cli's HTTP): EndpointError when the loopback
+    listener there belongs to neither root nor this user (another user listened first)."""
+    if host in ("127.0.0.1", "localhost"):
+        uid = _proc_tcp_uid((host, port), None)
+        if not trusted_uid(uid):
+            raise EndpointError(f"{name} {host}:{port}: the server there runs as uid {uid}, neither root nor this "
+                                f"user (uid {os.geteuid()}): not sending it the token")
 
 
 def trusted_uid(uid: int | None) -> bool:
