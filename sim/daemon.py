@@ -27,11 +27,22 @@ lines, one request per line (docs/driver.md, "The switch daemon")::
     {"op": "stats"}      -> frames in and out per port, tagged frames refused per port, fault counts
     {"op": "fault", "port": 1, "drop": 0.05}   (replaces the port's faults; all rates 0 turns them off)
 
+The endpoint is not authenticated by a token: only root and the daemon's own user may use it. A Unix socket
+is created 0600 whatever the umask; a client on loopback TCP whose uid (``/proc/net/tcp``) is another user's
+is refused. Every field is checked (plain integers in range); a bad request is one ``ok: false`` line and the
+daemon goes on. Answers are sent without blocking: a client whose unread answers pass ``MAX_OUTPUT`` bytes,
+or stay unread ``CLIENT_STALL_S``, is dropped; so is one that sends a line longer than
+:data:`cais.endpoint.MAX_LINE` or nothing within :data:`cais.endpoint.AUTH_IDLE_S`. At most
+:data:`cais.endpoint.MAX_CONNECTIONS` clients (fewer when ``RLIMIT_NOFILE`` leaves less than
+``FD_RESERVE`` descriptors for the ports); out of descriptors, it stops accepting a moment, and frames go on
+(docs/security.md).
+
 ``--fault PORT:drop=R[,duplicate=R][,reorder=R][,seed=N]`` injects seeded faults on a port's wires, both
 directions (:class:`cais.sim.faults.FaultSpec`); ``--pcap DIR`` writes ``DIR/port<p>.pcap`` with every
 frame the port received and transmitted, capped at ``--pcap-max-mb`` (64) per port over ``--pcap-files``
 (4) rotated files, ``port<p>.pcap`` the newest, then ``port<p>.pcap.1``, ... (the oldest frames are dropped
-first; :class:`cais.rawsock.PcapWriter`). Bad arguments: one line on stderr, exit status 2.
+first; :class:`cais.rawsock.PcapWriter`); DIR is made 0700 (or must be an existing folder of this user), the
+files 0600, never opened through a symbolic link. Bad arguments: one line on stderr, exit status 2.
 
 Links come and go: a port whose interface goes down, loses its carrier or is deleted is closed, counted
 (``link_down`` in the ``stats`` answer) and logged; frames the switch sends to it meanwhile are dropped
@@ -52,6 +63,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -60,7 +72,8 @@ import time
 from pathlib import Path
 
 from cais import cmdline
-from cais.endpoint import JsonLines, listen, parse_address
+from cais.endpoint import (AUTH_IDLE_S, MAX_CONNECTIONS, LineBuffer, accept_backoff, decode, listen, need_int,
+                           parse_address, peer_uid, private_dir, trusted_uid)
 from cais.link import run_sync
 from cais.params import SwitchParams
 from cais.rawsock import PcapWriter, RawPort, interface_error
@@ -77,6 +90,32 @@ LINK_CHECK_S = 0.1          # how often the daemon looks at its interfaces' stat
 PCAP_MAX_MB = 64            # default cap of one port's capture, MB, over PCAP_FILES rotated files
 PCAP_FILES = 4
 LOCK_DIR = "/run/cais"      # default folder of the interface (and TCP control) locks; $CAIS_LOCK_DIR
+MAX_OUTPUT = 1 << 20        # answers waiting for a control client that does not read; past it, it is dropped
+CLIENT_STALL_S = 10.0       # ... and so is one that leaves answers unread this long
+
+
+FD_RESERVE = 16             # descriptors kept free for the ports, pcaps and link checks, whatever the clients
+
+
+def _client_cap() -> int:
+    """Control clients at most: MAX_CONNECTIONS, fewer when the descriptor limit leaves less room (the
+    ports must never starve for descriptors because of control clients)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        used = 64
+    return max(1, min(MAX_CONNECTIONS, soft - used - FD_RESERVE))
+
+
+class _Client:
+    """A control connection: its partial input line, the answers it has not taken yet."""
+
+    def __init__(self, sock: socket.socket, now: float):
+        self.sock, self.seen, self.requests = sock, now, 0
+        self.lines = LineBuffer()
+        self.out = bytearray()
+        self.events = selectors.EVENT_READ
 
 
 class Busy(ValueError):
@@ -283,7 +322,7 @@ class SwitchDaemon:
         self._next_check = 0.0
         try:
             if pcap_dir:
-                Path(pcap_dir).mkdir(parents=True, exist_ok=True)
+                private_dir(pcap_dir)            # 0700, ours: captures hold every rank's payloads
                 self.pcaps = [PcapWriter(Path(pcap_dir) / f"port{p}.pcap", pcap_max_bytes, pcap_files)
                               for p in range(n)]
             for p, name in enumerate(interfaces):
@@ -300,7 +339,11 @@ class SwitchDaemon:
                 raise
             self.control.setblocking(False)
             self.sel.register(self.control, selectors.EVENT_READ, ("listen", None))
-        self._clients: dict[int, JsonLines] = {}
+        self._clients: dict[int, _Client] = {}
+        self._accept_paused = 0.0          # while out of descriptors: when to accept again
+        self._max_clients = _client_cap()
+        self.control_dropped = 0           # control clients dropped (unread answers, silence, bad lines)
+        self._addr_end = max(r.address(r.count - 1) for r in self.regs) + 4
         self._stop = False
 
     @staticmethod
@@ -445,17 +488,56 @@ class SwitchDaemon:
     # ------------------------------------------------------------------ control
     def _register(self, req: dict):
         if "reg" in req:
-            reg = self.regs[str(req["reg"])]
-            index = int(req.get("index", 0))
-            if not 0 <= index < reg.count:
-                raise ValueError(f"{reg.name}: index {index} out of range 0..{reg.count - 1}")
+            name = req["reg"]
+            if not isinstance(name, str):
+                raise ValueError(f"reg={str(name)[:40]!r}: must be a register name (a string)")
+            reg = self.regs[name]
+            index = need_int(req, "index", 0, reg.count - 1, default=0)
             return reg, reg.address(index)
         if "addr" in req:
-            return None, int(req["addr"])
+            addr = need_int(req, "addr", 0, self._addr_end - 4)
+            if addr % 4:
+                raise ValueError(f"addr={addr:#x}: not a multiple of 4")
+            return None, addr
         raise ValueError("a register request needs 'reg' (a name) or 'addr' (a byte address)")
 
+    def _write_value(self, req: dict, reg) -> int:
+        if "fields" not in req:
+            return need_int(req, "value", 0, (1 << 32) - 1)
+        if reg is None:
+            raise ValueError("'fields' needs a register name ('reg')")
+        fields = req["fields"]
+        if not isinstance(fields, dict):
+            raise ValueError("'fields' must be an object of field name -> integer")
+        values = {str(k): need_int(fields, k, 0, (1 << 32) - 1) for k in fields}
+        value = reg.pack(**values)
+        if not 0 <= value < 1 << 32:
+            raise ValueError(f"value {value:#x} does not fit 32 bits")
+        return value
+
+    def _fault(self, req: dict) -> dict:
+        from .faults import FaultSpec
+        port = need_int(req, "port", 0, len(self.ports) - 1)
+        rates = {}
+        for k in ("drop", "duplicate", "reorder"):
+            if k in req:
+                v = req[k]
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                    raise ValueError(f"{k}={str(v)[:40]}: must be a probability in [0, 1]")
+                rates[k] = float(v)
+        if "seed" in req:
+            rates["seed"] = need_int(req, "seed", 0, (1 << 63) - 1)
+        spec = FaultSpec(ports=(port,), **rates)
+        old = self.faults.get(port)
+        if old is not None:                  # what the old faults held goes on now
+            self._in(port, old.release_all("ingress"))
+            self._out(port, old.release_all("egress"))
+        self.faults[port] = PortFaults(spec)
+        return {"ok": True}
+
     def handle(self, req: dict) -> dict:
-        """One control request -> its answer (exceptions become ``ok: false``)."""
+        """One control request -> its answer. Every field is checked (plain integers in range); anything
+        wrong is ``ok: false`` with one line, and nothing a request does stops the daemon."""
         op = req.get("op")
         try:
             if op == "read":
@@ -463,14 +545,7 @@ class SwitchDaemon:
                 return {"ok": True, "value": run_sync(self.link.read(addr))}
             if op == "write":
                 reg, addr = self._register(req)
-                if "fields" in req:
-                    if reg is None:
-                        raise ValueError("'fields' needs a register name ('reg')")
-                    value = reg.pack(**{str(k): int(v) for k, v in req["fields"].items()})
-                else:
-                    value = int(req["value"])
-                if not 0 <= value < 1 << 32:
-                    raise ValueError(f"value {value:#x} does not fit 32 bits")
+                value = self._write_value(req, reg)
                 run_sync(self.link.write(addr, value))
                 return {"ok": True}
             if op == "info":
@@ -483,20 +558,10 @@ class SwitchDaemon:
                         "tagged_drops": self.tagged_drops,
                         "ports_up": [port is not None for port in self.ports],
                         "link_down": self.link_down, "link_up": self.link_up, "down_drops": self.down_drops,
+                        "control_dropped": self.control_dropped,
                         "faults": {str(p): f.stats for p, f in self.faults.items()}}
             if op == "fault":
-                from .faults import FaultSpec
-                port = int(req["port"])
-                if not 0 <= port < len(self.ports):
-                    raise ValueError(f"port {port}: not one of 0..{len(self.ports) - 1}")
-                spec = FaultSpec(ports=(port,), **{k: req[k] for k in ("drop", "duplicate", "reorder", "seed")
-                                                   if k in req})
-                old = self.faults.get(port)
-                if old is not None:                  # what the old faults held goes on now
-                    self._in(port, old.release_all("ingress"))
-                    self._out(port, old.release_all("egress"))
-                self.faults[port] = PortFaults(spec)
-                return {"ok": True}
+                return self._fault(req)
             if op == "counters":
                 out = {}
                 for reg in self.regs:
@@ -504,25 +569,68 @@ class SwitchDaemon:
                         vals = [run_sync(self.link.read(reg.address(i))) for i in range(reg.count)]
                         out[reg.name] = vals if reg.count > 1 else vals[0]
                 return {"ok": True, "counters": out}
-            raise ValueError(f"unknown op {op!r} (read, write, info, stats, counters)")
+            raise ValueError(f"unknown op {str(op)[:40]!r} (read, write, info, stats, counters, fault)")
         except KeyError as e:
-            return {"ok": False, "error": str(e.args[0]) if e.args else "missing field"}
-        except (ValueError, TypeError) as e:
-            return {"ok": False, "error": str(e)}
+            return {"ok": False, "error": str(e.args[0])[:200] if e.args else "missing field"}
+        except (ValueError, TypeError, OverflowError) as e:
+            return {"ok": False, "error": str(e)[:200]}
+        except RecursionError:
+            return {"ok": False, "error": "request nested too deeply"}
 
     def _accept(self) -> None:
-        try:
-            conn, _ = self.control.accept()
-        except BlockingIOError:
+        got = accept_backoff(self.control, "cais-switch control")
+        if got is None:                    # out of descriptors: no accepting for a moment, frames go on
+            self.sel.unregister(self.control)
+            self._accept_paused = time.monotonic() + 0.5
+            return
+        conn, _ = got
+        uid = peer_uid(conn)
+        if not trusted_uid(uid):
+            self._log(f"control: refused a client of uid {uid} (only root and uid {os.geteuid()} may program "
+                      f"the switch)")
+            self._reject(conn, f"uid {uid} may not use this control endpoint (root or uid {os.geteuid()} only)")
+            return
+        if len(self._clients) >= self._max_clients:
+            self._log(f"control: too many control clients ({self._max_clients}): refused one more")
+            self._reject(conn, f"too many control clients ({self._max_clients})")
             return
         conn.setblocking(False)
-        client = JsonLines(conn, None, name="control client")
-        conn.setblocking(False)
-        self._clients[conn.fileno()] = client
+        self._clients[conn.fileno()] = _Client(conn, time.monotonic())
         self.sel.register(conn, selectors.EVENT_READ, ("client", conn.fileno()))
 
-    def _serve(self, fd: int) -> None:
-        client = self._clients[fd]
+    @staticmethod
+    def _reject(conn: socket.socket, why: str) -> None:
+        try:
+            conn.setblocking(False)
+            conn.send(json.dumps({"ok": False, "error": why}).encode() + b"\n")
+            conn.shutdown(socket.SHUT_WR)
+            conn.recv(1 << 16)        # what it sent already: closing over unread bytes would reset the answer
+        except OSError:
+            pass
+        conn.close()
+
+    def _drop_client(self, fd: int, why: str = "") -> None:
+        client = self._clients.pop(fd, None)
+        if client is None:
+            return
+        if why:
+            self.control_dropped += 1
+            self._log(f"control: dropped a client: {why}")
+        try:
+            self.sel.unregister(client.sock)
+        except (KeyError, ValueError):
+            pass
+        client.sock.close()
+
+    def _serve(self, fd: int, events: int = selectors.EVENT_READ) -> None:
+        client = self._clients.get(fd)
+        if client is None:
+            return
+        if events & selectors.EVENT_WRITE:
+            self._flush(fd)
+            return
+        if client.out:                      # answers first: no new request from a client that does not read
+            return
         try:
             data = client.sock.recv(1 << 16)
         except (BlockingIOError, InterruptedError):
@@ -530,27 +638,63 @@ class SwitchDaemon:
         except OSError:
             data = b""
         if not data:
-            self.sel.unregister(client.sock)
-            client.close()
-            del self._clients[fd]
+            self._drop_client(fd)
             return
-        client._buf += data
-        while b"\n" in client._buf:
-            line, client._buf = client._buf.split(b"\n", 1)
+        client.seen = time.monotonic()
+        try:
+            lines = client.lines.feed(data)
+        except ValueError as e:
+            client.out += json.dumps({"ok": False, "error": f"bad request: {e}"}).encode() + b"\n"
+            self._flush(fd)
+            self._drop_client(fd, str(e))
+            return
+        for line in lines:
+            client.requests += 1
             try:
-                req = json.loads(line)
-                if not isinstance(req, dict):
-                    raise ValueError("a request is a JSON object")
-                reply = self.handle(req)
+                reply = self.handle(decode(line))
             except ValueError as e:
                 reply = {"ok": False, "error": f"bad request: {e}"}
-            self._pump()        # a register write may have released frames (none today; cheap)
-            client.sock.setblocking(True)
-            try:
-                client.send(reply)
-            except OSError:
-                pass
-            client.sock.setblocking(False)
+            except Exception as e:          # a bug must cost one request, never the daemon  # noqa: BLE001
+                self._log(f"control: a request failed: {type(e).__name__}: {e}")
+                reply = {"ok": False, "error": f"internal error ({type(e).__name__})"}
+            client.out += json.dumps(reply, separators=(",", ":")).encode() + b"\n"
+            if len(client.out) > MAX_OUTPUT:
+                self._drop_client(fd, f"it does not read its answers ({len(client.out)} bytes waiting)")
+                return
+        self._pump()        # a register write may have released frames (none today; cheap)
+        self._flush(fd)
+
+    def _flush(self, fd: int) -> None:
+        """Send what the socket takes now; wait for it to be writable for the rest (never block)."""
+        client = self._clients.get(fd)
+        if client is None:
+            return
+        try:
+            while client.out:
+                sent = client.sock.send(client.out)
+                del client.out[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._drop_client(fd)
+            return
+        # answers pending: wait to write only (reading waits, and a readable socket must not spin the loop)
+        want = selectors.EVENT_WRITE if client.out else selectors.EVENT_READ
+        if want != client.events:
+            client.events = want
+            self.sel.modify(client.sock, want, ("client", fd))
+
+    def _check_clients(self, now: float) -> None:
+        """Close clients silent past their limit (a first request within AUTH_IDLE_S, answers read within
+        CLIENT_STALL_S); resume accepting after an EMFILE pause."""
+        for fd, client in list(self._clients.items()):
+            if client.requests == 0 and now - client.seen > AUTH_IDLE_S:
+                self._drop_client(fd, f"no request within {AUTH_IDLE_S:g} s")
+            elif client.out and now - client.seen > CLIENT_STALL_S:
+                self._drop_client(fd, f"its answers unread for {CLIENT_STALL_S:g} s")
+        if self._accept_paused and now >= self._accept_paused:
+            self._accept_paused = 0.0
+            self.sel.register(self.control, selectors.EVENT_READ, ("listen", None))
 
     # ------------------------------------------------------------------ loop
     def stop(self, *_):
@@ -558,20 +702,21 @@ class SwitchDaemon:
 
     def run(self) -> None:
         while not self._stop:
-            for key, _ in self.sel.select(timeout=0.0005 if self._holding() else 0.2):
+            for key, events in self.sel.select(timeout=0.0005 if self._holding() else 0.2):
                 kind, arg = key.data
                 if kind == "port":
                     self._receive(arg)
                 elif kind == "listen":
                     self._accept()
                 else:
-                    self._serve(arg)
+                    self._serve(arg, events)
             # every interface once more (frames that came while the others were served), then drain
             for p in range(len(self.ports)):
                 self._receive(p)
             self._release_held()
             self._pump()
             self._check_links(time.monotonic())
+            self._check_clients(time.monotonic())
 
     def close(self) -> None:
         for port in getattr(self, "ports", []):
@@ -581,7 +726,7 @@ class SwitchDaemon:
             if pcap is not None:
                 pcap.close()
         for client in getattr(self, "_clients", {}).values():
-            client.close()
+            client.sock.close()
         if getattr(self, "control", None) is not None:
             self.control.close()
             if self.control_address.family == socket.AF_UNIX:

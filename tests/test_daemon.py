@@ -107,7 +107,7 @@ def test_daemon_on_veth_pairs(tmp_path):
     assert out["id"] == register_map(params)["ID"].reset
     assert out["mac_lo"] == 0x1234 and out["by_addr"] == 0x1234
     assert "no register named 'NOPE'" in out["unknown"]
-    assert "index 7 out of range" in out["index"]
+    assert "index=7: not in 0..2" in out["index"]
     assert "unknown op" in out["bad_op"]
     assert out["bad_json"]["ok"] is False and "bad request" in out["bad_json"]["error"]
     assert out["flood"] == [False, True, True]          # broadcast: every port but the ingress

@@ -26,9 +26,9 @@ def coordinator(tmp_path):
     daemon = SwitchDaemon([], SwitchParams(ports=4), control=sock)
     loop = threading.Thread(target=daemon.run, daemon=True, name="switch-loop")
     loop.start()
-    coord = Coordinator(sock, 4, Config(offload="always"))
+    coord = Coordinator(sock, 4, Config(offload="always"), token="t")
     coord.serve(str(tmp_path / "coord.sock"))
-    conns = [connect(str(tmp_path / "coord.sock"), name="rank") for _ in range(4)]
+    conns = [connect(str(tmp_path / "coord.sock"), name="rank", token="t") for _ in range(4)]
     for r, c in enumerate(conns):
         c.request("hello", rank=r, world_size=4)
     try:

@@ -205,6 +205,7 @@ def test_catalogue_of_bad_requests_changes_nothing(switch, tmp_path):
     try:
         conns = rank_clients(svc, tmp_path)
         conns[0].request("hello", rank=0, world_size=4)
+        conns[1].request("hello", rank=1, world_size=4)    # (a connection silent for 10 s is closed)
         assert cli(svc, "add-rule", "7", "--group", "200", "--contributors", "2,3", "--base", "56").returncode == 0
         writes = []
         real = daemon.handle
@@ -273,14 +274,16 @@ def test_catalogue_of_bad_requests_changes_nothing(switch, tmp_path):
             raw.send(req)
             ans = raw.recv()
             assert not ans["ok"] and "unauthorised" in ans["error"] and "CAIS_TOKEN" in ans["error"]
-        for req, needle in [({"op": "decide", "group": 99, "op_seq": 0, "nbytes": 4, "kind": kind_to_dict(CollectiveKind())},
-                             "no such group"),
-                            ({"op": "finished", "rank": 0, "group": 1, "op_seq": 5}, "not decided"),
-                            ({"op": "hello", "rank": 9, "world_size": 4}, "not in 0..3"),
-                            ({"op": "hello", "rank": 0, "world_size": 4}, "joined twice"),
-                            ({"op": "nope"}, "unknown op")]:
+        fresh = connect(str(tmp_path / "ctl.sock"), name="rank", token=TOKEN)
+        for conn, req, needle in [
+                (conns[1], {"op": "decide", "group": 99, "op_seq": 0, "nbytes": 4, "kind": kind_to_dict(CollectiveKind())},
+                 "no such group"),
+                (conns[1], {"op": "finished", "rank": 1, "group": 1, "op_seq": 5}, "not decided"),
+                (fresh, {"op": "hello", "rank": 9, "world_size": 4}, "not in 0..3"),
+                (fresh, {"op": "hello", "rank": 0, "world_size": 4}, "joined twice"),
+                (conns[1], {"op": "nope"}, "unknown op")]:
             with pytest.raises(EndpointError, match=needle):
-                conns[1].request(req["op"], **{k: v for k, v in req.items() if k != "op"})
+                conn.request(req["op"], **{k: v for k, v in req.items() if k != "op"})
         raw.sock.sendall(b"[1, 2]\n")
         assert "JSON object" in raw.recv()["error"]
         assert state(svc) == before and writes == []            # nothing changed, nothing written

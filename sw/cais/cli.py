@@ -108,10 +108,21 @@ class Client:
         address = address.removeprefix("http://").removeprefix("tcp:").rstrip("/")
         self.base, self.token, self.timeout = f"http://{address}", token, timeout
 
+    def _check_owner(self) -> None:
+        """The token goes only to a service of root or this user (docs/security.md)."""
+        from .endpoint import EndpointError, check_listener
+        host, _, port = self.base.removeprefix("http://").rpartition(":")
+        try:
+            if port.isdigit():
+                check_listener(host, int(port), "cais-controller at")
+        except EndpointError as e:
+            raise ServiceError(str(e)) from None
+
     def request(self, method: str, path: str, body: dict | None = None, raw: bool = False):
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.base + path, data=data, method=method)
         if self.token:
+            self._check_owner()
             req.add_header("Authorization", f"Bearer {self.token}")
         if data is not None:
             req.add_header("Content-Type", "application/json")

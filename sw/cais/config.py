@@ -8,6 +8,7 @@ A bad value is refused with :class:`ConfigError`, whose message names the key an
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -75,14 +76,14 @@ class Config:
         types = {"chunk_size": int, "retry_limit": int, "max_pending_chunks": int, "slots_per_group": int,
                  "controller_port": int, "controller_address": str, "offload": str, "float_mode": str,
                  "accumulate": str, "reproducible": bool, "saturate": bool}
-        names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+        names = {int: "an integer", float: "a finite number", str: "a string", bool: "true or false"}
         for f in fields(self):
             value = getattr(self, f.name)
             want = types.get(f.name, float)
             if want is bool:
                 ok = isinstance(value, bool)
             elif want is float:
-                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             else:
                 ok = isinstance(value, want) and not isinstance(value, bool)
             need(ok, f.name, f"must be {names[want]}")
@@ -114,7 +115,13 @@ class Config:
                 raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
             except tomllib.TOMLDecodeError as e:
                 raise ConfigError(f"{path}: not valid TOML: {e}") from None
-            values.update(doc.get("cais", doc))
+            except RecursionError:
+                raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
+            table = doc.get("cais", doc)
+            if not isinstance(table, dict):
+                raise ConfigError(f"{path}: [cais] must be a table of settings, not {type(table).__name__} "
+                                  f"{str(table)[:40]}")
+            values.update(table)
         values.update(overrides)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)

@@ -26,7 +26,8 @@ docs/reliability.md section 8, "The process world". Every request may carry ``jo
 
 Requests (JSON lines; every answer carries ``dead``, the job's ranks whose connection ended without ``bye``)::
 
-    hello    {rank, world_size[, job, hosts]}  -> params, clock_hz, float_units, world group, hosts
+    hello    {rank, world_size[, job, hosts]}  -> params, clock_hz, float_units, world group, hosts, session
+    attach   {session}                         a rank's second connection becomes that rank
     group    {rank, ranks, call}              -> the group, once every member asked (else an error after
                                                  the rendezvous timeout)
     decide   {group, op_seq, nbytes, kind}    -> decision or null (ask again), epoch, ranks, ports
@@ -39,14 +40,27 @@ Requests (JSON lines; every answer carries ``dead``, the job's ranks whose conne
     rejoin   {rank, world_size, groups[, job, hosts]}  after a controller restart (docs/controller.md): the groups
                                                  this rank is in, each with next_op and next_seq
 
-With a token (:class:`cais.service.ControllerService`, ``CAIS_TOKEN``), every request must carry it as
-``"token"``; one without it or with another is refused (``ok`` false) and counted in ``refused``.
+A connection is the rank that said hello on it (or rejoined, or attached with the session its hello
+answer gave): a request's ``rank`` and ``job`` must be the connection's own, and only the hello connection
+says ``bye`` (which frees the rank at once). ``rejoin`` is answered only by a coordinator started with
+``recover`` (cais-controller --recover), for a job that came back by rejoin, from a rank not back yet, with
+groups inside the switch, ``slots_per_group`` and ``sram_usage_limit``.
+
+There is always a token (``token``; ``--token-file`` or ``CAIS_TOKEN`` for ``python -m cais.coordinator``;
+rank 0 makes one when ``CAIS_TOKEN`` is unset: :func:`make_token`): every request must carry it as
+``"token"``; one without it or with another is refused (``ok`` false) and counted in ``refused``. Every
+field is a checked plain integer; lines are capped (:data:`cais.endpoint.MAX_LINE`), a connection must
+send its first request within :data:`cais.endpoint.AUTH_IDLE_S`, and at most
+:data:`cais.endpoint.MAX_CONNECTIONS` are served at once (docs/security.md).
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import logging
+import os
+import secrets
 import socket
 import sys
 import threading
@@ -60,10 +74,12 @@ from .comm import host_mac
 from .config import Config
 from .controller import Controller, GroupInfo
 from .controller.switch import ControlLink
-from .endpoint import EndpointError, JsonLines, connect, listen, parse_address
+from .endpoint import (AUTH_IDLE_S, EndpointError, Gate, LineBuffer, accept_backoff, connect, decode, listen,
+                       need_int, open_private, parse_address, read_token)
 from .link import run_sync
 
-__all__ = ["ControlLink", "Coordinator", "Job", "DEFAULT_JOB", "group_to_dict", "group_from_dict", "kind_to_dict",
+__all__ = ["ControlLink", "Coordinator", "Job", "DEFAULT_JOB", "token_file_for", "make_token", "read_made_token",
+           "group_to_dict", "group_from_dict", "kind_to_dict",
            "kind_from_dict"]
 
 log = logging.getLogger("cais.coordinator")
@@ -71,6 +87,8 @@ log = logging.getLogger("cais.coordinator")
 RENDEZVOUS_S = 60.0      # new_group waits this long for every member
 DEFAULT_JOB = "default"  # the job of a rank that names none
 JOB_HISTORY = 64         # ended jobs kept for show-jobs
+MAX_RANKS = 1 << 16      # bound of a rank number or world size in a request
+MAX_SEQ = (1 << 32) - 1  # bound of op_seq, next_seq, nbytes, call, epoch (32-bit fields)
 
 
 @dataclass
@@ -96,6 +114,8 @@ class Job:
     left: set = field(default_factory=set)
     dead: set = field(default_factory=set)
     groups: list = field(default_factory=list)
+    sessions: dict = field(default_factory=dict)  # rank -> the secret its second connection attaches with
+    rejoined: bool = False                        # came back by rejoin after a controller restart
     calls: dict = field(default_factory=dict)     # (ranks, call) -> rendezvous entry of new_group
 
     def host(self, rank: int) -> int:
@@ -112,14 +132,64 @@ class Job:
         return "failing" if self.dead else "running" if self.live else "idle"
 
 
+def token_file_for(address: str) -> str:
+    """Where rank 0 leaves the token it made when ``CAIS_TOKEN`` is unset, for the other ranks of the same
+    user on the same machine: ``<socket>.token`` beside a Unix socket, else
+    ``~/.cache/cais/coordinator-<host>-<port>.token``."""
+    addr = parse_address(address)
+    if addr.family == socket.AF_UNIX:
+        return addr.target + ".token"
+    host, port = addr.target
+    return os.path.join(os.path.expanduser("~"), ".cache", "cais", f"coordinator-{host}-{port}.token")
+
+
+def make_token(address: str) -> str:
+    """Rank 0 without ``CAIS_TOKEN``: a fresh token, written 0600 to :func:`token_file_for` and put in this
+    process's environment (``CAIS_TOKEN``), so that its children and the same user's ranks find it."""
+    token = secrets.token_hex(16)
+    path = token_file_for(address)
+    if parse_address(address).family != socket.AF_UNIX:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with os.fdopen(open_private(path), "w") as f:
+        f.write(token + "\n")
+    os.environ["CAIS_TOKEN"] = token
+    return token
+
+
+def read_made_token(address: str) -> str:
+    """The token rank 0 made (:func:`make_token`), read once rank 0 listens; ValueError when the file is
+    missing, or not private to root or this user."""
+    path = token_file_for(address)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise ValueError(f"no CAIS_TOKEN, and rank 0's token file {path} cannot be read ({e.strerror}): set "
+                         f"CAIS_TOKEN to the same secret on every rank") from None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o077:
+            raise ValueError(f"{path}: owned by uid {st.st_uid} with mode {st.st_mode & 0o777:04o}: not a token "
+                             f"rank 0 made (root's or this user's, 0600); set CAIS_TOKEN instead")
+        token = f.read().strip()
+    if not token:
+        raise ValueError(f"{path}: empty")
+    return token
+
+
 def kind_to_dict(kind: CollectiveKind) -> dict:
     return {"dtype": int(kind.dtype), "op": int(kind.op), "acc_fp32": kind.acc_fp32, "saturate": kind.saturate,
             "reproducible": kind.reproducible}
 
 
 def kind_from_dict(d: dict) -> CollectiveKind:
-    return CollectiveKind.make(proto.DType(d["dtype"]), proto.ReduceOp(d["op"]), acc_fp32=d["acc_fp32"],
-                               saturate=d["saturate"], reproducible=d["reproducible"])
+    if not isinstance(d, dict):
+        raise ValueError("kind: an object {dtype, op, acc_fp32, saturate, reproducible}")
+    flags = {k: d.get(k) for k in ("acc_fp32", "saturate", "reproducible")}
+    bad = [k for k, v in flags.items() if not isinstance(v, bool)]
+    if bad:
+        raise ValueError(f"kind: {', '.join(bad)} must be true or false")
+    return CollectiveKind.make(proto.DType(need_int(d, "dtype", 0, 255)), proto.ReduceOp(need_int(d, "op", 0, 255)),
+                               **flags)
 
 
 def group_to_dict(info: GroupInfo) -> dict:
@@ -163,7 +233,10 @@ class Coordinator:
         self._running: dict[int, tuple[int, set]] = {}   # group -> (latest collective, hosts that finished it)
         self._lock = threading.Condition()
         self._t0 = time.monotonic()
+        if not token:
+            raise ValueError("the coordinator needs a token (CAIS_TOKEN, --token-file): every rank sends it")
         self.token = token
+        self.restarted = recover          # rejoin is accepted only after a restart (--recover)
         self.refused: dict[str, int] = {"token": 0, "invalid": 0}   # requests refused, by reason
         run_sync(self.controller.start())
         self.jobs: dict[str, Job] = {}
@@ -175,6 +248,7 @@ class Coordinator:
         self._server: socket.socket | None = None
         self._threads: list[threading.Thread] = []
         self._closing = False
+        self._gate = Gate()
 
     def now(self) -> float:
         return time.monotonic() - self._t0
@@ -255,10 +329,11 @@ class Coordinator:
         return {"jobs": running, "ended": list(self.ended)}
 
     def _hello(self, req: dict, conn_state: dict) -> dict:
-        rank, size = int(req["rank"]), int(req["world_size"])
+        if conn_state.get("rank") is not None:
+            raise ValueError(f"hello: this connection is already rank {conn_state['rank']}")
+        size = need_int(req, "world_size", 1, MAX_RANKS)
+        rank = need_int(req, "rank", 0, size - 1)
         name = self._job_name(req, conn_state)
-        if not 0 <= rank < size:
-            raise ValueError(f"rank {rank}: not in 0..{size - 1}")
         if size > self.world_size:
             raise ValueError(f"rank {rank} says world_size={size}; the coordinator has {self.world_size} hosts")
         hosts = self._hosts(req, name, size)
@@ -270,22 +345,32 @@ class Coordinator:
             job = None
         if job is None:
             job = self._new_job(name, hosts)
-        if rank in job.joined:
+        if rank in job.live:
             raise ValueError(f"job {name!r}: rank {rank} joined twice (its first connection is still open)")
+        if rank in job.dead:
+            raise ValueError(f"job {name!r}: rank {rank} died; the job goes on without it")
+        return dict(self._join(job, rank, conn_state), params=self.link.params.as_dict(),
+                    clock_hz=self.link.clock_hz, float_units=self.controller.float_units, world=job.local(job.world),
+                    backend=self.link.backend, job=name, hosts=list(job.hosts))
+
+    def _join(self, job: Job, rank: int, conn_state: dict) -> dict:
+        """This connection is now rank `rank` of `job` (its end without bye: the rank died); a fresh session
+        secret lets the rank's second connection attach to it."""
         job.joined.add(rank)
         job.live.add(rank)
-        conn_state["rank"], conn_state["job"] = rank, name
-        return {"params": self.link.params.as_dict(), "clock_hz": self.link.clock_hz,
-                "float_units": self.controller.float_units, "world": job.local(job.world),
-                "backend": self.link.backend, "job": name, "hosts": list(job.hosts)}
+        job.left.discard(rank)
+        job.sessions[rank] = secrets.token_hex(16)
+        conn_state.update(rank=rank, job=job.name, owner=True)
+        return {"session": job.sessions[rank]}
 
     def _left(self, conn_state: dict) -> None:
         """A rank's hello connection ended (with bye or without): the job ends once all are gone."""
         job = self.jobs.get(conn_state.get("job"))
         rank = conn_state.get("rank")
-        if job is None or rank not in job.live:
+        if job is None or rank not in job.live or not conn_state.get("owner"):
             return
         job.live.discard(rank)
+        job.sessions.pop(rank, None)
         (job.left if conn_state.get("bye") else job.dead).add(rank)
         self._lock.notify_all()
         if not conn_state.get("bye"):
@@ -338,96 +423,176 @@ class Coordinator:
                 self._lock.wait(min(left, 1.0))
 
     # ------------------------------------------------------------------ requests
+    def _bound(self, req: dict, conn_state: dict) -> Job:
+        """The job of the rank this connection is (hello, rejoin or attach); a request's ``rank`` and
+        ``job`` must be the connection's own: a rank cannot speak for another."""
+        rank = conn_state.get("rank")
+        if rank is None:
+            raise ValueError("this connection is no rank yet: hello (or attach) first")
+        name = conn_state["job"]
+        if "job" in req and req["job"] != name:
+            raise ValueError(f"job {str(req['job'])[:64]!r}: this connection is rank {rank} of job {name!r}")
+        if "rank" in req and need_int(req, "rank", 0, MAX_RANKS) != rank:
+            raise ValueError(f"rank {req['rank']}: this connection is rank {rank} of job {name!r}")
+        job = self.jobs.get(name)
+        if job is None or rank not in job.live:
+            raise ValueError(f"job {name!r}: rank {rank} is no longer part of it")
+        return job
+
+    def _group_of(self, req: dict, job: Job) -> int:
+        gid = need_int(req, "group", 0, 255)
+        if gid not in self.controller.groups:
+            raise ValueError(f"group {gid}: no such group")
+        if gid not in job.groups:
+            raise ValueError(f"group {gid}: not a group of job {job.name!r}")
+        return gid
+
     def handle(self, req: dict, conn_state: dict) -> dict:
         op = req.get("op")
         with self._lock:
+            if op == "ping":
+                return {}
             if op == "rejoin":
                 return self._rejoin(req, conn_state)
-            if self.recovering and op not in ("ping", "bye"):
+            if op == "attach":
+                return self._attach(req, conn_state)
+            if op == "bye":
+                self._bye(conn_state)
+                return {}
+            if self.recovering:
                 raise ValueError("the controller restarted and waits for the ranks to rejoin")
             if op == "hello":
                 return self._hello(req, conn_state)
+            if op not in ("group", "decide", "finished", "fallback", "status"):
+                raise ValueError(f"unknown op {str(op)[:40]!r}")
+            job = self._bound(req, conn_state)
+            host = job.host(conn_state["rank"])
             if op == "group":
-                job = self._job(self._job_name(req, conn_state))
-                return self._group(job, int(req["rank"]), tuple(int(r) for r in req["ranks"]), int(req["call"]))
-            if op in ("decide", "finished", "fallback", "status") and "group" in req:
-                job = self._job(self._job_name(req, conn_state))
-                if int(req["group"]) not in self.controller.groups:
-                    raise ValueError(f"group {int(req['group'])}: no such group")
-                if int(req["group"]) not in job.groups:
-                    raise ValueError(f"group {int(req['group'])}: not a group of job {job.name!r}")
+                ranks = req.get("ranks")
+                if not isinstance(ranks, list) or len(ranks) > len(job.hosts):
+                    raise ValueError("group: ranks must be a list of the job's ranks")
+                ranks = tuple(need_int({"rank": r}, "rank", 0, len(job.hosts) - 1) for r in ranks)
+                return self._group(job, conn_state["rank"], ranks, need_int(req, "call", 0, MAX_SEQ))
+            g, s = self._group_of(req, job), need_int(req, "op_seq", 0, MAX_SEQ)
             if op == "decide":
                 run_sync(self.controller.service(self.now()))
-                d = self.controller.decide(int(req["group"]), int(req["op_seq"]), int(req["nbytes"]), self.now(),
-                                           kind_from_dict(req["kind"]))
+                d = self.controller.decide(g, s, need_int(req, "nbytes", 0, MAX_SEQ), self.now(),
+                                           kind_from_dict(req.get("kind")))
                 if d is None:
                     return {"decision": None}
-                g, s = int(req["group"]), int(req["op_seq"])
                 self._note(g, s)
                 return {"decision": d.as_dict(), **self._membership(job, g, s)}
             if op == "finished":
-                g, s, host = int(req["group"]), int(req["op_seq"]), job.host(int(req["rank"]))
-                if int(req.get("epoch", self.controller.op_epoch(g, s))) != self.controller.op_epoch(g, s):
+                epoch = self.controller.op_epoch(g, s)
+                if need_int(req, "epoch", 0, MAX_SEQ, default=epoch) != epoch:
                     return {}                            # a run abandoned since (ranks dropped): it does not count
                 self.controller.tick(self.now())
-                if req.get("rtt") is not None:          # the first chunk's round trip (switch path)
-                    self.controller.report_rtts([float(req["rtt"])])
+                rtt = req.get("rtt")
+                if rtt is not None:                      # the first chunk's round trip (switch path)
+                    if isinstance(rtt, bool) or not isinstance(rtt, (int, float)) or not 0 <= rtt < 3600:
+                        raise ValueError(f"rtt={str(rtt)[:40]}: a round trip in seconds (0 to 3600) or null")
+                    self.controller.report_rtts([float(rtt)])
                 self.controller.finished(host, g, s)
                 self._note(g, s, host)
                 run_sync(self.controller.service(self.now()))
                 return {}
             if op == "fallback":
-                self.controller.request_fallback(int(req["group"]), int(req["op_seq"]), job.host(int(req["rank"])),
-                                                 self.now(), str(req.get("why", "")))
+                self.controller.request_fallback(g, s, host, self.now(), str(req.get("why", ""))[:200])
                 return {}
-            if op == "status":
-                g, s = int(req["group"]), int(req["op_seq"])
-                return {"fell_back": self.controller.fell_back(g, s), "all_finished": self.controller.all_finished(g, s),
-                        **self._membership(job, g, s)}
-            if op == "bye":
-                conn_state["bye"] = True
-                return {}
-            if op == "ping":
-                return {}
-        raise ValueError(f"unknown op {op!r}")
+            return {"fell_back": self.controller.fell_back(g, s), "all_finished": self.controller.all_finished(g, s),
+                    **self._membership(job, g, s)}
+
+    def _bye(self, conn_state: dict) -> None:
+        """The rank leaves now (on its hello connection): it is free to join again at once."""
+        if not conn_state.get("owner"):
+            raise ValueError("bye: say it on the connection that said hello")
+        conn_state["bye"] = True
+        self._left(conn_state)
+        conn_state.clear()
+
+    def _attach(self, req: dict, conn_state: dict) -> dict:
+        """A rank's second connection (its control requests) becomes that rank: by the session its hello
+        answer gave, which only that rank has."""
+        if conn_state.get("rank") is not None:
+            raise ValueError(f"attach: this connection is already rank {conn_state['rank']}")
+        session = req.get("session")
+        if isinstance(session, str):
+            for job in self.jobs.values():
+                for rank, secret in job.sessions.items():
+                    if rank in job.live and hmac.compare_digest(secret.encode(), session.encode()):
+                        conn_state["rank"], conn_state["job"] = rank, job.name
+                        return {"rank": rank, "job": job.name}
+        raise ValueError("attach: no rank has that session (its hello connection closed?)")
 
     def _rejoin(self, req: dict, conn_state: dict) -> dict:
-        rank, size = int(req["rank"]), int(req["world_size"])
+        """A rank re-registers its groups after a controller restart (docs/controller.md). Accepted only by a
+        controller started with --recover, for a job that came back by rejoin, from a rank not there yet,
+        with groups inside the switch and the configured quotas (the controller checks overlaps)."""
+        if not self.restarted:
+            raise ValueError("rejoin: this controller did not restart (it was not started with --recover): "
+                             "say hello")
+        if conn_state.get("rank") is not None:
+            raise ValueError(f"rejoin: this connection is already rank {conn_state['rank']}")
+        size = need_int(req, "world_size", 1, self.world_size)
+        rank = need_int(req, "rank", 0, size - 1)
         name = self._job_name(req, conn_state)
-        if size > self.world_size or not 0 <= rank < size:
-            raise ValueError(f"rank {rank} of {size}: this controller serves {self.world_size} hosts")
         hosts = self._hosts(req, name, size)
-        groups = req["groups"]
-        if not isinstance(groups, list):
-            raise ValueError("rejoin: groups must be a list")
-        for g in groups:
-            if rank not in g["ranks"] or not all(0 <= int(r) < size for r in g["ranks"]):
-                raise ValueError(f"rejoin: rank {rank} is not in group {g['group_id']} of ranks 0..{size - 1}")
+        groups = req.get("groups")
+        if not isinstance(groups, list) or len(groups) > 255:
+            raise ValueError("rejoin: groups must be a list (at most 255)")
+        checked = [self._rejoined_group(g, rank, size) for g in groups]
         job = self.jobs.get(name)
-        if job is not None and job.hosts != hosts:
-            raise ValueError(f"job {name!r} runs on hosts {list(job.hosts)}; rank {rank} says {list(hosts)}")
-        if job is None:
+        if job is not None:
+            if not job.rejoined:
+                raise ValueError(f"rejoin: job {name!r} started after the restart: its ranks say hello")
+            if job.hosts != hosts:
+                raise ValueError(f"job {name!r} runs on hosts {list(job.hosts)}; rank {rank} says {list(hosts)}")
+            if rank in job.joined:
+                raise ValueError(f"rejoin: rank {rank} of job {name!r} already rejoined (or left)")
+        else:
             job = self._new_job(name, hosts, world=False)
-        for g in groups:
-            info = run_sync(self.controller.adopt_group(int(g["group_id"]), [hosts[int(r)] for r in g["ranks"]],
-                                                        g["base"], int(g["count_log2"]), g["rule_index"],
-                                                        int(g["next_seq"]), int(g["next_op"])))
+            job.rejoined = True
+        for g in checked:
+            info = run_sync(self.controller.adopt_group(g["group_id"], [hosts[r] for r in g["ranks"]], g["base"],
+                                                        g["count_log2"], g["rule_index"], g["next_seq"],
+                                                        g["next_op"]))
             if info.group_id not in job.groups:
                 job.groups.append(info.group_id)
             # the job's world group (it may have lost ranks that died before the restart)
-            if (g.get("world") or len(info.ranks) == size) and job.world is None:
+            if (g["world"] or len(info.ranks) == size) and job.world is None:
                 job.world = info
                 self.recovering = False
-        job.joined.add(rank)
-        job.live.add(rank)
-        job.dead.discard(rank)
-        conn_state["rank"], conn_state["job"] = rank, name
-        return {"groups": sorted(int(g["group_id"]) for g in groups)}
+        return dict(self._join(job, rank, conn_state), groups=sorted(g["group_id"] for g in checked))
+
+    def _rejoined_group(self, g, rank: int, size: int) -> dict:
+        """One group of a rejoin, every field checked: plain integers inside the switch and the quotas."""
+        if not isinstance(g, dict):
+            raise ValueError("rejoin: each group is an object")
+        gid = need_int(g, "group_id", 1, 255)
+        ranks = g.get("ranks")
+        if not isinstance(ranks, list) or not ranks or len(ranks) > size:
+            raise ValueError(f"rejoin: group {gid}: ranks must be a list of 1..{size} ranks")
+        ranks = [need_int({"rank": r}, "rank", 0, size - 1) for r in ranks]
+        if rank not in ranks or len(set(ranks)) != len(ranks):
+            raise ValueError(f"rejoin: rank {rank} is not in group {gid} of ranks 0..{size - 1} (or a rank twice)")
+        params = self.link.params
+        out = {"group_id": gid, "ranks": ranks, "world": g.get("world") is True,
+               "next_seq": need_int(g, "next_seq", 0, MAX_SEQ), "next_op": need_int(g, "next_op", 0, MAX_SEQ),
+               "base": None, "count_log2": 0, "rule_index": None}
+        if g.get("base") is not None or g.get("rule_index") is not None:
+            usable = int(self.config.sram_usage_limit * params.slots)
+            base = need_int(g, "base", 0, params.slots - 1)
+            count_log2 = need_int(g, "count_log2", 0, 16)
+            count = 1 << count_log2
+            if count > self.config.slots_per_group or base + count > usable:
+                raise ValueError(f"rejoin: group {gid}: slots {base}+{count} exceed the quota "
+                                 f"({self.config.slots_per_group} per group, slots 0..{usable - 1} usable: "
+                                 f"sram_usage_limit)")
+            out.update(base=base, count_log2=count_log2, rule_index=need_int(g, "rule_index", 0, params.rules - 1))
+        return out
 
     def authorised(self, req) -> bool:
-        """The request carries the token (always, when none is configured)."""
-        if self.token is None:
-            return True
+        """The request carries the token."""
         given = req.get("token") if isinstance(req, dict) else None
         return isinstance(given, str) and hmac.compare_digest(given.encode(), self.token.encode())
 
@@ -467,45 +632,60 @@ class Coordinator:
     def _answer(self, req: dict, state: dict) -> dict:
         try:
             return {"ok": True, **self.handle(req, state)}
-        except (KeyError, ValueError, TypeError, RuntimeError, EndpointError) as e:
+        except (KeyError, ValueError, TypeError, OverflowError, RuntimeError, EndpointError) as e:
             with self._lock:
                 self.refused["invalid"] += 1
             return {"ok": False, "error": str(e.args[0]) if isinstance(e, KeyError) else str(e)}
+        except Exception as e:     # a bug costs the request, not the rank's connection  # noqa: BLE001
+            log.exception("coordinator: request %r failed", str(req.get("op"))[:40])
+            return {"ok": False, "error": f"internal error ({type(e).__name__})"}
+
+    def _reply(self, req, state: dict) -> dict:
+        if not self.authorised(req):
+            with self._lock:
+                self.refused["token"] += 1
+            log.warning("refused a request without the controller's token (op %r)", str(req.get("op"))[:40])
+            return {"ok": False, "error": "unauthorised: missing or wrong token (set CAIS_TOKEN to the "
+                                          "controller's token, the content of its --token-file)"}
+        state["authorised"] = True
+        reply = self._answer(req, state)
+        with self._lock:
+            job = self.jobs.get(state.get("job") or DEFAULT_JOB)
+            reply["dead"] = sorted(job.dead) if job is not None else []
+        return reply
 
     def _serve_connection(self, sock: socket.socket) -> None:
-        conn = JsonLines(sock, None, name="rank connection")
-        state: dict = {}
+        """One connection: lines capped (MAX_LINE), a first authorised request within AUTH_IDLE_S, then no
+        limit (a rank's connection lives as long as the rank; its end means the rank is gone)."""
+        lines, state = LineBuffer(), {}
         try:
-            while True:
+            sock.settimeout(AUTH_IDLE_S)
+            while not self._closing:
                 try:
-                    req = conn.recv()
-                except (EndpointError, ValueError):
+                    data = sock.recv(1 << 16)
+                    chunk = lines.feed(data) if data else None
+                except (OSError, ValueError):
+                    break                     # silent too long before its token, a line too long, reset
+                if chunk is None:
                     break
-                if not isinstance(req, dict):
-                    with self._lock:
-                        self.refused["invalid"] += 1
-                    reply = {"ok": False, "error": "a request is a JSON object"}
-                elif not self.authorised(req):
-                    with self._lock:
-                        self.refused["token"] += 1
-                    log.warning("refused a request without the controller's token (op %r)", req.get("op"))
-                    reply = {"ok": False, "error": "unauthorised: missing or wrong token (set CAIS_TOKEN to the "
-                                                   "controller's token, the content of its --token-file)"}
-                else:
-                    reply = self._answer(req, state)
-                with self._lock:
-                    job = self.jobs.get(state.get("job") or (req.get("job") if isinstance(req, dict) else None)
-                                        or DEFAULT_JOB)
-                    reply["dead"] = sorted(job.dead) if job is not None else []
-                try:
-                    conn.send(reply)
-                except OSError:
-                    break
+                for line in chunk:
+                    try:
+                        reply = self._reply(decode(line), state)
+                    except ValueError as e:
+                        with self._lock:
+                            self.refused["invalid"] += 1
+                        reply = {"ok": False, "error": f"bad request: {e}"}
+                    sock.settimeout(None if state.get("authorised") else AUTH_IDLE_S)
+                    try:
+                        sock.sendall(json.dumps(reply, separators=(",", ":")).encode() + b"\n")
+                    except OSError:
+                        return
         finally:
-            conn.close()
+            sock.close()
             if state.get("rank") is not None and not self._closing:
                 with self._lock:
                     self._left(state)
+            self._gate.leave()
 
     def serve(self, address: str) -> None:
         """Listen on `address` and answer in background threads (returns at once)."""
@@ -518,11 +698,21 @@ class Coordinator:
     def _accept_loop(self) -> None:
         while not self._closing:
             try:
-                sock, _ = self._server.accept()
+                got = accept_backoff(self._server, "coordinator")
             except OSError:
-                return
-            t = threading.Thread(target=self._serve_connection, args=(sock,), daemon=True)
-            t.start()
+                return                         # closed
+            if got is None:
+                continue
+            sock, _ = got
+            if not self._gate.enter():
+                log.warning("coordinator: %d connections already: refused one more", self._gate.limit)
+                sock.close()
+                continue
+            try:
+                threading.Thread(target=self._serve_connection, args=(sock,), daemon=True).start()
+            except RuntimeError:
+                sock.close()
+                self._gate.leave()
 
     def close(self) -> None:
         self._closing = True
@@ -532,7 +722,6 @@ class Coordinator:
             except OSError:
                 pass
             if self._address.family == socket.AF_UNIX:
-                import os
                 try:
                     os.unlink(self._address.target)
                 except OSError:
@@ -547,9 +736,17 @@ def main(argv=None) -> int:
     p.add_argument("--listen", required=True, metavar="ADDR", help="where ranks reach this coordinator")
     p.add_argument("--world-size", required=True, type=cmdline.integer(1))
     p.add_argument("--config", default=None, metavar="TOML")
+    p.add_argument("--token-file", default=None, metavar="PATH", help="the ranks' shared secret (default: "
+                   "$CAIS_TOKEN; one of them is required)")
     args = p.parse_args(argv)
     try:
-        coord = Coordinator(args.switch, args.world_size, Config.load(args.config))
+        token = read_token(args.token_file)
+    except (OSError, ValueError) as e:
+        p.error(f"--token-file: {e}")
+    if token is None:
+        p.error("a token is required: --token-file PATH or CAIS_TOKEN (every rank sends it as CAIS_TOKEN)")
+    try:
+        coord = Coordinator(args.switch, args.world_size, Config.load(args.config), token=token)
         coord.serve(args.listen)
     except (EndpointError, ValueError, OSError, RuntimeError) as e:
         print(f"cais-coordinator: error: {e}", file=sys.stderr)

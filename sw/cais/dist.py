@@ -47,7 +47,8 @@ from .allreduce import CollectiveKind, SwitchAllReduce, chunk_count
 from .comm import CollectiveError, Communicator, Group, Work as _CommWork, host_mac, ring_op_id
 from .config import Config
 from .controller import GroupInfo, decision_line
-from .coordinator import DEFAULT_JOB, Coordinator, group_from_dict, group_to_dict, kind_to_dict
+from .coordinator import (DEFAULT_JOB, Coordinator, group_from_dict, group_to_dict, kind_to_dict, make_token,
+                          read_made_token, token_file_for)
 from .endpoint import EndpointError, RefusedError, connect
 from .forward import ForwardGather
 from .numerics import native_dtype
@@ -136,7 +137,9 @@ class ProcessGroup:
         self.config, self.timeout = config, float(timeout)
         self.mac = host_mac(rank)
         self.coordinator = None
-        token = os.environ.get(ENV["token"]) or None    # the controller service's shared secret
+        # the coordinator's shared secret; without CAIS_TOKEN rank 0 makes one (docs/security.md)
+        token = os.environ.get(ENV["token"]) or None
+        self._made_token = None
         self.job, self.hosts = _job_from_env(world_size)
         self.port = RawPort(interface)         # OSError naming the interface when it is not there
         try:
@@ -144,20 +147,25 @@ class ProcessGroup:
                 if not switch:
                     raise ValueError("rank 0 starts the coordinator: it needs the switch's control endpoint "
                                      f"(switch=... or {ENV['switch']})")
+                if token is None:
+                    token, self._made_token = make_token(controller), token_file_for(controller)
                 self.coordinator = Coordinator(switch, world_size, config, switch_retry_s=connect_timeout,
                                                token=token)
                 self.coordinator.serve(controller)
+            # "" (no token yet) still checks the server's owner; rank 0 wrote its file before listening
             self._user = connect(controller, timeout=max(self.timeout, 70.0), retry_for=connect_timeout,
-                                 name="coordinator", token=token)
+                                 name="coordinator", token=token or "")
+            if token is None:
+                token = self._user.token = read_made_token(controller)
             hello = self._user.request("hello", rank=rank, world_size=world_size, job=self.job,
                                        **({"hosts": self.hosts} if self.hosts is not None else {}))
             self.hosts = [int(h) for h in hello.get("hosts", range(world_size))]
             self.mac = self._mac_of(rank)     # the switch knows a host by its host's MAC
             self._ctl = connect(controller, timeout=10.0, name="coordinator", token=token)
+            self._ctl.request("attach", session=hello["session"])   # this rank's second connection
         except BaseException:
             self.port.close()
-            if self.coordinator is not None:
-                self.coordinator.close()
+            self._close_coordinator()
             raise
         self._controller_address, self._token, self._connect_timeout = controller, token, connect_timeout
         # a controller of its own (cais-controller) may restart and be rejoined; rank 0's ends with rank 0
@@ -193,6 +201,15 @@ class ProcessGroup:
         self.history: list[dict] = []          # per collective: kind, path, seconds (for reports)
         self._thread = threading.Thread(target=self._run, name=f"cais-rank{rank}", daemon=True)
         self._thread.start()
+
+    def _close_coordinator(self) -> None:
+        if self.coordinator is not None:
+            self.coordinator.close()
+        if self._made_token:                      # the token rank 0 made goes with its coordinator
+            try:
+                os.unlink(self._made_token)
+            except OSError:
+                pass
 
     # ------------------------------------------------------------------ what Communicator uses
     def _block_until(self, rank: int, event: threading.Event) -> None:
@@ -478,8 +495,9 @@ class ProcessGroup:
                            world=g == self._world_group.group_id)
                       for g, info in sorted(self.controller.groups.items())]
         # on the connection that said hello: the one whose end without bye means this rank is gone
-        self._user.request("rejoin", rank=self.rank, world_size=self.world_size, groups=groups, job=self.job,
-                           hosts=self.hosts)
+        reply = self._user.request("rejoin", rank=self.rank, world_size=self.world_size, groups=groups,
+                                   job=self.job, hosts=self.hosts)
+        self._ctl.request("attach", session=reply["session"])
         self.rejoins += 1
 
     def _step(self, op: _Op, now: float) -> bool:
@@ -651,7 +669,7 @@ class ProcessGroup:
             if not self.coordinator.wait_alone(self.job, self.rank, self.timeout):
                 log.warning("rank %d: closing the coordinator while ranks of job %s are still connected",
                             self.rank, self.job)
-            self.coordinator.close()
+        self._close_coordinator()
         os.close(self._wakeup_r)
         os.close(self._wakeup_w)
 

@@ -194,7 +194,8 @@ class PcapWriter:
         self._start()
 
     def _start(self) -> None:
-        self.f = open(self.path, "wb")
+        from .endpoint import open_private
+        self.f = os.fdopen(open_private(self.path), "wb")     # 0600, no symbolic link followed
         self.f.write(struct.pack("<IHHiIII", self.MAGIC, *self.VERSION, 0, 0, self.SNAPLEN,
                                  self.LINKTYPE_ETHERNET))
         self.f.flush()

@@ -52,14 +52,14 @@ import socket
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from . import cmdline
 from .config import Config
 from .controller import Reason, RuleConflict
 from .controller.statistics import COLLECTIVE_PATHS
 from .coordinator import Coordinator
-from .endpoint import EndpointError, parse_address, read_token
+from .endpoint import HTTP_IDLE_S, EndpointError, GuardedHTTPServer, parse_address, read_token
 from .link import run_sync
 from .protocol import DropReason
 
@@ -286,18 +286,17 @@ class ControllerService:
     def serve(self, ranks_address: str, http_address: str, metrics_address: str | None = None) -> None:
         """Listen for ranks, for HTTP and (`metrics_address`) for /metrics alone; start the periodic
         evaluation (returns at once)."""
-        self._http = ThreadingHTTPServer(http_target(http_address), _handler(self))
-        self._http.daemon_threads = True
+        # capped connections, idle ones closed, EMFILE survived (cais.endpoint; docs/security.md)
+        self._http = GuardedHTTPServer(http_target(http_address), _handler(self))
         self.http_port = self._http.server_address[1]
         loops = [(self._http.serve_forever, "cais-http"), (self._evaluate_loop, "cais-evaluate")]
         if metrics_address is not None:
             host, port = metrics_target(metrics_address)
-            server_class = ThreadingHTTPServer
+            server_class = GuardedHTTPServer
             if ":" in host:
-                class server_class(ThreadingHTTPServer):       # noqa: N801 (an IPv6 listener)
+                class server_class(GuardedHTTPServer):         # noqa: N801 (an IPv6 listener)
                     address_family = socket.AF_INET6
             self._metrics_http = server_class((host, port), _handler(self, metrics_only=True))
-            self._metrics_http.daemon_threads = True
             self.metrics_port = self._metrics_http.server_address[1]
             loops.append((self._metrics_http.serve_forever, "cais-metrics"))
         self.coordinator.serve(ranks_address)
@@ -438,6 +437,7 @@ def _handler(service: ControllerService, metrics_only: bool = False):
     class Handler(BaseHTTPRequestHandler):
         server_version = "cais-controller"
         protocol_version = "HTTP/1.1"
+        timeout = HTTP_IDLE_S
 
         def log_message(self, fmt, *args):       # quiet: the service logs what matters
             log.debug("http: " + fmt, *args)
