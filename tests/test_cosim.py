@@ -146,8 +146,9 @@ def test_lossless_model_and_amaranth_send_the_same_frames():
 
 @pytest.mark.verilator
 def test_every_backend_agrees_with_five_percent_loss():
-    kw = dict(elements=1200, loss=0.05, seed=11, config={"offload": "always"})
+    kw = dict(elements=600, loss=0.05, seed=11, config={"offload": "always"})
     runs = {kind: run(kind, **kw) for kind in ("model", "amaranth", "cocotb", "verilator")}
+    assert all(sum(r["retransmissions"]) > 0 for r in runs.values())     # the loss hit the runs
     digests = {kind: r["result_sha256"] for kind, r in runs.items()}
     assert len(set(digests.values())) == 1, digests
     # the two Verilator links are cycle-identical, so the whole run is

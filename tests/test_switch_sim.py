@@ -34,10 +34,18 @@ def run_parts(params, *parts, **link_kw):
     return records
 
 
+CASES = [case.name for case in directed_cases(SwitchParams())]
+#: The directed cases in three runs (one elaboration and simulation each: a case alone spends most of its
+#: time building the simulation), balanced across the suite's workers.
+CASE_GROUPS = 3
+
+
 @pytest.mark.parametrize("pname", PARAM_SETS)
-@pytest.mark.parametrize("name", [case.name for case in directed_cases(SwitchParams())])
-def test_directed(pname, name):
-    run_parts(PARAM_SETS[pname], {"kind": "directed", "cases": [name]})
+@pytest.mark.parametrize("group", range(CASE_GROUPS))
+def test_directed(pname, group):
+    names = CASES[group::CASE_GROUPS]
+    records = run_parts(PARAM_SETS[pname], {"kind": "directed", "cases": names})
+    assert [r["name"] for r in records] == names           # every case of the group ran
 
 
 @pytest.mark.parametrize("pname, name", FLOAT_CASES)
