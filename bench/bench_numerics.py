@@ -251,7 +251,7 @@ def random_operands(row: Row, P: int, n: int, rng) -> np.ndarray:
 
 def edge_operands(row: Row, P: int, rng) -> np.ndarray:
     """(P, m) contribution bits: every ordered pair of the catalogue on ports 0 and 1 (for float SUM also the
-    named adder pairs of tests/test_fpu.py), catalogue values on the other ports."""
+    named adder pairs of tests/hdl/test_fpu.py), catalogue values on the other ports."""
     if row.dtype in _INT_BITS:
         w = _INT_BITS[row.dtype]
         lo, hi = -(1 << (w - 1)), (1 << (w - 1)) - 1

@@ -4,7 +4,7 @@ come from (:data:`FORWARD_LATENCY`, :data:`RESULT_OVERHEAD`, :func:`result_laten
 
 Each constant below is one block's latency, and the one definition of it: the block's attribute named
 beside it is this constant (documented in the block's Members docstring), and that block's test or the
-whole switch's timing tests (tests/test_switch_timing.py, tests/test_switch_verilator.py) measure it in
+whole switch's timing tests (tests/sim/test_switch_timing.py, tests/sim/test_switch_verilator.py) measure it in
 the RTL. The paths are sums of these terms, one comment per register on the way. The module imports no
 Amaranth, so the model link and the daemon (numpy only) read the same figures as the RTL's tests.
 

@@ -1,6 +1,6 @@
 """Float all-reduce on the switch, bit for bit, on any link (entry point :func:`float_job`).
 
-Run on the C++-driven Verilator link by ``tests/test_switch_verilator.py``. Every port contributes to every chunk; payloads mix ordinary
+Run on the C++-driven Verilator link by ``tests/sim/test_switch_verilator.py``. Every port contributes to every chunk; payloads mix ordinary
 values over a wide range of magnitudes with the edge cases (signed zeros, infinities, NaN, subnormals, the
 largest finite values), so sums overflow, cancel and round.
 

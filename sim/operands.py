@@ -1,7 +1,7 @@
 """Operand generators for the float and integer units: the special-value catalogues, named edge pairs and
 random pairs that stress rounding, cancellation, subnormals and overflow.
 
-One definition shared by the unit tests (tests/test_fpu.py, tests/test_slot_alu.py) and the numerics
+One definition shared by the unit tests (tests/hdl/test_fpu.py, tests/hdl/test_slot_alu.py) and the numerics
 benchmark (bench/bench_numerics.py). Values are bit patterns (numpy unsigned integers).
 """
 

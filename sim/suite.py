@@ -4,7 +4,7 @@ Each entry point is ``async def main(link, job)`` for :func:`cais.sim.backends.r
 regression runs on amaranth.sim, cocotb and the C++-driven Verilator link. Every part returns, besides
 its problems, the log of what left the switch (port, frame, first and last beat's cycle): the links run
 the same per-cycle rules (:mod:`cais.sim.links.wires`), so two simulator links must return identical
-logs for the same job (``tests/test_link_identity.py``).
+logs for the same job (``tests/sim/test_link_identity.py``).
 
 ``suite_job`` runs a list of parts; a part is ``{"kind": "directed" | "mix" | "payloads", "idle": p,
 "backpressure": p or [p per port] or "mix", "seed": s, "cases": [names] (directed), "frames_per_port": n

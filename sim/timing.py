@@ -1,5 +1,5 @@
 """The switch's documented cycle figures and the scenarios that check them: the amaranth.sim white-box tests
-(tests/test_switch_timing.py) use the figures and scenarios; :func:`timing_job` checks them on any link.
+(tests/sim/test_switch_timing.py) use the figures and scenarios; :func:`timing_job` checks them on any link.
 
 The figures are docs/interface.md's, composed from the blocks' latencies in :mod:`cais.hdl.latency` (and
 re-exported here): result latency ``beats + rows + F + RESULT_OVERHEAD`` cycles (one more when the last
@@ -73,7 +73,7 @@ def held_port_scenario(params: SwitchParams, seed: int):
 
 # ----------------------------------------------------------------------------- checks on any link
 # Entry point timing_job(link, job): the cycle-level promises on a link (the C++-driven one in
-# tests/test_switch_verilator.py). Cycle stamps come from the link: a beat is stamped with the cycle in
+# tests/sim/test_switch_verilator.py). Cycle stamps come from the link: a beat is stamped with the cycle in
 # which its tvalid and tready were both high, a register read with the cycle its address was accepted.
 
 

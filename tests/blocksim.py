@@ -1,4 +1,4 @@
-"""Small helpers shared by the amaranth.sim block tests (tests/test_alu.py ... tests/test_results.py).
+"""Small helpers shared by the amaranth.sim block tests (tests/hdl/test_alu.py ... tests/hdl/test_results.py).
 
 Nothing here knows about the blocks under test: only how to run a testbench and how the AXI4-Stream
 byte order maps bytes to beats (byte 0 of a beat in bits 7:0, docs/protocol.md section 1).

@@ -17,13 +17,13 @@ setup_verilator_env()
 #: first two is followed by one short test, so xdist's first hand-out (two tests per worker) gives each
 #: worker one of them.
 LONGEST_FIRST = (
-    "tests/test_switch_verilator.py::test_regression[p16_int]",
-    "tests/test_switch_verilator.py::test_regression[p2_w512]",
-    "tests/test_link_identity.py::test_cpp_link_and_cocotb_link_are_cycle_identical",
-    "tests/test_formal.py::test_every_property_is_proved_by_induction",
-    "tests/test_cosim.py::test_every_backend_agrees_with_five_percent_loss",
-    "tests/test_backends.py::test_verilator_matches_model",
-    "tests/test_links.py::test_verilator_link_all_reduce_stamps_and_reset",
+    "tests/sim/test_switch_verilator.py::test_regression[p16_int]",
+    "tests/sim/test_switch_verilator.py::test_regression[p2_w512]",
+    "tests/sim/test_link_identity.py::test_cpp_link_and_cocotb_link_are_cycle_identical",
+    "tests/hdl/test_formal.py::test_every_property_is_proved_by_induction",
+    "tests/sim/test_cosim.py::test_every_backend_agrees_with_five_percent_loss",
+    "tests/sim/test_backends.py::test_verilator_matches_model",
+    "tests/sim/test_links.py::test_verilator_link_all_reduce_stamps_and_reset",
 )
 
 

@@ -82,7 +82,7 @@ FP16 = FloatFormat(5, 10)
 BF16 = FloatFormat(8, 7)
 
 #: Which operand numpy's ``maximum``/``minimum`` return when the operands compare equal, i.e. for -0.0
-#: against +0.0 (numpy 2.4 on x86-64; tests/test_fpu.py measures it again). ``"b"``: the second operand
+#: against +0.0 (numpy 2.4 on x86-64; tests/hdl/test_fpu.py measures it again). ``"b"``: the second operand
 #: (float32: ``np.maximum(-0.0, 0.0) == +0.0``, ``np.maximum(0.0, -0.0) == -0.0``, ``minimum`` alike);
 #: ``"a"``: the first (float16). BF16 is defined as float32 on the value widened with 16 zero bits.
 NUMPY_ZERO_TIE = {FP32: "b", FP16: "a", BF16: "b"}

@@ -6,7 +6,7 @@ sink's ``tready`` (seeded back-pressure, or held low), and the AXI4-Lite master,
 take one clock edge and updates from the values sampled before that edge. Subclasses only say how to
 set and sample signals (:mod:`.cocotb` and :mod:`.amaranth`); ``harness.cpp`` mirrors the same rules in
 C++ for :mod:`.verilator`. So the same stimulus gives identical frames with identical cycle stamps on
-every link (``tests/test_link_identity.py`` checks it).
+every link (``tests/sim/test_link_identity.py`` checks it).
 
 The rules, per cycle ``c`` (the clock edge that takes ``cycle`` from c to c + 1):
 

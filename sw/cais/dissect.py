@@ -9,7 +9,7 @@
             print(pkt[cais.dissect.Cais].seq_num)
 
 The layers are written from the documented field widths (docs/protocol.md, section 2, and docs/ring.md),
-not from :data:`cais.protocol.HEADER_FIELDS`: tests/test_protocol.py checks one against the other, so a
+not from :data:`cais.protocol.HEADER_FIELDS`: tests/sw/test_protocol.py checks one against the other, so a
 mistake in either shows up as a disagreement. The EtherTypes come from :mod:`cais.protocol` (one
 definition). The Lua dissector wireshark/cais.lua decodes the same two headers in Wireshark and tshark.
 Needs scapy (the [test] extra, or ``pip install scapy``).

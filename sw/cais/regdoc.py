@@ -3,7 +3,7 @@
     python -m cais.regdoc > docs/registers.md              # the default SwitchParams
     python -m cais.regdoc --ports 8 --slots 128            # another build
 
-tests/test_registers.py checks that docs/registers.md equals ``render_markdown(register_map())``.
+tests/sw/test_registers.py checks that docs/registers.md equals ``render_markdown(register_map())``.
 """
 
 from __future__ import annotations

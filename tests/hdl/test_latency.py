@@ -1,9 +1,9 @@
 """The documented latencies against the blocks' (cais.hdl.latency): every figure docs/interface.md and
 docs/core-design.md quote as current (the result formula's constant, the worked examples, the forwarding
 latency, the tables of the final tree) is parsed from the text and compared with the composition of the
-blocks' latencies. The RTL is measured against the same composition by tests/test_switch_timing.py
-(amaranth.sim) and tests/test_switch_verilator.py (the exported Verilog), through cais.sim.timing; the
-decision's parts by tests/test_decision_parts.py."""
+blocks' latencies. The RTL is measured against the same composition by tests/sim/test_switch_timing.py
+(amaranth.sim) and tests/sim/test_switch_verilator.py (the exported Verilog), through cais.sim.timing; the
+decision's parts by tests/hdl/test_decision_parts.py."""
 
 import re
 from pathlib import Path
@@ -23,7 +23,7 @@ from cais.params import SwitchParams
 from cais.sim import timing
 from cais.sim.links.model import ModelLink
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 INTERFACE = (REPO / "docs/interface.md").read_text()
 CORE = (REPO / "docs/core-design.md").read_text()
 

@@ -7,7 +7,7 @@ import numpy as np
 
 
 def test_readme_driver_example_runs():
-    text = (Path(__file__).parent.parent / "README.md").read_text()
+    text = (Path(__file__).parent.parent.parent / "README.md").read_text()
     code = re.search(r"## Using the driver.*?```python\n(.*?)```", text, re.S).group(1)
     scope = {"print": lambda *args, **kw: None}
     exec(compile(code, "README.md", "exec"), scope)

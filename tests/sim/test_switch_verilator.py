@@ -10,7 +10,7 @@ parameter set, scored against the reference model (frames out of every port and 
 * float all-reduce of every float rule kind, bit for bit against the model for the arrival order, and
   reproducible rules giving the port-order fold whatever the order (cais.sim.floats).
 
-tests/test_link_identity.py shows this link cycle-identical to the cocotb link on the same Verilog.
+tests/sim/test_link_identity.py shows this link cycle-identical to the cocotb link on the same Verilog.
 ``CAIS_SEED`` (default 1) seeds the traffic and the pause patterns.
 """
 

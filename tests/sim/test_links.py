@@ -21,7 +21,7 @@ from cais.sim.traffic import host_mac
 from cais.tables import Rule, rule_writes, slot_clear_writes
 
 PARAMS = SwitchParams()
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_splitmix64_matches_the_published_sequence():

@@ -1,7 +1,7 @@
 """The decision's parts on their own (cais.hdl.decision: Arbiter, Maintenance, RuleLookup + SlotState, and the
 slot-state memory they share, cais.hdl.sram.state),
 under amaranth.sim, against hand-derived cycles: each part's ``latency`` attribute is what it does, and the
-composition's DECISION_LATENCY is the sum the whole decision shows (tests/test_decision.py checks that
+composition's DECISION_LATENCY is the sum the whole decision shows (tests/hdl/test_decision.py checks that
 against the reference model)."""
 
 from cais.hdl.decision import DECISION_LATENCY, Arbiter, Maintenance, RuleLookup, SlotState

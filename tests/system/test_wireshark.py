@@ -20,7 +20,7 @@ from cais.dissect import Cais, CaisHost
 from cais.rawsock import PcapWriter, read_pcap
 from netns import namespace, run_probe, switch_daemon, veth
 
-LUA = Path(__file__).resolve().parents[1] / "wireshark" / "cais.lua"
+LUA = Path(__file__).resolve().parents[2] / "wireshark" / "cais.lua"
 CAIS_FIELDS = ("op_type", "group_id", "layer_id", "chunk_id", "total_chunks", "seq_num", "payload_len", "dtype",
                "red_op", "flags")
 HOST_FIELDS = ("kind", "group_id", "op_seq", "step", "frag", "frags", "length")

@@ -105,7 +105,7 @@ def test_driver_md_api_example_completes():
     import re
     from pathlib import Path
 
-    text = (Path(__file__).parent.parent / "docs" / "driver.md").read_text()
+    text = (Path(__file__).parent.parent.parent / "docs" / "driver.md").read_text()
     code = re.search(r"## API\n.*?```python\n(.*?)```", text, re.S).group(1)
     head, sep, _ = code.partition("results = await World(link")
     assert sep and "async_op=True" in head and "work.wait()" in head

@@ -5,7 +5,7 @@ Rows stream into the ALU one per cycle, back to back (with a few bubbles), every
 dtype/op/acc_fp32/saturate/store/granule, so the control has to travel down the pipeline with its data;
 each result is read ``latency`` cycles after its row and compared with ``numerics.accumulate`` (which is
 ``combine`` or, with store, the row itself, widened with acc_fp32), together with ``we`` and ``o_valid``.
-Operands mix random bits with the edge generators of tests/test_fpu.py (signed zeros, infinities, NaNs
+Operands mix random bits with the edge generators of tests/hdl/test_fpu.py (signed zeros, infinities, NaNs
 with payloads, subnormals, largest finite values, rounding ties, cancellation) and the integer extremes.
 
 amaranth.sim runs this design at only a few hundred cycles per second, so the default run is small:

@@ -6,7 +6,7 @@ block that uses it."""
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MAX_LINES = 150
 
 

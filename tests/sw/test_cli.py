@@ -88,7 +88,7 @@ TOOLS = [("cais.sim.daemon", "cais-switch"), ("cais.service", "cais-controller")
 def test_every_tool_has_version_and_its_own_name(module, prog):
     from importlib.metadata import version
     tomllib = __import__("tomllib")
-    with open(__import__("pathlib").Path(__file__).parent.parent / "pyproject.toml", "rb") as f:
+    with open(__import__("pathlib").Path(__file__).parent.parent.parent / "pyproject.toml", "rb") as f:
         want = tomllib.load(f)["project"]["version"]
     assert version("cais") == want
     p = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60)

@@ -5,7 +5,7 @@ mix under per-port back-pressure) both must send the same frames out of the same
 first and last beat cycles, and both must pass the regression against the reference model. One cocotb
 launch runs the whole job, on the default build (the switch testbench's too): the cocotb link moves whole
 beats whatever their width, and the other builds' cycles are checked on the C++ link against the model
-(tests/test_switch_verilator.py), whose figures this identity ties to the cocotb link.
+(tests/sim/test_switch_verilator.py), whose figures this identity ties to the cocotb link.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from cais.protocol import (CAIS_HEADER_BYTES, ETH_HEADER_BYTES, ETHERTYPE, HEADE
 from cais.params import MAX_RULES, ParamError, SwitchParams
 from cais.registers import COUNTER_EVENTS, register_map
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "protocol.md"
+DOC = Path(__file__).resolve().parent.parent.parent / "docs" / "protocol.md"
 ENUMS = (OpType, DType, ReduceOp, Flags, DropReason)
 
 

@@ -3,7 +3,7 @@
 Written from the document, run on the amaranth.sim link (cais.sim.links.amaranth): result latency
 (``beats + rows + F + RESULT_OVERHEAD`` cycles from the completing contribution's last beat to the result's
 first beat, F the fold chain's latency, for every kind of rule; the figures composed from the blocks' latencies
-in cais.hdl.latency, which tests/test_latency.py holds the docs to), forwarding latency, whole
+in cais.hdl.latency, which tests/hdl/test_latency.py holds the docs to), forwarding latency, whole
 frames on every egress port while another port's sink holds ``tready`` low, the BUSY register's value in
 every cycle, and the slot-state sweep after reset. Cycle stamps: a beat is stamped with the cycle in which
 its tvalid and tready were both high (the AXI4-Lite convention of registers.md: a read accepted in cycle 0
@@ -46,7 +46,7 @@ def latency(params, payload_len, **kind):
     return got["latency"], got["spread"]
 
 
-# The Verilator link checks every payload size on its three builds (tests/test_switch_verilator.py,
+# The Verilator link checks every payload size on its three builds (tests/sim/test_switch_verilator.py,
 # cais.sim.timing.result_latency); here each amaranth.sim build once or twice, the 147 and 109 of the docs
 # in test_documented_example_latencies.
 @pytest.mark.parametrize("pname, payload_len", [("p4_w64", 4), ("p4_w64_int", 64), ("p2_w512_int", 4),
@@ -101,7 +101,7 @@ def test_forwarding_latency(pname):
 
 # The forwarding latency whatever maintenance does (the reset sweep, every phase around a SLOT_CLEAR's write
 # and around an aging visit: cais.sim.timing.forward_states) is checked on the Verilator link, on its three
-# builds (tests/test_switch_verilator.py::test_timing): a minute of amaranth.sim per build here.
+# builds (tests/sim/test_switch_verilator.py::test_timing): a minute of amaranth.sim per build here.
 
 
 # ----------------------------------------------------------------------------- a slow port

@@ -24,7 +24,7 @@ from cais.params import SwitchParams
 from cais.regdoc import render_markdown
 from cais.registers import MAGIC, Access, Kind, RegisterFile, register_map
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "registers.md"
 MAP = register_map()
 

@@ -21,7 +21,7 @@ from netns import namespaces_with, require_root
 
 __all__: list[str] = []
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MARK = "<!-- quickstart"
 
 
