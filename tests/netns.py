@@ -94,3 +94,16 @@ def stop(proc: subprocess.Popen) -> None:
 
 def namespaces_with(prefix: str) -> list[str]:
     return [line.split()[0] for line in ip("netns", "list").stdout.splitlines() if line.startswith(prefix)]
+
+
+def rank_outputs(folder, ranks: int) -> list[dict]:
+    """The last JSON line each rank script wrote to ``folder/rank<i>.log``; a rank that wrote none fails the
+    test with its log's tail."""
+    import json
+    outs = []
+    for i in range(ranks):
+        text = (folder / f"rank{i}.log").read_text()
+        lines = [line for line in text.splitlines() if line.startswith("{")]
+        assert lines, f"rank {i} reported nothing:\n{text[-3000:]}"
+        outs.append(json.loads(lines[-1]))
+    return outs

@@ -10,7 +10,7 @@ import pytest
 from cais.params import SwitchParams
 from cais.rawsock import read_pcap
 from cais.registers import register_map
-from netns import namespace, run_probe, switch_daemon, veth
+from netns import namespace, rank_outputs, run_probe, switch_daemon, veth
 
 PROBE = r"""
 import json, sys, time
@@ -308,12 +308,7 @@ def test_port_flap_mid_collective_ranks_finish_exact_or_fail_cleanly(tmp_path, h
         (tmp_path / "flapped").write_text("")
         for p in procs:
             p.wait(180)                                   # a hang fails here
-        outs = []
-        for i in range(2):
-            text = (tmp_path / f"rank{i}.log").read_text()
-            lines = [line for line in text.splitlines() if line.startswith("{")]
-            assert lines, text[-3000:]
-            outs.append(json.loads(lines[-1]))
+        outs = rank_outputs(tmp_path, 2)
         for out in outs:
             assert out["during"] is True or out["during"].startswith("CollectiveError"), out
             if out["during"] is True and how == "flap":

@@ -18,7 +18,7 @@ from cais import protocol as proto
 from cais.comm import host_mac
 from cais.cluster import Cluster
 from cais.endpoint import connect
-from netns import require_root
+from netns import rank_outputs, require_root
 
 ELEMENTS = 1024          # whole 256-byte chunks of int32: every forged result has the length a chunk wants
 ITERATIONS = 3
@@ -105,12 +105,7 @@ def run(tmp_path, attacker_frames: list[bytes], offload: str, elements: int = EL
         stats = _daemon_stats(cluster)
         stop.touch()
         attacker.wait(30)
-        outs = []
-        for i in range(2):
-            text = (tmp_path / f"rank{i}.log").read_text()
-            lines = [line for line in text.splitlines() if line.startswith("{")]
-            assert lines, text[-3000:]
-            outs.append(json.loads(lines[-1]))
+        outs = rank_outputs(tmp_path, 2)
         sent = int((tmp_path / "attacker.log").read_text().split()[-1])
         return outs, stats, sent
     finally:
