@@ -314,6 +314,16 @@ def _rule_body(args) -> dict:
             "saturate": args.saturate, "reproducible": args.reproducible}
 
 
+#: The read-only commands: the service path each GETs and how its answer reads as text.
+VIEWS = {
+    "dump-rules": ("/v1/rules", lambda ans: rules_table(ans["rules"])),
+    "show-stats": ("/v1/stats", stats_text),
+    "show-groups": ("/v1/groups", lambda ans: groups_table(ans["groups"])),
+    "show-jobs": ("/v1/jobs", jobs_table),
+    "show-decisions": ("/v1/decisions?last={args.last}", decisions_table),
+}
+
+
 def run(args, client: Client, out=sys.stdout) -> int:
     cmd = args.command
     if cmd == "add-rule":
@@ -327,21 +337,10 @@ def run(args, client: Client, out=sys.stdout) -> int:
     elif cmd == "del-rule":
         ans = client.request("DELETE", f"/v1/rules/{args.index}")
         print(json.dumps(ans) if args.json else f"rule {ans['index']} deleted", file=out)
-    elif cmd == "dump-rules":
-        ans = client.request("GET", "/v1/rules")
-        print(json.dumps(ans) if args.json else rules_table(ans["rules"]), file=out)
-    elif cmd == "show-stats":
-        ans = client.request("GET", "/v1/stats")
-        print(json.dumps(ans) if args.json else stats_text(ans), file=out)
-    elif cmd == "show-groups":
-        ans = client.request("GET", "/v1/groups")
-        print(json.dumps(ans) if args.json else groups_table(ans["groups"]), file=out)
-    elif cmd == "show-jobs":
-        ans = client.request("GET", "/v1/jobs")
-        print(json.dumps(ans) if args.json else jobs_table(ans), file=out)
-    elif cmd == "show-decisions":
-        ans = client.request("GET", f"/v1/decisions?last={args.last}")
-        print(json.dumps(ans) if args.json else decisions_table(ans), file=out)
+    elif cmd in VIEWS:
+        path, render = VIEWS[cmd]
+        ans = client.request("GET", path.format(args=args))
+        print(json.dumps(ans) if args.json else render(ans), file=out)
     elif cmd == "watch":
         tty = out.isatty() and not args.json
         n = 0

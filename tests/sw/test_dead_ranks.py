@@ -5,7 +5,6 @@ ends without bye is dropped from its job's groups at once; the collective it had
 one it had not is redone (its epoch moves on, the finishers are forgotten); the next collective runs on
 the switch with the ranks left as the rule's contributors."""
 
-import threading
 import time
 
 import pytest
@@ -15,7 +14,8 @@ from cais.config import Config
 from cais.coordinator import Coordinator, kind_to_dict
 from cais.endpoint import connect
 from cais.params import SwitchParams
-from cais.sim.daemon import SwitchDaemon
+
+from daemons import in_process_switch
 
 __all__: list[str] = []
 
@@ -23,23 +23,18 @@ __all__: list[str] = []
 @pytest.fixture
 def coordinator(tmp_path):
     sock = str(tmp_path / "switch.sock")
-    daemon = SwitchDaemon([], SwitchParams(ports=4), control=sock)
-    loop = threading.Thread(target=daemon.run, daemon=True, name="switch-loop")
-    loop.start()
-    coord = Coordinator(sock, 4, Config(offload="always"), token="t")
-    coord.serve(str(tmp_path / "coord.sock"))
-    conns = [connect(str(tmp_path / "coord.sock"), name="rank", token="t") for _ in range(4)]
-    for r, c in enumerate(conns):
-        c.request("hello", rank=r, world_size=4)
-    try:
-        yield coord, conns
-    finally:
-        for c in conns:
-            c.close()
-        coord.close()
-        daemon.stop()
-        loop.join(30)
-        daemon.close()
+    with in_process_switch(sock, SwitchParams(ports=4)):
+        coord = Coordinator(sock, 4, Config(offload="always"), token="t")
+        coord.serve(str(tmp_path / "coord.sock"))
+        conns = [connect(str(tmp_path / "coord.sock"), name="rank", token="t") for _ in range(4)]
+        for r, c in enumerate(conns):
+            c.request("hello", rank=r, world_size=4)
+        try:
+            yield coord, conns
+        finally:
+            for c in conns:
+                c.close()
+            coord.close()
 
 
 def decide(conn, op_seq):

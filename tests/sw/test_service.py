@@ -21,7 +21,8 @@ from cais.allreduce import CollectiveKind
 from cais.endpoint import EndpointError, connect
 from cais.params import SwitchParams
 from cais.service import ControllerService
-from cais.sim.daemon import SwitchDaemon
+
+from daemons import in_process_switch
 
 TOKEN = "s3cret-token"
 PARAMS = SwitchParams(ports=4)
@@ -30,13 +31,8 @@ PARAMS = SwitchParams(ports=4)
 @pytest.fixture
 def switch(tmp_path):
     sock = str(tmp_path / "switch.sock")
-    daemon = SwitchDaemon([], PARAMS, control=sock)
-    t = threading.Thread(target=daemon.run, daemon=True, name="switch-loop")
-    t.start()
-    yield sock, daemon
-    daemon.stop()
-    t.join(5)
-    daemon.close()
+    with in_process_switch(sock, PARAMS) as daemon:
+        yield sock, daemon
 
 
 def start(switch_sock, tmp_path, recover=False, name="ctl"):

@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
@@ -22,7 +21,7 @@ from cais.coordinator import Coordinator
 from cais.endpoint import MAX_CONNECTIONS, EndpointError, connect
 from cais.params import SwitchParams
 from cais.service import ControllerService
-from cais.sim.daemon import SwitchDaemon
+from daemons import in_process_switch, raw_lines
 from netns import namespace, python_in, stop, veth
 
 TOKEN = "s3cret-for-tests"
@@ -144,20 +143,8 @@ HOSTILE = [
 
 def test_hostile_lines_each_get_an_error_and_the_coordinator_goes_on(tmp_path):
     with coordinator(tmp_path) as (coord, sock, _):
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(30)
-        s.connect(str(sock))
-        buf = b""
-        for line in HOSTILE:
-            s.sendall(line + b"\n")
-            while b"\n" not in buf:
-                data = s.recv(1 << 16)
-                assert data, f"the coordinator closed the connection after {line[:60]!r}"
-                buf += data
-            answer, buf = buf.split(b"\n", 1)
-            answer = json.loads(answer)
+        for line, answer in zip(HOSTILE, raw_lines(sock, HOSTILE, who="the coordinator")):
             assert answer["ok"] is False and answer["error"], (line[:60], answer)
-        s.close()
         # a line past the cap: the connection ends (no quadratic buffering, no memory growth)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(60)
@@ -237,13 +224,8 @@ PARAMS = SwitchParams(ports=4, slots=64)
 @pytest.fixture
 def switch(tmp_path):
     sock = str(tmp_path / "switch.sock")
-    daemon = SwitchDaemon([], PARAMS, control=sock)
-    t = threading.Thread(target=daemon.run, daemon=True, name="switch-loop")
-    t.start()
-    yield sock
-    daemon.stop()
-    t.join(5)
-    daemon.close()
+    with in_process_switch(sock, PARAMS):
+        yield sock
 
 
 def test_rejoin_only_while_recovering_and_inside_the_quotas(switch, tmp_path):

@@ -17,6 +17,7 @@ import time
 from cais.endpoint import connect
 from cais.registers import register_map
 from cais.params import SwitchParams
+from daemons import raw_lines
 from netns import namespace, python_in, run_probe, stop, veth
 from nonroot import nonroot_uid
 
@@ -60,24 +61,6 @@ def forwards(ns, tag) -> bool:
     return json.loads(run_probe(ns, FORWARD, tag)) == [True, True]
 
 
-def raw_lines(sock_path, lines: list[bytes]) -> list[dict]:
-    """Send each line on one connection and read one answer line for each."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(30)
-    s.connect(str(sock_path))
-    answers, buf = [], b""
-    for line in lines:
-        s.sendall(line + b"\n")
-        while b"\n" not in buf:
-            data = s.recv(1 << 16)
-            assert data, f"the daemon closed the connection after {line[:60]!r}"
-            buf += data
-        answer, buf = buf.split(b"\n", 1)
-        answers.append(json.loads(answer))
-    s.close()
-    return answers
-
-
 HOSTILE = [
     b'{"op":"read","addr":1e400}',                                 # H3: OverflowError
     b'{"op":"write","reg":"RULE_SLOTS","fields":[1]}',             # H3: AttributeError
@@ -111,7 +94,7 @@ def test_hostile_lines_each_get_an_error_and_the_daemon_goes_on(tmp_path):
     with namespace() as ns:
         proc, log = start_switch(ns, tmp_path, sock)
         try:
-            answers = raw_lines(sock, HOSTILE + [b'{"op":"read","reg":"ID"}'])
+            answers = raw_lines(sock, who="the daemon", lines=HOSTILE + [b'{"op":"read","reg":"ID"}'])
             for line, answer in zip(HOSTILE, answers):
                 assert answer["ok"] is False and answer["error"], (line[:60], answer)
                 assert "\n" not in answer["error"] and len(answer["error"]) <= 250, answer
