@@ -320,6 +320,7 @@ class SwitchDaemon:
         self.tagged_drops = [0] * n
         self.link_down, self.link_up, self.down_drops = [0] * n, [0] * n, [0] * n
         self._next_check = 0.0
+        self._next_client_check = 0.0
         try:
             if pcap_dir:
                 private_dir(pcap_dir)            # 0700, ours: captures hold every rank's payloads
@@ -686,7 +687,11 @@ class SwitchDaemon:
 
     def _check_clients(self, now: float) -> None:
         """Close clients silent past their limit (a first request within AUTH_IDLE_S, answers read within
-        CLIENT_STALL_S); resume accepting after an EMFILE pause."""
+        CLIENT_STALL_S); resume accepting after an EMFILE pause. Every LINK_CHECK_S at most: the limits are
+        seconds, and the loop wakes every half millisecond while frames are held."""
+        if now < self._next_client_check:
+            return
+        self._next_client_check = now + LINK_CHECK_S
         for fd, client in list(self._clients.items()):
             if client.requests == 0 and now - client.seen > AUTH_IDLE_S:
                 self._drop_client(fd, f"no request within {AUTH_IDLE_S:g} s")

@@ -75,7 +75,7 @@ from .config import Config
 from .controller import Controller, GroupInfo
 from .controller.switch import ControlLink
 from .endpoint import (AUTH_IDLE_S, EndpointError, Gate, LineBuffer, accept_backoff, connect, decode, listen,
-                       need_int, open_private, parse_address, read_token)
+                       need_int, open_private, private_dir, parse_address, read_token, trusted_uid)
 from .link import run_sync
 
 __all__ = ["ControlLink", "Coordinator", "Job", "DEFAULT_JOB", "token_file_for", "make_token", "read_made_token",
@@ -149,7 +149,7 @@ def make_token(address: str) -> str:
     token = secrets.token_hex(16)
     path = token_file_for(address)
     if parse_address(address).family != socket.AF_UNIX:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        private_dir(os.path.dirname(path))              # 0700, ours, not a symbolic link
     with os.fdopen(open_private(path), "w") as f:
         f.write(token + "\n")
     os.environ["CAIS_TOKEN"] = token
@@ -167,7 +167,7 @@ def read_made_token(address: str) -> str:
                          f"CAIS_TOKEN to the same secret on every rank") from None
     with os.fdopen(fd) as f:
         st = os.fstat(f.fileno())
-        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o077:
+        if not trusted_uid(st.st_uid) or st.st_mode & 0o077:
             raise ValueError(f"{path}: owned by uid {st.st_uid} with mode {st.st_mode & 0o777:04o}: not a token "
                              f"rank 0 made (root's or this user's, 0600); set CAIS_TOKEN instead")
         token = f.read().strip()

@@ -34,7 +34,7 @@ import time
 from http.server import ThreadingHTTPServer
 
 __all__ = ["Address", "parse_address", "JsonLines", "EndpointError", "RefusedError", "connect", "listen",
-           "read_token", "MAX_LINE", "MAX_DEPTH", "MAX_CONNECTIONS", "AUTH_IDLE_S", "HTTP_IDLE_S", "LineBuffer",
+           "read_token", "MAX_LINE", "MAX_DEPTH", "ANSWER_MAX_DEPTH", "MAX_CONNECTIONS", "AUTH_IDLE_S", "HTTP_IDLE_S", "LineBuffer",
            "decode", "need_int", "peer_uid", "server_uid", "trusted_uid", "check_listener", "Gate",
            "accept_backoff", "GuardedHTTPServer", "private_dir", "open_private"]
 
@@ -42,6 +42,7 @@ log = logging.getLogger("cais.endpoint")
 
 MAX_LINE = 1 << 20        # bytes of one JSON line, either way (the largest answer, info, is a few KiB)
 MAX_DEPTH = 8             # nesting of a request's JSON (the deepest legitimate one, rejoin, has 3)
+ANSWER_MAX_DEPTH = 64     # nesting of an answer a client reads (stats and job listings nest deeper than requests)
 MAX_CONNECTIONS = 128     # connections a server keeps at once; more are closed at once
 AUTH_IDLE_S = 10.0        # a connection must send its first request within this (no token, no long wait)
 HTTP_IDLE_S = 30.0        # an HTTP connection idle this long is closed
@@ -443,7 +444,7 @@ class JsonLines:
                 raise EndpointError(f"{self.name}: {e}") from None
         line = self._ready.pop(0)
         try:
-            return decode(line, max_depth=64)
+            return decode(line, max_depth=ANSWER_MAX_DEPTH)
         except ValueError as e:
             raise EndpointError(f"{self.name}: {e}") from None
 

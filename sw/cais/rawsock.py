@@ -20,6 +20,8 @@ import socket
 import struct
 import time
 
+from .endpoint import open_private
+
 __all__ = ["RawPort", "PcapWriter", "interface_error", "was_tagged", "VLAN_ETHERTYPES"]
 
 ETH_P_ALL = 0x0003
@@ -194,7 +196,6 @@ class PcapWriter:
         self._start()
 
     def _start(self) -> None:
-        from .endpoint import open_private
         self.f = os.fdopen(open_private(self.path), "wb")     # 0600, no symbolic link followed
         self.f.write(struct.pack("<IHHiIII", self.MAGIC, *self.VERSION, 0, 0, self.SNAPLEN,
                                  self.LINKTYPE_ETHERNET))

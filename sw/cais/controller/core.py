@@ -125,10 +125,6 @@ class Controller:
     def capacity(self, kind: CollectiveKind) -> int:
         return self.policy.capacity(kind)
 
-    def why_not_offloadable(self, kind: CollectiveKind) -> str:
-        """Why this switch cannot reduce collectives of `kind` ("" if it can)."""
-        return self.policy.why_not_offloadable(kind)[1]
-
     def drain_time(self) -> float:
         return self.policy.drain_time()
 
@@ -155,9 +151,6 @@ class Controller:
 
     def drop_ranks(self, group_id: int, ranks, now: float, why: str, *, redo: bool) -> list[int]:
         return self.registry.drop_ranks(group_id, ranks, now, why, redo=redo, rank_ports=self.rank_ports)
-
-    async def check_aged(self, now: float) -> None:
-        await self.aging.check_aged(now)
 
     def next_timer(self) -> float | None:
         """When dead-rank work is next due while a collective waits (None: nothing waits)."""
