@@ -11,25 +11,15 @@ from pathlib import Path
 import pytest
 
 from cais.hdl import latency
-from cais.hdl.alu.completion import BANK_READ_REGISTERS, ROW_QUEUE_LATENCY, FoldReader, JobQueue
-from cais.hdl.alu.lane import IngressLane
-from cais.hdl.common.frame_fifo import FrameFifo
-from cais.hdl.decision import DECISION_LATENCY, Arbiter, RuleLookup, SlotState
-from cais.hdl.egress.ports import EgressCrossbar, EgressPort, ResultFanout
-from cais.hdl.egress.results import ResultGenerator
-from cais.hdl.parser.ingress import HeaderQueue, IngressPort
-from cais.hdl.sram.banks import ContributionBanks
 from cais.params import SwitchParams
-from cais.sim import timing
-from cais.sim.links.model import ModelLink
+
+from buildsets import DEFAULT as P4, WIDE as P2_W512
 
 REPO = Path(__file__).resolve().parents[2]
 INTERFACE = (REPO / "docs/interface.md").read_text()
 CORE = (REPO / "docs/core-design.md").read_text()
 
-P4 = SwitchParams()
 P4_INT = SwitchParams(float_units=False)
-P2_W512 = SwitchParams(ports=2, data_width=512, slots=16)
 
 
 def flat(text: str) -> str:
@@ -54,27 +44,6 @@ def test_hand_derived_sums():
     assert latency.result_latency(P4, 256) == 36 + 32 + (4 * 12 + 3) + 28 == 147
     assert latency.result_latency(P4_INT, 256) == 36 + 32 + (4 * 3 + 1) + 28 == 109
     assert latency.result_latency(P2_W512, 4) == 1 + 1 + (2 * 12 + 3) + 28 + 1 == 58
-
-
-def test_blocks_carry_the_terms():
-    """Each term is a block's own attribute (the one definition in cais.hdl.latency, read by the block), and
-    the composition uses the decision's own DECISION_LATENCY."""
-    assert IngressPort.header_latency == IngressPort.DECIDE_DELAY + HeaderQueue.latency == latency.INGRESS_HEADER
-    assert (Arbiter.latency, RuleLookup.latency + SlotState.latency) == (latency.ARBITER, DECISION_LATENCY)
-    assert (IngressLane.request_latency, IngressLane.start_latency, IngressLane.finish_latency) == \
-        (latency.LANE_REQUEST, latency.LANE_START, latency.LANE_FINISH)
-    assert EgressCrossbar.latency == ResultFanout.latency == latency.FRAME_GRANT
-    assert EgressPort.latency == FrameFifo(8, 4, registered_output=True).latency == ROW_QUEUE_LATENCY
-    assert (JobQueue.latency, FoldReader.start_latency, ResultGenerator.request_latency) == \
-        (latency.JOB_QUEUE, latency.FOLD_READER_START, latency.RESULT_REQUEST)
-    assert (ContributionBanks(P4).read_latency, BANK_READ_REGISTERS) == (latency.BANK_READ, latency.BANK_READ_REGISTERS)
-
-
-def test_sim_timing_and_the_model_read_the_composition():
-    assert (timing.FORWARD_LATENCY, timing.RESULT_OVERHEAD) == (latency.FORWARD_LATENCY, latency.RESULT_OVERHEAD)
-    assert timing.documented_latency(P4, 256) == latency.result_latency(P4, 256)
-    # the model starts a frame in its lane the cycle after its last beat: one cycle of the 20 is behind it
-    assert ModelLink.FORWARD_LATENCY == latency.FORWARD_LATENCY - 1
 
 
 def test_interface_md_quotes_the_derived_figures():

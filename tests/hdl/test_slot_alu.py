@@ -28,11 +28,10 @@ from cais.hdl.alu.fpu import BF16, FP16, FP32, NUMPY_ZERO_TIE
 from cais.hdl.alu.slot_alu import SlotALU
 from cais.protocol import DType, ReduceOp
 
-from cais.sim.operands import FLOAT_FMT, acc32_pairs, all_pairs, catalogue, float_pairs, int_pairs, random_pairs
+from cais.sim.operands import FLOAT_FMT, INT_BITS, acc32_pairs, all_pairs, catalogue, float_pairs, int_pairs, random_pairs
 from test_fpu import ref_add
 
 VECTORS = int(os.environ.get("CAIS_SLOT_ALU_VECTORS", "1000"))
-INT_BITS = {DType.INT32: 32, DType.INT16: 16, DType.INT8: 8}
 HALF = (DType.FP16, DType.BF16)
 ELEM_BITS = {**INT_BITS, DType.FP32: 32, DType.FP16: 16, DType.BF16: 16}
 UINT = {8: np.uint8, 16: np.uint16, 32: np.uint32}

@@ -7,6 +7,8 @@ from cais.params import SwitchParams
 from cais.sim.backends import run_backend
 from cais.sim.directed import directed_cases
 
+from buildsets import DEFAULT, WIDE
+
 # amaranth.sim runs the whole switch at a few thousand cycles per second, so this file is the slow tier's
 # pure-Python check of the whole switch, on the cheapest builds: every directed case on the 2 x 512 switch
 # without float units (its float frames are then BAD_CODE drops, on the model too), and two cases that
@@ -20,10 +22,7 @@ PARAM_SETS = {
 # (parameter set, case): fp16/bf16 accumulated in fp32 through the fold chain and its final rounding, and
 # the 512-bit switch's one-beat frames reusing a set back to back.
 FLOAT_CASES = [("p4_w64", "float_sum_bf16_acc32"), ("p2_w512", "back_to_back_same_set")]
-FLOAT_PARAM_SETS = {
-    "p4_w64": SwitchParams(),
-    "p2_w512": SwitchParams(ports=2, data_width=512, slots=16),
-}
+FLOAT_PARAM_SETS = {"p4_w64": DEFAULT, "p2_w512": WIDE}
 
 
 def run_parts(params, *parts, **link_kw):
