@@ -333,8 +333,9 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
                       "registered in and out", _stage(_ingress_stage)),
     Design("regbank", "RegisterBank: the register map's registers and counters (default build), registered "
                       "in and out", _stage(_regbank_stage)),
-    Design("decision", "Decision: arbiter, rule and MAC tables, slot state (default build), registered in "
-                       "and out", _stage(_decision_stage)),
+    Design("decision", "Decision: arbiter, rule and MAC tables, slot-state pipeline, maintenance, counters "
+                       "(default build; the slot-state memory is the SRAM buffer's), registered in and out",
+           _stage(_decision_stage)),
     Design("lane", "IngressLane: one port's lane (default build), registered in and out", _stage(_lane_stage)),
     Design("crossbar", "EgressCrossbar: the lanes to the egress FIFOs (default build), "
                        "registered in and out", _stage(_crossbar_stage)),

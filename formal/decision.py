@@ -50,10 +50,11 @@ from amaranth.hdl import Assert, Assume, Cat, Module, Mux, ResetSignal, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from cais.hdl.decision import DECISION_LATENCY, STATE_WRITE_LEAD, Decision
+from cais.hdl.decision import DECISION_LATENCY, STATE_WRITE_LEAD, Decision, attach_state_memory
 from cais.hdl.common.enums import DropReason
 from cais.hdl.parser.header import FrameHeader
 from cais.hdl.sram.slots import SetUpdate, SlotOutcome, state_set_layout
+from cais.hdl.sram.state import SlotStateMemory
 from cais.hdl.control.tables import TableProgramSignature
 from cais.params import SwitchParams
 from cais.protocol import OpType
@@ -173,8 +174,10 @@ class DecisionHarness(wiring.Component):
         self.params, self.check, self.mutant = params, tuple(check), mutant
         self.regmap = register_map(params)
         self.dec = Decision(params, self.regmap, age_unit_log2=FORMAL_AGE_UNIT_LOG2, **_broken_parts(mutant))
-        # Combinational read ports of the slot state, one per slot (the harness's view of every set).
-        self.probes = [self.dec.state_mem.read_port(domain="comb") for _ in range(params.slots)]
+        # The SRAM buffer's slot-state memory, and combinational read ports of it, one per slot (the
+        # harness's view of every set).
+        self.state_memory = SlotStateMemory(params)
+        self.probes = [self.state_memory.mem.read_port(domain="comb") for _ in range(params.slots)]
         super().__init__({
             "meta": In(self.dec.meta_layout).array(params.ports), "request": In(params.ports), "hold": In(1),
             "program": In(TableProgramSignature(self.regmap)),
@@ -185,7 +188,8 @@ class DecisionHarness(wiring.Component):
         prm = self.params
         P, S, L = prm.ports, prm.slots, DECISION_LATENCY
         setl = state_set_layout(prm)
-        m.submodules.dec = dec = self.dec
+        dec = self.dec
+        attach_state_memory(m, dec, self.state_memory)
 
         def asserted(name, test):
             if name in self.check:

@@ -10,7 +10,8 @@ block     wraps                                 ports
 ingress   :class:`cais.hdl.parser.ingress.IngressPort`  ``s_axis`` (tdata tkeep tlast tuser), ``m_hdr`` (tdata: the
                                                 frame_meta_layout bits), ``m_axis`` (tdata: the beats),
                                                 ``drop``, ``drop_reason``, ``rx_frame``, ``rx_bytes``, ``busy``
-sram      :class:`cais.hdl.sram.banks.ContributionBanks`  its own members (``wr_addr__0`` ..., ``rd_data__0`` ...)
+sram      :class:`cais.hdl.sram.buffer.SramBuffer`    its own members (``state__read_addr`` ..., ``maint__read_en``
+                                                ..., ``sweeping``, ``wr_addr__0`` ..., ``rd_data__0`` ...)
 alu       :class:`cais.hdl.alu.fold.FoldChain`       ``s_axis`` (tdata: :func:`fold_input_fields` packed, tvalid),
                                                 ``m_axis`` (tdata: the result word, tvalid); no tready: the
                                                 chain takes a set of rows every cycle
@@ -39,10 +40,10 @@ from .common.frame_fifo import FrameFifo
 from .control.csr import AXI4LiteSignature, AXI4LiteToCSR, RegisterBank
 from .egress.ports import EgressCrossbar, EgressPort, FrameSourceSignature, ResultFanout
 from .parser.ingress import IngressPort
-from .sram.banks import ContributionBanks
+from .sram.buffer import SramBuffer
 from .top import SwitchTop
 
-__all__ = ["StreamPorts", "IngressBlock", "BanksBlock", "FoldBlock", "CsrBlock", "AxisDestSignature",
+__all__ = ["StreamPorts", "IngressBlock", "SramBlock", "FoldBlock", "CsrBlock", "AxisDestSignature",
            "AxisFrameSource", "EgressBlock", "BLOCKS", "block_top",
            "fold_input_fields", "CSR_ADDR_WIDTH"]
 
@@ -88,9 +89,9 @@ class IngressBlock(wiring.Component):
         return m
 
 
-def BanksBlock(params: SwitchParams):
-    """:class:`cais.hdl.sram.banks.ContributionBanks` as it is: its members are plain ports already."""
-    return ContributionBanks(params)
+def SramBlock(params: SwitchParams):
+    """:class:`cais.hdl.sram.buffer.SramBuffer` as it is: its members are plain ports already."""
+    return SramBuffer(params)
 
 
 def fold_input_fields(ports: int, data_width: int) -> list[tuple[str, int]]:
@@ -317,7 +318,7 @@ def _switch(params: SwitchParams):
 #: block name -> (factory(params), the Verilog top module's name)
 BLOCKS = {
     "ingress": (IngressBlock, "cais_ingress"),
-    "sram": (BanksBlock, "cais_sram"),
+    "sram": (SramBlock, "cais_sram"),
     "alu": (FoldBlock, "cais_alu"),
     "csr": (CsrBlock, "cais_csr"),
     "egress": (EgressBlock, "cais_egress"),

@@ -3,8 +3,9 @@
 ::
 
     ingress headers --> Decision (A arbiter, B tables, C slot state) --> per-port decisions, result jobs
+                          +-- state, maint --> SramBuffer: the slot-state memory
     ingress beats ---> IngressLane[p] --+--> forwarded frames --> EgressCrossbar --> egress FIFOs
-                                        +--> payload rows --> bank[p]
+                                        +--> payload rows --> SramBuffer: bank[p]
                                                                |
     JobQueue (waits for the rows) --> FoldReader (all banks, FoldChain) --> ResultGenerator
         --> ResultFanout --> result queues
@@ -34,7 +35,7 @@ from .decision import DECISION_HEADERS, Decision
 from .egress.ports import EgressCrossbar, ResultFanout, beat_layout
 from .egress.results import ResultGenerator
 from .parser.ingress import frame_meta_layout
-from .sram.banks import ContributionBanks
+from .sram.buffer import SramBuffer
 
 __all__ = ["SwitchCore", "Action"]
 
@@ -83,7 +84,7 @@ class SwitchCore(wiring.Component):
         })
         # Created here so tests can inspect them.
         self.decision = Decision(params, regmap)
-        self.sram = ContributionBanks(params)
+        self.sram = SramBuffer(params)
 
     def elaborate(self, platform):
         m = Module()
@@ -105,6 +106,9 @@ class SwitchCore(wiring.Component):
         m.submodules.reader = reader = FoldReader(prm)
         m.submodules.results = res = ResultGenerator(prm)
         m.submodules.sram = sram = self.sram
+        wiring.connect(m, dec.state, sram.state)
+        wiring.connect(m, dec.maint, sram.maint)
+        m.d.comb += [dec.sweeping.eq(sram.sweeping), dec.sweep_last.eq(sram.sweep_last)]
         m.submodules.egress = xbar = EgressCrossbar(P, P, prm.data_width, prm.max_frame_beats, prm.egress_depth)
         m.submodules.fanout = fanout = ResultFanout(P, prm.data_width, prm.max_frame_beats, prm.result_queue_depth)
         # Headers in the decision pipeline (and the one granted now) may each queue a job: grant one only

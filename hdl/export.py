@@ -6,7 +6,7 @@ Command line (also ``make verilog`` / ``make lint``)::
     python -m cais.hdl.export --block {ingress,sram,alu,csr,switch} [...]
 
 writes ``<out>/<name>.v`` and ``<out>/<name>.params.json``. With ``--block`` one block of the switch
-(:data:`cais.hdl.blocks.BLOCKS`: the header parser, the SRAM buffer's banks, the reduce ALU's fold chain,
+(:data:`cais.hdl.blocks.BLOCKS`: the header parser, the SRAM buffer, the reduce ALU's fold chain,
 the AXI4-Lite register block) is written instead, as a top of its own with plain ports
 (``<out>/cais_<block>.v`` unless ``--name`` says otherwise).  Every field of
 :class:`cais.params.SwitchParams` is an option (``data_width`` -> ``--data-width``) with the same default.

@@ -1,14 +1,15 @@
 """Small helpers shared by the amaranth.sim block tests (tests/hdl/test_alu.py ... tests/hdl/test_results.py).
 
-Nothing here knows about the blocks under test: only how to run a testbench and how the AXI4-Stream
-byte order maps bytes to beats (byte 0 of a beat in bits 7:0, docs/protocol.md section 1).
+Nothing here knows about the blocks under test (but that a decision alone needs a slot-state memory): only
+how to run a testbench and how the AXI4-Stream byte order maps bytes to beats (byte 0 of a beat in bits 7:0,
+docs/protocol.md section 1).
 """
 
 from __future__ import annotations
 
 from amaranth.sim import Simulator
 
-__all__ = ["run", "Pins", "to_word", "from_word", "popcount", "header_meta"]
+__all__ = ["run", "with_state_memory", "Pins", "to_word", "from_word", "popcount", "header_meta"]
 
 
 def run(dut, *testbenches, clock: bool = True, vcd: str | None = None) -> None:
@@ -23,6 +24,17 @@ def run(dut, *testbenches, clock: bool = True, vcd: str | None = None) -> None:
             sim.run()
     else:
         sim.run()
+
+
+def with_state_memory(decision):
+    """*decision* (a :class:`cais.hdl.decision.Decision`) with a slot-state memory of its own, as the switch's
+    SRAM buffer gives it: what ``run`` simulates to test a decision alone."""
+    from amaranth.hdl import Module
+    from cais.hdl.decision import attach_state_memory
+
+    m = Module()
+    attach_state_memory(m, decision)
+    return m
 
 
 class Pins:

@@ -13,9 +13,10 @@ The pipeline is the composition of its parts, each a component of its own with i
     Maintenance (maintenance.py)  SLOT_CLEAR, the aging scanner, the aged events
     UsageCounters (counters.py)   SLOTS_IN_USE and SETS_IN_USE per rule entry
 
-The slot state itself lives in the SRAM buffer: :class:`cais.hdl.sram.state.SlotStateMemory` (the memory,
-its read and write arbitration between the pipeline and the maintenance, the reset sweep), which
-``SlotState`` and ``Maintenance`` use through a port each.
+The slot state itself lives in the SRAM buffer (:class:`cais.hdl.sram.buffer.SramBuffer`: the memory, its read
+and write arbitration between the pipeline and the maintenance, the reset sweep): ``SlotState`` and
+``Maintenance`` use it through a port each, the decision's ``state`` and ``maint``. A decision alone (a test,
+the formal harness) gets a memory of its own with :func:`attach_state_memory`.
 
 One header per cycle, never stalled: the arbiter holds headers back instead (``hold``, and the
 maintenance's ``blocked`` for all-reduce headers only). :data:`DECISION_LATENCY` is the lookup's and the
@@ -33,7 +34,7 @@ from ..common.enums import DropReason
 from ..control.tables import TableProgramSignature
 from ..parser.ingress import frame_meta_layout
 from ..sram.slots import SetUpdate
-from ..sram.state import SlotStateMemory
+from ..sram.state import SlotStatePort, SlotStateMemory
 from .arbiter import Arbiter
 from .counters import UsageCounters, writer_delta
 from .layouts import bank_addr_bits, decision_layout, job_layout
@@ -43,7 +44,7 @@ from .slot_state import STATE_WRITE_LEAD, SlotState, new_stamp
 
 __all__ = ["Decision", "decision_layout", "job_layout", "bank_addr_bits", "DECISION_LATENCY", "DECISION_HEADERS",
            "STATE_WRITE_LEAD", "Arbiter", "RuleLookup", "SlotState", "Maintenance", "UsageCounters",
-           "writer_delta", "new_stamp", "age_due"]
+           "writer_delta", "new_stamp", "age_due", "attach_state_memory"]
 
 #: Clock edges from the cycle a header is taken (``take``) to its decision on ``push``/``decision``
 #: (and its events, and its job on ``job_valid``/``job``).
@@ -85,14 +86,17 @@ class Decision(wiring.Component):
         the rule entry it counts for, which set; ``aged_lost``: its event found the queue full.
     aged_event : Out(32); aged_ports : Out(32)
         The AGED_EVENT and AGED_PORTS words of the oldest queued event (``program.aged_pop_stb`` pops it).
+    state : Out(SlotStatePort(read_en=False)); maint : Out(SlotStatePort(read_en=True))
+        The slot-state pipeline's and the maintenance's ports on the SRAM buffer's slot-state memory.
+    sweeping : In(1); sweep_last : In(1)
+        The memory's reset sweep writes in this cycle; it writes its last slot.
     busy : Out(1)
         A header is in the pipeline (not counting the outputs).
 
     Every output is a register. ``age_unit_log2`` is the age unit's (:data:`cais.registers.AGE_UNIT_LOG2`
     but in the formal harness); ``set_update``, ``new_stamp``, ``age_due`` and ``writer_delta`` are the
     parts' (:class:`SlotState`, :class:`Maintenance`, :class:`UsageCounters`), replaced only by the
-    formal harness's mutants. ``state_mem`` (the slot-state memory's ``mem``) and ``age_clock`` are the
-    parts', for the formal harness.
+    formal harness's mutants. ``age_clock`` is the maintenance's, for the formal harness.
     """
 
     def __init__(self, params: SwitchParams, regmap: RegisterMap, *, age_unit_log2: int = AGE_UNIT_LOG2,
@@ -112,22 +116,21 @@ class Decision(wiring.Component):
             "sets_in_use": Out(32).array(params.rules),
             "aged": Out(1), "aged_rule": Out(range(params.rules)), "aged_slot": Out(range(params.slots)),
             "aged_set": Out(1), "aged_lost": Out(1), "aged_event": Out(32), "aged_ports": Out(32),
+            "state": Out(SlotStatePort(params, read_en=False)), "maint": Out(SlotStatePort(params, read_en=True)),
+            "sweeping": In(1), "sweep_last": In(1),
         })
         self.age_unit_log2 = age_unit_log2
         self.arbiter = Arbiter(P)
         self.lookup = RuleLookup(params, regmap)
-        self.state_memory = SlotStateMemory(params)
         self.slot_state = SlotState(params, set_update=set_update, new_stamp=new_stamp)
         self.maintenance = Maintenance(params, regmap, age_unit_log2=age_unit_log2, age_due=age_due)
         self.counters = UsageCounters(params, writer_delta=writer_delta)
-        self.state_mem = self.state_memory.mem
         self.age_clock = self.maintenance.age_clock
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.arbiter = arb = self.arbiter
         m.submodules.lookup = look = self.lookup
-        m.submodules.state_memory = mem = self.state_memory
         m.submodules.slot_state = st = self.slot_state
         m.submodules.maintenance = mt = self.maintenance
         m.submodules.counters = cnt = self.counters
@@ -145,9 +148,9 @@ class Decision(wiring.Component):
         wiring.connect(m, wiring.flipped(self.program), look.program, mt.program)
         # The slot state: the looked-up header, the memory's ports; the decision's outputs.
         wiring.connect(m, look.o, st.i)
-        wiring.connect(m, st.state, mem.pipe)
-        wiring.connect(m, mt.state, mem.maint)
-        m.d.comb += [mt.sweeping.eq(mem.sweeping), mt.sweep_last.eq(mem.sweep_last)]
+        wiring.connect(m, st.state, wiring.flipped(self.state))
+        wiring.connect(m, mt.state, wiring.flipped(self.maint))
+        m.d.comb += [mt.sweeping.eq(self.sweeping), mt.sweep_last.eq(self.sweep_last)]
         m.d.comb += [st.read_slot.eq(look.read_slot), st.now.eq(mt.now)]
         for p in range(P):
             wiring.connect(m, st.lanes[p], wiring.flipped(self.lanes[p]))
@@ -162,10 +165,21 @@ class Decision(wiring.Component):
                                   "aged_ports")]
         # The counters: every write of the slot state.
         wiring.connect(m, st.written, cnt.written)
-        m.d.comb += [cnt.sweeping.eq(mem.sweeping), cnt.cleared.eq(mt.cleared), cnt.read_data.eq(mt.state.read_data),
+        m.d.comb += [cnt.sweeping.eq(self.sweeping), cnt.cleared.eq(mt.cleared), cnt.read_data.eq(self.maint.read_data),
                      cnt.visit_aged.eq(mt.visit_aged), cnt.visit_free.eq(mt.visit_free),
                      cnt.visit_rule.eq(mt.visit_rule),
                      self.slots_in_use.eq(cnt.slots_in_use),
                      *(self.sets_in_use[e].eq(cnt.sets_in_use[e]) for e in range(self.params.rules))]
         m.d.comb += self.busy.eq(arb.take.any() | look.busy | st.busy)
         return m
+
+
+def attach_state_memory(m: Module, decision: Decision, memory: SlotStateMemory | None = None) -> SlotStateMemory:
+    """Add *decision* and a slot-state memory of its own (*memory*, or a new one) to module *m*, connected as
+    the switch's SRAM buffer connects them; return the memory. For a decision without the rest of the switch."""
+    memory = SlotStateMemory(decision.params) if memory is None else memory
+    m.submodules.decision, m.submodules.state_memory = decision, memory
+    wiring.connect(m, decision.state, memory.pipe)
+    wiring.connect(m, decision.maint, memory.maint)
+    m.d.comb += [decision.sweeping.eq(memory.sweeping), decision.sweep_last.eq(memory.sweep_last)]
+    return memory

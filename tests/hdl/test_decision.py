@@ -28,7 +28,7 @@ from cais.sim.refmodel import SwitchModel
 from cais.sim.traffic import host_mac
 from cais.tables import MacEntry, Rule, mac_writes, rule_writes, slot_clear_writes
 
-from blocksim import header_meta, run
+from blocksim import header_meta, run, with_state_memory
 
 PARAMS = SwitchParams(ports=4, slots=8)
 EVENTS = {"FORWARDED": "ev_forwarded", "CONTRIBUTIONS": "ev_contribution", "DUPLICATES": "ev_duplicate",
@@ -236,7 +236,7 @@ def test_decisions_match_the_reference_model(seed, mode):
             problems.append(f"sets_in_use {per_rule}, model {model.counters()['SETS_IN_USE']}")
         final["entries"] = sum(1 for n in per_rule if n)
 
-    run(dut, tb)
+    run(with_state_memory(dut), tb)
     assert not problems, problems[:8]
     assert min(seen.values()) > 5, seen                     # every kind of outcome happened
     assert final["in_use"] > 0, final                       # (a count that can be wrong)

@@ -12,7 +12,7 @@ from cais.params import SwitchParams
 from cais.registers import AGE_UNIT_LOG2, AGED_QUEUE_DEPTH, Kind, aging_period, register_map
 from cais.tables import Rule, rule_writes
 
-from blocksim import Pins, header_meta, run
+from blocksim import Pins, header_meta, run, with_state_memory
 
 P = SwitchParams(ports=4, slots=1, rules=2)
 RM = register_map(P)
@@ -97,7 +97,7 @@ def simulate(body):
     async def tb(ctx):
         b = Bench(ctx, dut)
         await body(b, out)
-    run(dut, tb)
+    run(with_state_memory(dut), tb)
     return out
 
 
