@@ -13,6 +13,7 @@ logs for the same job (``tests/sim/test_link_identity.py``).
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -23,19 +24,38 @@ from cais.tables import Rule, rule_writes, slot_clear_writes
 
 from .directed import accounting_problems, counter_problems, directed_cases, score_case
 from .links.base import Received, Sent, wait_idle
+from .links.wires import per_port
 from .refmodel import SwitchModel
 from .traffic import TxFrame, compare, host_mac, random_mix, replay
 from .workload import reference_reduce
 
-__all__ = ["LinkHarness", "suite_job", "mix_backpressure", "DRAIN_LIMIT"]
+__all__ = ["LinkHarness", "suite_job", "mix_backpressure", "part_backpressure", "sink_cycles", "DRAIN_LIMIT"]
 
-#: Cycles a drain may take before the harness reports the switch stuck.
+#: Cycles a drain may take before the harness reports the switch stuck; a part that expects many frames
+#: adds the cycles its sinks need to take them (:func:`sink_cycles`).
 DRAIN_LIMIT = 400_000
 
 
 def mix_backpressure(ports: int) -> list[float]:
     """Back-pressure that differs per port: one sink mostly stalled, one always ready, the others 25%."""
     return [0.8, 0.0] + [0.25] * (ports - 2)
+
+
+def part_backpressure(part: dict, ports: int) -> float | list[float]:
+    """A part's ``backpressure`` (default 0), with ``"mix"`` spelled out (:func:`mix_backpressure`)."""
+    backpressure = part.get("backpressure", 0.0)
+    return mix_backpressure(ports) if backpressure == "mix" else backpressure
+
+
+def sink_cycles(params, expected: list[list[bytes]], backpressure: float | list[float]) -> int:
+    """The fewest cycles in which the sinks can take the frames ``expected`` on each port: a sink takes a
+    beat only in a cycle it is ready, a fraction ``1 - backpressure`` of the cycles, so the slowest
+    port's beats over that fraction. (A mix of 16 ports x 64 bits sends one port some 82k beats: at 20%
+    ready that is 408k cycles however fast the switch.) A port that is never ready is left out."""
+    rates = [1.0 - b for b in per_port(backpressure, params.ports, "backpressure")]
+    beats = [sum(-(-len(frame) // params.beat_bytes) for frame in frames) for frames in expected]
+    # rounded first: 1 - 0.8 is a hair under 0.2, and 16 / it a hair over 80
+    return max((math.ceil(round(n / rate, 6)) for n, rate in zip(beats, rates) if rate > 0), default=0)
 
 
 class LinkHarness:
@@ -126,12 +146,12 @@ async def _mix(link, part: dict) -> list[dict]:
     for port, frames in enumerate(scen.frames):
         for frame in frames:
             harness.send(port, frame)
+    model, expected = replay(scen)
     problems = []
     try:
-        await harness.drain()
+        await harness.drain(DRAIN_LIMIT + sink_cycles(params, expected, part_backpressure(part, params.ports)))
     except AssertionError as exc:
         problems.append(str(exc))
-    model, expected = replay(scen)
     if not any(expected):
         problems.append("the mix produced no output at all: it checks nothing")
     problems += compare(expected, harness.rx)
@@ -227,9 +247,7 @@ async def suite_job(link, job: dict) -> list[dict]:
     """Run ``job["parts"]`` in order; return one record per case: name, problems, log, cycles, patterns."""
     out = []
     for part in job["parts"]:
-        idle, backpressure = part.get("idle", 0.0), part.get("backpressure", 0.0)
-        if backpressure == "mix":
-            backpressure = mix_backpressure(link.params.ports)
+        idle, backpressure = part.get("idle", 0.0), part_backpressure(part, link.params.ports)
         link.set_patterns(idle, backpressure)
         run = {"directed": _directed, "mix": _mix, "payloads": _payloads}[part["kind"]]
         for record in await run(link, part):

@@ -6,6 +6,8 @@ The contract all links keep (a driver cannot tell them apart):
   slot-state sweep (``slots + 2`` cycles), and counts clock cycles from there; ``reset(settle=n)`` starts
   cycle 0 ``n`` cycles after reset instead (0: the first cycle with ``rst`` low, inside the sweep). Register accesses take
   cycles too (a few per access on every link).
+* ``reset()`` forgets every frame queued, partly sent or received, and what the sinks take while reset is
+  high: the egress registers still show a beat in its first cycle, the head of a frame the reset cuts short.
 * ``send(port, frame)`` never blocks: the frame is queued behind the port's earlier frames and sent at
   up to one beat per cycle as soon as the port's ingress takes it.
 * ``take_received()`` returns the frames that finished leaving the switch since the last call, ordered

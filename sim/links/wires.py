@@ -144,11 +144,11 @@ class WireLink(LinkBase):
         (``settle``: cycle 0 that many cycles after reset instead; 0: the first cycle with ``rst`` low)."""
         for p, port in enumerate(self._ports):
             port.queue.clear()
-            port.frame, port.offset, port.showing, port.rx = b"", 0, False, bytearray()
+            port.frame, port.offset, port.showing = b"", 0, False
             if port.valid:
                 self._set_valid(p, False)
                 port.valid = False
-        self._received, self._sent = [], []
+        self._sent = []
         await self._reset(self.params.slots + 2 if settle is None else int(settle))
 
     @property
@@ -215,10 +215,17 @@ class WireLink(LinkBase):
 
     # ------------------------------------------------------------------ one cycle
     async def _reset(self, settle: int) -> None:
-        """Hold reset for RESET_CYCLES, release it and run ``settle`` cycles; then cycle 0 begins."""
+        """Hold reset for RESET_CYCLES, release it and run ``settle`` cycles; then cycle 0 begins.
+
+        What the sinks took up to then is forgotten: the egress registers still show their beat in the
+        first cycle of reset, and a ready sink takes it, the head of a frame reset cut short (kept, it
+        would lead the port's next frame)."""
         self._set_reset(1)
         for _ in range(RESET_CYCLES):
             await self._step()
+        for port in self._ports:
+            port.rx = bytearray()
+        self._received = []
         self._set_reset(0)
         for _ in range(settle):
             await self._step()

@@ -75,3 +75,30 @@ def test_mix_covers_the_element_types():
                 reasons[name] = reasons.get(name, 0) + value
     assert set(range(6)) <= dtypes
     assert reasons["DROP_TYPE_MISMATCH"] > 0
+
+
+def test_sink_cycles_is_the_slowest_ports_beats_over_its_ready_rate():
+    from cais.sim.suite import part_backpressure, sink_cycles
+
+    params = SwitchParams()                          # 8-byte beats
+    expected = [[bytes(60), bytes(64)], [bytes(9)], [bytes(8)] * 3, []]
+    # port 0: 8 + 8 beats, ready 1 cycle in 5: 80 cycles; port 1: 2 beats in half the cycles: 4; port 2: 3;
+    # port 3 is never ready and expects nothing
+    assert sink_cycles(params, expected, [0.8, 0.5, 0.0, 1.0]) == 80
+    assert sink_cycles(params, expected, 0.25) == 22             # 16 beats / 0.75 = 21.3
+    assert sink_cycles(params, [[], [], [], []], 0.8) == 0
+    assert part_backpressure({"backpressure": "mix"}, 4) == [0.8, 0.0, 0.25, 0.25]
+    assert part_backpressure({}, 4) == 0.0
+
+
+def test_the_16_port_64_bit_mix_needs_more_than_the_fixed_drain_limit():
+    """Why the regression's mix adds sink_cycles to its drain limit: on 16 ports of 64 bits one port's sink,
+    ready one cycle in five, takes some 82k beats of the regression's mix (every port floods to it), more
+    than DRAIN_LIMIT cycles however fast the switch (the RTL kept that sink busy in every ready cycle)."""
+    from cais.sim.suite import DRAIN_LIMIT, mix_backpressure, sink_cycles
+
+    params = SwitchParams(ports=16, slots=16, float_units=False)
+    _, expected = replay(random_mix(params, 1, frames_per_port=200))
+    need = sink_cycles(params, expected, mix_backpressure(params.ports))
+    port0_beats = sum(-(-len(f) // params.beat_bytes) for f in expected[0])
+    assert need == 5 * port0_beats > DRAIN_LIMIT, (need, port0_beats)
