@@ -1093,8 +1093,15 @@ class DistPrimitives:
     def new_group(self, ranks):
         return new_group(ranks)
 
-    def all_reduce(self, arr, op, group=None, dtype=None):
-        all_reduce(arr, op, group, dtype=dtype)
+    def all_reduce(self, arr, op, group=None, dtype=None) -> str | None:
+        work = all_reduce(arr, op, group, async_op=True, dtype=dtype)
+        if work in self.pg.outstanding:
+            self.pg.outstanding.remove(work)
+        work.wait()
+        if work.ranks is not None and len(work.ranks) < len(self.group_ranks(group)):
+            raise CollectiveError(f"rank {self.rank}: all_reduce: rank(s) {sorted(set(self.group_ranks(group)) - set(work.ranks))} "
+                                  "died during it; a composed collective cannot go on without them")
+        return work.path
 
     def broadcast(self, arr, src, group=None):
         broadcast(arr, src, group)

@@ -20,7 +20,8 @@ through :class:`CommPrimitives`) offer:
 All of them are blocking and write their result in place.
 
 Primitives (what an object passed as `p` offers): ``rank``; ``group_ranks(group)`` (global ranks in group
-order); ``all_reduce(arr, op, group)`` for the wire types, op "sum", "max", "min" or "avg";
+order); ``all_reduce(arr, op, group)`` for the wire types, op "sum", "max", "min" or "avg" (returns
+the path it took, "switch" or "ring");
 ``broadcast(arr, src, group)`` (src a global rank); ``all_gather(out, arr, group)`` (out of shape
 ``(n, *arr.shape)``); ``new_group(ranks)``.
 """
@@ -223,12 +224,16 @@ class CommPrimitives:
     def new_group(self, ranks):
         return self.comm.new_group(ranks)
 
-    def all_reduce(self, arr: np.ndarray, op: str, group=None, dtype=None) -> None:
+    def all_reduce(self, arr: np.ndarray, op: str, group=None, dtype=None) -> str | None:
+        """In place; returns the path it took ("switch" or "ring")."""
         from .dist import _avg
-        total = self.comm.all_reduce(arr, op="sum" if op == "avg" else op, group=group, dtype=dtype)
+        work = self.comm.all_reduce(arr, op="sum" if op == "avg" else op, group=group, dtype=dtype, async_op=True)
+        self.comm._outstanding.remove(work)
+        total = work.wait()
         if op == "avg":
             total = _avg(total, len(self.group_ranks(group)), dtype)
         arr[...] = total
+        return work.path
 
     def _bytes_sum(self, buf: np.ndarray, group) -> np.ndarray:
         raw = buf.reshape(-1).view(np.uint8)

@@ -43,7 +43,7 @@ from torch.futures import Future
 from .. import hostops
 from ..numerics import wire_dtype
 
-__all__ = ["BACKEND", "Options", "ProcessGroupCais", "path_of", "SWITCH_DTYPES", "CHECK_ENV"]
+__all__ = ["BACKEND", "Options", "ProcessGroupCais", "backend_of", "path_of", "SWITCH_DTYPES", "CHECK_ENV"]
 
 BACKEND = "cais"
 CHECK_ENV = "CAIS_TORCH_CHECK"        # "0": no cross-rank shape check before each collective
@@ -116,6 +116,16 @@ class _Buf:
             self.tensor.copy_(self.src)
 
 
+def _check_contributors(work, n: int, what: str) -> None:
+    """A deployed all-reduce a peer died in is redone by the ranks left (cais.dist): for training that
+    result is wrong (a gradient missing), so the backend fails it, naming who is left."""
+    ranks = getattr(work, "ranks", None)
+    if ranks is not None and len(ranks) < n:
+        from ..comm import CollectiveError
+        raise CollectiveError(f"cais backend: {what}: a rank of the group died during it (only ranks {ranks} "
+                              f"of {n} contributed); the group cannot go on")
+
+
 def _completed(value) -> "tdist.Work":
     fut = Future()
     fut.set_result(value)
@@ -167,15 +177,15 @@ class ProcessGroupCais(tdist.ProcessGroup):
         The group's ranks in the world, in group order.
     check : bool
         Whether each collective first checks that every rank agrees on it (module docstring).
-    paths : dict[str, int]
-        All-reduces per path taken ("switch", "ring", "int64", "fold"), for reports.
+    history : list[dict]
+        Per all-reduce (DDP: per gradient bucket): its bytes, dtype and path ("switch", "ring", "int64",
+        "fold"); :meth:`path_counts` sums them up.
     """
 
     def __init__(self, rank: int, size: int, prims, group, global_ranks, check: bool = True):
         super().__init__(rank, size)
         self.prims, self.group, self.global_ranks, self.check = prims, group, list(global_ranks), check
-        self.paths: dict[str, int] = {}
-        self.bytes_reduced = 0
+        self.history: list[dict] = []       # per all-reduce: bytes, dtype, the path it took
         from ..dist import DistPrimitives
         self._deployed = isinstance(prims, DistPrimitives)
         self._completer = _Completer() if self._deployed else None
@@ -202,11 +212,18 @@ class ProcessGroupCais(tdist.ProcessGroup):
     def _sig(t: torch.Tensor) -> tuple:
         return tuple(t.shape), str(t.dtype)
 
-    def _count(self, path: str, nbytes: int) -> None:
-        self.paths[path] = self.paths.get(path, 0) + 1
-        self.bytes_reduced += nbytes
+    def _record(self, path: str | None, nbytes: int, dtype) -> None:
+        self.history.append({"kind": "all_reduce", "bytes": int(nbytes), "path": path or "?", "dtype": str(dtype)})
 
-    def _dist_async(self, start, bufs: list[_Buf], value):
+    def path_counts(self) -> dict[str, int]:
+        """All-reduces per path taken so far: "switch", "ring" (the controller kept it on the hosts),
+        "int64" (limbs through the switch), "fold" (all-gather and local fold)."""
+        counts: dict[str, int] = {}
+        for h in self.history:
+            counts[h["path"]] = counts.get(h["path"], 0) + 1
+        return counts
+
+    def _dist_async(self, start, bufs: list[_Buf], value, on_done=None):
         """Start a deployed collective (`start()` returns the driver's Work) and complete the torch Work
         when its result is in."""
         work = start()
@@ -214,7 +231,13 @@ class ProcessGroupCais(tdist.ProcessGroup):
         pg = cd._get()
         if work in pg.outstanding:
             pg.outstanding.remove(work)      # the completer waits for it, not synchronize()
-        return self._completer.submit(work, lambda: [b.done() for b in bufs], value)
+
+        def finish():
+            if on_done is not None:
+                on_done(work)
+            for b in bufs:
+                b.done()
+        return self._completer.submit(work, finish, value)
 
     # ------------------------------------------------------------------ all-reduce
     def allreduce(self, tensors, opts=None):
@@ -236,19 +259,23 @@ class ProcessGroupCais(tdist.ProcessGroup):
             raise TypeError(f"cais backend: all_reduce {op.upper()}: bitwise ops take integer or bool tensors, "
                             f"not {t.dtype}")
         self._agree("all_reduce", op, *self._sig(t))
-        nbytes = buf.array.nbytes
+        nbytes, taken = buf.array.nbytes, path
         if path == "int64":
             hostops.int64_all_reduce(self.prims, buf.array.reshape(-1), op, self.group)
         elif path == "fold":
             hostops.fold_all_reduce(self.prims, buf.array, op, self.group)
         elif self._deployed:
             from .. import dist as cd
-            self._count("switch", nbytes)
+            n = len(self.global_ranks)
+
+            def on_done(work):
+                _check_contributors(work, n, "all_reduce")
+                self._record(work.path, nbytes, t.dtype)
             return self._dist_async(lambda: cd.all_reduce(buf.array, op, self.group, async_op=True, dtype=buf.wire),
-                                    [buf], value)
+                                    [buf], value, on_done)
         else:
-            self.prims.all_reduce(buf.array, op, self.group, dtype=buf.wire)
-        self._count(path, nbytes)
+            taken = self.prims.all_reduce(buf.array, op, self.group, dtype=buf.wire)
+        self._record(taken, nbytes, t.dtype)
         buf.done()
         return _completed(value)
 
@@ -458,6 +485,15 @@ class ProcessGroupCais(tdist.ProcessGroup):
             if self.group is None:
                 from .. import dist as cd
                 cd.destroy_process_group()
+
+
+def backend_of(group=None) -> ProcessGroupCais:
+    """The :class:`ProcessGroupCais` of a torch group (None: the default group); TypeError if it is not
+    a "cais" group."""
+    pg = group if group is not None else tdist.distributed_c10d._get_default_group()
+    if not isinstance(pg, ProcessGroupCais):
+        raise TypeError(f"{pg!r} is not a 'cais' process group")
+    return pg
 
 
 # ---------------------------------------------------------------------- registration
