@@ -102,6 +102,8 @@ def worker(args) -> None:
         if rank == 0:
             print(f"[{args.tag}] epoch {epoch}: loss {losses[-1]:.4f}", flush=True)
     sent = interface_bytes(iface if args.backend_kind == "cais" else "lo") - sent0
+    if args.backend_kind != "cais":
+        sent //= ranks                                   # the ranks share the loopback: its bytes per rank
     with torch.no_grad():
         accuracy = float((model(torch.from_numpy(xte)).argmax(1).numpy() == yte).mean())
     params = np.concatenate([p.detach().numpy().reshape(-1) for p in model.parameters()])
@@ -121,8 +123,8 @@ def worker(args) -> None:
 # ---------------------------------------------------------------------- the numpy reference of the hook
 def block_fp_reference_training(ranks: int, epochs: int) -> np.ndarray:
     """The block floating point run without any communication: each rank's local gradient computed
-    here, their mean by :func:`cais.torch.hooks.block_fp_reference` (numpy: the same quantized sums),
-    the same SGD step; the final parameters. (One DDP bucket: every gradient, in reverse parameter order.)"""
+    here, their mean by :func:`cais.torch.hooks.block_fp_reference` per parameter (numpy: the same
+    quantized sums), the same SGD step; the final parameters."""
     import torch
     from cais.torch import hooks
     torch.set_num_threads(1)
@@ -139,12 +141,10 @@ def block_fp_reference_training(ranks: int, epochs: int) -> np.ndarray:
                 idx = plans[r][step]
                 torch.nn.functional.cross_entropy(model(torch.from_numpy(xtr[idx])),
                                                   torch.from_numpy(ytr[idx])).backward()
-                grads.append(np.concatenate([p.grad.numpy().reshape(-1).copy() for p in reversed(params)]))
-            mean = hooks.block_fp_reference(grads)
-            at = 0
-            for p in reversed(params):
-                p.grad.copy_(torch.from_numpy(mean[at:at + p.numel()].reshape(p.shape)))
-                at += p.numel()
+                grads.append([p.grad.numpy().reshape(-1).copy() for p in params])
+            for k, p in enumerate(params):        # the hook's blocks are cut per parameter
+                mean = hooks.block_fp_reference([g[k] for g in grads])
+                p.grad.copy_(torch.from_numpy(mean.reshape(p.shape)))
             opt.step()
     return np.concatenate([p.detach().numpy().reshape(-1) for p in params])
 
@@ -156,7 +156,7 @@ RUNS = {  # tag: (backend, hook)
 }
 
 
-def run_jobs(ranks: int, epochs: int, backend: str, tags, log=print) -> dict:
+def run_jobs(ranks: int, epochs: int, backend: str, tags, log=print, offload: str = "always") -> dict:
     """Make the namespaces, start cais-switch, run torchrun for each of `tags` (:data:`RUNS`); returns
     {tag: [each rank's report]}."""
     if os.geteuid() != 0:
@@ -171,7 +171,7 @@ def run_jobs(ranks: int, epochs: int, backend: str, tags, log=print) -> dict:
             f"({ranks} ranks, interfaces {cluster.tag}h0..h{ranks - 1})")
         cluster.start_switch(["--backend", backend], wait_s=600.0)
         config = tmp / "cais.toml"
-        config.write_text("[cais]\nreproducible = true\n")
+        config.write_text(f'[cais]\nreproducible = true\noffload = "{offload}"\n')
         for k, tag in enumerate(tags):
             kind, hook = RUNS[tag]
             env = dict(os.environ, CAIS_IFACE=f"{cluster.tag}h{{local_rank}}", CAIS_SWITCH=cluster.control,
@@ -249,10 +249,14 @@ def summary(results: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--epochs", type=int, default=8)
+    from cais.cmdline import Parser, integer
+    ap = Parser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=integer(2), default=4)
+    ap.add_argument("--epochs", type=integer(1), default=8)
     ap.add_argument("--backend", choices=("model", "verilator"), default="model", help="cais-switch's backend")
+    ap.add_argument("--offload", choices=("always", "auto", "never"), default="always",
+                    help="the controller's offload policy (auto: its score; with Python ranks' measured round "
+                         "trips it keeps these small buckets on the host ring)")
     ap.add_argument("--runs", default=",".join(RUNS), help="which runs (comma-separated): " + ", ".join(RUNS))
     ap.add_argument("--plot", default="build/train/loss.png")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -268,11 +272,10 @@ def main(argv=None) -> int:
         return 0
     tags = [t for t in args.runs.split(",") if t]
     unknown = [t for t in tags if t not in RUNS]
-    if unknown or not 2 <= args.ranks <= 16 or args.epochs < 1:
-        print(f"train_digits: bad arguments (runs {unknown}, ranks 2..16, epochs >= 1)", file=sys.stderr)
-        return 2
+    if unknown or not tags:
+        ap.error(f"--runs: {','.join(unknown) or 'none'}: choose from {', '.join(RUNS)}")
     log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
-    results = run_jobs(args.ranks, args.epochs, args.backend, tags, log)
+    results = run_jobs(args.ranks, args.epochs, args.backend, tags, log, args.offload)
     checks = compare(results, args.ranks, args.epochs)
     rows = summary(results)
     plot(results, Path(args.plot))
@@ -283,7 +286,7 @@ def main(argv=None) -> int:
         print(f"\n{'run':<14}{'final loss':>11}{'accuracy':>10}{'step ms':>9}  {'bytes sent per rank':<28}buckets")
         for tag, row in rows.items():
             print(f"{tag:<14}{row['loss'][-1]:>11.4f}{row['accuracy']:>10.3f}{row['step_ms']:>9.2f}  "
-                  f"{str(row['sent_bytes_per_rank']):<28}{row['bucket_paths'] or '(gloo: lo, all ranks)'}")
+                  f"{str(row['sent_bytes_per_rank']):<28}{row['bucket_paths'] or '(gloo: loopback bytes / ranks)'}")
         print("\nloss per epoch:")
         for tag, row in rows.items():
             print(f"  {tag:<14}" + " ".join(f"{v:.4f}" for v in row["loss"]))

@@ -244,28 +244,36 @@ def test_ddp_trains_like_gloo_and_the_block_fp_hook_is_bit_exact(tmp_path):
 
 
 def test_block_fp_hook_equals_the_numpy_reference():
-    """One DDP backward with the hook: every rank's gradient is block_fp_reference of the ranks' local
-    gradients (computed here without any communication), bit for bit."""
-    def local_grads(rank):
+    """Two DDP steps with the hook (DDP rebuilds its buckets after the first): every rank's gradient of
+    each parameter is block_fp_reference of the ranks' local gradients of it (computed here without any
+    communication), bit for bit."""
+    def local_grads(rank, step):
         model = make_model()
-        x, y = batch(rank, 0)
+        x, y = batch(rank, step)
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        return np.concatenate([p.grad.reshape(-1).numpy() for p in reversed(list(model.parameters()))])
+        return [p.grad.reshape(-1).numpy() for p in model.parameters()]
 
-    def one_step(rank):
+    def steps(rank):
         model = make_model()
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         ddp.register_comm_hook(hooks.BlockFPState(), hooks.block_fp_hook)
-        x, y = batch(rank, 0)
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        return np.concatenate([p.grad.reshape(-1).numpy() for p in reversed(list(model.parameters()))])
+        out = []
+        for step in range(2):                 # no optimizer step: the same parameters, new batches
+            model.zero_grad()
+            x, y = batch(rank, step)
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            out.append([p.grad.reshape(-1).numpy().copy() for p in model.parameters()])
+        return out
 
-    got = run_ranks(one_step, N)
-    want = hooks.block_fp_reference([local_grads(r) for r in range(N)])
-    exact_mean = np.mean([local_grads(r) for r in range(N)], axis=0)
-    for g in got:
-        assert g.tobytes() == want.tobytes()
-    np.testing.assert_allclose(want, exact_mean, atol=1e-6)        # and it is the mean, to the block's grid
+    got = run_ranks(steps, N)
+    for step in range(2):
+        local = [local_grads(r, step) for r in range(N)]
+        for k in range(len(local[0])):
+            want = hooks.block_fp_reference([local[r][k] for r in range(N)])
+            for g in got:
+                assert g[step][k].tobytes() == want.tobytes(), (step, k)
+            # and it is the mean, to the block's grid
+            np.testing.assert_allclose(want, np.mean([local[r][k] for r in range(N)], axis=0), atol=1e-6)
 
 
 # ---------------------------------------------------------------------- errors
@@ -297,3 +305,14 @@ def test_mismatched_shapes_and_unsupported_ops_fail_every_rank():
     for errors, after in run_ranks(fn, N):
         assert len(errors) == 2 and "disagree" in errors[0] and "torch.float32" in errors[1], errors
         assert after == [float(N)] * 3
+
+
+def test_docs_in_process_example_runs():
+    """docs/torch.md's run_ranks example gives what its comment says."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parent.parent.parent / "docs" / "torch.md").read_text()
+    code = re.search(r"## In-process.*?```python\n(.*?)```", text, re.S).group(1)
+    printed = []
+    exec(compile(code, "docs/torch.md", "exec"), {"print": printed.append})
+    assert printed == [[[6.0] * 4] * 3]

@@ -61,7 +61,8 @@ def block_fp_mean(x: np.ndarray, e_max: np.ndarray, q_sum: np.ndarray, n: int, p
 
 
 def block_fp_reference(grads: list[np.ndarray], per_block: int = DEFAULT_BLOCK) -> np.ndarray:
-    """What :func:`block_fp_hook` gives every rank for the float32 `grads` of the ranks, in numpy alone."""
+    """What :func:`block_fp_hook` gives every rank for one parameter whose float32 gradients on the ranks
+    are `grads`, in numpy alone."""
     n = len(grads)
     e_max = np.max(np.stack([quantize.chunk_exponents(g, per_block) for g in grads]), axis=0).astype(np.int32)
     q_sum = np.sum(np.stack([quantize.quantize(g, e_max, n, per_block).astype(np.int64) for g in grads]), axis=0)
@@ -70,22 +71,31 @@ def block_fp_reference(grads: list[np.ndarray], per_block: int = DEFAULT_BLOCK) 
 
 def block_fp_hook(state: BlockFPState, bucket) -> Future[torch.Tensor]:
     """Reduce a float32 gradient bucket as block floating point integers (module docstring); the future
-    holds the bucket with the mean. Raises ValueError for NaN or inf gradients (integers cannot carry
-    them) and TypeError for other types."""
+    holds the bucket with the mean. The blocks are cut within each parameter's gradient, so the result
+    does not depend on how DDP lays out its buckets (it rebuilds them after the first step). Raises
+    ValueError for NaN or inf gradients (integers cannot carry them) and TypeError for other types."""
     state = state if state is not None else BlockFPState()
     group = _group(state.process_group)
     n = group.size()
     buf = bucket.buffer()
     if buf.dtype != torch.float32:
         raise TypeError(f"block_fp_hook: float32 gradients only, not {buf.dtype}")
-    x = buf.detach().numpy()
     per = state.elements_per_block
-    quantize.check_finite(x)
-    e_max = torch.from_numpy(quantize.chunk_exponents(x, per).astype(np.int32))
-    tdist.all_reduce(e_max, op=tdist.ReduceOp.MAX, group=group)
-    q = torch.from_numpy(quantize.quantize(x, e_max.numpy(), n, per).astype(np.int32))
-    tdist.all_reduce(q, op=tdist.ReduceOp.SUM, group=group)
-    buf.copy_(torch.from_numpy(block_fp_mean(x, e_max.numpy(), q.numpy(), n, per)))
+    grads = [g.detach().reshape(-1).numpy() for g in bucket.gradients()] or [buf.detach().numpy()]
+    if sum(g.size for g in grads) != buf.numel():
+        raise ValueError("block_fp_hook: the bucket's gradients do not fill its buffer")
+    for g in grads:
+        quantize.check_finite(g)
+    exps = [quantize.chunk_exponents(g, per).astype(np.int32) for g in grads]
+    e_all = torch.from_numpy(np.concatenate(exps))
+    tdist.all_reduce(e_all, op=tdist.ReduceOp.MAX, group=group)
+    e_max = np.split(e_all.numpy(), np.cumsum([e.size for e in exps])[:-1])
+    q_all = torch.from_numpy(np.concatenate([quantize.quantize(g, e, n, per).astype(np.int32)
+                                             for g, e in zip(grads, e_max)]))
+    tdist.all_reduce(q_all, op=tdist.ReduceOp.SUM, group=group)
+    sums = np.split(q_all.numpy(), np.cumsum([g.size for g in grads])[:-1])
+    mean = np.concatenate([block_fp_mean(g, e, q, n, per) for g, e, q in zip(grads, e_max, sums)])
+    buf.copy_(torch.from_numpy(mean))
     state.buckets += 1
     fut = Future()
     fut.set_result(buf)
