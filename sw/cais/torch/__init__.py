@@ -105,7 +105,8 @@ class _Buf:
         self.tensor = t
         self.src = t if t.is_contiguous() else t.contiguous()
         self.bf16 = t.dtype == torch.bfloat16
-        self.array = self.src.view(torch.uint16).numpy() if self.bf16 else self.src.numpy()
+        mem = self.src.detach()              # the same memory; numpy() refuses tensors that require grad
+        self.array = mem.view(torch.uint16).numpy() if self.bf16 else mem.numpy()
 
     @property
     def wire(self):
