@@ -1,5 +1,5 @@
 """The "cais" torch.distributed backend on the co-simulation (every rank a thread, the reference model of
-the switch; cais.torch.sim): every collective against numpy, DDP against gloo, the block floating point
+the switch; cais.sim.torch_ranks): every collective against numpy, DDP against gloo, the block floating point
 hook's bit-exactness, async works, and the errors (docs/torch.md)."""
 
 import json
@@ -16,7 +16,7 @@ import cais.torch as ct
 from cais.config import Config
 from cais.hostops import ShapeMismatch
 from cais.torch import hooks
-from cais.torch.sim import run_ranks
+from cais.sim.torch_ranks import run_ranks
 
 N = 3
 ELEMS = 6
@@ -123,6 +123,7 @@ def every_collective(rank: int) -> dict:
     return out
 
 
+@pytest.mark.filterwarnings("ignore:`torch.distributed.*` is deprecated:FutureWarning")   # the old names, still torch's API
 @pytest.mark.parametrize("offload", ["always", "never"])
 def test_every_collective_against_numpy(offload):
     """Every collective with the switch taking every all-reduce it can, then with none (the host ring)."""
@@ -166,8 +167,14 @@ STEPS, BATCH, FEATURES, CLASSES = 3, 8, 10, 4
 
 
 def make_model():
-    torch.manual_seed(1234)
-    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.ReLU(), torch.nn.Linear(16, CLASSES))
+    """The same initial parameters on every call, from a generator of its own: the rank threads build
+    their models at once, and torch's global generator would hand them interleaved draws."""
+    model = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.ReLU(), torch.nn.Linear(16, CLASSES))
+    g = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return model
 
 
 def batch(rank: int, step: int):
@@ -222,6 +229,7 @@ def gloo_run(tmp_path, ranks: int) -> dict:
                    for run in runs] for hook in ("plain", "blockfp")}
 
 
+@pytest.mark.slow             # two gloo rank processes (each imports torch): ~15 s on a busy machine
 def test_ddp_trains_like_gloo_and_the_block_fp_hook_is_bit_exact(tmp_path):
     """2 ranks, 3 SGD steps of a small MLP. The float path: every rank ends with the same parameters, and
     gloo's within 1e-6 (the sums' rounding order differs). The block floating point hook: the same bits on

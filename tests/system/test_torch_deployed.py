@@ -92,7 +92,7 @@ os._exit(0)
 def test_deployed_backend_end_to_end(tmp_path):
     require_root()
     from cais.torch import hooks
-    from cais.torch.sim import run_ranks
+    from cais.sim.torch_ranks import run_ranks
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sw"))
     import test_torch as T
     ranks = 3

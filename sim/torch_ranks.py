@@ -2,7 +2,7 @@
 
 ::
 
-    from cais.torch.sim import run_ranks
+    from cais.sim.torch_ranks import run_ranks
     def train(rank):                                   # torch.distributed is initialised with "cais"
         model = DistributedDataParallel(make_model())
         ...
@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import torch.distributed as tdist
 
-from . import Options
+from cais.torch import Options
 
 __all__ = ["run_ranks"]
 
@@ -40,11 +40,11 @@ def run_ranks(fn: Callable[[int], Any], ranks: int, link=None, config=None, rank
     from torch.testing._internal.distributed.multi_threaded_pg import (_install_threaded_pg,
                                                                        _uninstall_threaded_pg)
 
-    from ..comm import World
-    from ..link import run_sync
+    from cais.comm import World
+    from cais.link import run_sync
     if link is None:
-        from ..params import SwitchParams
-        from ..sim.links.model import ModelLink
+        from cais.params import SwitchParams
+        from cais.sim.links.model import ModelLink
         link = ModelLink(SwitchParams(ports=max(4, ranks)))
     store = tdist.HashStore()
 
