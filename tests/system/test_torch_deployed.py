@@ -84,6 +84,12 @@ except Exception as e:                                # noqa: BLE001 - reported
     out["after_death"] = f"{type(e).__name__}: {e}"
 out["after_death_s"] = time.monotonic() - t0          # reported, not asserted
 print(json.dumps(out), flush=True)
+# rank 0's process hosts the coordinator: it stays until every survivor has its answer
+done = os.environ["DONE_DIR"]
+open(os.path.join(done, f"done{r}"), "w").close()
+end = time.monotonic() + 60
+while r == 0 and time.monotonic() < end and not all(os.path.exists(os.path.join(done, f"done{q}")) for q in range(n - 1)):
+    time.sleep(0.05)
 os._exit(0)
 """
 
@@ -108,7 +114,7 @@ def test_deployed_backend_end_to_end(tmp_path):
             env = dict(os.environ, RANK=str(i), LOCAL_RANK=str(i), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT="29555", CAIS_IFACE=f"{cluster.tag}h{{local_rank}}", CAIS_SWITCH=cluster.control,
                        CAIS_CONTROLLER=cluster.controller, CAIS_CONFIG=str(config), CAIS_TIMEOUT="30",
-                       OMP_NUM_THREADS="1")
+                       OMP_NUM_THREADS="1", DONE_DIR=str(tmp_path))
             procs.append(cluster._spawn(cluster.rank_ns[i], ["-c", RANK, os.path.join(os.path.dirname(__file__),
                                                                                         "..", "sw")],
                                         env, tmp_path / f"rank{i}.log"))
