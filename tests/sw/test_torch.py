@@ -324,3 +324,16 @@ def test_docs_in_process_example_runs():
     printed = []
     exec(compile(code, "docs/torch.md", "exec"), {"print": printed.append})
     assert printed == [[[6.0] * 4] * 3]
+
+
+def test_contiguous_tensors_are_handed_over_without_a_copy():
+    """The driver gets a numpy view of a contiguous tensor's own memory (bf16 as its bit patterns); only a
+    strided tensor goes through a contiguous copy."""
+    t = torch.arange(6, dtype=torch.float32)
+    assert np.shares_memory(ct._Buf(t, "x").array, t.numpy())
+    b = torch.zeros(4, dtype=torch.bfloat16)
+    assert np.shares_memory(ct._Buf(b, "x").array, b.view(torch.int16).numpy())
+    w = torch.zeros(8, requires_grad=True)
+    assert np.shares_memory(ct._Buf(w, "x").array, w.detach().numpy())
+    strided = torch.zeros(8)[::2]
+    assert not np.shares_memory(ct._Buf(strided, "x").array, strided.numpy())
