@@ -190,7 +190,6 @@ class ProcessGroupCais(tdist.ProcessGroup):
         from ..dist import DistPrimitives
         self._deployed = isinstance(prims, DistPrimitives)
         self._completer = _Completer() if self._deployed else None
-        self._serial = 0
 
     def getBackendName(self) -> str:
         return BACKEND
