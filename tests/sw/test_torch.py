@@ -46,6 +46,9 @@ CASES += [(torch.int32, "product"), (torch.float32, "product"), (torch.int64, "b
           (torch.int8, "bxor"), (torch.bool, "bor")]
 
 
+WIDE64 = [[2**62 + r, (1 << 40) + r, -(1 << 33) - r, 2**63 - 1 - r, -2**63 + r, (r - 1) << 32] for r in range(N)]
+
+
 def expected(dtype, op) -> np.ndarray:
     stack = np.stack([numpy_of(inputs(r, dtype)) for r in range(N)])
     if op == "avg":
@@ -66,6 +69,12 @@ def every_collective(rank: int) -> dict:
         t = inputs(rank, dtype)
         dist.all_reduce(t, op=OPS[op])
         out["all_reduce"][f"{dtype}-{op}"] = numpy_of(t).tolist()
+    # int64 beyond int32: sums that wrap modulo 2**64, MAX/MIN decided in the low word or by the sign
+    wide64 = torch.tensor(WIDE64[rank], dtype=torch.int64)
+    for op in ("sum", "max", "min"):
+        t = wide64.clone()
+        dist.all_reduce(t, op=OPS[op])
+        out[f"int64_{op}"] = t.tolist()
     # not contiguous: a strided view is reduced, the elements between untouched
     wide = torch.zeros(2 * ELEMS, dtype=torch.int32)
     wide[::2] = inputs(rank, torch.int32)
@@ -133,6 +142,9 @@ def test_every_collective_against_numpy(offload):
             want = expected(dtype, op)
             got = np.array(out["all_reduce"][f"{dtype}-{op}"], dtype=want.dtype)
             assert np.array_equal(got, want), (rank, dtype, op, got, want)
+        with np.errstate(over="ignore"):
+            for op in ("sum", "max", "min"):
+                assert out[f"int64_{op}"] == REDUCE[op](np.array(WIDE64, np.int64)).tolist(), op
         strided = np.zeros(2 * ELEMS, np.int32)
         strided[::2] = expected(torch.int32, "sum")
         assert out["strided"] == strided.tolist()
@@ -152,8 +164,8 @@ def test_every_collective_against_numpy(offload):
         assert out["async"] == [N] * 4
         native = ("switch", "ring") if offload == "always" else ("ring", "switch")
         assert out["paths"][native[0]] > 0 and native[1] not in out["paths"], out["paths"]
-        # int64: its 4 ops and reduce_scatter_tensor; fold: float64 SUM/AVG, 2 PRODUCT, 4 bitwise
-        assert out["paths"]["int64"] == 4 + 1 and out["paths"]["fold"] == 2 + 2 + 4, out["paths"]
+        # int64: its 4 ops, the 3 wide ones and reduce_scatter_tensor; fold: float64 SUM/AVG, 2 PRODUCT, 4 bitwise
+        assert out["paths"]["int64"] == 4 + 3 + 1 and out["paths"]["fold"] == 2 + 2 + 4, out["paths"]
 
 
 def test_paths_are_documented_per_dtype_and_op():
