@@ -235,6 +235,9 @@ class Cluster:
     -------
     tag : str
         ``c<pid>``: every name this run creates starts with it.
+    rank_ns : list[str]
+        Each rank's namespace: one each, or with ``one_host=True`` one for all (loopback up), as the
+        processes of one node that torchrun starts (docs/torch.md).
     namespaces : list[str]
         Created so far (removed by :meth:`close`).
     procs : list[subprocess.Popen]
