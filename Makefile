@@ -21,7 +21,7 @@ TESTCASE ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-fast tb sim verilog lint bench cluster clean distclean
-.PHONY: formal fuzz faults
+.PHONY: formal fuzz faults train
 
 help: ## List the targets
 	@echo "CAIS make targets (ARGS=\"...\" passes options to sim/verilog/lint/bench):"
@@ -55,6 +55,9 @@ lint: $(STAMP) ## Export, then verilator --lint-only -Wall with the documented w
 
 bench: $(STAMP) ## Run the datapath benchmark and print its table
 	$(VPY) bench/bench_datapath.py $(ARGS)
+
+train: $(STAMP) ## (root) DDP on scikit-learn's digits through cais-switch with torchrun, 4 ranks, against gloo; a loss plot (ARGS="--ranks 3 --backend verilator")
+	$(VPY) examples/train_digits.py $(ARGS)
 
 cluster: $(STAMP) ## 4 rank processes + cais-switch (model) in network namespaces it creates; prints CORRECT per collective (root; ARGS="--ranks 3 --elements 500")
 	$(VPY) -m cais.cluster $(ARGS)

@@ -235,17 +235,23 @@ class Cluster:
     -------
     tag : str
         ``c<pid>``: every name this run creates starts with it.
+    rank_ns : list[str]
+        Each rank's namespace: one each, or with ``one_host=True`` one for all (loopback up), as the
+        processes of one node that torchrun starts (docs/torch.md).
     namespaces : list[str]
         Created so far (removed by :meth:`close`).
     procs : list[subprocess.Popen]
         Started so far (ended by :meth:`close`).
     """
 
-    def __init__(self, ranks: int, tmp: Path):
+    def __init__(self, ranks: int, tmp: Path, one_host: bool = False):
         self.ranks, self.tmp = ranks, tmp
         self.tag = f"c{os.getpid()}"
         self.switch_ns = f"{self.tag}sw"
-        self.rank_ns = [f"{self.tag}r{i}" for i in range(ranks)]
+        # one_host: every rank's interface in one namespace (a node with a NIC per rank, as torchrun
+        # launches them: its loopback is up, for torch's own rendezvous on MASTER_ADDR=127.0.0.1)
+        self.one_host = one_host
+        self.rank_ns = [f"{self.tag}hosts"] * ranks if one_host else [f"{self.tag}r{i}" for i in range(ranks)]
         self.namespaces: list[str] = []
         self.procs: list[subprocess.Popen] = []
         self.control = str(tmp / "switch.sock")
@@ -256,10 +262,10 @@ class Cluster:
         self.http = None                     # 127.0.0.1:PORT in the switch's namespace, once it listens
 
     def create(self) -> None:
-        for ns in [self.switch_ns] + self.rank_ns:
+        for ns in dict.fromkeys([self.switch_ns] + self.rank_ns):
             _ip("netns", "add", ns)
             self.namespaces.append(ns)
-            if ns == self.switch_ns:
+            if ns == self.switch_ns or self.one_host:
                 _ip("-n", ns, "link", "set", "lo", "up")     # the controller's HTTP endpoint is on loopback
             for key in ("all", "default"):
                 subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1"],

@@ -57,9 +57,10 @@ from .rawsock import RawPort
 from .ring import DEFAULT_MAX_PAYLOAD, RingAllReduce
 from .seal import SEAL_BYTES, FrameSeal
 
-__all__ = ["init", "is_initialized", "destroy_process_group", "new_group", "get_rank", "get_world_size",
-           "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "synchronize",
-           "ReduceOp", "Work", "ProcessGroup", "CollectiveError", "ENV", "DEPLOY_DEFAULTS"]
+__all__ = ["init", "init_process_group", "is_initialized", "destroy_process_group", "new_group", "get_rank",
+           "get_world_size", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "synchronize",
+           "reduce", "gather", "scatter", "all_to_all", "send", "recv",
+           "ReduceOp", "Work", "ProcessGroup", "CollectiveError", "ENV", "TORCH_ENV", "DEPLOY_DEFAULTS"]
 
 log = logging.getLogger("cais.dist")
 
@@ -68,6 +69,9 @@ ENV = {"rank": "CAIS_RANK", "world_size": "CAIS_WORLD_SIZE", "interface": "CAIS_
        "switch": "CAIS_SWITCH", "controller": "CAIS_CONTROLLER", "config": "CAIS_CONFIG",
        "timeout": "CAIS_TIMEOUT", "token": "CAIS_TOKEN", "job": "CAIS_JOB", "hosts": "CAIS_HOSTS",
        "connect_timeout": "CAIS_CONNECT_TIMEOUT"}
+#: torch's (torchrun's) variables, read when the CAIS_* one is absent: rank, world size, and the host of
+#: rank 0, whose process hosts the coordinator (at MASTER_ADDR:``Config.controller_port``)
+TORCH_ENV = {"rank": "RANK", "world_size": "WORLD_SIZE", "controller": "MASTER_ADDR"}
 #: configuration for real time: Python ranks answer in about a millisecond, not in switch cycles
 DEPLOY_DEFAULTS = {"timeout_ms": 50.0, "reevaluate_interval_ms": 1000.0}
 DEFAULT_TIMEOUT_S = 60.0     # a collective that has not completed by then fails
@@ -80,10 +84,19 @@ LINGER_S = 1.0               # a finished engine still answers repeats this long
 
 
 class ReduceOp(str, enum.Enum):
+    """SUM, MAX, MIN (the switch's), AVG (SUM, then divided); PRODUCT and the bitwise BAND, BOR, BXOR by an
+    all-gather and a local fold (:func:`cais.hostops.fold_all_reduce`)."""
     SUM = "sum"
     MAX = "max"
     MIN = "min"
     AVG = "avg"
+    PRODUCT = "product"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
+
+
+_SWITCH_OPS = ("sum", "max", "min", "avg")       # the rest: hostops.fold_all_reduce
 
 
 # ---------------------------------------------------------------------- the progress engine
@@ -740,15 +753,33 @@ class Work:
 
 
 def _env(name: str, value, cast=str):
+    """`value`, else the CAIS_* variable, else torch's (:data:`TORCH_ENV`: RANK, WORLD_SIZE)."""
     if value is not None:
         return value
-    text = os.environ.get(ENV[name])
+    var = ENV[name]
+    text = os.environ.get(var)
+    if (text is None or text == "") and name in ("rank", "world_size"):
+        var = TORCH_ENV[name]
+        text = os.environ.get(var)
     if text is None or text == "":
         return None
     try:
         return cast(text)
     except ValueError:
-        raise ValueError(f"{ENV[name]}={text!r}: not a valid {name}") from None
+        raise ValueError(f"{var}={text!r}: not a valid {name}") from None
+
+
+def _interface_for(interface: str | None, rank: int | None) -> str | None:
+    """``CAIS_IFACE`` may name each rank's interface with ``{rank}`` or ``{local_rank}`` (LOCAL_RANK, as
+    torchrun sets it), so one value serves every process of a node (``CAIS_IFACE='h{local_rank}'``)."""
+    if interface is None or "{" not in interface:
+        return interface
+    local = os.environ.get("LOCAL_RANK", rank)
+    try:
+        return interface.format(rank=rank, local_rank=local)
+    except (KeyError, IndexError, ValueError):
+        raise ValueError(f"{ENV['interface']}={interface!r}: only {{rank}} and {{local_rank}} may be "
+                         "filled in") from None
 
 
 def init(interface: str | None = None, rank: int | None = None, world_size: int | None = None, *,
@@ -756,7 +787,9 @@ def init(interface: str | None = None, rank: int | None = None, world_size: int 
          timeout: float | None = None, connect_timeout: float | None = None, **overrides) -> ProcessGroup:
     """Join the cluster as `rank` of `world_size` on network interface `interface` (wired to switch port
     `rank`). Arguments not given come from the environment (:data:`ENV`: ``CAIS_IFACE``, ``CAIS_RANK``,
-    ``CAIS_WORLD_SIZE``, ``CAIS_SWITCH``, ``CAIS_CONTROLLER``, ``CAIS_CONFIG``, ``CAIS_TIMEOUT``).
+    ``CAIS_WORLD_SIZE``, ``CAIS_SWITCH``, ``CAIS_CONTROLLER``, ``CAIS_CONFIG``, ``CAIS_TIMEOUT``); where a
+    CAIS_* variable is absent, torch's (:data:`TORCH_ENV`): ``RANK``, ``WORLD_SIZE``, and ``MASTER_ADDR``
+    for the coordinator (``MASTER_ADDR:controller_port``). ``CAIS_IFACE`` may hold ``{local_rank}``.
 
     `switch` is the switch's control endpoint (only rank 0 uses it: its process hosts the coordinator);
     `controller` the coordinator's endpoint (a Unix socket path, or HOST:PORT), default
@@ -770,8 +803,8 @@ def init(interface: str | None = None, rank: int | None = None, world_size: int 
     global _pg
     if _pg is not None:
         raise RuntimeError("cais.init: already initialized (cais.destroy_process_group() first)")
-    interface = _env("interface", interface)
     rank = _env("rank", rank, int)
+    interface = _interface_for(_env("interface", interface), rank)
     world_size = _env("world_size", world_size, int)
     switch = _env("switch", switch)
     timeout = _env("timeout", timeout, float)
@@ -789,10 +822,26 @@ def init(interface: str | None = None, rank: int | None = None, world_size: int 
     base = config if isinstance(config, Config) else Config.load(cfg_path)
     given = {k for k, v in base.as_dict().items() if v != getattr(Config(), k)}
     cfg = base.replace(**{k: v for k, v in DEPLOY_DEFAULTS.items() if k not in given}, **overrides)
-    controller = _env("controller", controller) or f"{cfg.controller_address}:{cfg.controller_port}"
+    master = os.environ.get(TORCH_ENV["controller"])
+    controller = (_env("controller", controller) or (f"{master}:{cfg.controller_port}" if master else None)
+                  or f"{cfg.controller_address}:{cfg.controller_port}")
     _pg = ProcessGroup(interface, int(rank), int(world_size), switch, controller, cfg,
                        DEFAULT_TIMEOUT_S if timeout is None else timeout, connect_timeout)
     return _pg
+
+
+def init_process_group(backend: str = "cais", init_method: str | None = None, world_size: int | None = None,
+                       rank: int | None = None, **kwargs) -> ProcessGroup:
+    """torch's name for :func:`init`: `backend` must be "cais"; `init_method` "env://" (or None) reads the
+    environment as :func:`init` does (CAIS_*, else RANK, WORLD_SIZE and MASTER_ADDR); the other keyword
+    arguments are :func:`init`'s."""
+    if backend != "cais":
+        raise ValueError(f"init_process_group: backend={backend!r}: this is the cais driver (torch's own "
+                         "backends: torch.distributed.init_process_group; 'cais' in torch: import cais.torch)")
+    if init_method not in (None, "env://"):
+        raise ValueError(f"init_process_group: init_method={init_method!r}: only env:// here (tcp:// and "
+                         "file:// through torch.distributed with import cais.torch)")
+    return init(rank=rank, world_size=world_size, **kwargs)
 
 
 def is_initialized() -> bool:
@@ -864,19 +913,34 @@ def _avg(total: np.ndarray, n: int, dtype) -> np.ndarray:
     return np.trunc(total.astype(np.float64) / n).astype(total.dtype)
 
 
+def _op_name(op) -> str:
+    name = op.value if isinstance(op, ReduceOp) else str(getattr(op, "name", op)).lower()
+    if name not in {o.value for o in ReduceOp}:
+        raise ValueError(f"op={op!r}: expected one of {', '.join(o.name for o in ReduceOp)}")
+    return name
+
+
 def all_reduce(array, op=ReduceOp.SUM, group: Group | None = None, async_op: bool = False, dtype=None):
-    """Reduce `array` over the group in place (SUM, MAX, MIN or AVG); element types as
+    """Reduce `array` over the group in place (:class:`ReduceOp`); element types as
     :meth:`cais.comm.Communicator.all_reduce` (int32/16/8, float32/16, bf16 with ``dtype="bf16"``, float64
-    quantized). In the switch's slots when the controller offloads it, else on the host ring. Returns
-    None, or a :class:`Work` with `async_op`."""
+    quantized). In the switch's slots when the controller offloads it, else on the host ring. int64 goes
+    through the switch's int32 lanes exactly (:func:`cais.hostops.int64_all_reduce`); PRODUCT and the
+    bitwise ops by an all-gather and a local fold (:func:`cais.hostops.fold_all_reduce`), those two at
+    once (their Work is complete). Returns None, or a :class:`Work` with `async_op`."""
     pg = _get()
     arr = _as_array(array)
-    name = op.value if isinstance(op, ReduceOp) else str(getattr(op, "name", op)).lower()
-    if name not in ("sum", "max", "min", "avg"):
-        raise ValueError(f"op={op!r}: expected SUM, MAX, MIN or AVG")
+    name = _op_name(op)
+    if name not in _SWITCH_OPS or (arr.dtype == np.int64 and dtype is None):
+        from . import hostops
+        buf = np.ascontiguousarray(arr).copy()
+        if name not in _SWITCH_OPS:
+            hostops.fold_all_reduce(DistPrimitives(pg), buf, name, group)
+        else:
+            hostops.int64_all_reduce(DistPrimitives(pg), buf, name, group)
+        arr[...] = buf
+        return _completed(pg, array, async_op)
     n = _group_size(pg, group)
-    inner = pg.comm.all_reduce(np.array(arr), op="sum" if name == "avg" else name, group=group, async_op=True,
-                               dtype=dtype)
+    inner = pg.comm.all_reduce(arr, op="sum" if name == "avg" else name, group=group, async_op=True, dtype=dtype)
     pg.comm._outstanding.clear()      # this module tracks its own outstanding works
 
     def finish(result):
@@ -885,6 +949,15 @@ def all_reduce(array, op=ReduceOp.SUM, group: Group | None = None, async_op: boo
         arr[...] = out.reshape(arr.shape)
         return array
     return _track(pg, Work(inner, finish), async_op)
+
+
+def _completed(pg: ProcessGroup, value, async_op: bool):
+    """A collective run at once: None, or (`async_op`) a complete :class:`Work` returning `value`."""
+    if not async_op:
+        return None
+    inner = _CommWork(pg, pg.rank)
+    inner._done.set()
+    return Work(inner, lambda _result: value)
 
 
 def broadcast(array, src: int, group: Group | None = None, async_op: bool = False):
@@ -1005,3 +1078,129 @@ def _synchronize(pg: ProcessGroup) -> None:
 def synchronize() -> None:
     """Wait for every collective started with ``async_op=True`` on this rank (raising the first error)."""
     _synchronize(_get())
+
+
+# ---------------------------------------------------------------------- host-path collectives
+class DistPrimitives:
+    """This process's collectives as :mod:`cais.hostops` composes them (blocking, in place)."""
+
+    def __init__(self, pg: ProcessGroup):
+        self.pg, self.rank, self.world_size = pg, pg.rank, pg.world_size
+
+    def group_ranks(self, group) -> list[int]:
+        return list(range(self.world_size)) if group is None else list(group.ranks)
+
+    def new_group(self, ranks):
+        return new_group(ranks)
+
+    def all_reduce(self, arr, op, group=None, dtype=None) -> str | None:
+        work = all_reduce(arr, op, group, async_op=True, dtype=dtype)
+        if work in self.pg.outstanding:
+            self.pg.outstanding.remove(work)
+        work.wait()
+        if work.ranks is not None and len(work.ranks) < len(self.group_ranks(group)):
+            raise CollectiveError(f"rank {self.rank}: all_reduce: rank(s) {sorted(set(self.group_ranks(group)) - set(work.ranks))} "
+                                  "died during it; a composed collective cannot go on without them")
+        return work.path
+
+    def broadcast(self, arr, src, group=None):
+        broadcast(arr, src, group)
+
+    def all_gather(self, out, arr, group=None):
+        all_gather(out, arr, group)
+
+
+def _host(name, *args, async_op: bool = False, result=None):
+    """Run hostops.`name` on this process's primitives at once (the returned Work, if any, is complete)."""
+    from . import hostops
+    pg = _get()
+    getattr(hostops, name)(DistPrimitives(pg), *args)
+    return _completed(pg, result, async_op)
+
+
+def reduce(array, dst: int, op=ReduceOp.SUM, group: Group | None = None, async_op: bool = False):
+    """Reduce every rank's `array` into rank `dst`'s, in place (an all-reduce through the switch; the other
+    ranks' arrays keep their input). Runs at once."""
+    pg = _get()
+    arr = _as_array(array)
+    name = _op_name(op)
+    buf = np.ascontiguousarray(arr).copy()
+    out = _host("reduce", buf, dst, name, group, async_op=async_op, result=array)
+    if pg.rank == dst:
+        arr[...] = buf
+    return out
+
+
+def gather(array, gather_list=None, dst: int = 0, group: Group | None = None, async_op: bool = False):
+    """Rank `dst` gets every rank's `array` in `gather_list` (a list of one array per rank, or one array of
+    shape ``(ranks, *array.shape)``); the others pass None. An all-gather forwarded by the switch."""
+    pg = _get()
+    arr = np.asarray(array)
+    stacked = None
+    if pg.rank == dst:
+        if gather_list is None:
+            raise ValueError(f"gather: rank {dst} (dst) needs a gather_list")
+        stacked = np.empty((_group_size(pg, group),) + arr.shape, arr.dtype)
+    out = _host("gather", arr, stacked, dst, group, async_op=async_op, result=gather_list)
+    if stacked is not None:
+        _fill(gather_list, stacked, "gather")
+    return out
+
+
+def scatter(array, scatter_list=None, src: int = 0, group: Group | None = None, async_op: bool = False):
+    """Rank i of the group gets block i of rank `src`'s `scatter_list` (a list of one array per rank, or one
+    array of shape ``(ranks, *array.shape)``) in `array`, in place. A broadcast of every block."""
+    pg = _get()
+    arr = _as_array(array)
+    blocks = None
+    if pg.rank == src:
+        if scatter_list is None:
+            raise ValueError(f"scatter: rank {src} (src) needs a scatter_list")
+        blocks = _stack(scatter_list)
+    buf = np.empty(arr.shape, arr.dtype)
+    out = _host("scatter", buf, blocks, src, group, async_op=async_op, result=array)
+    arr[...] = buf
+    return out
+
+
+def all_to_all(output, input, group: Group | None = None, async_op: bool = False):
+    """Rank i's block j of `input` ends as block i of rank j's `output` (lists of one array per rank, or
+    arrays whose first dimension is the group size; equal blocks). An all-gather and a local selection."""
+    blocks = _stack(input)
+    out = np.empty_like(blocks)
+    done = _host("all_to_all", out, blocks, group, async_op=async_op, result=output)
+    _fill(output, out, "all_to_all")
+    return done
+
+
+def send(array, dst: int) -> None:
+    """Send `array` to rank `dst`, which calls :func:`recv` with an array of the same size and type
+    (through the switch's forwarding, in a group of the two made on their first exchange)."""
+    _host("send", np.asarray(array), dst)
+
+
+def recv(array, src: int) -> None:
+    """Receive into `array` (in place) what rank `src` sends."""
+    arr = _as_array(array)
+    buf = np.empty(arr.shape, arr.dtype)
+    _host("recv", buf, src)
+    arr[...] = buf
+
+
+def _stack(blocks) -> np.ndarray:
+    if isinstance(blocks, (list, tuple)):
+        arrs = [np.asarray(b) for b in blocks]
+        if len({(a.shape, a.dtype) for a in arrs}) > 1:
+            raise ValueError("every block must have the same shape and type")
+        return np.stack(arrs)
+    return np.ascontiguousarray(blocks)
+
+
+def _fill(dest, stacked: np.ndarray, what: str) -> None:
+    if isinstance(dest, (list, tuple)):
+        if len(dest) != len(stacked):
+            raise ValueError(f"{what}: {len(dest)} output arrays for {len(stacked)} ranks")
+        for d, b in zip(dest, stacked):
+            _as_array(d)[...] = b.reshape(np.shape(d))
+    else:
+        _as_array(dest)[...] = stacked.reshape(np.shape(dest))

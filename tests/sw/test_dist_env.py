@@ -1,0 +1,64 @@
+"""cais.init's arguments from torch's (torchrun's) environment when the CAIS_* variables are absent
+(docs/torch.md): RANK, WORLD_SIZE, LOCAL_RANK in CAIS_IFACE, MASTER_ADDR for the coordinator; and
+init_process_group's checks. The rank's process group is replaced by a recorder: nothing is opened."""
+
+import pytest
+
+import cais
+import cais.dist as cd
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    calls = []
+
+    class Recorder:
+        def __init__(self, interface, rank, world_size, switch, controller, config, timeout, connect_timeout):
+            calls.append(dict(interface=interface, rank=rank, world_size=world_size, switch=switch,
+                              controller=controller))
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(cd, "ProcessGroup", Recorder)
+    monkeypatch.setattr(cd, "_synchronize", lambda pg: None)
+    for name in list(cd.ENV.values()) + list(cd.TORCH_ENV.values()) + ["LOCAL_RANK"]:
+        monkeypatch.delenv(name, raising=False)
+    yield calls
+    cd._pg = None
+
+
+def test_torchrun_variables_fill_in(recorded, monkeypatch):
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
+    monkeypatch.setenv("CAIS_IFACE", "eth{local_rank}")
+    cais.init_process_group("cais", init_method="env://")
+    assert recorded[-1] == dict(interface="eth1", rank=5, world_size=8, switch=None, controller="10.1.2.3:7700")
+
+
+def test_cais_variables_win_over_torchs(recorded, monkeypatch):
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("CAIS_RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("CAIS_WORLD_SIZE", "4")
+    monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
+    monkeypatch.setenv("CAIS_CONTROLLER", "/run/c.sock")
+    cais.init("h{rank}")
+    assert recorded[-1]["interface"] == "h2" and recorded[-1]["rank"] == 2 and recorded[-1]["world_size"] == 4
+    assert recorded[-1]["controller"] == "/run/c.sock"
+
+
+def test_bad_values_name_the_variable(recorded, monkeypatch):
+    monkeypatch.setenv("RANK", "zero")
+    with pytest.raises(ValueError, match="RANK='zero'"):
+        cais.init("h0", world_size=2)
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError, match=r"only \{rank\} and \{local_rank\}"):
+        cais.init("h{node}", world_size=2)
+    with pytest.raises(ValueError, match="backend='gloo'"):
+        cais.init_process_group("gloo")
+    with pytest.raises(ValueError, match="init_method='tcp://"):
+        cais.init_process_group("cais", init_method="tcp://10.0.0.1:23456")
+    assert recorded == []
