@@ -56,6 +56,7 @@ send its first request within :data:`cais.endpoint.AUTH_IDLE_S`, and at most
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -215,6 +216,12 @@ class Coordinator:
         The latest jobs that ended (``ended``, ``failed`` or ``replaced``), oldest first.
     recovering : bool
         Started with ``recover`` and no job's world group rejoined yet: only ``rejoin`` is answered.
+    switch_lock : threading.RLock
+        Held around every piece of work that may talk to the switch (a rank's request, the periodic pass,
+        an HTTP rule change), taken before the state lock: such work runs one at a time, and its register
+        writes never interleave with another's. While it waits for the switch it gives the state lock up
+        (:meth:`_io_unlocked`), so what only reads the controller's state (/metrics, the HTTP views, a
+        refusal's count) is not held up by a slow switch; it sees the state as it is between two accesses.
     """
 
     def __init__(self, switch: str, world_size: int, config: Config, *, rank_ports: list[int] | None = None,
@@ -231,7 +238,9 @@ class Coordinator:
         self.controller = Controller(self.link, config, ports, [host_mac(r) for r in range(world_size)],
                                      drop_dead=False)
         self._running: dict[int, tuple[int, set]] = {}   # group -> (latest collective, hosts that finished it)
-        self._lock = threading.Condition()
+        self._lock = threading.Condition()     # the state lock (an RLock: re-entered by _left and the like)
+        self.switch_lock = threading.RLock()
+        self.link.around_io = self._io_unlocked
         self._t0 = time.monotonic()
         if not token:
             raise ValueError("the coordinator needs a token (CAIS_TOKEN, --token-file): every rank sends it")
@@ -447,9 +456,31 @@ class Coordinator:
             raise ValueError(f"group {gid}: not a group of job {job.name!r}")
         return gid
 
+    @contextlib.contextmanager
+    def _io_unlocked(self):
+        """Around one switch access: the state lock given up meanwhile, when this thread holds it and the
+        switch lock (work that holds the state lock alone keeps it: it may not interleave with other work)."""
+        if not (self._lock._is_owned() and self.switch_lock._is_owned()):
+            yield
+            return
+        saved = self._lock._release_save()
+        try:
+            yield
+        finally:
+            self._lock._acquire_restore(saved)
+
+    def _wait(self, timeout: float) -> None:
+        """Wait on the state lock's condition inside a request: the switch lock is given up too (the other
+        ranks' requests need it), then taken back before the state lock (the order every thread takes them)."""
+        saved = self.switch_lock._release_save()
+        self._lock.wait(timeout)
+        state = self._lock._release_save()
+        self.switch_lock._acquire_restore(saved)
+        self._lock._acquire_restore(state)
+
     def handle(self, req: dict, conn_state: dict) -> dict:
         op = req.get("op")
-        with self._lock:
+        with self.switch_lock, self._lock:
             if op == "ping":
                 return {}
             if op == "rejoin":
@@ -623,7 +654,7 @@ class Coordinator:
             if left <= 0:
                 raise ValueError(f"new_group({list(ranks)}): rank(s) {sorted(set(ranks) - entry['arrived'])} "
                                  f"did not call it within {RENDEZVOUS_S:g} s")
-            self._lock.wait(min(left, 0.2))
+            self._wait(min(left, 0.2))
         if entry["error"] is not None:
             raise ValueError(entry["error"])
         return {"group": entry["info"]}
@@ -683,7 +714,7 @@ class Coordinator:
         finally:
             sock.close()
             if state.get("rank") is not None and not self._closing:
-                with self._lock:
+                with self.switch_lock, self._lock:
                     self._left(state)
             self._gate.leave()
 

@@ -235,8 +235,12 @@ class ControllerService:
         The ranks' endpoint and the controller behind it.
     controller : cais.controller.Controller
     lock : threading.Condition
-        Held around every use of the controller's state (the coordinator's); the periodic evaluation's
-        switch reads are done without it (:meth:`evaluate_once`).
+        Held around every use of the controller's state (the coordinator's), but never while the switch is
+        asked something: work that talks to the switch holds ``switch_lock`` first and gives ``lock`` up
+        while it waits for each answer (:attr:`cais.coordinator.Coordinator.switch_lock`). /metrics and the
+        HTTP views take ``lock`` alone, so a slow switch holds them up by one Python step at most.
+    switch_lock : threading.RLock
+        The coordinator's: serializes the work that may talk to the switch.
     evaluation_errors : int
         Periodic evaluations that failed (logged; the loop goes on).
     http_refused : dict[str, int]
@@ -253,6 +257,7 @@ class ControllerService:
                                        switch_retry_s=switch_retry_s)
         self.controller = self.coordinator.controller
         self.lock = self.coordinator._lock
+        self.switch_lock = self.coordinator.switch_lock
         self.http_refused: dict[str, int] = {}
         self.evaluation_errors = 0
         self._t0 = time.monotonic()
@@ -270,7 +275,7 @@ class ControllerService:
         self.metrics_port = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        with self.lock:
+        with self.switch_lock, self.lock:
             run_sync(self.controller.evaluate(self.coordinator.now()))
 
     def refused_all(self) -> dict[tuple[str, str], int]:
@@ -317,7 +322,7 @@ class ControllerService:
         try:
             now = self.coordinator.now()
             pre = run_sync(self.controller.prefetch(now))
-            with self.lock:
+            with self.switch_lock, self.lock:
                 run_sync(self.controller.service(now, pre))
             return True
         except Exception as e:      # noqa: BLE001 (any one failure: the loop must outlive it)
@@ -390,7 +395,7 @@ class ControllerService:
                 rule = rule_from_dict(req["rule"])
             except ValueError as e:
                 return self._bad("bad_request", 400, str(e))
-            with self.lock:
+            with self.switch_lock, self.lock:
                 try:
                     ctl.check_rule(index, rule)
                 except RuleConflict as e:
@@ -405,7 +410,7 @@ class ControllerService:
                 index = int(m.group(1), 10)
             except ValueError:
                 return self._bad("bad_request", 400, f"rule index {m.group(1)!r}: not an integer")
-            with self.lock:
+            with self.switch_lock, self.lock:
                 try:
                     rule = run_sync(ctl.del_rule(index))
                 except KeyError as e:
