@@ -76,7 +76,8 @@ from .config import Config
 from .controller import Controller, GroupInfo
 from .controller.switch import ControlLink
 from .endpoint import (AUTH_IDLE_S, EndpointError, Gate, LineBuffer, accept_backoff, connect, decode, listen,
-                       need_int, open_private, private_dir, parse_address, read_token, trusted_uid)
+                       need_int, open_private, printable, private_dir, parse_address, read_token, trusted_uid,
+                       WarningLimiter)
 from .link import run_sync
 
 __all__ = ["ControlLink", "Coordinator", "Job", "DEFAULT_JOB", "token_file_for", "make_token", "read_made_token",
@@ -247,6 +248,7 @@ class Coordinator:
         self.token = token
         self.restarted = recover          # rejoin is accepted only after a restart (--recover)
         self.refused: dict[str, int] = {"token": 0, "invalid": 0}   # requests refused, by reason
+        self._token_warnings = WarningLimiter()                       # their warnings: one per WARN_INTERVAL_S
         run_sync(self.controller.start())
         self.jobs: dict[str, Job] = {}
         self.ended: list[dict] = []                  # the latest JOB_HISTORY jobs that ended, oldest first
@@ -675,7 +677,11 @@ class Coordinator:
         if not self.authorised(req):
             with self._lock:
                 self.refused["token"] += 1
-            log.warning("refused a request without the controller's token (op %r)", str(req.get("op"))[:40])
+            quiet = self._token_warnings.allow()
+            if quiet is not None:
+                log.warning("refused a request without the controller's token (op %s)%s",
+                            printable(repr(req.get("op")), 40),
+                            f" ({quiet} more refused since the last warning)" if quiet else "")
             return {"ok": False, "error": "unauthorised: missing or wrong token (set CAIS_TOKEN to the "
                                           "controller's token, the content of its --token-file)"}
         state["authorised"] = True
