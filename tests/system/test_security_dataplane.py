@@ -47,6 +47,7 @@ print(json.dumps(out), flush=True)
 ATTACKER = r"""
 import os, socket, sys, time
 frames_hex, iface, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+pause = float(sys.argv[4]) if len(sys.argv) > 4 else 0.002       # between two rounds of the frames
 frames = [bytes.fromhex(h) for h in frames_hex.split(",")]
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
 s.bind((iface, 0))
@@ -55,7 +56,7 @@ while not os.path.exists(stop) and time.monotonic() < end:
     for f in frames:
         s.send(f)
         sent += 1
-    time.sleep(0.002)
+    time.sleep(pause)
 print(sent, flush=True)
 """
 
@@ -215,7 +216,7 @@ def test_frames_claiming_rank_0_from_another_port_are_dropped_at_the_switch(tmp_
         cluster.start_switch([])
         cluster.start_controller(world_size=2, extra=("--config", str(tmp_path / "cais.toml")))
         attacker = cluster._spawn(cluster.rank_ns[3], ["-c", ATTACKER, ",".join(f.hex() for f in frames),
-                                                      f"{cluster.tag}h3", str(stop)],
+                                                      f"{cluster.tag}h3", str(stop), "0.05"],
                                   dict(os.environ), tmp_path / "attacker.log")
         deadline = time.monotonic() + 30
         while not _registers(cluster, "DROP_SPOOFED_SOURCE")["DROP_SPOOFED_SOURCE"]:
@@ -234,7 +235,14 @@ def test_frames_claiming_rank_0_from_another_port_are_dropped_at_the_switch(tmp_
         stop.touch()
         attacker.wait(30)
         outs = rank_outputs(tmp_path, 2)
-        regs = _registers(cluster, "RX_FRAMES", "DROP_SPOOFED_SOURCE", "DROP_FOREIGN_PORT")
+        # the daemon may still hold frames the attacker sent: read until two rounds agree (a quiet switch)
+        regs, deadline = None, time.monotonic() + 60
+        while True:
+            last, regs = regs, _registers(cluster, "RX_FRAMES", "DROP_SPOOFED_SOURCE", "DROP_FOREIGN_PORT")
+            if regs == last:
+                break
+            assert time.monotonic() < deadline, f"the switch never went quiet: {regs}"
+            time.sleep(0.2)
     finally:
         stop.touch()
         cluster.close()
