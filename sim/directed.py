@@ -222,9 +222,54 @@ def directed_cases(params: SwitchParams, seed: int = 0) -> list[Case]:
         [(0, contribution(0, 0, vals[0]))],
         [(p, contribution(p, 0, vals[p])) for p in range(P)],
     ], writes_before={1: slot_clear_writes(regs, 0, 1)}))
+    cases += _binding_cases(params, regs, setup, contribution, eth, vals)
     cases += _docs_cases(params, regs, rng, setup, contribution, eth)
     cases += _typed_cases(params, regs, rng, setup, contribution)
     return cases
+
+
+def _binding_cases(params: SwitchParams, regs, setup, contribution, eth, vals) -> list[Case]:
+    """Source MACs bound to their MAC-table port (SPOOFED_SOURCE), and host frames never flooded under
+    MAC_POLICY.host_strict (NO_ROUTE), docs/protocol.md sections 4 and 5."""
+    P = params.ports
+    last = P - 1
+
+    def spoof(frame: TxFrame, src: int) -> TxFrame:
+        return TxFrame(frame.data[:6] + src.to_bytes(6, "big") + frame.data[12:])
+
+    def host(port, dst, src=None):
+        hdr = proto.HostHeader(kind=proto.HostKind.DATA, group_id=1, op_seq=3, step=0, frag=0, frags=1, length=8)
+        return TxFrame(proto.build_host_frame(hdr, bytes(range(8)), dst=dst, src=host_mac(port) if src is None else src))
+
+    unknown = 0x02_00_00_00_77_77
+    strict = [(regs["MAC_POLICY"].address(), regs["MAC_POLICY"].pack(host_strict=1))]
+    return [
+        # From port 1 (a contributor of group 1) a contribution, a host frame and an ordinary frame that
+        # claim port 0's host; from the last port an all-gather frame that does: each dropped as
+        # SPOOFED_SOURCE (before NO_RULE, FOREIGN_PORT, routing). Port 0's own address from port 0 and an
+        # address in no entry pass. Then the real contributions: the sum has nothing of the forgery.
+        Case("spoofed_source_dropped", setup(), [
+            [(1, spoof(contribution(1, 0, vals[0]), host_mac(0))),
+             (1, host(1, host_mac(last), src=host_mac(0))),
+             (1, spoof(eth(1, host_mac(last), 64), host_mac(0))),
+             (last, spoof(TxFrame(proto.build_frame(
+                 proto.CaisHeader(op_type=proto.OpType.ALL_GATHER, group_id=1, seq_num=9, payload_len=32),
+                 bytes(32))), host_mac(0))),
+             (0, host(0, host_mac(1))),
+             (last, spoof(eth(last, host_mac(0), 80), unknown))],
+            [(p, contribution(p, 0, vals[p])) for p in range(P)],
+        ]),
+        # Host frames under host_strict: to an address in no entry and to broadcast dropped (NO_ROUTE), to
+        # a known host forwarded; an ordinary frame to an unknown address is still flooded.
+        Case("host_frames_not_flooded", setup() + strict, [
+            [(0, host(0, unknown)), (1, host(1, proto.BROADCAST_MAC)), (last, host(last, host_mac(0))),
+             (0, eth(0, unknown, 70))],
+        ]),
+        # ... and without it (the reset value) host frames are flooded like any ordinary frame.
+        Case("host_frames_flooded_after_reset", setup(), [
+            [(0, host(0, unknown)), (1, host(1, proto.BROADCAST_MAC))],
+        ]),
+    ]
 
 
 def _docs_cases(params: SwitchParams, regs, rng, setup, contribution, eth) -> list[Case]:

@@ -73,7 +73,8 @@ class FuzzResult:
 
 class _Groups:
     """The fuzz's tables: group 1 = every port (int32 SUM), group 2 = the even ports (int32 MAX), group 3 a
-    quota outside the slot memory (BAD_SLOT); a MAC entry per host."""
+    quota outside the slot memory (BAD_SLOT); a MAC entry per host, host frames never flooded
+    (MAC_POLICY.host_strict)."""
 
     def __init__(self, params: SwitchParams):
         P = params.ports
@@ -90,6 +91,7 @@ class _Groups:
                                                            base=params.slots, count_log2=0))
         for p in range(P):
             self.writes += mac_writes(regs, p, MacEntry(host_mac(p), p))
+        self.writes.append((regs["MAC_POLICY"].address(), regs["MAC_POLICY"].pack(host_strict=1)))
         self.writes += slot_clear_writes(regs, 0, 2 * self.Q)
 
 
@@ -206,10 +208,11 @@ class _Batcher:
             good = self._frame(p, self._hdr(group, seq, plen))
             kind = rng.randrange(12)
             bad_keep = bad_fcs = False
-            if kind == 0:                                            # ordinary (MAC table or flood)
+            if kind == 0:            # ordinary (MAC table or flood; a host frame: NO_ROUTE), at times spoofed
                 dst = rng.choice([host_mac(rng.randrange(P)), proto.BROADCAST_MAC, 0x02_00_00_00_09_99])
                 length = rng.choice([60, 64, rng.randint(14, prm.max_frame), prm.max_frame])
-                frame = (proto.EthHeader(dst, host_mac(p), rng.choice([0x0800, 0x86DD])).pack()
+                src = host_mac(p if rng.random() < 0.75 else rng.randrange(P))
+                frame = (proto.EthHeader(dst, src, rng.choice([0x0800, 0x86DD, proto.HOST_ETHERTYPE])).pack()
                          + bytes(rng.getrandbits(8) for _ in range(min(length - 14, 64)))
                          + bytes(max(0, length - 14 - 64)))
             elif kind == 1:                                          # tuser: the MAC saw a bad FCS
@@ -229,6 +232,8 @@ class _Batcher:
             elif kind == 7:                                          # FOREIGN_PORT / NO_RULE / forwarded
                 op = rng.choice([proto.OpType.ALL_REDUCE, proto.OpType.ALL_GATHER, proto.OpType.BROADCAST])
                 frame = self._frame(p, self._hdr(2, seq, plen).replace(op_type=op, group_id=rng.choice([2, 9])))
+            elif kind == 8 and P > 1:                                # another port's host: SPOOFED_SOURCE
+                frame = good[:6] + host_mac((p + rng.randrange(1, P)) % P).to_bytes(6, "big") + good[12:]
             else:                                                    # random bytes of the CAIS header mutated
                 b = bytearray(good)
                 for _ in range(rng.randint(1, 4)):

@@ -36,7 +36,7 @@ import numpy as np
 from cais import numerics
 from cais.params import SwitchParams
 from cais.protocol import (CAIS_HEADER_BYTES, ELEMENT_BYTES, ETH_HEADER_BYTES, ETHERTYPE, HEADERS_BYTES,
-                           MIN_FRAME_BYTES, SUPPORTED_OPS, CaisHeader, DropReason, DType, Flags, OpType,
+                           HOST_ETHERTYPE, MIN_FRAME_BYTES, SUPPORTED_OPS, CaisHeader, DropReason, DType, Flags, OpType,
                            ReduceOp, mac_to_bytes, result_mac)
 from cais.registers import AGE_UNIT_LOG2, AGED_QUEUE_DEPTH, Access, Kind, Register, register_map
 
@@ -339,6 +339,8 @@ class SwitchModel:
             return self._drop(DropReason.RUNT)
         is_cais = int.from_bytes(frame[12:14], "big") == ETHERTYPE
         if not is_cais:
+            if self._spoofed(port, frame):
+                return self._drop(DropReason.SPOOFED_SOURCE)
             return self._emit(self._ordinary(port, frame))
         if L < HEADERS_BYTES:
             return self._drop(DropReason.RUNT)
@@ -354,19 +356,28 @@ class SwitchModel:
         want = HEADERS_BYTES + plen
         if L != want and not (want < MIN_FRAME_BYTES and L == MIN_FRAME_BYTES):
             return self._drop(DropReason.BAD_LENGTH)
+        if self._spoofed(port, frame):
+            return self._drop(DropReason.SPOOFED_SOURCE)
         return self._emit(self._cais(port, frame, hdr))
 
+    def _mac_port(self, mac: int) -> int | None:
+        """The port of the lowest-index valid MAC entry holding ``mac`` (None: no entry holds it)."""
+        return next((p for valid, m, p in self._macs if valid and m == mac), None)
+
+    def _spoofed(self, port: int, frame: bytes) -> bool:
+        """The frame's source MAC is bound to another port than ``port`` (an address in no entry is not)."""
+        bound = self._mac_port(int.from_bytes(frame[6:12], "big"))
+        return bound is not None and bound != port
+
     def _ordinary(self, port: int, frame: bytes) -> list[tuple[int, bytes]]:
-        dst = int.from_bytes(frame[0:6], "big")
         everyone = self._port_mask
-        if frame[0] & 1:  # group bit: broadcast or multicast
-            dest = everyone
-        else:
-            dest = everyone
-            for valid, mac, out_port in self._macs:
-                if valid and mac == dst:
-                    dest = (1 << out_port) & everyone
-                    break
+        out_port = None if frame[0] & 1 else self._mac_port(int.from_bytes(frame[0:6], "big"))  # group bit: flood
+        if out_port is not None:
+            dest = (1 << out_port) & everyone
+        else:   # flooded, but never a host frame while MAC_POLICY.host_strict is set
+            strict = (self._staged("MAC_POLICY")["host_strict"]
+                      and int.from_bytes(frame[12:14], "big") == HOST_ETHERTYPE)
+            dest = 0 if strict else everyone
         dest &= ~(1 << port)
         if not dest:
             return self._drop(DropReason.NO_ROUTE)

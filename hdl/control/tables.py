@@ -18,7 +18,7 @@ MATCH_PARTS = 4
 
 #: The registers that program the tables and the slot memory, as the register bank presents them.
 TABLE_REGISTERS = ("RULE_GROUP", "RULE_LAYER", "RULE_CHUNK", "RULE_PORTS", "RULE_SLOTS", "RULE_TYPE", "RULE_WRITE",
-                   "MAC_ADDR_LO", "MAC_ADDR_HI", "MAC_WRITE", "SLOT_CLEAR", "AGING", "AGED_POP")
+                   "MAC_ADDR_LO", "MAC_ADDR_HI", "MAC_WRITE", "MAC_POLICY", "SLOT_CLEAR", "AGING", "AGED_POP")
 
 
 class TableProgramSignature(wiring.Signature):
@@ -170,7 +170,10 @@ class RuleTable(wiring.Component):
 
 
 class MacTable(wiring.Component):
-    """Exact match of a destination MAC address to an egress port; the lowest-index valid match wins.
+    """Exact match of a MAC address to its port; the lowest-index valid match wins.
+
+    The same entries route ordinary frames by their destination and bind source addresses to ports
+    (SPOOFED_SOURCE): a key is any address to look up.
 
     A lookup has two halves, so a pipeline can register between them: the compares give ``hits`` and the
     winner, one-hot, ``first`` (for ``keys`` addresses at once); ``pick`` (a winner, registered or not)
@@ -189,6 +192,8 @@ class MacTable(wiring.Component):
     pick : In(mac_entries); hit : Out(1); port : Out(range(ports)); port_mask : Out(ports)
         The entry in the one-hot ``pick``: whether there is one, its port, and that port one-hot (each
         entry's port is also kept one-hot, written with the entry).
+    port_masks[i] : Out(ports)
+        Entry i's port, one-hot (registers).
     """
 
     def __init__(self, params: SwitchParams, regmap: RegisterMap, keys: int = 1):
@@ -199,6 +204,7 @@ class MacTable(wiring.Component):
             "mac": In(48).array(keys), "hits": Out(E).array(keys), "first": Out(E).array(keys),
             "parts": Out(E * MATCH_PARTS).array(keys),
             "pick": In(E), "hit": Out(1), "port": Out(range(params.ports)), "port_mask": Out(params.ports),
+            "port_masks": Out(params.ports).array(E),
         })
 
     def elaborate(self, platform):
@@ -228,6 +234,7 @@ class MacTable(wiring.Component):
                          first.eq(lowest_one(hits, len(entries)))]     # the lowest index has priority
         first = self.pick
         m.d.comb += [
+            *(self.port_masks[i].eq(e.port_mask) for i, e in enumerate(entries)),
             self.hit.eq(self.pick.any()),
             self.port.eq(or_tree(Mux(first[i], e.port, 0) for i, e in enumerate(entries))),
             self.port_mask.eq(or_tree(Mux(first[i], e.port_mask, 0) for i, e in enumerate(entries))),

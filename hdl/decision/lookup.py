@@ -1,6 +1,6 @@
 """Stages G (the compares), T, B1 and B2: the taken header against the rule and MAC tables."""
 
-from amaranth.hdl import Array, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -10,8 +10,8 @@ from cais.params import SwitchParams
 from cais.registers import RegisterMap
 
 from ..common.enums import Action, DropReason, DType, ReduceOp
-from ..control.tables import (MATCH_PARTS, MacTable, RuleTable, TableProgramSignature, hits_of_parts, lowest_one, or_tree,
-                      rule_layout)
+from ..control.tables import (MATCH_PARTS, MacTable, RuleTable, TableProgramSignature, field_bits, hits_of_parts,
+                              lowest_one, or_tree, rule_layout)
 from ..latency import RULE_LOOKUP
 from ..parser.header import FrameHeader
 from ..parser.ingress import frame_meta_layout
@@ -44,6 +44,7 @@ def lookup_layout(params: SwitchParams) -> data.StructLayout:
         "action": Action, "reason": DropReason, "mask": P,
         "slot": 33,                             # base + (seq & quota): >= slots is BAD_SLOT
         "l2": 1, "group": 1, "mac_hit": 1, "mac_mask": P,     # an ordinary frame: its destination
+        "host_strict": 1,                       # ... a host frame under MAC_POLICY.host_strict: never flooded
         "c": carry_layout(params),
     })
 
@@ -54,8 +55,13 @@ class RuleLookup(wiring.Component):
     Stages: G: the rule and MAC compares of every port's offered header at once, registered in
     ``MATCH_PARTS`` parts per entry (the granted port's header is still the one offered when it is taken);
     T: the take, the taken header (by the binary port) and its hits (the parts ANDed) registered, the
-    winning rule one-hot; B1: the rule's fields by an AND-OR pick, the winning MAC entry one-hot;
-    B2: slot = base + (seq & quota), set, the stateless drops of a CAIS frame, the MAC entry's port.
+    winning rule one-hot; B1: the rule's fields by an AND-OR pick, the winning MAC entry one-hot, the taken
+    header's source MAC against the MAC entries (in parts) and which entries are bound to its port;
+    B2: slot = base + (seq & quota), set, the source binding (SPOOFED_SOURCE) and the stateless drops of a
+    CAIS frame, the MAC entry's port.
+
+    The source is compared for the taken header only (one header per cycle), not for every port's
+    offered one as the destination is: the MAC table's compares grow by one key, not by the port count.
 
     A header meets the rule table twice: its match in G and its rule's fields in B1, two cycles later (a
     RULE_WRITE in between, to the entry it matched, gives it the new entry's fields: the control plane
@@ -103,7 +109,8 @@ class RuleLookup(wiring.Component):
         take = self.take
         # ------------------------------------------------------------ G: the compares, in parts
         m.submodules.rules = rules = RuleTable(prm, self.regmap, keys=P)
-        m.submodules.macs = macs = MacTable(prm, self.regmap, keys=P)
+        # keys 0 .. P-1: the offered headers' destinations (G); key P: the taken header's source (B1)
+        m.submodules.macs = macs = MacTable(prm, self.regmap, keys=P + 1)
         wiring.connect(m, wiring.flipped(self.program), rules.program, macs.program)
         # Registered in parts (MATCH_PARTS per entry), ANDed in T: no stage holds a whole compare tree.
         g_hits = [Signal(R * MATCH_PARTS, name=f"g_hits{p}", reset_less=True) for p in range(P)]
@@ -135,6 +142,11 @@ class RuleLookup(wiring.Component):
         m_hit, m_rule, m_quota = Signal(), Signal(rule_layout(prm), reset_less=True), Signal(32, reset_less=True)
         m_mac = Signal(prm.mac_entries, reset_less=True)
         m_entry = Signal(rule_index_bits(prm), reset_less=True)       # the winning rule's index
+        # the source against the entries, in parts; the entries bound to the ingress port
+        E = prm.mac_entries
+        m_src, m_own = Signal(E * MATCH_PARTS, reset_less=True), Signal(E, reset_less=True)
+        m.d.comb += macs.mac[P].eq(FrameHeader(a_meta.hdr).src_mac)
+        m.d.sync += [m_src.eq(macs.parts[P]), m_own.eq(Cat(*((macs.port_masks[i] & a_me).any() for i in range(E))))]
         m.d.sync += m_entry.eq(or_tree(Mux(a_pick[e], e, 0) for e in range(R)))
         m.d.sync += [
             m_valid.eq(a_valid), m_port.eq(a_port), m_me.eq(a_me), m_sf.eq(a_valid & a_sf), m_meta.eq(a_meta),
@@ -142,7 +154,8 @@ class RuleLookup(wiring.Component):
             m_mac.eq(lowest_one(a_mac, prm.mac_entries)),           # the winning MAC entry
         ]
         m.d.comb += macs.pick.eq(m_mac)
-        self._b2(m, m_valid, m_port, m_me, m_meta, m_hit, m_rule, m_quota, m_entry, macs)
+        spoofed = (lowest_one(hits_of_parts(m_src, E), E) & ~m_own).any()
+        self._b2(m, m_valid, m_port, m_me, m_meta, m_hit, m_rule, m_quota, m_entry, macs, spoofed)
         b = self.o
         m.d.comb += [
             self.stateful.eq((a_valid & a_sf) | m_sf | (b.valid & ~b.payload.l2 & (b.payload.action == Action.AGGREGATE))),
@@ -150,8 +163,8 @@ class RuleLookup(wiring.Component):
         ]
         return m
 
-    def _b2(self, m, m_valid, m_port, m_me, m_meta, m_hit, rule, m_quota, m_entry, macs):
-        """B2: slot and set, the stateless checks, registered and shown on ``o``."""
+    def _b2(self, m, m_valid, m_port, m_me, m_meta, m_hit, rule, m_quota, m_entry, macs, spoofed):
+        """B2: slot and set, the source binding and the stateless checks, registered and shown on ``o``."""
         prm = self.params
         P, B = prm.ports, prm.beat_bytes
         hdr = FrameHeader(m_meta.hdr)
@@ -164,6 +177,7 @@ class RuleLookup(wiring.Component):
         b_valid, b_action, b_reason, b_mask = Signal(), Signal(Action), Signal(DropReason), Signal(P)
         b_slot = Signal(33, reset_less=True)
         b_l2, b_group, b_mac_hit, b_mac_mask = Signal(), Signal(), Signal(), Signal(P)   # an ordinary frame
+        b_strict = Signal()
         b_c = Signal(carry_layout(prm), reset_less=True)
         s_action, s_reason, s_mask = Signal(Action), Signal(DropReason), Signal(P)
 
@@ -174,7 +188,9 @@ class RuleLookup(wiring.Component):
             return [s_action.eq(Mux(dest == 0, Action.DROP, Action.FORWARD)), s_reason.eq(DropReason.NO_ROUTE),
                     s_mask.eq(dest)]
 
-        with m.If(~hdr.is_cais):
+        with m.If(spoofed):
+            m.d.comb += drop(DropReason.SPOOFED_SOURCE)
+        with m.Elif(~hdr.is_cais):
             m.d.comb += s_action.eq(Action.FORWARD)       # (its ports are found in S0)
         with m.Elif(~m_hit):
             m.d.comb += drop(DropReason.NO_RULE)
@@ -189,7 +205,9 @@ class RuleLookup(wiring.Component):
 
         m.d.sync += [
             b_valid.eq(m_valid), b_action.eq(s_action), b_reason.eq(s_reason), b_mask.eq(s_mask), b_slot.eq(slot),
-            b_l2.eq(~hdr.is_cais), b_group.eq(hdr.dst_is_group), b_mac_hit.eq(macs.hit), b_mac_mask.eq(macs.port_mask),
+            b_l2.eq(~hdr.is_cais & ~spoofed), b_group.eq(hdr.dst_is_group),
+            b_strict.eq((hdr.ethertype == proto.HOST_ETHERTYPE)
+                        & field_bits(self.program.mac_policy, self.regmap["MAC_POLICY"].field("host_strict"))), b_mac_hit.eq(macs.hit), b_mac_mask.eq(macs.port_mask),
             b_c.port.eq(m_port), b_c.me.eq(m_me), b_c.set.eq(seq.bit_select(rule.count_log2, 1)),
             b_c.tag.eq(seq), b_c.plen.eq(hdr.payload_len),
             # count = quota + 1, the bit above the quota's ones (bitwise: no second adder)
@@ -205,5 +223,5 @@ class RuleLookup(wiring.Component):
         m.d.comb += [
             self.o.valid.eq(b_valid), o.action.eq(b_action), o.reason.eq(b_reason), o.mask.eq(b_mask),
             o.slot.eq(b_slot), o.l2.eq(b_l2), o.group.eq(b_group), o.mac_hit.eq(b_mac_hit),
-            o.mac_mask.eq(b_mac_mask), o.c.eq(b_c),
+            o.mac_mask.eq(b_mac_mask), o.host_strict.eq(b_strict), o.c.eq(b_c),
         ]

@@ -161,7 +161,8 @@ class SlotState(wiring.Component):
         m.d.comb += self.state.read_addr.eq(self.read_slot)
         b_cand = self.i.valid & ~b.l2 & (b.action == Action.AGGREGATE)
         bad = b.slot >= prm.slots
-        l2_dest = Mux(b.group | ~b.mac_hit, all_ports, b.mac_mask) & ~b.c.me
+        # flooded (a group or unknown destination), but never a host frame under MAC_POLICY.host_strict
+        l2_dest = Mux(b.group | ~b.mac_hit, Mux(b.host_strict, 0, all_ports), b.mac_mask) & ~b.c.me
         # The read missed the writes of the five headers ahead; of them, the ones now in W and h1 are in
         # h1 and h2 when this one is in S1 (the newest wins).
         hit4 = s.w_agg & (s.w_slot == b.slot[:sb])

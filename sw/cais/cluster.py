@@ -297,14 +297,16 @@ class Cluster:
             time.sleep(0.05)
         return p
 
-    def start_controller(self, recover: bool = False, wait_s: float = 30.0, extra: tuple = ()) -> subprocess.Popen:
-        """cais-controller in the switch's namespace; returns once it listens (its HTTP port known)."""
+    def start_controller(self, recover: bool = False, wait_s: float = 30.0, extra: tuple = (),
+                         world_size: int | None = None) -> subprocess.Popen:
+        """cais-controller in the switch's namespace for ranks 0 .. `world_size` - 1 (default: every rank of
+        the cluster) on the ports of the same numbers; returns once it listens (its HTTP port known)."""
         ready = self.tmp / "controller.ready"
         ready.unlink(missing_ok=True)
         n = sum(1 for p in self.tmp.glob("controller*.log"))
         log = self.tmp / f"controller{n}.log"
         p = self._spawn(self.switch_ns, ["-m", "cais.service", "--switch", self.control, "--listen", self.controller,
-                                         "--http", "127.0.0.1:0", "--world-size", str(self.ranks), "--token-file",
+                                         "--http", "127.0.0.1:0", "--world-size", str(world_size or self.ranks), "--token-file",
                                          str(self.token_file), "--ready-file", str(ready)]
                         + (["--recover"] if recover else []) + list(extra), dict(os.environ), log)
         deadline = time.monotonic() + wait_s

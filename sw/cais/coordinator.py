@@ -56,6 +56,7 @@ send its first request within :data:`cais.endpoint.AUTH_IDLE_S`, and at most
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -75,7 +76,8 @@ from .config import Config
 from .controller import Controller, GroupInfo
 from .controller.switch import ControlLink
 from .endpoint import (AUTH_IDLE_S, EndpointError, Gate, LineBuffer, accept_backoff, connect, decode, listen,
-                       need_int, open_private, private_dir, parse_address, read_token, trusted_uid)
+                       need_int, open_private, printable, private_dir, parse_address, read_token, trusted_uid,
+                       WarningLimiter)
 from .link import run_sync
 
 __all__ = ["ControlLink", "Coordinator", "Job", "DEFAULT_JOB", "token_file_for", "make_token", "read_made_token",
@@ -215,6 +217,12 @@ class Coordinator:
         The latest jobs that ended (``ended``, ``failed`` or ``replaced``), oldest first.
     recovering : bool
         Started with ``recover`` and no job's world group rejoined yet: only ``rejoin`` is answered.
+    switch_lock : threading.RLock
+        Held around every piece of work that may talk to the switch (a rank's request, the periodic pass,
+        an HTTP rule change), taken before the state lock: such work runs one at a time, and its register
+        writes never interleave with another's. While it waits for the switch it gives the state lock up
+        (:meth:`_io_unlocked`), so what only reads the controller's state (/metrics, the HTTP views, a
+        refusal's count) is not held up by a slow switch; it sees the state as it is between two accesses.
     """
 
     def __init__(self, switch: str, world_size: int, config: Config, *, rank_ports: list[int] | None = None,
@@ -231,13 +239,16 @@ class Coordinator:
         self.controller = Controller(self.link, config, ports, [host_mac(r) for r in range(world_size)],
                                      drop_dead=False)
         self._running: dict[int, tuple[int, set]] = {}   # group -> (latest collective, hosts that finished it)
-        self._lock = threading.Condition()
+        self._lock = threading.Condition()     # the state lock (an RLock: re-entered by _left and the like)
+        self.switch_lock = threading.RLock()
+        self.link.around_io = self._io_unlocked
         self._t0 = time.monotonic()
         if not token:
             raise ValueError("the coordinator needs a token (CAIS_TOKEN, --token-file): every rank sends it")
         self.token = token
         self.restarted = recover          # rejoin is accepted only after a restart (--recover)
         self.refused: dict[str, int] = {"token": 0, "invalid": 0}   # requests refused, by reason
+        self._token_warnings = WarningLimiter()                       # their warnings: one per WARN_INTERVAL_S
         run_sync(self.controller.start())
         self.jobs: dict[str, Job] = {}
         self.ended: list[dict] = []                  # the latest JOB_HISTORY jobs that ended, oldest first
@@ -447,9 +458,31 @@ class Coordinator:
             raise ValueError(f"group {gid}: not a group of job {job.name!r}")
         return gid
 
+    @contextlib.contextmanager
+    def _io_unlocked(self):
+        """Around one switch access: the state lock given up meanwhile, when this thread holds it and the
+        switch lock (work that holds the state lock alone keeps it: it may not interleave with other work)."""
+        if not (self._lock._is_owned() and self.switch_lock._is_owned()):
+            yield
+            return
+        saved = self._lock._release_save()
+        try:
+            yield
+        finally:
+            self._lock._acquire_restore(saved)
+
+    def _wait(self, timeout: float) -> None:
+        """Wait on the state lock's condition inside a request: the switch lock is given up too (the other
+        ranks' requests need it), then taken back before the state lock (the order every thread takes them)."""
+        saved = self.switch_lock._release_save()
+        self._lock.wait(timeout)
+        state = self._lock._release_save()
+        self.switch_lock._acquire_restore(saved)
+        self._lock._acquire_restore(state)
+
     def handle(self, req: dict, conn_state: dict) -> dict:
         op = req.get("op")
-        with self._lock:
+        with self.switch_lock, self._lock:
             if op == "ping":
                 return {}
             if op == "rejoin":
@@ -623,7 +656,7 @@ class Coordinator:
             if left <= 0:
                 raise ValueError(f"new_group({list(ranks)}): rank(s) {sorted(set(ranks) - entry['arrived'])} "
                                  f"did not call it within {RENDEZVOUS_S:g} s")
-            self._lock.wait(min(left, 0.2))
+            self._wait(min(left, 0.2))
         if entry["error"] is not None:
             raise ValueError(entry["error"])
         return {"group": entry["info"]}
@@ -644,7 +677,11 @@ class Coordinator:
         if not self.authorised(req):
             with self._lock:
                 self.refused["token"] += 1
-            log.warning("refused a request without the controller's token (op %r)", str(req.get("op"))[:40])
+            quiet = self._token_warnings.allow()
+            if quiet is not None:
+                log.warning("refused a request without the controller's token (op %s)%s",
+                            printable(repr(req.get("op")), 40),
+                            f" ({quiet} more refused since the last warning)" if quiet else "")
             return {"ok": False, "error": "unauthorised: missing or wrong token (set CAIS_TOKEN to the "
                                           "controller's token, the content of its --token-file)"}
         state["authorised"] = True
@@ -683,7 +720,7 @@ class Coordinator:
         finally:
             sock.close()
             if state.get("rank") is not None and not self._closing:
-                with self._lock:
+                with self.switch_lock, self._lock:
                     self._left(state)
             self._gate.leave()
 

@@ -36,7 +36,8 @@ from http.server import ThreadingHTTPServer
 __all__ = ["Address", "parse_address", "JsonLines", "EndpointError", "RefusedError", "connect", "listen",
            "read_token", "MAX_LINE", "MAX_DEPTH", "ANSWER_MAX_DEPTH", "MAX_CONNECTIONS", "AUTH_IDLE_S", "HTTP_IDLE_S", "LineBuffer",
            "decode", "need_int", "peer_uid", "server_uid", "trusted_uid", "check_listener", "Gate",
-           "accept_backoff", "GuardedHTTPServer", "private_dir", "open_private"]
+           "accept_backoff", "GuardedHTTPServer", "private_dir", "open_private", "printable", "WarningLimiter",
+           "WARN_INTERVAL_S"]
 
 log = logging.getLogger("cais.endpoint")
 
@@ -46,6 +47,7 @@ ANSWER_MAX_DEPTH = 64     # nesting of an answer a client reads (stats and job l
 MAX_CONNECTIONS = 128     # connections a server keeps at once; more are closed at once
 AUTH_IDLE_S = 10.0        # a connection must send its first request within this (no token, no long wait)
 HTTP_IDLE_S = 30.0        # an HTTP connection idle this long is closed
+WARN_INTERVAL_S = 10.0    # at most one warning per this many seconds for refusals a stranger can cause
 ACCEPT_BACKOFF_S = 0.1    # a server out of file descriptors stops accepting this long
 _NO_FDS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -277,6 +279,46 @@ def decode(line: bytes, max_depth: int = MAX_DEPTH) -> dict:
     if _depth(obj) > max_depth:
         raise ValueError(f"nested deeper than {max_depth} levels")
     return obj
+
+
+def printable(text, limit: int = 200) -> str:
+    """``text`` safe for a log line: control characters (ANSI escapes, newlines) and other unprintable ones
+    as ``\\xNN`` / ``\\uNNNN`` escapes, cut to `limit` characters (what a client sent, before its token was
+    checked, must not drive the operator's terminal or forge log lines)."""
+    text = str(text)
+    out = "".join(c if c.isprintable() else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+                  for c in text[:limit])
+    return out + ("..." if len(text) > limit else "")
+
+
+class WarningLimiter:
+    """At most one warning per `interval_s` for an event anybody can cause (a refused token): :meth:`allow`
+    says whether to log this one, and how many were kept quiet since the last.
+
+    Members
+    -------
+    interval_s : float
+    clock : callable
+        Seconds (``time.monotonic``; a test gives its own).
+    suppressed : int
+        Events not logged since the last warning.
+    """
+
+    def __init__(self, interval_s: float = WARN_INTERVAL_S, clock=time.monotonic):
+        self.interval_s, self.clock = interval_s, clock
+        self.suppressed = 0
+        self._next = None
+        self._lock = threading.Lock()
+
+    def allow(self) -> int | None:
+        """None: do not log this one; else log it, with the returned count of events kept quiet before it."""
+        with self._lock:
+            now = self.clock()
+            if self._next is not None and now < self._next:
+                self.suppressed += 1
+                return None
+            self._next, quiet, self.suppressed = now + self.interval_s, self.suppressed, 0
+            return quiet
 
 
 _MISSING = object()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 __all__ = [
     "ETHERTYPE", "ETH_HEADER_BYTES", "CAIS_HEADER_BYTES", "HEADERS_BYTES", "MIN_FRAME_BYTES",
     "MAX_FRAME_BYTES", "BROADCAST_MAC", "SWITCH_MAC_DEFAULT",
-    "OpType", "DType", "ReduceOp", "Flags", "DropReason",
+    "OpType", "DType", "ReduceOp", "Flags", "DropReason", "CHECK_ORDER",
     "HEADER_FIELDS", "RESERVED_FIELDS", "CaisHeader", "EthHeader", "Frame",
     "ELEMENT_BYTES", "INTEGER_DTYPES", "FLOAT_DTYPES", "SUPPORTED_DTYPES", "supported_dtypes", "SUPPORTED_OPS",
     "result_mac", "mac_to_bytes", "mac_to_str", "build_frame", "parse_frame",
@@ -108,6 +108,8 @@ class DropReason(enum.IntEnum):
     Checks run in this order and the first that fails names the reason. The first seven are decided by
     the ingress parser from the frame alone; the rest by the switch core from its tables and slot state
     (NO_ROUTE ends either path: an ordinary frame's MAC lookup, or a forwarded collective's result ports).
+    Codes are never renumbered: a reason added later takes the next free value, and :data:`CHECK_ORDER`
+    gives the order the checks run in.
     """
     BAD_FCS = 0          # the MAC flagged the frame bad: tuser high on its last beat (an FCS error)
     BAD_FRAMING = 1      # tkeep of a beat before tlast is not all ones, or the last beat's tkeep is not contiguous from byte 0
@@ -124,6 +126,13 @@ class DropReason(enum.IntEnum):
     TAG_MISMATCH = 12    # the slot set is busy with another chunk (its seq_num differs)
     LENGTH_MISMATCH = 13  # the slot set holds this chunk, but the frame's payload_len differs from the set's
     NO_ROUTE = 14        # the frame's destination set, without the ingress port, is empty
+    SPOOFED_SOURCE = 15  # the source MAC is in the MAC table bound to another port than the ingress port
+
+
+#: The drop reasons in the order the checks run (the first that fails names the reason): the parser's, then
+#: the source binding, then the core's rule and slot checks.
+CHECK_ORDER = tuple(sorted(DropReason, key=lambda r: (r > DropReason.BAD_LENGTH,
+                                                      r != DropReason.SPOOFED_SOURCE, r)))
 
 
 PARSER_DROPS = tuple(r for r in DropReason if r <= DropReason.BAD_LENGTH)

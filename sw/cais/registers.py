@@ -19,7 +19,7 @@ __all__ = ["Access", "Kind", "Field", "Register", "RegisterMap", "register_map",
            "VERSION", "COUNTER_EVENTS", "AGE_UNIT_LOG2", "AGED_QUEUE_DEPTH", "aging_period", "REGISTER_BITS"]
 
 MAGIC = 0x43414953  # "CAIS"
-VERSION = 0x0004_0003  # minor 3: a stale copy acknowledges nothing (docs/protocol.md 7.3); minor 2: SETS_IN_USE and set aging (AGING ...); minor 1: every rule folds in port order
+VERSION = 0x0004_0004  # minor 4: SPOOFED_SOURCE (source MACs bound to their entry's port), MAC_POLICY; minor 3: a stale copy acknowledges nothing (docs/protocol.md 7.3); minor 2: SETS_IN_USE and set aging (AGING ...); minor 1: every rule folds in port order
 
 
 #: log2 of the cycles in one unit of ``AGING.age``; the aging scanner visits one set per unit.
@@ -99,9 +99,18 @@ class Register:
         return {f.name: (word >> f.lsb) & ((1 << f.width) - 1) for f in self.fields}
 
 
+def _drop_doc(r: DropReason) -> str:
+    return f"frames dropped because: {r.name.lower().replace('_', ' ')}"
+
+
+#: Drop reasons added after the first map: their counters sit at :data:`LATER_DROPS_OFFSET` on, in code
+#: order, so the counters and gauges of the first map keep their offsets.
+LATER_DROPS = tuple(r for r in DropReason if r > DropReason.NO_ROUTE)
+LATER_DROPS_OFFSET = 0x168
+
 # The event counters of the switch core, in register order: (name, what increments it).
 COUNTER_EVENTS = tuple(
-    [(f"DROP_{r.name}", f"frames dropped because: {r.name.lower().replace('_', ' ')}") for r in DropReason]
+    [(f"DROP_{r.name}", _drop_doc(r)) for r in DropReason if r not in LATER_DROPS]
     + [
         ("FORWARDED", "frames forwarded unchanged (ordinary frames, all-gather and broadcast), once per input frame"),
         ("CONTRIBUTIONS", "all-reduce contributions accepted into a slot set (first or later, not repeats)"),
@@ -109,6 +118,7 @@ COUNTER_EVENTS = tuple(
         ("COMPLETED", "chunks completed: result frames multicast to the rule's result ports"),
         ("RESULTS_RESENT", "stored results sent again to a single port that repeated its contribution"),
     ]
+    + [(f"DROP_{r.name}", _drop_doc(r)) for r in LATER_DROPS]
 )
 
 
@@ -209,10 +219,19 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
     add("MAC_WRITE", 0x068, Access.WO, Kind.COMMAND,
         "Writes entry `index`: the staged address goes out of `port`; `valid` enables the entry.",
         [Field("index", 0, 8), Field("port", 8, 4), Field("valid", 16, 1)])
+    add("MAC_POLICY", 0x06C, Access.RW, Kind.CONFIG,
+        "How the MAC table is enforced besides routing (docs/protocol.md section 5). Whatever this register "
+        "holds, a frame whose source MAC is in a valid entry (the lowest-index one holding it) bound to "
+        "another port than the ingress port is dropped as SPOOFED_SOURCE; an address in no entry is not bound.",
+        [Field("host_strict", 0, 1, "1: host frames (EtherType 0x88B6) go only to the port of a valid entry: "
+               "to a group address or an address in no entry they are dropped as NO_ROUTE, never flooded. 0 "
+               "(the reset value): they are flooded like any ordinary frame. The controller sets it with the "
+               "MAC entries, so a switch reset (which empties the table) floods them again until it is "
+               "reprogrammed")])
 
     # 0x100: switch-core counters and gauges
     offset = 0x100
-    for name, doc in COUNTER_EVENTS:
+    for name, doc in COUNTER_EVENTS[:len(COUNTER_EVENTS) - len(LATER_DROPS)]:   # the later drops: below
         add(name, offset, Access.RO, Kind.COUNTER, f"Counts {doc}.")
         offset += 4
     add("SLOTS_IN_USE", offset, Access.RO, Kind.LEVEL,
@@ -277,6 +296,9 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         "The oldest aged-set event's contributor bitmap when it aged (bit p: port p had contributed; the "
         "rule's contributors not in it are the missing ranks), and the number of events queued.",
         [Field("ports", 0, 16), Field("queued", 16, 8, f"events in the queue, 0..{AGED_QUEUE_DEPTH}")])
+    # Added for source binding (issue 29; docs/protocol.md sections 4 and 5)
+    for k, r in enumerate(LATER_DROPS):
+        add(f"DROP_{r.name}", LATER_DROPS_OFFSET + 4 * k, Access.RO, Kind.COUNTER, f"Counts {_drop_doc(r)}.")
     add("SETS_IN_USE", 0x300, Access.RO, Kind.LEVEL,
         "Per rule entry: the non-empty sets (as SLOTS_IN_USE counts them) of the slots whose state was last "
         "reached by an all-reduce frame of this entry. The entry is kept per slot, not per set: a frame that "

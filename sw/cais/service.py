@@ -59,7 +59,8 @@ from .config import Config
 from .controller import Reason, RuleConflict
 from .controller.statistics import COLLECTIVE_PATHS
 from .coordinator import Coordinator
-from .endpoint import HTTP_IDLE_S, EndpointError, GuardedHTTPServer, parse_address, read_token
+from .endpoint import (HTTP_IDLE_S, EndpointError, GuardedHTTPServer, WarningLimiter, decode, parse_address, printable,
+                       read_token)
 from .link import run_sync
 from .protocol import DropReason
 
@@ -235,12 +236,19 @@ class ControllerService:
         The ranks' endpoint and the controller behind it.
     controller : cais.controller.Controller
     lock : threading.Condition
-        Held around every use of the controller's state (the coordinator's); the periodic evaluation's
-        switch reads are done without it (:meth:`evaluate_once`).
+        Held around every use of the controller's state (the coordinator's), but never while the switch is
+        asked something: work that talks to the switch holds ``switch_lock`` first and gives ``lock`` up
+        while it waits for each answer (:attr:`cais.coordinator.Coordinator.switch_lock`). /metrics and the
+        HTTP views take ``lock`` alone, so a slow switch holds them up by one Python step at most.
+    switch_lock : threading.RLock
+        The coordinator's: serializes the work that may talk to the switch.
     evaluation_errors : int
         Periodic evaluations that failed (logged; the loop goes on).
     http_refused : dict[str, int]
-        HTTP requests refused, by reason (token, bad_request, not_found, method, conflict, too_large).
+        HTTP requests refused, by reason (token, bad_request, not_found, method, conflict, too_large,
+        chunked).
+    token_warnings : cais.endpoint.WarningLimiter
+        Rate-limits the warning logged for a request without the token.
     """
 
     def __init__(self, switch: str, world_size: int, config: Config, *, token: str | None,
@@ -253,7 +261,9 @@ class ControllerService:
                                        switch_retry_s=switch_retry_s)
         self.controller = self.coordinator.controller
         self.lock = self.coordinator._lock
+        self.switch_lock = self.coordinator.switch_lock
         self.http_refused: dict[str, int] = {}
+        self.token_warnings = WarningLimiter()       # 401s are logged at most once per WARN_INTERVAL_S
         self.evaluation_errors = 0
         self._t0 = time.monotonic()
         self.registry = CollectorRegistry()
@@ -270,7 +280,7 @@ class ControllerService:
         self.metrics_port = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        with self.lock:
+        with self.switch_lock, self.lock:
             run_sync(self.controller.evaluate(self.coordinator.now()))
 
     def refused_all(self) -> dict[tuple[str, str], int]:
@@ -317,7 +327,7 @@ class ControllerService:
         try:
             now = self.coordinator.now()
             pre = run_sync(self.controller.prefetch(now))
-            with self.lock:
+            with self.switch_lock, self.lock:
                 run_sync(self.controller.service(now, pre))
             return True
         except Exception as e:      # noqa: BLE001 (any one failure: the loop must outlive it)
@@ -378,9 +388,11 @@ class ControllerService:
                                                    for i, o, r in ctl.dump_rules()]}
         if path == "/v1/rules" and method == "POST":
             try:
-                req = json.loads(body or b"")
-            except (ValueError, UnicodeDecodeError) as e:
-                return self._bad("bad_request", 400, f"the body is not JSON ({e})")
+                req = decode(body or b"")         # nesting capped (MAX_DEPTH) without letting the parser recurse
+            except ValueError as e:
+                req = None                        # not an object: refused below
+                if str(e).startswith(("not JSON", "nested", "a line")):
+                    return self._bad("bad_request", 400, f"the body: {e}")
             if not isinstance(req, dict) or set(req) != {"index", "rule"}:
                 return self._bad("bad_request", 400, 'the body must be {"index": N, "rule": {...}}')
             index = req["index"]
@@ -390,7 +402,7 @@ class ControllerService:
                 rule = rule_from_dict(req["rule"])
             except ValueError as e:
                 return self._bad("bad_request", 400, str(e))
-            with self.lock:
+            with self.switch_lock, self.lock:
                 try:
                     ctl.check_rule(index, rule)
                 except RuleConflict as e:
@@ -405,7 +417,7 @@ class ControllerService:
                 index = int(m.group(1), 10)
             except ValueError:
                 return self._bad("bad_request", 400, f"rule index {m.group(1)!r}: not an integer")
-            with self.lock:
+            with self.switch_lock, self.lock:
                 try:
                     rule = run_sync(ctl.del_rule(index))
                 except KeyError as e:
@@ -440,7 +452,7 @@ def _handler(service: ControllerService, metrics_only: bool = False):
         timeout = HTTP_IDLE_S
 
         def log_message(self, fmt, *args):       # quiet: the service logs what matters
-            log.debug("http: " + fmt, *args)
+            log.debug("http: " + fmt, *(printable(a) for a in args))
 
         def _send(self, status: int, payload, content_type="application/json"):
             data = payload if isinstance(payload, bytes) else (json.dumps(payload) + "\n").encode()
@@ -452,6 +464,12 @@ def _handler(service: ControllerService, metrics_only: bool = False):
 
         def _handle(self, method: str):
             body = None
+            if self.headers.get("Transfer-Encoding") is not None:
+                # a chunked body is not read: the connection ends, so its bytes are never taken for a request
+                service.refuse("chunked")
+                self.close_connection = True
+                return self._send(501, {"ok": False, "error": "Transfer-Encoding is not supported: send the body "
+                                                              "with Content-Length"})
             try:
                 length = int(self.headers.get("Content-Length") or 0)
             except ValueError:
@@ -469,7 +487,10 @@ def _handler(service: ControllerService, metrics_only: bool = False):
                 return self._send(404, {"ok": False, "error": f"{path}: this listener serves /metrics only"})
             if not service.authorised(self.headers.get("Authorization"), path):
                 service.refuse("token")
-                log.warning("http: refused %s %s without the token", method, self.path)
+                quiet = service.token_warnings.allow()
+                if quiet is not None:
+                    log.warning("http: refused %s %s without the token%s", method, printable(self.path),
+                                f" ({quiet} more refused since the last warning)" if quiet else "")
                 return self._send(401, {"ok": False, "error": "unauthorised: missing or wrong token "
                                                               "(Authorization: Bearer ...; cais-cli: --token-file "
                                                               "or CAIS_TOKEN)"})

@@ -46,13 +46,15 @@ def setup_writes(regs):
     writes += rule_writes(regs, 3, Rule.for_group(4, allp, allp, base=1, count_log2=0))
     for p in range(P - 1):                                                                   # port 3 unknown
         writes += mac_writes(regs, p, MacEntry(host_mac(p), p))
+    writes.append((regs["MAC_POLICY"].address(), regs["MAC_POLICY"].pack(host_strict=1)))  # host frames: no flood
     return writes + slot_clear_writes(regs, 0, PARAMS.slots)
 
 
 def random_frames(rng, chunks):
     """Group 1's chunks in order, two at a time with their contributions shuffled (a window of two), some
     repeated (before and after completion) or with another length; group 2's int16 MAX chunks; and noise:
-    other types, all-gathers, BAD_SLOT and NO_RULE groups, ordinary frames."""
+    other types, all-gathers, BAD_SLOT and NO_RULE groups, ordinary and host frames, frames that claim
+    another port's host (SPOOFED_SOURCE; port 3's host is in no entry, so bound to nothing)."""
     P = PARAMS.ports
 
     def cais(port, group, seq, plen=8, dtype=proto.DType.INT32, op=proto.ReduceOp.SUM,
@@ -70,7 +72,9 @@ def random_frames(rng, chunks):
             kind = rng.randrange(7)
             if kind == 0:
                 dst = rng.choice([host_mac(rng.randrange(P)), proto.BROADCAST_MAC, 0x02_00_00_00_09_99])
-                window.append((port, proto.EthHeader(dst, host_mac(port), 0x0800).pack() + bytes(60)))
+                src = host_mac(rng.choice([port, rng.randrange(P)]))
+                etype = rng.choice([0x0800, proto.HOST_ETHERTYPE])
+                window.append((port, proto.EthHeader(dst, src, etype).pack() + bytes(60)))
             elif kind == 1:
                 window.append(cais(port, 1, t + rng.randrange(2), plen=12))               # LENGTH_MISMATCH
             elif kind == 2:
@@ -81,6 +85,9 @@ def random_frames(rng, chunks):
                 window.append(cais(port, 1, t + rng.randrange(2), dtype=proto.DType.INT16))  # TYPE_MISMATCH
             elif kind == 5 and rng.random() < 0.5:
                 window.append(cais(port, 4, rng.randrange(2)))                              # slot 1, entry 3
+            elif kind == 5:
+                p, f = cais(port, 1, t + rng.randrange(2))                                  # SPOOFED_SOURCE
+                window.append((p, f[:6] + host_mac((port + 1) % P).to_bytes(6, "big") + f[12:]))
             else:
                 window.append(cais(port, 1, max(0, t - rng.randrange(3))))                 # repeats
         rng.shuffle(window)

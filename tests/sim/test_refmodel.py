@@ -28,7 +28,7 @@ RESULT, RETRANSMIT = 0x01, 0x02      # flags
 INT32, INT16, INT8, FP32, FP16, BF16 = range(6)   # dtype code points
 DROP_NAMES = ["BAD_FCS", "BAD_FRAMING", "OVERSIZE", "RUNT", "BAD_CODE", "BAD_PAYLOAD_LEN", "BAD_LENGTH",
               "NO_RULE", "FOREIGN_PORT", "TYPE_MISMATCH", "PAYLOAD_TOO_LONG", "BAD_SLOT", "TAG_MISMATCH", "LENGTH_MISMATCH",
-              "NO_ROUTE"]
+              "NO_ROUTE", "SPOOFED_SOURCE"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -98,7 +98,7 @@ def check_invariant(m):
 def test_constant_registers():
     m = SwitchModel(P)
     assert m.read(0x000) == 0x43414953
-    assert m.read(0x004) == 0x00040003           # map version 4.3 (stale copies acknowledge nothing)
+    assert m.read(0x004) == 0x00040004           # map version 4.4 (SPOOFED_SOURCE, MAC_POLICY)
     assert m.read(0x02C) == 0b11                 # FEATURES: float units, port-order fold
     assert m.read(0x008) == 4
     assert m.read(0x00C) == 64
@@ -525,6 +525,70 @@ def test_cais_ethertype_with_other_destination_is_routed_by_rules_not_macs():
     assert [p for p, _ in m.receive(0, f)] == [1, 2, 3]
 
 
+# ----------------------------------------------------------------------------- source binding, host frames
+def with_src(frame: bytes, mac: int) -> bytes:
+    return frame[:6] + mac.to_bytes(6, "big") + frame[12:]
+
+
+def test_spoofed_source_dropped_before_the_core_checks():
+    """A source MAC in the table bound to another port: SPOOFED_SOURCE, for ordinary and CAIS frames alike,
+    after the parser's checks and before NO_RULE and FOREIGN_PORT; nothing emitted, nothing changed."""
+    m = model_with(Rule.for_group(1, 0b0111, ALL), macs=[MacEntry(MAC_A, 2)])
+    a = MAC_A
+    assert m.receive(1, with_src(cais_frame([5], seq=0), a)) == []                  # port 1 contributes to group 1
+    assert m.receive(3, with_src(cais_frame([5], group=77), a)) == []               # would be NO_RULE
+    assert m.receive(3, with_src(cais_frame([5], seq=0), a)) == []                  # would be FOREIGN_PORT
+    assert m.receive(0, with_src(ordinary(b"\xff" * 6), a)) == []                   # would be flooded
+    assert m.receive(0, with_src(ordinary(b"\xff" * 6, etype=b"\x88\xb6"), a)) == []
+    assert m.receive(1, with_src(cais_frame([5], seq=0), a)[:-1]) == []             # BAD_LENGTH comes first
+    assert drops(m) == {"SPOOFED_SOURCE": 5, "BAD_LENGTH": 1}
+    assert m.counters()["CONTRIBUTIONS"] == 0 and m.slot_state(0)[0] == (0, 0, False)
+    # from its own port the address passes; an address in no entry is bound to nothing
+    f = with_src(ordinary(b"\xff" * 6), a)
+    assert m.receive(2, f) == [(0, f), (1, f), (3, f)]
+    g = with_src(ordinary(b"\xff" * 6), MAC_B)
+    assert m.receive(1, g) == [(0, g), (2, g), (3, g)]
+    for port in (0, 1):
+        m.receive(port, cais_frame([10 * port + 1], seq=0, src_port=port))
+    out = m.receive(2, with_src(cais_frame([100], seq=0), a))
+    assert [p for p, _ in out] == [0, 1, 2, 3] and out[0][1] == result_frame([112], seq=0)
+    check_invariant(m)
+
+
+def test_source_bound_to_the_lowest_valid_entry():
+    """The same address in two entries: bound to the lower entry's port; an invalid entry binds nothing."""
+    m = model_with(macs=[MacEntry(MAC_B, 0), MacEntry(MAC_A, 1), MacEntry(MAC_A, 3)])
+    f = with_src(ordinary(b"\xff" * 6), MAC_A)
+    assert m.receive(3, f) == [] and drops(m) == {"SPOOFED_SOURCE": 1}
+    assert [p for p, _ in m.receive(1, f)] == [0, 2, 3]
+    apply(m, mac_writes(RM, 1, None, valid=False))
+    assert [p for p, _ in m.receive(3, f)] == [0, 1, 2]
+    assert m.receive(1, f) == [] and drops(m) == {"SPOOFED_SOURCE": 2}
+    apply(m, mac_writes(RM, 2, MacEntry(MAC_A, 3), valid=False))
+    assert [p for p, _ in m.receive(1, f)] == [0, 2, 3]
+    check_invariant(m)
+
+
+def test_host_frames_never_flooded_under_host_strict():
+    """MAC_POLICY.host_strict (0x06C bit 0): a host frame (EtherType 0x88B6) to an unknown or a group
+    address is NO_ROUTE; to a known host it is forwarded; other ordinary frames are flooded as before.
+    Without it (the reset value) host frames are flooded too."""
+    host = b"\x88\xb6"
+    m = model_with(macs=[MacEntry(MAC_A, 2)])
+    unknown, known, bcast = (ordinary(MAC_B.to_bytes(6, "big"), etype=host), ordinary(MAC_A.to_bytes(6, "big"), etype=host),
+                             ordinary(b"\xff" * 6, etype=host))
+    assert [p for p, _ in m.receive(0, unknown)] == [1, 2, 3]
+    assert [p for p, _ in m.receive(0, bcast)] == [1, 2, 3]
+    m.write(0x06C, 1)
+    assert m.read(0x06C) == 1
+    assert m.receive(0, unknown) == [] and m.receive(1, bcast) == []
+    assert m.receive(0, known) == [(2, known)]
+    ip = ordinary(MAC_B.to_bytes(6, "big"))
+    assert [p for p, _ in m.receive(0, ip)] == [1, 2, 3]
+    assert drops(m) == {"NO_ROUTE": 2}
+    check_invariant(m)
+
+
 # ----------------------------------------------------------------------------- all-gather / broadcast
 def test_all_gather_forwarded_to_results_minus_ingress():
     m = model_with(Rule.for_group(4, ALL, ALL))
@@ -690,6 +754,8 @@ def test_accounting_invariant_random_mix():
         if kind < 0.2:
             dst = rng.choice([MAC_A, MAC_B, 0xFFFFFFFFFFFF, 0x020000000099, 0x01005E000001])
             frame = ordinary(dst.to_bytes(6, "big"), src_port=port, length=rng.choice([13, 14, 60, 64, 1514, 1515]))
+            if rng.random() < 0.1:          # MAC_A's source (bound to port 2) from any port
+                frame = frame[:6] + MAC_A.to_bytes(6, "big") + frame[12:]
         else:
             seq = rng.randrange(12)
             # mostly one payload_len per chunk (as workers send), sometimes another (LENGTH_MISMATCH)

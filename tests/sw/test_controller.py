@@ -580,3 +580,31 @@ def test_every_rank_logs_each_decision_with_its_reason(caplog):
     assert seen == want
     assert all(code in ("score_above_threshold", "score_below_threshold") for *_, code, _ in seen)
     assert all((path == "switch") == (code == "score_above_threshold") for _, _, path, code, _ in seen)
+
+
+def test_hosts_bound_to_their_ports_and_host_frames_not_flooded_again_after_a_reset():
+    """The controller binds every host's MAC to its port and sets MAC_POLICY.host_strict: on the model,
+    a frame claiming host 1's address from port 3 is SPOOFED_SOURCE, a host frame (0x88B6) to an address
+    in no entry is NO_ROUTE. A switch reset forgets both (the frames pass again, flooded); check_reset puts
+    them back. With more hosts than MAC entries, host frames stay flooded (host_strict 0)."""
+    from cais import protocol as proto
+    link, ctl = make()
+    hdr = proto.HostHeader(length=4)
+    spoofed = proto.build_host_frame(hdr, bytes(4), dst=0x020000000100, src=0x020000000101)
+    stray = proto.build_host_frame(hdr, bytes(4), dst=0x02000000FFFF, src=0x020000000103)
+
+    def outcome():
+        before = link.model.counters()
+        outs = [[p for p, _ in link.model.receive(3, f)] for f in (spoofed, stray)]
+        after = link.model.counters()
+        return outs, {r: after[f"DROP_{r}"] - before[f"DROP_{r}"] for r in ("SPOOFED_SOURCE", "NO_ROUTE")}
+
+    assert outcome() == ([[], []], {"SPOOFED_SOURCE": 1, "NO_ROUTE": 1})
+    run_sync(link.reset())
+    assert outcome() == ([[0, 1, 2], [0, 1, 2]], {"SPOOFED_SOURCE": 0, "NO_ROUTE": 0})   # the table is empty
+    assert run_sync(ctl.check_reset(1.0))
+    assert outcome() == ([[], []], {"SPOOFED_SOURCE": 1, "NO_ROUTE": 1})
+    few = SwitchParams(mac_entries=2)
+    link2 = ModelLink(few)
+    run_sync(Controller(link2, Config(), [0, 1, 2, 3], [0x020000000100 | p for p in range(4)]).start())
+    assert link2.model.read(register_map(few)["MAC_POLICY"].address()) == 0

@@ -673,3 +673,72 @@ def test_switch_link_survives_a_late_reply_and_metrics_answer_while_it_stalls(sw
     finally:
         svc.close()
         proxy.close()
+
+
+def test_metrics_and_views_answer_while_a_rule_write_and_a_group_request_wait_for_the_switch(switch, tmp_path):
+    """Issue 29 part 3: the service lock is not held during switch I/O. Through a proxy, the switch holds its
+    answer to one write: first a RULE_WRITE of an operator rule (POST /v1/rules), then one of the writes a
+    rank's `group` request makes (its rule). While each is held, /metrics, /v1/stats, /v1/rules and
+    /v1/groups answer (the held request has neither been answered nor timed out: the proxy's events say
+    so), and a second rule change made meanwhile waits for the first (switch work runs one at a time: its
+    writes reach the switch after the held one's). Released, both complete and the rules are in place."""
+    sock, _ = switch
+    proxy = StallingProxy(sock, str(tmp_path / "proxy.sock"))
+    svc = start(str(tmp_path / "proxy.sock"), tmp_path)
+    ctl = svc.controller
+    ctl.link.timeout = 600.0                  # held, never timed out
+    rule_write = ctl.regs["RULE_WRITE"].address()
+    is_rule_write = lambda req: req.get("op") == "write" and req.get("addr") == rule_write   # noqa: E731
+    rule = {"group": [200, 255], "contributors": 12, "base": 56, "count_log2": 2}
+    second_rule = dict(rule, group=[201, 255], base=60)
+    slot_clear = ctl.regs["SLOT_CLEAR"].address()
+
+    def views_answer():
+        for path in ("/metrics", "/v1/stats", "/v1/rules", "/v1/groups"):
+            status, _ = http(svc, "GET", path)
+            assert status == 200, path
+
+    try:
+        results = {}
+        proxy.match = is_rule_write
+        post = threading.Thread(target=lambda: results.__setitem__(
+            "post", http(svc, "POST", "/v1/rules", json.dumps({"index": 7, "rule": rule}).encode())))
+        post.start()
+        _wait(proxy.holding.is_set, "held RULE_WRITE")
+        views_answer()
+        assert not proxy.late_sent.is_set() and ctl.link.failures == 0
+        # another rule change waits for the switch work in flight
+        second = threading.Thread(target=lambda: results.__setitem__(
+            "second", http(svc, "POST", "/v1/rules", json.dumps({"index": 6, "rule": second_rule}).encode())))
+        second.start()
+        views_answer()
+        n = len(proxy.delivered)
+        proxy.release.set()
+        post.join(60), second.join(60)
+        assert results["post"][0] == 201 and results["second"][0] == 201, results
+        # none of the second change's writes (its quota's SLOT_CLEARs) reached the switch before the release
+        second_clears = [r for r in proxy.delivered if r.get("addr") == slot_clear and r.get("value", 0) >= 60]
+        assert second_clears and all(r in proxy.delivered[n:] for r in second_clears)
+        # a rank's group request: its rule's RULE_WRITE held the same way
+        conns = rank_clients(svc, tmp_path)
+        for r, c in enumerate(conns):
+            c.request("hello", rank=r, world_size=4)
+        proxy.holding.clear(), proxy.release.clear(), proxy.late_sent.clear()
+        proxy.match = is_rule_write
+        groups = [threading.Thread(target=lambda c=c: results.setdefault("groups", []).append(
+            c.request("group", ranks=[0, 1], call=0))) for c in conns[:2]]
+        for t in groups:
+            t.start()
+        _wait(proxy.holding.is_set, "held RULE_WRITE of the new group's rule")
+        views_answer()
+        assert not proxy.late_sent.is_set()
+        proxy.release.set()
+        for t in groups:
+            t.join(60)
+        assert len(results["groups"]) == 2 and results["groups"][0]["group"] == results["groups"][1]["group"]
+        status, body = http(svc, "GET", "/v1/rules")
+        assert {r["index"] for r in json.loads(body)["rules"]} >= {6, 7}
+    finally:
+        proxy.release.set()                   # a failed check must not leave the service waiting on the proxy
+        svc.close()
+        proxy.close()

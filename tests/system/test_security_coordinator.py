@@ -291,3 +291,70 @@ def test_http_connection_cap(switch, tmp_path):
                 time.sleep(0.1)
     finally:
         svc.close()
+
+
+def _raw_http(port: int, request: bytes) -> list[tuple[int, bytes]]:
+    """Send raw bytes to the HTTP service and read every response until it closes the connection: (status,
+    body) each. Sent with ``Connection: close`` semantics where the request says so."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(request)
+    s.shutdown(socket.SHUT_WR)
+    data = b""
+    while True:
+        chunk = s.recv(1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    out = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                      if line.lower().startswith(b"content-length:"))
+        out.append((status, rest[:length]))
+        data = rest[length:]
+    return out
+
+
+def test_http_deep_json_chunked_bodies_escaped_and_rate_limited_logs(switch, tmp_path, caplog, monkeypatch):
+    """L3: a body of 30,000 `[` got no answer (the parser's RecursionError killed the handler); a chunked
+    body was not read, so its bytes came back as a second request; an unauthenticated path's ANSI escape
+    went into the log as it was; every 401 logged a warning. Now: 400 naming the nesting; 501 and the
+    connection closed after it (one response, nothing else taken for a request, no rule written); the
+    escape logged as \\x1b; one warning for 40 refusals while the limiter's clock stands still, the next one
+    (its clock past the interval) saying how many were kept quiet."""
+    import logging
+    svc = ControllerService(switch, 4, Config(), token=TOKEN)
+    svc.serve(str(tmp_path / "ctl.sock"), "127.0.0.1:0")
+    auth = b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+    try:
+        deep = b"[" * 30_000
+        answers = _raw_http(svc.http_port, b"POST /v1/rules HTTP/1.1\r\nHost: x\r\n" + auth
+                            + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(deep) + deep)
+        assert [a[0] for a in answers] == [400] and b"nested deeper than" in answers[0][1], answers
+        # a chunked body whose bytes are a whole request of their own (a rule): never run
+        inner = json.dumps({"index": 5, "rule": {"group": [99, 255], "contributors": 3, "base": 60}}).encode()
+        smuggled = (b"POST /v1/rules HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Length: %d\r\n\r\n" % len(inner)
+                    + inner)
+        chunked = (b"POST /v1/rules HTTP/1.1\r\nHost: x\r\n" + auth + b"Transfer-Encoding: chunked\r\n\r\n"
+                   + smuggled)
+        answers = _raw_http(svc.http_port, chunked)
+        assert [a[0] for a in answers] == [501], answers
+        assert 5 not in [index for index, _, _ in svc.controller.dump_rules()]
+        assert svc.http_refused.get("chunked") == 1
+        # logs: the escape escaped; 40 refusals, one warning
+        clock = [1000.0]
+        monkeypatch.setattr(svc.token_warnings, "clock", lambda: clock[0])
+        caplog.set_level(logging.WARNING, logger="cais.service")
+        for i in range(40):
+            _raw_http(svc.http_port, b"GET /\x1b[31mred" + str(i).encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        warnings = [r.getMessage() for r in caplog.records if "without the token" in r.getMessage()]
+        assert len(warnings) == 1 and "\\x1b[31mred0" in warnings[0] and "\x1b" not in warnings[0], warnings
+        clock[0] += 60
+        _raw_http(svc.http_port, b"GET /again HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        warnings = [r.getMessage() for r in caplog.records if "without the token" in r.getMessage()]
+        assert len(warnings) == 2 and "/again" in warnings[1] and "39 more refused" in warnings[1], warnings
+        assert svc.http_refused["token"] == 41
+    finally:
+        svc.close()

@@ -1,8 +1,9 @@
-"""Issue 29, data plane (H1): a host on a switch port cannot change another job's results with tagged frames.
+"""Issue 29, data plane: a host on a switch port cannot change another job's results with tagged frames (H1)
+or with frames that claim a rank's source MAC (H2).
 
 Everything runs in network namespaces the test creates (tests/netns.py conventions: root, fail rather
-than skip): cais-switch (the model) with three ports, two ranks of one job on ports 0 and 1, and an
-attacker on port 2 that builds its frames with scapy (an encoder independent of cais.protocol's).
+than skip): cais-switch (the model) with three or four ports, two ranks of one job on ports 0 and 1, and an
+attacker on the last port that builds its frames with scapy (an encoder independent of cais.protocol's).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import socket
 import time
 
 import numpy as np
+import pytest
 
 from cais import protocol as proto
 from cais.comm import host_mac
@@ -45,6 +47,7 @@ print(json.dumps(out), flush=True)
 ATTACKER = r"""
 import os, socket, sys, time
 frames_hex, iface, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+pause = float(sys.argv[4]) if len(sys.argv) > 4 else 0.002       # between two rounds of the frames
 frames = [bytes.fromhex(h) for h in frames_hex.split(",")]
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
 s.bind((iface, 0))
@@ -53,7 +56,7 @@ while not os.path.exists(stop) and time.monotonic() < end:
     for f in frames:
         s.send(f)
         sent += 1
-    time.sleep(0.002)
+    time.sleep(pause)
 print(sent, flush=True)
 """
 
@@ -165,21 +168,94 @@ def forged_ring_data(src: int, dst: int, group_id: int, op_seqs, value: int) -> 
     return out
 
 
-def test_ring_data_spoofing_rank_0_from_a_third_port_is_refused(tmp_path):
-    """H2: from port 2, host-ring DATA frames that claim rank 0's MAC, addressed to rank 1, for the first
-    collectives of the world group, sent before and while the two ranks all-reduce on the host ring. The
-    switch forwards them to rank 1 by their destination (it binds no source MAC to a port yet), and rank 1
-    used to take them first. Now the ranks seal their host frames under the job's key (they share the
-    token) and rank 1 refuses every unsealed one (counted): both ranks get the exact sum (numpy)."""
-    frames = forged_ring_data(host_mac(0), host_mac(1), 1, range(16), 1000)
-    outs, stats, sent = run(tmp_path, frames, "never", RING_ELEMENTS, token="t" * 32)
+def spoofed_contributions(src: int, group_id: int, seqs, value: int) -> list[bytes]:
+    """All-reduce contributions (int32 SUM, 64 elements) of `group_id` for chunks `seqs`, every element
+    `value`, claiming `src` (a rank's MAC) as their source (built with scapy)."""
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
+    out = []
+    for seq in seqs:
+        payload = int(value).to_bytes(4, "big") * 64
+        hdr = proto.CaisHeader(group_id=group_id, seq_num=seq, payload_len=len(payload))
+        pkt = Ether(dst=proto.mac_to_str(proto.BROADCAST_MAC), src=proto.mac_to_str(src), type=proto.ETHERTYPE) \
+            / Raw(hdr.pack() + payload)
+        out.append(bytes(pkt))
+    return out
+
+
+def _registers(cluster, *names) -> dict:
+    """Switch registers by name (per-port ones as lists), read through cais-switch's control endpoint."""
+    from cais.params import SwitchParams
+    from cais.registers import register_map
+    conn = connect(cluster.control, timeout=10, name="switch")
+    try:
+        regs = register_map(SwitchParams(**conn.request("info")["params"]))
+        return {n: [conn.request("read", reg=n, index=i)["value"] for i in range(regs[n].count)]
+                if regs[n].count > 1 else conn.request("read", reg=n)["value"] for n in names}
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("offload", ["never", "always"])
+def test_frames_claiming_rank_0_from_another_port_are_dropped_at_the_switch(tmp_path, offload):
+    """H2: a scapy host on port 3 sends host-ring DATA frames (rank 0 to rank 1, every step of the first
+    collectives) and all-reduce contributions of the world group, all claiming rank 0's source MAC, before
+    and while ranks 0 and 1 all-reduce on the host ring ("never") or through the switch ("always"). The
+    controller (started first) bound each rank's MAC to its port, so the switch drops every one of the
+    attacker's frames as SPOOFED_SOURCE (counted: every frame port 3 sent, none as FOREIGN_PORT), nothing
+    forged reaches a rank (no refusal there), and both ranks get the exact sum (numpy). Before the
+    binding the forged ring frames crossed the switch, and without the seal rank 1 took them first."""
+    require_root()
+    frames = forged_ring_data(host_mac(0), host_mac(1), 1, range(16), 1000) \
+        + spoofed_contributions(host_mac(0), 1, range(4 * ITERATIONS), 1000)
+    cluster = Cluster(4, tmp_path)
+    stop = tmp_path / "stop"
+    (tmp_path / "cais.toml").write_text(f'[cais]\noffload = "{offload}"\n')
+    try:
+        cluster.create()
+        cluster.start_switch([])
+        cluster.start_controller(world_size=2, extra=("--config", str(tmp_path / "cais.toml")))
+        attacker = cluster._spawn(cluster.rank_ns[3], ["-c", ATTACKER, ",".join(f.hex() for f in frames),
+                                                      f"{cluster.tag}h3", str(stop), "0.05"],
+                                  dict(os.environ), tmp_path / "attacker.log")
+        deadline = time.monotonic() + 30
+        while not _registers(cluster, "DROP_SPOOFED_SOURCE")["DROP_SPOOFED_SOURCE"]:
+            assert attacker.poll() is None, (tmp_path / "attacker.log").read_text()
+            assert time.monotonic() < deadline, "the attacker's frames were never dropped as SPOOFED_SOURCE"
+            time.sleep(0.05)
+        procs = []
+        for i in range(2):
+            env = {**os.environ, "CAIS_RANK": str(i), "CAIS_WORLD_SIZE": "2", "CAIS_IFACE": f"{cluster.tag}h{i}",
+                   "CAIS_SWITCH": cluster.control, "CAIS_CONTROLLER": cluster.controller,
+                   "CAIS_COORDINATOR": "external", "CAIS_TOKEN": cluster.token_file.read_text(),
+                   "CAIS_TEST_OFFLOAD": offload, "ELEMENTS": str(RING_ELEMENTS), "ITERATIONS": str(ITERATIONS)}
+            procs.append(cluster._spawn(cluster.rank_ns[i], ["-c", RANK], env, tmp_path / f"rank{i}.log"))
+        for p in procs:
+            p.wait(120)
+        stop.touch()
+        attacker.wait(30)
+        outs = rank_outputs(tmp_path, 2)
+        # the daemon may still hold frames the attacker sent: read until two rounds agree (a quiet switch)
+        regs, deadline = None, time.monotonic() + 60
+        while True:
+            last, regs = regs, _registers(cluster, "RX_FRAMES", "DROP_SPOOFED_SOURCE", "DROP_FOREIGN_PORT")
+            if regs == last:
+                break
+            assert time.monotonic() < deadline, f"the switch never went quiet: {regs}"
+            time.sleep(0.2)
+    finally:
+        stop.touch()
+        cluster.close()
+    path = "ring" if offload == "never" else "switch"
     for i in range(ITERATIONS):
         want = (np.full(RING_ELEMENTS, 1 + i, np.int32) + np.full(RING_ELEMENTS, 2 + i, np.int32)).tolist()
         for out in outs:
             assert out["results"][i] == want, f"rank {out['rank']} iteration {i}: {out['results'][i][:4]}..."
-            assert out["paths"][i] == "ring"
-    assert stats["frames_in"][2] > 0, stats
-    assert outs[1]["refused"]["ring_seal"] > 0, outs[1]["refused"]
+            assert out["paths"][i] == path
+    assert regs["RX_FRAMES"][3] > 0 and regs["DROP_SPOOFED_SOURCE"] == regs["RX_FRAMES"][3], regs
+    assert regs["DROP_FOREIGN_PORT"] == 0, regs
+    for out in outs:
+        assert not any(out["refused"].values()), out["refused"]
 
 
 def test_seal_against_a_hand_computed_hmac():

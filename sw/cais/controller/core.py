@@ -2,7 +2,8 @@
 
 One controller serves every rank. It
 
-- programs the MAC table with every host's address (the fallback ring's frames are unicast) and, per
+- programs the MAC table with every host's address (the fallback ring's frames are unicast; the switch
+  binds each address to its host's port and, with every host in the table, floods no host frame) and, per
   group, one rule and a slot quota (:mod:`.rulebook`; a group that gets no quota or no rule stays on the
   hosts);
 - reads the FEATURES register at start (``float_units``: does this switch reduce fp32/fp16/bf16?
@@ -169,10 +170,18 @@ class Controller:
 
     # ---------------------------------------------------------------- set-up
     async def _program_macs(self) -> None:
+        """Every host's MAC entry: its frames are routed to its port, and its address is bound to that port
+        (the switch drops a frame with that source from any other port: SPOOFED_SOURCE). With every host in
+        the table, host frames go only to table entries (MAC_POLICY.host_strict), never flooded."""
         for rank, (port, mac) in enumerate(zip(self.rank_ports, self.rank_macs)):
             if rank >= self.params.mac_entries:
                 break   # further hosts are flooded (unknown unicast)
             await self.switch.apply(mac_writes(self.regs, rank, MacEntry(mac, port)))
+        every = len(self.rank_macs) <= self.params.mac_entries
+        if not every:
+            log.warning("%d hosts, %d MAC entries: hosts %d.. are not bound to their ports and their host frames "
+                        "are flooded", len(self.rank_macs), self.params.mac_entries, self.params.mac_entries)
+        await self.switch.write("MAC_POLICY", self.regs["MAC_POLICY"].pack(host_strict=int(every)))
 
     async def start(self) -> None:
         """Check the switch and program every host's MAC address."""

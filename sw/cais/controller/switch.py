@@ -7,6 +7,7 @@ methods are coroutines awaiting only the link's ``read``/``write``; nothing is c
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -40,12 +41,16 @@ class ControlLink:
         Requests that got no usable answer (each dropped the connection).
     reconnects : int
         Connections opened again after a failure.
+    around_io : callable
+        A context manager factory entered around every request (the coordinator's gives its state lock up
+        while the switch answers); by default it does nothing.
     """
 
     def __init__(self, address: str, *, timeout: float = 10.0, retry_for: float = 0.0):
         self.address, self.timeout = address, float(timeout)
         self.failures = self.reconnects = 0
         self._lock = threading.Lock()
+        self.around_io = contextlib.nullcontext
         self._conn = connect(address, timeout=timeout, retry_for=retry_for, name="switch control endpoint")
         info = self._request("info")
         try:
@@ -62,7 +67,7 @@ class ControlLink:
 
     def _request(self, op: str, want: str | None = None, **fields) -> dict:
         """One request and its answer (`want`: a field the answer must carry as an integer)."""
-        with self._lock:
+        with self.around_io(), self._lock:
             if self._conn is None:
                 self._conn = connect(self.address, timeout=self.timeout, name="switch control endpoint")
                 self.reconnects += 1
