@@ -902,7 +902,7 @@ def _track(pg: ProcessGroup, work: Work, async_op: bool):
 
 def _avg(total: np.ndarray, n: int, dtype) -> np.ndarray:
     """The mean from the sum: floats divided in float32/float64 and rounded once to their type (bf16 to
-    bf16); integers truncated toward zero (as NCCL's integer average)."""
+    bf16); integers (int64 too, exactly) truncated toward zero (as NCCL's integer average)."""
     if dtype is not None and str(dtype).lower() in ("bf16", "bfloat16") or dtype == proto.DType.BF16:
         as_f32 = numerics.bf16_to_f32(total) if total.dtype == np.uint16 else total.astype(np.float32)
         bits = numerics.f32_to_bf16(as_f32 / np.float32(n))
@@ -910,7 +910,9 @@ def _avg(total: np.ndarray, n: int, dtype) -> np.ndarray:
     if total.dtype.kind == "f":
         wide = np.float64 if total.dtype == np.float64 else np.float32
         return (total.astype(wide) / wide(n)).astype(total.dtype)
-    return np.trunc(total.astype(np.float64) / n).astype(total.dtype)
+    # in integers (no float64 in between: int64 sums beyond 2**53 stay exact); floor, then toward zero
+    floor = total // n
+    return (floor + ((total % n != 0) & (total < 0))).astype(total.dtype)
 
 
 def _op_name(op) -> str:

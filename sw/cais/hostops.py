@@ -32,6 +32,7 @@ import zlib
 
 import numpy as np
 
+from .dist import _avg
 from .numerics import wire_dtype
 
 __all__ = ["FOLD_OPS", "fold_all_reduce", "int64_all_reduce", "reduce", "gather", "scatter", "all_to_all",
@@ -74,14 +75,8 @@ def fold_all_reduce(p, arr: np.ndarray, op: str, group=None) -> None:
         for row in stacked[1:]:
             acc = fold(acc, row).astype(arr.dtype)
     if op == "avg":
-        acc = _mean(acc, len(ranks))
+        acc = _avg(acc, len(ranks), None)
     arr[...] = acc
-
-
-def _mean(total: np.ndarray, n: int) -> np.ndarray:
-    if total.dtype.kind == "f":
-        return (total / total.dtype.type(n)).astype(total.dtype)
-    return np.trunc(total.astype(np.float64) / n).astype(total.dtype)
 
 
 def int64_all_reduce(p, arr: np.ndarray, op: str, group=None) -> None:
@@ -104,7 +99,7 @@ def int64_all_reduce(p, arr: np.ndarray, op: str, group=None) -> None:
                 total += limbs[k].astype(np.uint64) << np.uint64(LIMB_BITS * k)
         out = total.view(np.int64)
         if op == "avg":
-            out = _mean(out, len(ranks))
+            out = _avg(out, len(ranks), None)
         flat[...] = out
         return
     if op not in ("max", "min"):
@@ -226,7 +221,6 @@ class CommPrimitives:
 
     def all_reduce(self, arr: np.ndarray, op: str, group=None, dtype=None) -> str | None:
         """In place; returns the path it took ("switch" or "ring")."""
-        from .dist import _avg
         work = self.comm.all_reduce(arr, op="sum" if op == "avg" else op, group=group, dtype=dtype, async_op=True)
         self.comm._outstanding.remove(work)
         total = work.wait()

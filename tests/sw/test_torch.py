@@ -46,7 +46,17 @@ CASES += [(torch.int32, "product"), (torch.float32, "product"), (torch.int64, "b
           (torch.int8, "bxor"), (torch.bool, "bor")]
 
 
-WIDE64 = [[2**62 + r, (1 << 40) + r, -(1 << 33) - r, 2**63 - 1 - r, -2**63 + r, (r - 1) << 32] for r in range(N)]
+WIDE64 = [[2**62 + r, (1 << 40) + r, -(1 << 33) - r, 2**63 - 1 - r, -2**63 + r, (r - 1) << 32, 2**60 + 3 * r + 1,
+           -2**60 - 3 * r - 2] for r in range(N)]
+
+
+def int64_avg_reference(rows) -> list[int]:
+    """AVG of int64 in Python integers: the sum wrapped to int64, divided by N truncating toward zero."""
+    out = []
+    for column in zip(*rows):
+        total = (sum(column) + 2**63) % 2**64 - 2**63
+        out.append(abs(total) // N * (1 if total >= 0 else -1))
+    return out
 
 
 def expected(dtype, op) -> np.ndarray:
@@ -69,9 +79,10 @@ def every_collective(rank: int) -> dict:
         t = inputs(rank, dtype)
         dist.all_reduce(t, op=OPS[op])
         out["all_reduce"][f"{dtype}-{op}"] = numpy_of(t).tolist()
-    # int64 beyond int32: sums that wrap modulo 2**64, MAX/MIN decided in the low word or by the sign
+    # int64 beyond int32: sums that wrap modulo 2**64, MAX/MIN decided in the low word or by the sign, AVG
+    # of sums beyond float64's 53 bits
     wide64 = torch.tensor(WIDE64[rank], dtype=torch.int64)
-    for op in ("sum", "max", "min"):
+    for op in ("sum", "max", "min", "avg"):
         t = wide64.clone()
         dist.all_reduce(t, op=OPS[op])
         out[f"int64_{op}"] = t.tolist()
@@ -145,6 +156,7 @@ def test_every_collective_against_numpy(offload):
         with np.errstate(over="ignore"):
             for op in ("sum", "max", "min"):
                 assert out[f"int64_{op}"] == REDUCE[op](np.array(WIDE64, np.int64)).tolist(), op
+        assert out["int64_avg"] == int64_avg_reference(WIDE64)
         strided = np.zeros(2 * ELEMS, np.int32)
         strided[::2] = expected(torch.int32, "sum")
         assert out["strided"] == strided.tolist()
@@ -164,8 +176,8 @@ def test_every_collective_against_numpy(offload):
         assert out["async"] == [N] * 4
         native = ("switch", "ring") if offload == "always" else ("ring", "switch")
         assert out["paths"][native[0]] > 0 and native[1] not in out["paths"], out["paths"]
-        # int64: its 4 ops, the 3 wide ones and reduce_scatter_tensor; fold: float64 SUM/AVG, 2 PRODUCT, 4 bitwise
-        assert out["paths"]["int64"] == 4 + 3 + 1 and out["paths"]["fold"] == 2 + 2 + 4, out["paths"]
+        # int64: its 4 ops, the 4 wide ones and reduce_scatter_tensor; fold: float64 SUM/AVG, 2 PRODUCT, 4 bitwise
+        assert out["paths"]["int64"] == 4 + 4 + 1 and out["paths"]["fold"] == 2 + 2 + 4, out["paths"]
 
 
 def test_paths_are_documented_per_dtype_and_op():
