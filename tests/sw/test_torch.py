@@ -361,3 +361,18 @@ def test_contiguous_tensors_are_handed_over_without_a_copy():
     assert np.shares_memory(ct._Buf(w, "x").array, w.detach().numpy())
     strided = torch.zeros(8)[::2]
     assert not np.shares_memory(ct._Buf(strided, "x").array, strided.numpy())
+
+
+def test_completer_close_waits_for_the_works_it_was_given():
+    """destroy_process_group() must not leave CAIS under a deployed collective still running: closing the
+    completer returns only once every work it was handed has finished (tensor written, future set)."""
+    class Done:
+        def wait(self):
+            return None
+
+    completer = ct._Completer()
+    finished = []
+    works = [completer.submit(Done(), lambda i=i: finished.append(i), i) for i in range(50)]
+    completer.close()
+    assert finished == list(range(50))
+    assert [w.get_future().value() for w in works] == list(range(50))

@@ -134,7 +134,7 @@ def _completed(value) -> "tdist.Work":
 
 
 class _Completer:
-    """One thread per process that waits for the deployed driver's outstanding works in order and
+    """One thread per process group that waits for the deployed driver's outstanding works in order and
     completes their torch futures (the driver's own progress thread moves the frames)."""
 
     def __init__(self):
@@ -162,7 +162,11 @@ class _Completer:
                 fut.set_result(value)
 
     def close(self) -> None:
+        """Return once every submitted work is complete (its tensor written, its future set): the rank must
+        not leave CAIS while a collective it started still needs it (its peers' ring steps, say)."""
         self._queue.put(None)
+        if threading.current_thread() is not self._thread:     # not from a future's callback
+            self._thread.join()
 
 
 class ProcessGroupCais(tdist.ProcessGroup):
