@@ -784,12 +784,15 @@ def _interface_for(interface: str | None, rank: int | None) -> str | None:
 
 def init(interface: str | None = None, rank: int | None = None, world_size: int | None = None, *,
          switch: str | None = None, controller: str | None = None, config: Config | str | None = None,
-         timeout: float | None = None, connect_timeout: float | None = None, **overrides) -> ProcessGroup:
+         timeout: float | None = None, connect_timeout: float | None = None, master_addr: str | None = None,
+         **overrides) -> ProcessGroup:
     """Join the cluster as `rank` of `world_size` on network interface `interface` (wired to switch port
     `rank`). Arguments not given come from the environment (:data:`ENV`: ``CAIS_IFACE``, ``CAIS_RANK``,
     ``CAIS_WORLD_SIZE``, ``CAIS_SWITCH``, ``CAIS_CONTROLLER``, ``CAIS_CONFIG``, ``CAIS_TIMEOUT``); where a
     CAIS_* variable is absent, torch's (:data:`TORCH_ENV`): ``RANK``, ``WORLD_SIZE``, and ``MASTER_ADDR``
-    for the coordinator (``MASTER_ADDR:controller_port``). ``CAIS_IFACE`` may hold ``{local_rank}``.
+    for the coordinator (``MASTER_ADDR:controller_port``; `master_addr` instead of ``MASTER_ADDR``: the
+    torch backend passes the host of torch's TCP store, so that ``tcp://HOST:PORT`` serves as ``env://``
+    does). ``CAIS_IFACE`` may hold ``{local_rank}``.
 
     `switch` is the switch's control endpoint (only rank 0 uses it: its process hosts the coordinator);
     `controller` the coordinator's endpoint (a Unix socket path, or HOST:PORT), default
@@ -822,7 +825,7 @@ def init(interface: str | None = None, rank: int | None = None, world_size: int 
     base = config if isinstance(config, Config) else Config.load(cfg_path)
     given = {k for k, v in base.as_dict().items() if v != getattr(Config(), k)}
     cfg = base.replace(**{k: v for k, v in DEPLOY_DEFAULTS.items() if k not in given}, **overrides)
-    master = os.environ.get(TORCH_ENV["controller"])
+    master = master_addr or os.environ.get(TORCH_ENV["controller"])
     controller = (_env("controller", controller) or (f"{master}:{cfg.controller_port}" if master else None)
                   or f"{cfg.controller_address}:{cfg.controller_port}")
     _pg = ProcessGroup(interface, int(rank), int(world_size), switch, controller, cfg,

@@ -16,6 +16,7 @@ def recorded(monkeypatch):
         def __init__(self, interface, rank, world_size, switch, controller, config, timeout, connect_timeout):
             calls.append(dict(interface=interface, rank=rank, world_size=world_size, switch=switch,
                               controller=controller))
+            self.rank, self.world_size, self.outstanding = rank, world_size, []
 
         def close(self):
             pass
@@ -62,3 +63,22 @@ def test_bad_values_name_the_variable(recorded, monkeypatch):
     with pytest.raises(ValueError, match="init_method='tcp://"):
         cais.init_process_group("cais", init_method="tcp://10.0.0.1:23456")
     assert recorded == []
+
+
+def test_torch_tcp_init_puts_the_coordinator_on_the_rendezvous_host(recorded, monkeypatch):
+    """init_method="tcp://HOST:PORT" (no MASTER_ADDR in the environment): the coordinator's endpoint is on
+    HOST, as with env://, not on Config.controller_address (127.0.0.1)."""
+    import socket
+
+    import torch.distributed as dist
+
+    import cais.torch  # noqa: F401 - registers "cais"
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("CAIS_IFACE", "h{rank}")
+    dist.init_process_group("cais", init_method=f"tcp://127.0.0.2:{port}", rank=0, world_size=1)
+    try:
+        assert recorded[-1] == dict(interface="h0", rank=0, world_size=1, switch=None, controller="127.0.0.2:7700")
+    finally:
+        dist.destroy_process_group()

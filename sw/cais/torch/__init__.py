@@ -501,6 +501,14 @@ def backend_of(group=None) -> ProcessGroupCais:
 
 
 # ---------------------------------------------------------------------- registration
+def _store_host(store) -> str | None:
+    """The host of torch's rendezvous store when it is a TCP store (env:// and tcp://: rank 0's host,
+    where the coordinator goes), else None (file://, a store of the caller's)."""
+    while isinstance(store, tdist.PrefixStore):
+        store = store.underlying_store
+    return store.host if isinstance(store, tdist.TCPStore) else None
+
+
 def _create(opts, options):
     """The backend's constructor (torch's extended API): the world group joins CAIS (the deployed driver,
     or the co-simulation rank of ``Options.communicator``); a subgroup is a CAIS group of the same ranks."""
@@ -521,7 +529,7 @@ def _create(opts, options):
         prims = hostops.CommPrimitives(options.communicator)
     else:
         if not cd.is_initialized():
-            cd.init(rank=opts.group_rank, world_size=opts.group_size)
+            cd.init(rank=opts.group_rank, world_size=opts.group_size, master_addr=_store_host(opts.store))
         prims = cd.DistPrimitives(cd._get())
     if len(ranks) != prims.world_size:
         raise ValueError(f"cais backend: the first 'cais' group must be the world ({prims.world_size} ranks), "
