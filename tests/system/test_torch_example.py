@@ -20,10 +20,13 @@ def load_example():
 
 
 @pytest.mark.parametrize("argv, needle", [(["--ranks", "1"], "--ranks"), (["--epochs", "0"], "--epochs"),
-                                          (["--runs", "nccl"], "--runs: nccl")])
+                                          (["--ranks", "17"], "--ranks: 17: one switch port per rank"),
+                                          (["--runs", "nccl"], "--runs: nccl"),
+                                          (["--plot", "/proc/no-such-folder/loss.png"], "--plot")])
 def test_example_refuses_bad_arguments(argv, needle, capsys):
     assert_refused(load_example().main, argv, needle, capsys)
 
 
-def test_bench_refuses_bad_arguments(capsys):
-    assert_refused(load_script("bench_torch").parse_args, ["--backend", "fpga"], "--backend", capsys)
+@pytest.mark.parametrize("argv, needle", [(["--backend", "fpga"], "--backend"), (["--ranks", "17"], "--ranks: 17")])
+def test_bench_refuses_bad_arguments(argv, needle, capsys):
+    assert_refused(load_script("bench_torch").parse_args, argv, needle, capsys)
