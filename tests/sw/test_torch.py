@@ -309,14 +309,40 @@ def test_block_fp_hook_equals_the_numpy_reference():
 
 
 # ---------------------------------------------------------------------- errors
-def test_bad_tensors_are_named():
-    meta = torch.empty(3, device="meta")                   # no CUDA here: the same device check
-    with pytest.raises(ValueError, match="meta tensor .*CPU only"):
-        ct._Buf(meta, "all_reduce")
+def test_bad_tensors_and_ops_are_named():
+    """Through torch's own all_reduce: another device, a type and an op the backend has not, each an error
+    naming it on every rank; the group goes on after them. (torch passes complex tensors as real pairs
+    for SUM: they work, see test_complex_goes_as_real_pairs.)"""
+    def fn(rank):
+        errors = []
+        for t, op in ((torch.empty(3, device="meta"), dist.ReduceOp.SUM),      # no CUDA here: the same check
+                      (torch.zeros(2, dtype=torch.uint32), dist.ReduceOp.SUM),
+                      (torch.ones(2), dist._make_nccl_premul_sum(2.0))):
+            try:
+                dist.all_reduce(t, op=op)
+                errors.append(None)
+            except (TypeError, ValueError) as e:
+                errors.append(f"{type(e).__name__}: {e}")
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        return errors, t.tolist()
+
+    for errors, after in run_ranks(fn, 2):
+        assert errors[0].startswith("ValueError") and "a meta tensor" in errors[0] and "CPU only" in errors[0]
+        assert errors[1].startswith("TypeError") and "torch.uint32" in errors[1]
+        assert errors[2].startswith("ValueError") and "reduce op PREMUL_SUM is not supported" in errors[2]
+        assert after == [2.0] * 3
     with pytest.raises(TypeError, match="complex64"):
         ct._Buf(torch.zeros(2, dtype=torch.complex64), "all_reduce")
-    with pytest.raises(ValueError, match="PREMUL_SUM|not supported"):
-        ct._op_name(dist._make_nccl_premul_sum(2.0))
+
+
+def test_complex_goes_as_real_pairs():
+    def fn(rank):
+        c = torch.tensor([1 + 2j, -3j], dtype=torch.complex64) * (rank + 1)
+        dist.all_reduce(c)
+        return c.tolist()
+
+    assert run_ranks(fn, 2) == [[3 + 6j, -9j]] * 2
 
 
 def test_mismatched_shapes_and_unsupported_ops_fail_every_rank():

@@ -68,7 +68,9 @@ def _op_name(op) -> str:
     for key, name in _OPS.items():
         if op == key:
             return name
-    raise ValueError(f"cais backend: reduce op {op} is not supported (SUM, AVG, MAX, MIN, PRODUCT, BAND, BOR, BXOR)")
+    name = getattr(getattr(op, "op", None), "name", None) or str(op)      # PREMUL_SUM comes as an object
+    raise ValueError(f"cais backend: reduce op {name} is not supported (SUM, AVG, MAX, MIN, PRODUCT, BAND, BOR, "
+                     "BXOR)")
 
 
 def path_of(dtype: torch.dtype, op: str) -> str:
