@@ -402,3 +402,24 @@ def test_completer_close_waits_for_the_works_it_was_given():
     completer.close()
     assert finished == list(range(50))
     assert [w.get_future().value() for w in works] == list(range(50))
+
+
+def test_send_meeting_send_fails_both_ranks():
+    """An isend/isend exchange meets send with send: both ranks raise ShapeMismatch naming send/recv (before
+    the check both got zeros, silently); the same exchange ordered (one rank receives first) delivers."""
+    def fn(rank):
+        peer = 1 - rank
+        mine, got = torch.full((3,), float(rank + 10)), torch.zeros(3)
+        try:
+            for req in (dist.isend(mine, peer), dist.irecv(got, peer)):
+                req.wait()
+            error = None
+        except ShapeMismatch as e:
+            error = str(e)
+        for step in ((dist.send, mine), (dist.recv, got)) if rank == 0 else ((dist.recv, got), (dist.send, mine)):
+            step[0](step[1], peer)
+        return error, got.tolist()
+
+    for rank, (error, got) in enumerate(run_ranks(fn, 2)):
+        assert error and "send/recv between ranks 0 and 1" in error, error
+        assert got == [float(1 - rank + 10)] * 3
