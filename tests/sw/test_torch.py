@@ -279,25 +279,8 @@ def test_block_fp_hook_equals_the_numpy_reference():
     """Two DDP steps with the hook (DDP rebuilds its buckets after the first): every rank's gradient of
     each parameter is block_fp_reference of the ranks' local gradients of it (computed here without any
     communication), bit for bit."""
-    def local_grads(rank, step):
-        model = make_model()
-        x, y = batch(rank, step)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        return [p.grad.reshape(-1).numpy() for p in model.parameters()]
-
-    def steps(rank):
-        model = make_model()
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
-        ddp.register_comm_hook(hooks.BlockFPState(), hooks.block_fp_hook)
-        out = []
-        for step in range(2):                 # no optimizer step: the same parameters, new batches
-            model.zero_grad()
-            x, y = batch(rank, step)
-            torch.nn.functional.cross_entropy(ddp(x), y).backward()
-            out.append([p.grad.reshape(-1).numpy().copy() for p in model.parameters()])
-        return out
-
-    got = run_ranks(steps, N)
+    got = run_ranks(lambda r: ddp_grads(r, lambda ddp: ddp.register_comm_hook(hooks.BlockFPState(),
+                                                                               hooks.block_fp_hook)), N)
     for step in range(2):
         local = [local_grads(r, step) for r in range(N)]
         for k in range(len(local[0])):
@@ -306,6 +289,46 @@ def test_block_fp_hook_equals_the_numpy_reference():
                 assert g[step][k].tobytes() == want.tobytes(), (step, k)
             # and it is the mean, to the block's grid
             np.testing.assert_allclose(want, np.mean([local[r][k] for r in range(N)], axis=0), atol=1e-6)
+
+
+def local_grads(rank, step):
+    """Rank `rank`'s gradients at `step` of the initial model, computed alone (no communication)."""
+    model = make_model()
+    x, y = batch(rank, step)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    return [p.grad.reshape(-1).numpy() for p in model.parameters()]
+
+
+def ddp_grads(rank, register=None, steps=2):
+    """The gradients DDP leaves on each parameter for `steps` batches of the initial model (no optimizer
+    step); `register(ddp)` installs a hook."""
+    model = make_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    if register is not None:
+        register(ddp)
+    out = []
+    for step in range(steps):
+        model.zero_grad()
+        x, y = batch(rank, step)
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        out.append([p.grad.reshape(-1).numpy().copy() for p in model.parameters()])
+    return out
+
+
+def test_allreduce_hook_is_the_mean_as_torchs_own_hook():
+    """hooks.allreduce_hook on the "cais" group: each gradient is the mean of the ranks' local gradients
+    (numpy, to float32 rounding) and bit for bit what torch's own allreduce_hook gives (DDP without a hook
+    multiplies by 1/N instead of dividing: the last bit may differ)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    got = run_ranks(lambda r: ddp_grads(r, lambda ddp: ddp.register_comm_hook(None, hooks.allreduce_hook)), N)
+    plain = run_ranks(lambda r: ddp_grads(r, lambda ddp: ddp.register_comm_hook(None, default_hooks.allreduce_hook)), N)
+    for step in range(2):
+        local = [local_grads(r, step) for r in range(N)]
+        for k in range(len(local[0])):
+            want = np.mean([local[r][k] for r in range(N)], axis=0)
+            for g, p in zip(got, plain):
+                np.testing.assert_allclose(g[step][k], want, rtol=0, atol=1e-6)
+                assert g[step][k].tobytes() == p[step][k].tobytes(), (step, k)
 
 
 # ---------------------------------------------------------------------- errors

@@ -3,7 +3,7 @@
 ::
 
     from cais.torch import hooks
-    ddp.register_comm_hook(None, hooks.allreduce_hook)                  # the mean, as DDP's default
+    ddp.register_comm_hook(None, hooks.allreduce_hook)                  # the mean (divide, then SUM)
     ddp.register_comm_hook(hooks.BlockFPState(), hooks.block_fp_hook)   # exact integer sums
 
 :func:`block_fp_hook` carries float32 gradients as block floating point integers (:mod:`cais.quantize`,
@@ -36,7 +36,8 @@ def _group(pg):
 
 def allreduce_hook(process_group, bucket) -> Future[torch.Tensor]:
     """The mean of the bucket over the group: divided by the group size, then an async SUM all-reduce
-    (DDP's default, here through whatever backend `process_group` (None: the world) has)."""
+    (as torch's own ``default_hooks.allreduce_hook``; DDP without a hook multiplies by 1/N instead), through
+    whatever backend `process_group` (None: the world) has."""
     group = _group(process_group)
     buf = bucket.buffer()
     buf.div_(group.size())
