@@ -96,7 +96,8 @@ class ReduceOp(str, enum.Enum):
     BXOR = "bxor"
 
 
-_SWITCH_OPS = ("sum", "max", "min", "avg")       # the rest: hostops.fold_all_reduce
+#: the ops the switch (and the host ring) reduce; the rest of :class:`ReduceOp`: hostops.fold_all_reduce
+SWITCH_OPS = ("sum", "max", "min", "avg")
 
 
 # ---------------------------------------------------------------------- the progress engine
@@ -935,10 +936,10 @@ def all_reduce(array, op=ReduceOp.SUM, group: Group | None = None, async_op: boo
     pg = _get()
     arr = _as_array(array)
     name = _op_name(op)
-    if name not in _SWITCH_OPS or (arr.dtype == np.int64 and dtype is None):
+    if name not in SWITCH_OPS or (arr.dtype == np.int64 and dtype is None):
         from . import hostops
         buf = np.ascontiguousarray(arr).copy()
-        if name not in _SWITCH_OPS:
+        if name not in SWITCH_OPS:
             hostops.fold_all_reduce(DistPrimitives(pg), buf, name, group)
         else:
             hostops.int64_all_reduce(DistPrimitives(pg), buf, name, group)
@@ -1032,9 +1033,9 @@ def reduce_scatter(output, input, op=ReduceOp.SUM, group: Group | None = None, a
         raise ValueError(f"reduce_scatter: input has {full.size} elements, expected {n} x {out.size}")
     if full.dtype != out.dtype:
         raise ValueError(f"reduce_scatter: input {full.dtype}, output {out.dtype}: must be the same")
-    name = op.value if isinstance(op, ReduceOp) else str(op).lower()
-    if name not in ("sum", "max", "min", "avg"):
-        raise ValueError(f"op={op!r}: expected SUM, MAX, MIN or AVG")
+    name = _op_name(op)
+    if name not in SWITCH_OPS:
+        raise ValueError(f"reduce_scatter: op={op!r}: expected one of {', '.join(o.upper() for o in SWITCH_OPS)}")
     wire = numerics.wire_dtype(full.dtype)
     if wire is None:
         raise TypeError(f"reduce_scatter: cannot reduce {full.dtype} (int32, int16, int8, float32, float16)")

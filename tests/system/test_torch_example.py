@@ -1,22 +1,13 @@
 """The PyTorch example (make train) and its bench: the command-line contract. (The end-to-end path they
 drive, torchrun ranks through cais-switch in namespaces, is tests/system/test_torch_deployed.py's.)"""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from benchscripts import assert_refused, load_script
 
-ROOT = Path(__file__).resolve().parent.parent.parent
-EXAMPLE = ROOT / "examples" / "train_digits.py"
-
 
 def load_example():
-    spec = importlib.util.spec_from_file_location("train_digits", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_torch").load_example()        # the bench loads the example: one loader
 
 
 @pytest.mark.parametrize("argv, needle", [(["--ranks", "1"], "--ranks"), (["--epochs", "0"], "--epochs"),
