@@ -446,3 +446,28 @@ def test_send_meeting_send_fails_both_ranks():
     for rank, (error, got) in enumerate(run_ranks(fn, 2)):
         assert error and "send/recv between ranks 0 and 1" in error, error
         assert got == [float(1 - rank + 10)] * 3
+
+
+def test_block_fp_hook_nan_on_one_rank_fails_every_rank():
+    """Rank 1's gradients hold NaN: the hook raises ValueError on both ranks (not only on rank 1, leaving
+    rank 0 in an all-reduce rank 1 never joins), and the group goes on."""
+    def fn(rank):
+        model = make_model()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp.register_comm_hook(hooks.BlockFPState(), hooks.block_fp_hook)
+        x, y = batch(rank, 0)
+        if rank == 1:
+            x[0, 0] = float("nan")
+        try:
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            error = None
+        except (ValueError, RuntimeError) as e:
+            error = str(e)
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        return error, t.tolist()
+
+    (e0, after0), (e1, after1) = run_ranks(fn, 2)
+    assert e0 and "another rank's gradients hold NaN or inf" in e0, e0
+    assert e1 and "this rank's gradients hold NaN or inf" in e1, e1
+    assert after0 == after1 == [2.0, 2.0]
