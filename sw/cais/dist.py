@@ -143,6 +143,8 @@ class ProcessGroup:
         Rank 0's (it hosts the controller), else None.
     """
 
+    _primitives = None       # its DistPrimitives, made on first use (:func:`primitives`)
+
     def __init__(self, interface: str, rank: int, world_size: int, switch: str | None, controller: str,
                  config: Config, timeout: float = DEFAULT_TIMEOUT_S, connect_timeout: float = CONNECT_S):
         if not 0 <= rank < world_size:
@@ -940,9 +942,9 @@ def all_reduce(array, op=ReduceOp.SUM, group: Group | None = None, async_op: boo
         from . import hostops
         buf = np.ascontiguousarray(arr).copy()
         if name not in SWITCH_OPS:
-            hostops.fold_all_reduce(DistPrimitives(pg), buf, name, group)
+            hostops.fold_all_reduce(primitives(pg), buf, name, group)
         else:
-            hostops.int64_all_reduce(DistPrimitives(pg), buf, name, group)
+            hostops.int64_all_reduce(primitives(pg), buf, name, group)
         arr[...] = buf
         return _completed(pg, array, async_op)
     n = _group_size(pg, group)
@@ -1116,11 +1118,20 @@ class DistPrimitives:
         all_gather(out, arr, group)
 
 
+def primitives(pg: ProcessGroup | None = None) -> DistPrimitives:
+    """The one :class:`DistPrimitives` of `pg` (default: this process's): what hostops keeps in it (the
+    send/recv pairs' groups, each a switch rule) is made once, not per call."""
+    pg = _get() if pg is None else pg
+    if pg._primitives is None:
+        pg._primitives = DistPrimitives(pg)
+    return pg._primitives
+
+
 def _host(name, *args, async_op: bool = False, result=None):
     """Run hostops.`name` on this process's primitives at once (the returned Work, if any, is complete)."""
     from . import hostops
     pg = _get()
-    getattr(hostops, name)(DistPrimitives(pg), *args)
+    getattr(hostops, name)(primitives(pg), *args)
     return _completed(pg, result, async_op)
 
 

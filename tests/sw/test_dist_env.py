@@ -16,7 +16,7 @@ def recorded(monkeypatch):
         def __init__(self, interface, rank, world_size, switch, controller, config, timeout, connect_timeout):
             calls.append(dict(interface=interface, rank=rank, world_size=world_size, switch=switch,
                               controller=controller))
-            self.rank, self.world_size, self.outstanding = rank, world_size, []
+            self.rank, self.world_size, self.outstanding, self._primitives = rank, world_size, [], None
 
         def close(self):
             pass
@@ -82,3 +82,25 @@ def test_torch_tcp_init_puts_the_coordinator_on_the_rendezvous_host(recorded, mo
         assert recorded[-1] == dict(interface="h0", rank=0, world_size=1, switch=None, controller="127.0.0.2:7700")
     finally:
         dist.destroy_process_group()
+
+
+def test_plain_send_recv_make_their_pair_group_once(monkeypatch):
+    """cais.send/recv between two ranks make the two's group (a switch rule) on their first exchange only,
+    not on every call. The collectives are replaced: nothing is opened."""
+    import types
+
+    import numpy as np
+
+    made = []
+
+    class Rank0:
+        rank, world_size, outstanding, _primitives = 0, 2, [], None
+
+    monkeypatch.setattr(cd, "_pg", Rank0())
+    monkeypatch.setattr(cd, "new_group", lambda ranks: made.append(list(ranks)) or types.SimpleNamespace(ranks=ranks))
+    monkeypatch.setattr(cd.DistPrimitives, "all_reduce", lambda self, arr, op, group=None, dtype=None: "switch")
+    monkeypatch.setattr(cd.DistPrimitives, "broadcast", lambda self, arr, src, group=None: None)
+    for _ in range(3):
+        cais.send(np.zeros(2), dst=1)
+        cais.recv(np.zeros(2), src=1)
+    assert made == [[0, 1]]

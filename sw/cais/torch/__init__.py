@@ -535,7 +535,7 @@ def _create(opts, options):
     else:
         if not cd.is_initialized():
             cd.init(rank=opts.group_rank, world_size=opts.group_size, master_addr=_store_host(opts.store))
-        prims = cd.DistPrimitives(cd._get())
+        prims = cd.primitives()
     if len(ranks) != prims.world_size:
         raise ValueError(f"cais backend: the first 'cais' group must be the world ({prims.world_size} ranks), "
                          f"not ranks {ranks}")
