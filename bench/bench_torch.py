@@ -33,7 +33,7 @@ def load_example():
 
 def parse_args(argv=None):
     ap = Parser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ranks", type=integer(2), default=4)
+    ap.add_argument("--ranks", type=load_example().rank_count, default=4)
     ap.add_argument("--epochs", type=integer(1), default=2)
     ap.add_argument("--backend", choices=("model", "verilator"), default="model", help="cais-switch's backend")
     ap.add_argument("--offload", choices=("always", "auto", "never"), default="always",
@@ -45,8 +45,11 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     ex = load_example()
-    results = ex.run_jobs(args.ranks, args.epochs, args.backend, ["cais", "gloo"], log=lambda *a: print(*a, file=sys.stderr),
-                          offload=args.offload)
+    try:
+        results = ex.run_jobs(args.ranks, args.epochs, args.backend, ["cais", "gloo"],
+                              log=lambda *a: print(*a, file=sys.stderr), offload=args.offload)
+    except RuntimeError as e:            # cais-switch did not start: the reason is its log's tail
+        raise SystemExit(f"bench_torch: {e}") from None
     rows = ex.summary(results)
     figures = {tag: {"step_ms": row["step_ms"], "sent_bytes_per_rank": row["sent_bytes_per_rank"],
                      "switch_fraction": row["switch_fraction"], "bucket_paths": row["bucket_paths"],

@@ -248,10 +248,22 @@ def summary(results: dict) -> dict:
     return rows
 
 
+def rank_count(text: str) -> int:
+    """An argument type: a number of ranks, one per switch port (2 up to the switch's most ports)."""
+    from cais.cmdline import integer
+    from cais.params import ParamError, SwitchParams
+    n = integer(2)(text)
+    try:
+        SwitchParams(ports=n)
+    except ParamError as e:
+        raise argparse.ArgumentTypeError(f"{n}: one switch port per rank, {e}") from None
+    return n
+
+
 def main(argv=None) -> int:
     from cais.cmdline import Parser, integer
     ap = Parser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ranks", type=integer(2), default=4)
+    ap.add_argument("--ranks", type=rank_count, default=4)
     ap.add_argument("--epochs", type=integer(1), default=8)
     ap.add_argument("--backend", choices=("model", "verilator"), default="model", help="cais-switch's backend")
     ap.add_argument("--offload", choices=("always", "auto", "never"), default="always",
@@ -274,8 +286,15 @@ def main(argv=None) -> int:
     unknown = [t for t in tags if t not in RUNS]
     if unknown or not tags:
         ap.error(f"--runs: {','.join(unknown) or 'none'}: choose from {', '.join(RUNS)}")
+    try:                                 # the plot's folder before minutes of training, not after
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--plot {args.plot}: {e.strerror}")
     log = (lambda *a: print(*a, file=sys.stderr)) if args.json else print
-    results = run_jobs(args.ranks, args.epochs, args.backend, tags, log, args.offload)
+    try:
+        results = run_jobs(args.ranks, args.epochs, args.backend, tags, log, args.offload)
+    except RuntimeError as e:            # cais-switch did not start: the reason is its log's tail
+        raise SystemExit(f"train_digits: {e}") from None
     checks = compare(results, args.ranks, args.epochs)
     rows = summary(results)
     plot(results, Path(args.plot))
@@ -283,10 +302,12 @@ def main(argv=None) -> int:
         print(json.dumps({"runs": rows, "checks": {k: {"value": v, "ok": ok} for k, (v, ok) in checks.items()},
                           "plot": args.plot}, default=float))
     else:
-        print(f"\n{'run':<14}{'final loss':>11}{'accuracy':>10}{'step ms':>9}  {'bytes sent per rank':<28}buckets")
+        sent = {tag: ", ".join(str(b) for b in row["sent_bytes_per_rank"]) for tag, row in rows.items()}
+        width = max(len("bytes sent per rank"), *map(len, sent.values())) + 2
+        print(f"\n{'run':<14}{'final loss':>11}{'accuracy':>10}{'step ms':>9}  {'bytes sent per rank':<{width}}buckets")
         for tag, row in rows.items():
             print(f"{tag:<14}{row['loss'][-1]:>11.4f}{row['accuracy']:>10.3f}{row['step_ms']:>9.2f}  "
-                  f"{str(row['sent_bytes_per_rank']):<28}{row['bucket_paths'] or '(gloo: loopback bytes / ranks)'}")
+                  f"{sent[tag]:<{width}}{row['bucket_paths'] or '(gloo: loopback bytes / ranks)'}")
         print("\nloss per epoch:")
         for tag, row in rows.items():
             print(f"  {tag:<14}" + " ".join(f"{v:.4f}" for v in row["loss"]))

@@ -96,7 +96,8 @@ class ReduceOp(str, enum.Enum):
     BXOR = "bxor"
 
 
-_SWITCH_OPS = ("sum", "max", "min", "avg")       # the rest: hostops.fold_all_reduce
+#: the ops the switch (and the host ring) reduce; the rest of :class:`ReduceOp`: hostops.fold_all_reduce
+SWITCH_OPS = ("sum", "max", "min", "avg")
 
 
 # ---------------------------------------------------------------------- the progress engine
@@ -141,6 +142,8 @@ class ProcessGroup:
     coordinator : Coordinator | None
         Rank 0's (it hosts the controller), else None.
     """
+
+    _primitives = None       # its DistPrimitives, made on first use (:func:`primitives`)
 
     def __init__(self, interface: str, rank: int, world_size: int, switch: str | None, controller: str,
                  config: Config, timeout: float = DEFAULT_TIMEOUT_S, connect_timeout: float = CONNECT_S):
@@ -784,12 +787,15 @@ def _interface_for(interface: str | None, rank: int | None) -> str | None:
 
 def init(interface: str | None = None, rank: int | None = None, world_size: int | None = None, *,
          switch: str | None = None, controller: str | None = None, config: Config | str | None = None,
-         timeout: float | None = None, connect_timeout: float | None = None, **overrides) -> ProcessGroup:
+         timeout: float | None = None, connect_timeout: float | None = None, master_addr: str | None = None,
+         **overrides) -> ProcessGroup:
     """Join the cluster as `rank` of `world_size` on network interface `interface` (wired to switch port
     `rank`). Arguments not given come from the environment (:data:`ENV`: ``CAIS_IFACE``, ``CAIS_RANK``,
     ``CAIS_WORLD_SIZE``, ``CAIS_SWITCH``, ``CAIS_CONTROLLER``, ``CAIS_CONFIG``, ``CAIS_TIMEOUT``); where a
     CAIS_* variable is absent, torch's (:data:`TORCH_ENV`): ``RANK``, ``WORLD_SIZE``, and ``MASTER_ADDR``
-    for the coordinator (``MASTER_ADDR:controller_port``). ``CAIS_IFACE`` may hold ``{local_rank}``.
+    for the coordinator (``MASTER_ADDR:controller_port``; `master_addr` instead of ``MASTER_ADDR``: the
+    torch backend passes the host of torch's TCP store, so that ``tcp://HOST:PORT`` serves as ``env://``
+    does). ``CAIS_IFACE`` may hold ``{local_rank}``.
 
     `switch` is the switch's control endpoint (only rank 0 uses it: its process hosts the coordinator);
     `controller` the coordinator's endpoint (a Unix socket path, or HOST:PORT), default
@@ -822,7 +828,7 @@ def init(interface: str | None = None, rank: int | None = None, world_size: int 
     base = config if isinstance(config, Config) else Config.load(cfg_path)
     given = {k for k, v in base.as_dict().items() if v != getattr(Config(), k)}
     cfg = base.replace(**{k: v for k, v in DEPLOY_DEFAULTS.items() if k not in given}, **overrides)
-    master = os.environ.get(TORCH_ENV["controller"])
+    master = master_addr or os.environ.get(TORCH_ENV["controller"])
     controller = (_env("controller", controller) or (f"{master}:{cfg.controller_port}" if master else None)
                   or f"{cfg.controller_address}:{cfg.controller_port}")
     _pg = ProcessGroup(interface, int(rank), int(world_size), switch, controller, cfg,
@@ -902,7 +908,7 @@ def _track(pg: ProcessGroup, work: Work, async_op: bool):
 
 def _avg(total: np.ndarray, n: int, dtype) -> np.ndarray:
     """The mean from the sum: floats divided in float32/float64 and rounded once to their type (bf16 to
-    bf16); integers truncated toward zero (as NCCL's integer average)."""
+    bf16); integers (int64 too, exactly) truncated toward zero (as NCCL's integer average)."""
     if dtype is not None and str(dtype).lower() in ("bf16", "bfloat16") or dtype == proto.DType.BF16:
         as_f32 = numerics.bf16_to_f32(total) if total.dtype == np.uint16 else total.astype(np.float32)
         bits = numerics.f32_to_bf16(as_f32 / np.float32(n))
@@ -910,7 +916,9 @@ def _avg(total: np.ndarray, n: int, dtype) -> np.ndarray:
     if total.dtype.kind == "f":
         wide = np.float64 if total.dtype == np.float64 else np.float32
         return (total.astype(wide) / wide(n)).astype(total.dtype)
-    return np.trunc(total.astype(np.float64) / n).astype(total.dtype)
+    # in integers (no float64 in between: int64 sums beyond 2**53 stay exact); floor, then toward zero
+    floor = total // n
+    return (floor + ((total % n != 0) & (total < 0))).astype(total.dtype)
 
 
 def _op_name(op) -> str:
@@ -930,13 +938,13 @@ def all_reduce(array, op=ReduceOp.SUM, group: Group | None = None, async_op: boo
     pg = _get()
     arr = _as_array(array)
     name = _op_name(op)
-    if name not in _SWITCH_OPS or (arr.dtype == np.int64 and dtype is None):
+    if name not in SWITCH_OPS or (arr.dtype == np.int64 and dtype is None):
         from . import hostops
         buf = np.ascontiguousarray(arr).copy()
-        if name not in _SWITCH_OPS:
-            hostops.fold_all_reduce(DistPrimitives(pg), buf, name, group)
+        if name not in SWITCH_OPS:
+            hostops.fold_all_reduce(primitives(pg), buf, name, group)
         else:
-            hostops.int64_all_reduce(DistPrimitives(pg), buf, name, group)
+            hostops.int64_all_reduce(primitives(pg), buf, name, group)
         arr[...] = buf
         return _completed(pg, array, async_op)
     n = _group_size(pg, group)
@@ -1027,9 +1035,9 @@ def reduce_scatter(output, input, op=ReduceOp.SUM, group: Group | None = None, a
         raise ValueError(f"reduce_scatter: input has {full.size} elements, expected {n} x {out.size}")
     if full.dtype != out.dtype:
         raise ValueError(f"reduce_scatter: input {full.dtype}, output {out.dtype}: must be the same")
-    name = op.value if isinstance(op, ReduceOp) else str(op).lower()
-    if name not in ("sum", "max", "min", "avg"):
-        raise ValueError(f"op={op!r}: expected SUM, MAX, MIN or AVG")
+    name = _op_name(op)
+    if name not in SWITCH_OPS:
+        raise ValueError(f"reduce_scatter: op={op!r}: expected one of {', '.join(o.upper() for o in SWITCH_OPS)}")
     wire = numerics.wire_dtype(full.dtype)
     if wire is None:
         raise TypeError(f"reduce_scatter: cannot reduce {full.dtype} (int32, int16, int8, float32, float16)")
@@ -1110,11 +1118,20 @@ class DistPrimitives:
         all_gather(out, arr, group)
 
 
+def primitives(pg: ProcessGroup | None = None) -> DistPrimitives:
+    """The one :class:`DistPrimitives` of `pg` (default: this process's): what hostops keeps in it (the
+    send/recv pairs' groups, each a switch rule) is made once, not per call."""
+    pg = _get() if pg is None else pg
+    if pg._primitives is None:
+        pg._primitives = DistPrimitives(pg)
+    return pg._primitives
+
+
 def _host(name, *args, async_op: bool = False, result=None):
     """Run hostops.`name` on this process's primitives at once (the returned Work, if any, is complete)."""
     from . import hostops
     pg = _get()
-    getattr(hostops, name)(DistPrimitives(pg), *args)
+    getattr(hostops, name)(primitives(pg), *args)
     return _completed(pg, result, async_op)
 
 

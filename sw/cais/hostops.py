@@ -13,7 +13,7 @@ through :class:`CommPrimitives`) offer:
   every rank, so every rank gets the same bits (:func:`fold_all_reduce`);
 * reduce, gather, scatter, all_to_all, send/recv: an all-reduce, all-gather or broadcast and a local
   selection (send/recv use a two-rank group made on first use, as NCCL makes its point-to-point
-  communicators);
+  communicators, and check first that the two calls match: a send blocks until the peer's recv);
 * :func:`check_consistent`: one two-element int32 MAX all-reduce that tells whether every rank of the
   group called the same collective with the same shape and type (else every rank raises, no hang).
 
@@ -32,6 +32,7 @@ import zlib
 
 import numpy as np
 
+from .dist import _avg
 from .numerics import wire_dtype
 
 __all__ = ["FOLD_OPS", "fold_all_reduce", "int64_all_reduce", "reduce", "gather", "scatter", "all_to_all",
@@ -74,14 +75,8 @@ def fold_all_reduce(p, arr: np.ndarray, op: str, group=None) -> None:
         for row in stacked[1:]:
             acc = fold(acc, row).astype(arr.dtype)
     if op == "avg":
-        acc = _mean(acc, len(ranks))
+        acc = _avg(acc, len(ranks), None)
     arr[...] = acc
-
-
-def _mean(total: np.ndarray, n: int) -> np.ndarray:
-    if total.dtype.kind == "f":
-        return (total / total.dtype.type(n)).astype(total.dtype)
-    return np.trunc(total.astype(np.float64) / n).astype(total.dtype)
 
 
 def int64_all_reduce(p, arr: np.ndarray, op: str, group=None) -> None:
@@ -104,7 +99,7 @@ def int64_all_reduce(p, arr: np.ndarray, op: str, group=None) -> None:
                 total += limbs[k].astype(np.uint64) << np.uint64(LIMB_BITS * k)
         out = total.view(np.int64)
         if op == "avg":
-            out = _mean(out, len(ranks))
+            out = _avg(out, len(ranks), None)
         flat[...] = out
         return
     if op not in ("max", "min"):
@@ -182,14 +177,29 @@ def _pair(p, peer: int):
     return pairs[key]
 
 
+def _check_p2p(p, arr: np.ndarray, src: int, dst: int, pair) -> None:
+    """Both ends of a send/recv agree on who sends and on the shape and type; else both raise
+    :class:`ShapeMismatch` (two sends meeting, as an isend/isend exchange, would otherwise be one broadcast
+    with two roots: a wrong answer, not an error)."""
+    check_consistent(p, signature("send/recv", src, dst, arr.shape, str(arr.dtype)),
+                     f"send/recv between ranks {min(src, dst)} and {max(src, dst)}: a send must meet the other "
+                     "rank's recv of the same shape and type (a send waits for that recv: two ranks that both "
+                     "send first, isend then irecv, meet send with send)", pair)
+
+
 def send(p, arr: np.ndarray, dst: int) -> None:
-    """Send `arr` to rank `dst` (which calls :func:`recv` with an array of the same size and type)."""
-    p.broadcast(np.ascontiguousarray(arr).copy(), p.rank, _pair(p, dst))
+    """Send `arr` to rank `dst` (which calls :func:`recv` with an array of the same size and type); returns
+    once `dst` has received it."""
+    pair = _pair(p, dst)
+    _check_p2p(p, arr, p.rank, dst, pair)
+    p.broadcast(np.ascontiguousarray(arr).copy(), p.rank, pair)
 
 
 def recv(p, arr: np.ndarray, src: int) -> None:
     """Receive into `arr` what rank `src` sends."""
-    p.broadcast(arr, src, _pair(p, src))
+    pair = _pair(p, src)
+    _check_p2p(p, arr, src, p.rank, pair)
+    p.broadcast(arr, src, pair)
 
 
 def signature(kind: str, *parts) -> int:
@@ -226,7 +236,6 @@ class CommPrimitives:
 
     def all_reduce(self, arr: np.ndarray, op: str, group=None, dtype=None) -> str | None:
         """In place; returns the path it took ("switch" or "ring")."""
-        from .dist import _avg
         work = self.comm.all_reduce(arr, op="sum" if op == "avg" else op, group=group, dtype=dtype, async_op=True)
         self.comm._outstanding.remove(work)
         total = work.wait()

@@ -16,6 +16,7 @@ def recorded(monkeypatch):
         def __init__(self, interface, rank, world_size, switch, controller, config, timeout, connect_timeout):
             calls.append(dict(interface=interface, rank=rank, world_size=world_size, switch=switch,
                               controller=controller))
+            self.rank, self.world_size, self.outstanding, self._primitives = rank, world_size, [], None
 
         def close(self):
             pass
@@ -62,3 +63,44 @@ def test_bad_values_name_the_variable(recorded, monkeypatch):
     with pytest.raises(ValueError, match="init_method='tcp://"):
         cais.init_process_group("cais", init_method="tcp://10.0.0.1:23456")
     assert recorded == []
+
+
+def test_torch_tcp_init_puts_the_coordinator_on_the_rendezvous_host(recorded, monkeypatch):
+    """init_method="tcp://HOST:PORT" (no MASTER_ADDR in the environment): the coordinator's endpoint is on
+    HOST, as with env://, not on Config.controller_address (127.0.0.1)."""
+    import socket
+
+    import torch.distributed as dist
+
+    import cais.torch  # noqa: F401 - registers "cais"
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("CAIS_IFACE", "h{rank}")
+    dist.init_process_group("cais", init_method=f"tcp://127.0.0.2:{port}", rank=0, world_size=1)
+    try:
+        assert recorded[-1] == dict(interface="h0", rank=0, world_size=1, switch=None, controller="127.0.0.2:7700")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_plain_send_recv_make_their_pair_group_once(monkeypatch):
+    """cais.send/recv between two ranks make the two's group (a switch rule) on their first exchange only,
+    not on every call. The collectives are replaced: nothing is opened."""
+    import types
+
+    import numpy as np
+
+    made = []
+
+    class Rank0:
+        rank, world_size, outstanding, _primitives = 0, 2, [], None
+
+    monkeypatch.setattr(cd, "_pg", Rank0())
+    monkeypatch.setattr(cd, "new_group", lambda ranks: made.append(list(ranks)) or types.SimpleNamespace(ranks=ranks))
+    monkeypatch.setattr(cd.DistPrimitives, "all_reduce", lambda self, arr, op, group=None, dtype=None: "switch")
+    monkeypatch.setattr(cd.DistPrimitives, "broadcast", lambda self, arr, src, group=None: None)
+    for _ in range(3):
+        cais.send(np.zeros(2), dst=1)
+        cais.recv(np.zeros(2), src=1)
+    assert made == [[0, 1]]

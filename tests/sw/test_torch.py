@@ -46,7 +46,17 @@ CASES += [(torch.int32, "product"), (torch.float32, "product"), (torch.int64, "b
           (torch.int8, "bxor"), (torch.bool, "bor")]
 
 
-WIDE64 = [[2**62 + r, (1 << 40) + r, -(1 << 33) - r, 2**63 - 1 - r, -2**63 + r, (r - 1) << 32] for r in range(N)]
+WIDE64 = [[2**62 + r, (1 << 40) + r, -(1 << 33) - r, 2**63 - 1 - r, -2**63 + r, (r - 1) << 32, 2**60 + 3 * r + 1,
+           -2**60 - 3 * r - 2] for r in range(N)]
+
+
+def int64_avg_reference(rows) -> list[int]:
+    """AVG of int64 in Python integers: the sum wrapped to int64, divided by N truncating toward zero."""
+    out = []
+    for column in zip(*rows):
+        total = (sum(column) + 2**63) % 2**64 - 2**63
+        out.append(abs(total) // N * (1 if total >= 0 else -1))
+    return out
 
 
 def expected(dtype, op) -> np.ndarray:
@@ -69,9 +79,10 @@ def every_collective(rank: int) -> dict:
         t = inputs(rank, dtype)
         dist.all_reduce(t, op=OPS[op])
         out["all_reduce"][f"{dtype}-{op}"] = numpy_of(t).tolist()
-    # int64 beyond int32: sums that wrap modulo 2**64, MAX/MIN decided in the low word or by the sign
+    # int64 beyond int32: sums that wrap modulo 2**64, MAX/MIN decided in the low word or by the sign, AVG
+    # of sums beyond float64's 53 bits
     wide64 = torch.tensor(WIDE64[rank], dtype=torch.int64)
-    for op in ("sum", "max", "min"):
+    for op in ("sum", "max", "min", "avg"):
         t = wide64.clone()
         dist.all_reduce(t, op=OPS[op])
         out[f"int64_{op}"] = t.tolist()
@@ -145,6 +156,7 @@ def test_every_collective_against_numpy(offload):
         with np.errstate(over="ignore"):
             for op in ("sum", "max", "min"):
                 assert out[f"int64_{op}"] == REDUCE[op](np.array(WIDE64, np.int64)).tolist(), op
+        assert out["int64_avg"] == int64_avg_reference(WIDE64)
         strided = np.zeros(2 * ELEMS, np.int32)
         strided[::2] = expected(torch.int32, "sum")
         assert out["strided"] == strided.tolist()
@@ -164,8 +176,8 @@ def test_every_collective_against_numpy(offload):
         assert out["async"] == [N] * 4
         native = ("switch", "ring") if offload == "always" else ("ring", "switch")
         assert out["paths"][native[0]] > 0 and native[1] not in out["paths"], out["paths"]
-        # int64: its 4 ops, the 3 wide ones and reduce_scatter_tensor; fold: float64 SUM/AVG, 2 PRODUCT, 4 bitwise
-        assert out["paths"]["int64"] == 4 + 3 + 1 and out["paths"]["fold"] == 2 + 2 + 4, out["paths"]
+        # int64: its 4 ops, the 4 wide ones and reduce_scatter_tensor; fold: float64 SUM/AVG, 2 PRODUCT, 4 bitwise
+        assert out["paths"]["int64"] == 4 + 4 + 1 and out["paths"]["fold"] == 2 + 2 + 4, out["paths"]
 
 
 def test_paths_are_documented_per_dtype_and_op():
@@ -267,25 +279,8 @@ def test_block_fp_hook_equals_the_numpy_reference():
     """Two DDP steps with the hook (DDP rebuilds its buckets after the first): every rank's gradient of
     each parameter is block_fp_reference of the ranks' local gradients of it (computed here without any
     communication), bit for bit."""
-    def local_grads(rank, step):
-        model = make_model()
-        x, y = batch(rank, step)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        return [p.grad.reshape(-1).numpy() for p in model.parameters()]
-
-    def steps(rank):
-        model = make_model()
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
-        ddp.register_comm_hook(hooks.BlockFPState(), hooks.block_fp_hook)
-        out = []
-        for step in range(2):                 # no optimizer step: the same parameters, new batches
-            model.zero_grad()
-            x, y = batch(rank, step)
-            torch.nn.functional.cross_entropy(ddp(x), y).backward()
-            out.append([p.grad.reshape(-1).numpy().copy() for p in model.parameters()])
-        return out
-
-    got = run_ranks(steps, N)
+    got = run_ranks(lambda r: ddp_grads(r, lambda ddp: ddp.register_comm_hook(hooks.BlockFPState(),
+                                                                               hooks.block_fp_hook)), N)
     for step in range(2):
         local = [local_grads(r, step) for r in range(N)]
         for k in range(len(local[0])):
@@ -296,15 +291,81 @@ def test_block_fp_hook_equals_the_numpy_reference():
             np.testing.assert_allclose(want, np.mean([local[r][k] for r in range(N)], axis=0), atol=1e-6)
 
 
+def local_grads(rank, step):
+    """Rank `rank`'s gradients at `step` of the initial model, computed alone (no communication)."""
+    model = make_model()
+    x, y = batch(rank, step)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    return [p.grad.reshape(-1).numpy() for p in model.parameters()]
+
+
+def ddp_grads(rank, register=None, steps=2):
+    """The gradients DDP leaves on each parameter for `steps` batches of the initial model (no optimizer
+    step); `register(ddp)` installs a hook."""
+    model = make_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    if register is not None:
+        register(ddp)
+    out = []
+    for step in range(steps):
+        model.zero_grad()
+        x, y = batch(rank, step)
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        out.append([p.grad.reshape(-1).numpy().copy() for p in model.parameters()])
+    return out
+
+
+def test_allreduce_hook_is_the_mean_as_torchs_own_hook():
+    """hooks.allreduce_hook on the "cais" group: each gradient is the mean of the ranks' local gradients
+    (numpy, to float32 rounding) and bit for bit what torch's own allreduce_hook gives (DDP without a hook
+    multiplies by 1/N instead of dividing: the last bit may differ)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    got = run_ranks(lambda r: ddp_grads(r, lambda ddp: ddp.register_comm_hook(None, hooks.allreduce_hook)), N)
+    plain = run_ranks(lambda r: ddp_grads(r, lambda ddp: ddp.register_comm_hook(None, default_hooks.allreduce_hook)), N)
+    for step in range(2):
+        local = [local_grads(r, step) for r in range(N)]
+        for k in range(len(local[0])):
+            want = np.mean([local[r][k] for r in range(N)], axis=0)
+            for g, p in zip(got, plain):
+                np.testing.assert_allclose(g[step][k], want, rtol=0, atol=1e-6)
+                assert g[step][k].tobytes() == p[step][k].tobytes(), (step, k)
+
+
 # ---------------------------------------------------------------------- errors
-def test_bad_tensors_are_named():
-    meta = torch.empty(3, device="meta")                   # no CUDA here: the same device check
-    with pytest.raises(ValueError, match="meta tensor .*CPU only"):
-        ct._Buf(meta, "all_reduce")
+def test_bad_tensors_and_ops_are_named():
+    """Through torch's own all_reduce: another device, a type and an op the backend has not, each an error
+    naming it on every rank; the group goes on after them. (torch passes complex tensors as real pairs
+    for SUM: they work, see test_complex_goes_as_real_pairs.)"""
+    def fn(rank):
+        errors = []
+        for t, op in ((torch.empty(3, device="meta"), dist.ReduceOp.SUM),      # no CUDA here: the same check
+                      (torch.zeros(2, dtype=torch.uint32), dist.ReduceOp.SUM),
+                      (torch.ones(2), dist._make_nccl_premul_sum(2.0))):
+            try:
+                dist.all_reduce(t, op=op)
+                errors.append(None)
+            except (TypeError, ValueError) as e:
+                errors.append(f"{type(e).__name__}: {e}")
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        return errors, t.tolist()
+
+    for errors, after in run_ranks(fn, 2):
+        assert errors[0].startswith("ValueError") and "a meta tensor" in errors[0] and "CPU only" in errors[0]
+        assert errors[1].startswith("TypeError") and "torch.uint32" in errors[1]
+        assert errors[2].startswith("ValueError") and "reduce op PREMUL_SUM is not supported" in errors[2]
+        assert after == [2.0] * 3
     with pytest.raises(TypeError, match="complex64"):
         ct._Buf(torch.zeros(2, dtype=torch.complex64), "all_reduce")
-    with pytest.raises(ValueError, match="PREMUL_SUM|not supported"):
-        ct._op_name(dist._make_nccl_premul_sum(2.0))
+
+
+def test_complex_goes_as_real_pairs():
+    def fn(rank):
+        c = torch.tensor([1 + 2j, -3j], dtype=torch.complex64) * (rank + 1)
+        dist.all_reduce(c)
+        return c.tolist()
+
+    assert run_ranks(fn, 2) == [[3 + 6j, -9j]] * 2
 
 
 def test_mismatched_shapes_and_unsupported_ops_fail_every_rank():
@@ -349,3 +410,64 @@ def test_contiguous_tensors_are_handed_over_without_a_copy():
     assert np.shares_memory(ct._Buf(w, "x").array, w.detach().numpy())
     strided = torch.zeros(8)[::2]
     assert not np.shares_memory(ct._Buf(strided, "x").array, strided.numpy())
+
+
+def test_completer_close_waits_for_the_works_it_was_given():
+    """destroy_process_group() must not leave CAIS under a deployed collective still running: closing the
+    completer returns only once every work it was handed has finished (tensor written, future set)."""
+    class Done:
+        def wait(self):
+            return None
+
+    completer = ct._Completer()
+    finished = []
+    works = [completer.submit(Done(), lambda i=i: finished.append(i), i) for i in range(50)]
+    completer.close()
+    assert finished == list(range(50))
+    assert [w.get_future().value() for w in works] == list(range(50))
+
+
+def test_send_meeting_send_fails_both_ranks():
+    """An isend/isend exchange meets send with send: both ranks raise ShapeMismatch naming send/recv (before
+    the check both got zeros, silently); the same exchange ordered (one rank receives first) delivers."""
+    def fn(rank):
+        peer = 1 - rank
+        mine, got = torch.full((3,), float(rank + 10)), torch.zeros(3)
+        try:
+            for req in (dist.isend(mine, peer), dist.irecv(got, peer)):
+                req.wait()
+            error = None
+        except ShapeMismatch as e:
+            error = str(e)
+        for step in ((dist.send, mine), (dist.recv, got)) if rank == 0 else ((dist.recv, got), (dist.send, mine)):
+            step[0](step[1], peer)
+        return error, got.tolist()
+
+    for rank, (error, got) in enumerate(run_ranks(fn, 2)):
+        assert error and "send/recv between ranks 0 and 1" in error, error
+        assert got == [float(1 - rank + 10)] * 3
+
+
+def test_block_fp_hook_nan_on_one_rank_fails_every_rank():
+    """Rank 1's gradients hold NaN: the hook raises ValueError on both ranks (not only on rank 1, leaving
+    rank 0 in an all-reduce rank 1 never joins), and the group goes on."""
+    def fn(rank):
+        model = make_model()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        ddp.register_comm_hook(hooks.BlockFPState(), hooks.block_fp_hook)
+        x, y = batch(rank, 0)
+        if rank == 1:
+            x[0, 0] = float("nan")
+        try:
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            error = None
+        except (ValueError, RuntimeError) as e:
+            error = str(e)
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        return error, t.tolist()
+
+    (e0, after0), (e1, after1) = run_ranks(fn, 2)
+    assert e0 and "another rank's gradients hold NaN or inf" in e0, e0
+    assert e1 and "this rank's gradients hold NaN or inf" in e1, e1
+    assert after0 == after1 == [2.0, 2.0]

@@ -41,15 +41,18 @@ from torch._C._distributed_c10d import _create_work_from_future
 from torch.futures import Future
 
 from .. import hostops
-from ..numerics import wire_dtype
+from ..dist import SWITCH_OPS
+from ..numerics import NATIVE
+from ..protocol import DType
 
 __all__ = ["BACKEND", "Options", "ProcessGroupCais", "backend_of", "path_of", "SWITCH_DTYPES", "CHECK_ENV"]
 
 BACKEND = "cais"
 CHECK_ENV = "CAIS_TORCH_CHECK"        # "0": no cross-rank shape check before each collective
-SWITCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int16, torch.int8)
-_SWITCH_OPS = ("sum", "avg", "max", "min")
-_RING_DTYPES = (torch.float32, torch.float16, torch.int32, torch.int16, torch.int8)   # reduce-scatter's
+# the switch's wire types (cais.numerics.NATIVE) as torch types: the host ring's reduce-scatter takes those
+# numpy has (not bf16), the all-reduce all of them
+_RING_DTYPES = tuple(torch.from_numpy(np.empty(0, d)).dtype for w, d in NATIVE.items() if w != DType.BF16)
+SWITCH_DTYPES = _RING_DTYPES + (torch.bfloat16,)
 _OPS = {tdist.ReduceOp.SUM: "sum", tdist.ReduceOp.AVG: "avg", tdist.ReduceOp.MAX: "max",
         tdist.ReduceOp.MIN: "min", tdist.ReduceOp.PRODUCT: "product", tdist.ReduceOp.BAND: "band",
         tdist.ReduceOp.BOR: "bor", tdist.ReduceOp.BXOR: "bxor"}
@@ -68,16 +71,18 @@ def _op_name(op) -> str:
     for key, name in _OPS.items():
         if op == key:
             return name
-    raise ValueError(f"cais backend: reduce op {op} is not supported (SUM, AVG, MAX, MIN, PRODUCT, BAND, BOR, BXOR)")
+    name = getattr(getattr(op, "op", None), "name", None) or str(op)      # PREMUL_SUM comes as an object
+    raise ValueError(f"cais backend: reduce op {name} is not supported (SUM, AVG, MAX, MIN, PRODUCT, BAND, BOR, "
+                     "BXOR)")
 
 
 def path_of(dtype: torch.dtype, op: str) -> str:
     """Where an all-reduce of `dtype` with `op` goes: "switch" (the switch's lanes, or the host ring when
     the controller keeps the collective off the switch), "int64" (int64 as int32 limbs on the switch),
     "fold" (an all-gather and a local fold on every rank)."""
-    if op in _SWITCH_OPS and dtype in SWITCH_DTYPES:
+    if op in SWITCH_OPS and dtype in SWITCH_DTYPES:
         return "switch"
-    if op in _SWITCH_OPS and dtype == torch.int64:
+    if op in SWITCH_OPS and dtype == torch.int64:
         return "int64"
     if op in ("max", "min") and dtype == torch.float64:
         return "switch"          # exact by order keys (cais.quantize)
@@ -134,7 +139,7 @@ def _completed(value) -> "tdist.Work":
 
 
 class _Completer:
-    """One thread per process that waits for the deployed driver's outstanding works in order and
+    """One thread per process group that waits for the deployed driver's outstanding works in order and
     completes their torch futures (the driver's own progress thread moves the frames)."""
 
     def __init__(self):
@@ -162,7 +167,11 @@ class _Completer:
                 fut.set_result(value)
 
     def close(self) -> None:
+        """Return once every submitted work is complete (its tensor written, its future set): the rank must
+        not leave CAIS while a collective it started still needs it (its peers' ring steps, say)."""
         self._queue.put(None)
+        if threading.current_thread() is not self._thread:     # not from a future's callback
+            self._thread.join()
 
 
 class ProcessGroupCais(tdist.ProcessGroup):
@@ -364,7 +373,7 @@ class ProcessGroupCais(tdist.ProcessGroup):
     def _reduce_scatter(self, out: torch.Tensor, full: torch.Tensor, op: str) -> None:
         o, f = _Buf(out, "reduce_scatter output"), _Buf(full, "reduce_scatter input")
         self._agree("reduce_scatter", op, *self._sig(out))
-        if out.dtype not in _RING_DTYPES or op not in _SWITCH_OPS:
+        if out.dtype not in _RING_DTYPES or op not in SWITCH_OPS:
             # no ring lanes for it: the whole all-reduce (by its own path), then this rank's block
             total = full.contiguous().clone()
             self._allreduce_one(total, op, [total]).wait()
@@ -497,6 +506,14 @@ def backend_of(group=None) -> ProcessGroupCais:
 
 
 # ---------------------------------------------------------------------- registration
+def _store_host(store) -> str | None:
+    """The host of torch's rendezvous store when it is a TCP store (env:// and tcp://: rank 0's host,
+    where the coordinator goes), else None (file://, a store of the caller's)."""
+    while isinstance(store, tdist.PrefixStore):
+        store = store.underlying_store
+    return store.host if isinstance(store, tdist.TCPStore) else None
+
+
 def _create(opts, options):
     """The backend's constructor (torch's extended API): the world group joins CAIS (the deployed driver,
     or the co-simulation rank of ``Options.communicator``); a subgroup is a CAIS group of the same ranks."""
@@ -517,8 +534,8 @@ def _create(opts, options):
         prims = hostops.CommPrimitives(options.communicator)
     else:
         if not cd.is_initialized():
-            cd.init(rank=opts.group_rank, world_size=opts.group_size)
-        prims = cd.DistPrimitives(cd._get())
+            cd.init(rank=opts.group_rank, world_size=opts.group_size, master_addr=_store_host(opts.store))
+        prims = cd.primitives()
     if len(ranks) != prims.world_size:
         raise ValueError(f"cais backend: the first 'cais' group must be the world ({prims.world_size} ranks), "
                          f"not ranks {ranks}")

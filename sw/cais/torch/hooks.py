@@ -3,7 +3,7 @@
 ::
 
     from cais.torch import hooks
-    ddp.register_comm_hook(None, hooks.allreduce_hook)                  # the mean, as DDP's default
+    ddp.register_comm_hook(None, hooks.allreduce_hook)                  # the mean (divide, then SUM)
     ddp.register_comm_hook(hooks.BlockFPState(), hooks.block_fp_hook)   # exact integer sums
 
 :func:`block_fp_hook` carries float32 gradients as block floating point integers (:mod:`cais.quantize`,
@@ -36,7 +36,8 @@ def _group(pg):
 
 def allreduce_hook(process_group, bucket) -> Future[torch.Tensor]:
     """The mean of the bucket over the group: divided by the group size, then an async SUM all-reduce
-    (DDP's default, here through whatever backend `process_group` (None: the world) has)."""
+    (as torch's own ``default_hooks.allreduce_hook``; DDP without a hook multiplies by 1/N instead), through
+    whatever backend `process_group` (None: the world) has."""
     group = _group(process_group)
     buf = bucket.buffer()
     buf.div_(group.size())
@@ -73,7 +74,8 @@ def block_fp_hook(state: BlockFPState, bucket) -> Future[torch.Tensor]:
     """Reduce a float32 gradient bucket as block floating point integers (module docstring); the future
     holds the bucket with the mean. The blocks are cut within each parameter's gradient, so the result
     does not depend on how DDP lays out its buckets (it rebuilds them after the first step). Raises
-    ValueError for NaN or inf gradients (integers cannot carry them) and TypeError for other types."""
+    ValueError on every rank of the group when any rank's gradients hold NaN or inf (integers cannot carry
+    them), TypeError for other types than float32."""
     state = state if state is not None else BlockFPState()
     group = _group(state.process_group)
     n = group.size()
@@ -84,12 +86,17 @@ def block_fp_hook(state: BlockFPState, bucket) -> Future[torch.Tensor]:
     grads = [g.detach().reshape(-1).numpy() for g in bucket.gradients()] or [buf.detach().numpy()]
     if sum(g.size for g in grads) != buf.numel():
         raise ValueError("block_fp_hook: the bucket's gradients do not fill its buffer")
-    for g in grads:
-        quantize.check_finite(g)
-    exps = [quantize.chunk_exponents(g, per).astype(np.int32) for g in grads]
-    e_all = torch.from_numpy(np.concatenate(exps))
+    # NaN/inf travel as a flag after the exponents, so that every rank raises, not only the one that has
+    # them (its peers would wait in this all-reduce for a rank that went on to its next collective)
+    finite = all(np.isfinite(g).all() for g in grads)
+    exps = [quantize.chunk_exponents(g if finite else np.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0), per)
+            .astype(np.int32) for g in grads]
+    e_all = torch.from_numpy(np.concatenate(exps + [np.array([0 if finite else 1], np.int32)]))
     tdist.all_reduce(e_all, op=tdist.ReduceOp.MAX, group=group)
-    e_max = np.split(e_all.numpy(), np.cumsum([e.size for e in exps])[:-1])
+    if e_all[-1]:
+        raise ValueError(f"block_fp_hook: {'this rank' if not finite else 'another rank'}'s gradients hold NaN "
+                         "or inf: integers cannot carry them (every rank of the group raises this)")
+    e_max = np.split(e_all.numpy()[:-1], np.cumsum([e.size for e in exps])[:-1])
     q_all = torch.from_numpy(np.concatenate([quantize.quantize(g, e, n, per).astype(np.int32)
                                              for g, e in zip(grads, e_max)]))
     tdist.all_reduce(q_all, op=tdist.ReduceOp.SUM, group=group)
