@@ -86,14 +86,8 @@ def run(tmp_path, attacker_frames: list[bytes], offload: str, elements: int = EL
     try:
         cluster.create()
         cluster.start_switch([])
-        attacker = cluster._spawn(cluster.rank_ns[2], ["-c", ATTACKER, ",".join(f.hex() for f in attacker_frames),
-                                                      f"{cluster.tag}h2", str(stop)],
-                                  dict(os.environ), tmp_path / "attacker.log")
-        deadline = time.monotonic() + 30
-        while not _arrived(_daemon_stats(cluster)):
-            assert attacker.poll() is None, (tmp_path / "attacker.log").read_text()
-            assert time.monotonic() < deadline, "the attacker's frames never reached the switch"
-            time.sleep(0.05)
+        attacker = _start_attacker(cluster, 2, [str(stop)], attacker_frames, tmp_path,
+                                   lambda: _arrived(_daemon_stats(cluster)), "the attacker's frames never reached the switch")
         procs = []
         for i in range(2):
             env = {**os.environ, "CAIS_RANK": str(i), "CAIS_WORLD_SIZE": "2", "CAIS_IFACE": f"{cluster.tag}h{i}",
@@ -114,6 +108,20 @@ def run(tmp_path, attacker_frames: list[bytes], offload: str, elements: int = EL
     finally:
         stop.touch()
         cluster.close()
+
+
+def _start_attacker(cluster, host: int, args: list[str], frames: list[bytes], tmp_path, seen, what: str):
+    """Start ATTACKER in host ``host``'s namespace sending ``frames`` (``args``: until when, and how often),
+    and wait until ``seen()`` (the switch saw them) or fail with ``what`` (or the attacker's log if it died)."""
+    log = tmp_path / "attacker.log"
+    attacker = cluster._spawn(cluster.rank_ns[host], ["-c", ATTACKER, ",".join(f.hex() for f in frames),
+                                                     f"{cluster.tag}h{host}", *args], dict(os.environ), log)
+    deadline = time.monotonic() + 30
+    while not seen():
+        assert attacker.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+    return attacker
 
 
 def _arrived(stats: dict) -> bool:
@@ -215,14 +223,9 @@ def test_frames_claiming_rank_0_from_another_port_are_dropped_at_the_switch(tmp_
         cluster.create()
         cluster.start_switch([])
         cluster.start_controller(world_size=2, extra=("--config", str(tmp_path / "cais.toml")))
-        attacker = cluster._spawn(cluster.rank_ns[3], ["-c", ATTACKER, ",".join(f.hex() for f in frames),
-                                                      f"{cluster.tag}h3", str(stop), "0.05"],
-                                  dict(os.environ), tmp_path / "attacker.log")
-        deadline = time.monotonic() + 30
-        while not _registers(cluster, "DROP_SPOOFED_SOURCE")["DROP_SPOOFED_SOURCE"]:
-            assert attacker.poll() is None, (tmp_path / "attacker.log").read_text()
-            assert time.monotonic() < deadline, "the attacker's frames were never dropped as SPOOFED_SOURCE"
-            time.sleep(0.05)
+        attacker = _start_attacker(cluster, 3, [str(stop), "0.05"], frames, tmp_path,
+                                   lambda: _registers(cluster, "DROP_SPOOFED_SOURCE")["DROP_SPOOFED_SOURCE"],
+                                   "the attacker's frames were never dropped as SPOOFED_SOURCE")
         procs = []
         for i in range(2):
             env = {**os.environ, "CAIS_RANK": str(i), "CAIS_WORLD_SIZE": "2", "CAIS_IFACE": f"{cluster.tag}h{i}",
