@@ -21,7 +21,7 @@ LONGEST_FIRST = (
     "tests/sim/test_switch_verilator.py::test_regression[p2_w512]",
     "tests/sim/test_link_identity.py::test_cpp_link_and_cocotb_link_are_cycle_identical",
     "tests/hdl/test_formal.py::test_every_property_is_proved_by_induction",
-    "tests/sim/test_cosim.py::test_every_backend_agrees_with_five_percent_loss",
+    "tests/sim/test_cosim.py::test_model_and_both_verilator_links_agree_with_five_percent_loss",
     "tests/sim/test_backends.py::test_verilator_matches_model",
     "tests/sim/test_links.py::test_verilator_link_all_reduce_stamps_and_reset",
 )

@@ -145,10 +145,12 @@ def test_lossless_model_and_amaranth_send_the_same_frames():
 
 
 @pytest.mark.verilator
-def test_every_backend_agrees_with_five_percent_loss():
-    # 200 elements per rank (16k cycles, 4 retransmissions): the amaranth.sim link runs some 400 cycles per second
+def test_model_and_both_verilator_links_agree_with_five_percent_loss():
+    """The driver under loss on the model and both Verilator links (the amaranth.sim link's agreement with
+    the model under faults is test_backends' test_faulty_egress_amaranth_matches_model, and lossless here
+    in test_lossless_model_and_amaranth_send_the_same_frames)."""
     kw = dict(elements=200, loss=0.05, seed=11, config={"offload": "always"})
-    runs = {kind: run(kind, **kw) for kind in ("model", "amaranth", "cocotb", "verilator")}
+    runs = {kind: run(kind, **kw) for kind in ("model", "cocotb", "verilator")}
     assert all(sum(r["retransmissions"]) > 0 for r in runs.values())     # the loss hit the runs
     digests = {kind: r["result_sha256"] for kind, r in runs.items()}
     assert len(set(digests.values())) == 1, digests

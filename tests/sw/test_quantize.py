@@ -299,11 +299,11 @@ def test_workload_with_loss(ranks, dtype, op):
         assert s["max_error"] == 0.0
 
 
-@pytest.mark.slow
-def test_amaranth_float_sum():
+@pytest.mark.verilator
+def test_rtl_float_sum():
     job = {"ranks": 4, "elements": 300, "op": "sum", "dtype": "float32", "seed": 2,
            "config": {"offload": "always", "float_mode": "quantize"}}
-    rtl = run_backend("amaranth", SwitchParams(ports=4), ENTRY, job)
+    rtl = run_backend("verilator", SwitchParams(ports=4), ENTRY, job)     # the default build, shared
     model = run_backend("model", SwitchParams(ports=4), ENTRY, job)
     assert rtl["correct"] and rtl["paths"] == ["switch"], rtl
     assert rtl["result_sha256"] == model["result_sha256"]
