@@ -382,6 +382,9 @@ class GuardedHTTPServer(ThreadingHTTPServer):
     ``timeout`` (HTTP_IDLE_S) so that idle connections end."""
 
     daemon_threads = True
+    # listen()'s backlog: the standard library's 5 makes a burst of connections wait for SYN retransmits
+    # (1 s, then 3 s, ...) while the accept thread is not scheduled; the cap, not the backlog, bounds them
+    request_queue_size = MAX_CONNECTIONS
 
     def __init__(self, *args, max_connections: int = MAX_CONNECTIONS, **kw):
         super().__init__(*args, **kw)
