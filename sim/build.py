@@ -12,8 +12,8 @@ Typical use (the cocotb link's runner, :func:`cais.sim.links.cocotb.run_cocotb`,
 Builds live in ``build/sim/<params.slug()>[_waves]/`` (override the ``build`` root with the
 ``CAIS_BUILD_DIR`` environment variable). The switch's Verilog is exported once per parameter set into
 ``build/export/<params.slug()>/`` and shared by its builds (the cocotb one, the C++-driven one, with and
-without waves): Amaranth's conversion of the whole switch is a large part of a build.  A build is reused when the hash of (parameters, every
-source file under ``hdl/`` and ``sw/cais/``, tool versions, build options) matches the stamp in its
+without waves): the export of the default switch takes about 18 s.  A build is reused when the hash of
+(parameters, every source file under ``hdl/`` and ``sw/cais/``, tool versions, build options) matches the stamp in its
 folder.  Concurrent callers (pytest-xdist workers) building the same folder serialise on an
 ``fcntl`` lock in it: one builds, the others wait and then reuse the result.
 
