@@ -37,6 +37,27 @@ READ_LATENCY = 1
 STATE_READ_LATENCY = 2
 
 
+class ReadsInFlight:
+    """Reads issued and not yet shown: each read's expectation becomes ``shown`` ``latency`` clock edges after
+    it was issued, and stays until the next one does (the read data holds between reads)."""
+
+    def __init__(self, latency: int):
+        self.latency = latency
+        self.clear()
+
+    def clear(self) -> None:
+        self.pending, self.shown = [], None     # [edges left, expectation]; what the read data shows now
+
+    def issue(self, expectation) -> None:
+        self.pending.append([self.latency, expectation])
+
+    def edge(self) -> None:
+        for entry in self.pending:
+            entry[0] -= 1
+        while self.pending and self.pending[0][0] == 0:
+            self.shown = self.pending.pop(0)[1]
+
+
 class TB:
     def __init__(self, dut, seed: int):
         self.dut = dut
@@ -50,8 +71,7 @@ class TB:
                    for p in range(self.ports)]
         self.rd_data = [getattr(dut, f"rd_data__{p}") for p in range(self.ports)]
         self.model = [dict() for _ in range(self.ports)]   # row address -> data, per bank
-        self.pending = []          # reads in flight: (cycles left, address, rows expected or None if unwritten)
-        self.shown = None          # (address, rows) that rd_data must show now (None before any read)
+        self.reads = ReadsInFlight(READ_LATENCY)    # (address, rows expected, None where unwritten)
         self.checked = 0
 
     async def start(self):
@@ -71,18 +91,14 @@ class TB:
         if read is not None:
             self.dut.rd_addr.value = read
             # the rows as they are before this cycle's writes (the read port is not transparent)
-            self.pending.append([READ_LATENCY, read, [self.model[p].get(read) for p in range(self.ports)]])
+            self.reads.issue((read, [self.model[p].get(read) for p in range(self.ports)]))
         await RisingEdge(self.dut.clk)
         for p, (addr, data) in writes.items():
             self.model[p][addr] = data
-        for entry in self.pending:
-            entry[0] -= 1
-        while self.pending and self.pending[0][0] == 0:
-            _, addr, rows = self.pending.pop(0)
-            self.shown = (addr, rows)
+        self.reads.edge()
         await ReadOnly()
-        if self.shown is not None:
-            addr, rows = self.shown
+        if self.reads.shown is not None:
+            addr, rows = self.reads.shown
             for p, want in enumerate(rows):
                 if want is not None:
                     got = self.rd_data[p].value.to_unsigned()
@@ -140,8 +156,7 @@ class StateTB:
         self.slots, self.width = P.slots, state_entry_layout(P).size
         assert len(dut.state__read_data) == self.width
         self.model = [None] * self.slots       # entries; None: not known (before the first sweep)
-        self.pending = []          # reads in flight: [cycles left, slot, entry expected]
-        self.shown = None          # (slot, entry) that read_data must show now
+        self.reads = ReadsInFlight(STATE_READ_LATENCY)   # (slot, entry expected, None if not known)
         self.checked = 0
         self.sweep = None          # the slot the sweep writes in this cycle (None: not sweeping)
         self.release = False       # the next cycle releases the reset
@@ -168,7 +183,8 @@ class StateTB:
         self.dut.rst.value = 1
         await RisingEdge(self.dut.clk)
         self.release = True
-        self.pending, self.shown, self.sweep = [], None, 0
+        self.reads.clear()
+        self.sweep = 0
 
     async def cycle(self, pipe_write=None, maint_write=None, pipe_read=0, maint_read=None):
         """One clock cycle: writes as (slot, entry) or None, the pipeline's read address and the maintenance's
@@ -190,7 +206,7 @@ class StateTB:
         assert int(d.sweeping.value) == sweeping, f"sweeping {d.sweeping.value} in sweep cycle {self.sweep}"
         assert int(d.sweep_last.value) == (self.sweep == self.slots - 1), f"sweep_last in sweep cycle {self.sweep}"
         read = pipe_read if maint_read is None else maint_read
-        self.pending.append([STATE_READ_LATENCY, read, self.model[read]])      # before this cycle's writes
+        self.reads.issue((read, self.model[read]))      # the entry before this cycle's writes
         await RisingEdge(d.clk)
         if sweeping:
             self.model[self.sweep] = 0
@@ -199,14 +215,10 @@ class StateTB:
             self.model[pipe_write[0]] = pipe_write[1]
         elif maint_write is not None:
             self.model[maint_write[0]] = maint_write[1]
-        for entry in self.pending:
-            entry[0] -= 1
-        while self.pending and self.pending[0][0] == 0:
-            _, slot, entry = self.pending.pop(0)
-            self.shown = (slot, entry)
+        self.reads.edge()
         await ReadOnly()
-        if self.shown is not None and self.shown[1] is not None:
-            slot, want = self.shown
+        if self.reads.shown is not None and self.reads.shown[1] is not None:
+            slot, want = self.reads.shown
             for name in ("state__read_data", "maint__read_data"):
                 got = getattr(d, name).value.to_unsigned()
                 assert got == want, f"{name} of slot {slot}: {got:#x}, want {want:#x}"
