@@ -390,10 +390,8 @@ class ControllerService:
             try:
                 req = decode(body or b"")         # nesting capped (MAX_DEPTH) without letting the parser recurse
             except ValueError as e:
-                req = None                        # not an object: refused below
-                if str(e).startswith(("not JSON", "nested", "a line")):
-                    return self._bad("bad_request", 400, f"the body: {e}")
-            if not isinstance(req, dict) or set(req) != {"index", "rule"}:
+                return self._bad("bad_request", 400, f'the body must be {{"index": N, "rule": {{...}}}}: {e}')
+            if set(req) != {"index", "rule"}:
                 return self._bad("bad_request", 400, 'the body must be {"index": N, "rule": {...}}')
             index = req["index"]
             if isinstance(index, bool) or not isinstance(index, int):
