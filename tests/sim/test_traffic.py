@@ -95,9 +95,10 @@ def test_the_16_port_64_bit_mix_needs_more_than_the_fixed_drain_limit():
     """Why the regression's mix adds sink_cycles to its drain limit: on 16 ports of 64 bits one port's sink,
     ready one cycle in five, takes some 82k beats of the regression's mix (every port floods to it), more
     than DRAIN_LIMIT cycles however fast the switch (the RTL kept that sink busy in every ready cycle)."""
+    from buildsets import MANY_PORTS
     from cais.sim.suite import DRAIN_LIMIT, mix_backpressure, sink_cycles
 
-    params = SwitchParams(ports=16, slots=16, float_units=False)
+    params = MANY_PORTS                              # the regression's 16-port build
     _, expected = replay(random_mix(params, 1, frames_per_port=200))
     need = sink_cycles(params, expected, mix_backpressure(params.ports))
     port0_beats = sum(-(-len(f) // params.beat_bytes) for f in expected[0])
