@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +75,7 @@ def worker(args) -> None:
     from torch.nn.parallel import DistributedDataParallel
     if args.backend_kind == "cais":
         import cais.torch as ct
+    from cais.dist import interface_for
     from cais.torch import hooks
     torch.set_num_threads(1)
     dist.init_process_group(args.backend_kind)          # env://, as torchrun sets it
@@ -84,8 +86,9 @@ def worker(args) -> None:
     if args.hook == "blockfp":
         ddp.register_comm_hook(hooks.BlockFPState(), hooks.block_fp_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
-    iface = os.environ.get("CAIS_IFACE", "lo").format(local_rank=os.environ.get("LOCAL_RANK", "0"), rank=rank)
-    sent0 = interface_bytes(iface if args.backend_kind == "cais" else "lo")
+    iface = interface_for(os.environ.get("CAIS_IFACE", "lo"), rank)
+    counted = iface if args.backend_kind == "cais" else "lo"
+    sent0 = interface_bytes(counted)
     losses, step_s = [], []
     for epoch in range(args.epochs):
         total = torch.zeros(2)
@@ -101,7 +104,7 @@ def worker(args) -> None:
         losses.append(float(total[0] / total[1]))
         if rank == 0:
             print(f"[{args.tag}] epoch {epoch}: loss {losses[-1]:.4f}", flush=True)
-    sent = interface_bytes(iface if args.backend_kind == "cais" else "lo") - sent0
+    sent = interface_bytes(counted) - sent0
     if args.backend_kind != "cais":
         sent //= ranks                                   # the ranks share the loopback: its bytes per rank
     with torch.no_grad():
@@ -114,7 +117,7 @@ def worker(args) -> None:
         history = ct.backend_of().history
         # the gradient buckets: the float path's all-reduces of the whole model, the hook's int32 ones
         buckets = [h for h in history if h["bytes"] == bucket_bytes]
-        report["bucket_paths"] = {p: sum(h["path"] == p for h in buckets) for p in {h["path"] for h in buckets}}
+        report["bucket_paths"] = dict(Counter(h["path"] for h in buckets))
         report["all_paths"] = ct.backend_of().path_counts()
     Path(args.out, f"{args.tag}-rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()

@@ -60,7 +60,7 @@ from .seal import SEAL_BYTES, FrameSeal
 __all__ = ["init", "init_process_group", "is_initialized", "destroy_process_group", "new_group", "get_rank",
            "get_world_size", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "synchronize",
            "reduce", "gather", "scatter", "all_to_all", "send", "recv",
-           "ReduceOp", "Work", "ProcessGroup", "CollectiveError", "ENV", "TORCH_ENV", "DEPLOY_DEFAULTS"]
+           "ReduceOp", "Work", "ProcessGroup", "CollectiveError", "ENV", "TORCH_ENV", "DEPLOY_DEFAULTS", "interface_for"]
 
 log = logging.getLogger("cais.dist")
 
@@ -772,7 +772,7 @@ def _env(name: str, value, cast=str):
         raise ValueError(f"{var}={text!r}: not a valid {name}") from None
 
 
-def _interface_for(interface: str | None, rank: int | None) -> str | None:
+def interface_for(interface: str | None, rank: int | None) -> str | None:
     """``CAIS_IFACE`` may name each rank's interface with ``{rank}`` or ``{local_rank}`` (LOCAL_RANK, as
     torchrun sets it), so one value serves every process of a node (``CAIS_IFACE='h{local_rank}'``)."""
     if interface is None or "{" not in interface:
@@ -810,7 +810,7 @@ def init(interface: str | None = None, rank: int | None = None, world_size: int 
     if _pg is not None:
         raise RuntimeError("cais.init: already initialized (cais.destroy_process_group() first)")
     rank = _env("rank", rank, int)
-    interface = _interface_for(_env("interface", interface), rank)
+    interface = interface_for(_env("interface", interface), rank)
     world_size = _env("world_size", world_size, int)
     switch = _env("switch", switch)
     timeout = _env("timeout", timeout, float)
@@ -1106,8 +1106,9 @@ class DistPrimitives:
         if work in self.pg.outstanding:
             self.pg.outstanding.remove(work)
         work.wait()
-        if work.ranks is not None and len(work.ranks) < len(self.group_ranks(group)):
-            raise CollectiveError(f"rank {self.rank}: all_reduce: rank(s) {sorted(set(self.group_ranks(group)) - set(work.ranks))} "
+        ranks = self.group_ranks(group)
+        if work.ranks is not None and len(work.ranks) < len(ranks):
+            raise CollectiveError(f"rank {self.rank}: all_reduce: rank(s) {sorted(set(ranks) - set(work.ranks))} "
                                   "died during it; a composed collective cannot go on without them")
         return work.path
 

@@ -114,14 +114,13 @@ def int64_all_reduce(p, arr: np.ndarray, op: str, group=None) -> None:
     flat[...] = (hi_red.astype(np.int64) << 32) | (lo_red.astype(np.int64) + 2**31)
 
 
-def reduce(p, arr: np.ndarray, dst: int, op: str, group=None, all_reduce=None) -> None:
-    """Reduce into rank `dst`'s `arr` (a global rank); the other ranks' `arr` keeps their input.
-    `all_reduce(arr, op, group)` is the in-place all-reduce to use (default ``p.all_reduce``)."""
+def reduce(p, arr: np.ndarray, dst: int, op: str, group=None) -> None:
+    """Reduce into rank `dst`'s `arr` (a global rank); the other ranks' `arr` keeps their input."""
     ranks, _ = _index(p, group)
     if dst not in ranks:
         raise ValueError(f"reduce: dst={dst} is not in the group {ranks}")
     keep = None if p.rank == dst else arr.copy()
-    (all_reduce or p.all_reduce)(arr, op, group)
+    p.all_reduce(arr, op, group)
     if keep is not None:
         arr[...] = keep
 

@@ -29,23 +29,21 @@ def recorded(monkeypatch):
     cd._pg = None
 
 
+def _setenv(monkeypatch, **values):
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+
+
 def test_torchrun_variables_fill_in(recorded, monkeypatch):
-    monkeypatch.setenv("RANK", "5")
-    monkeypatch.setenv("WORLD_SIZE", "8")
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
-    monkeypatch.setenv("CAIS_IFACE", "eth{local_rank}")
+    _setenv(monkeypatch, RANK="5", WORLD_SIZE="8", LOCAL_RANK="1", MASTER_ADDR="10.1.2.3",
+            CAIS_IFACE="eth{local_rank}")
     cais.init_process_group("cais", init_method="env://")
     assert recorded[-1] == dict(interface="eth1", rank=5, world_size=8, switch=None, controller="10.1.2.3:7700")
 
 
 def test_cais_variables_win_over_torchs(recorded, monkeypatch):
-    monkeypatch.setenv("RANK", "5")
-    monkeypatch.setenv("CAIS_RANK", "2")
-    monkeypatch.setenv("WORLD_SIZE", "8")
-    monkeypatch.setenv("CAIS_WORLD_SIZE", "4")
-    monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
-    monkeypatch.setenv("CAIS_CONTROLLER", "/run/c.sock")
+    _setenv(monkeypatch, RANK="5", CAIS_RANK="2", WORLD_SIZE="8", CAIS_WORLD_SIZE="4", MASTER_ADDR="10.1.2.3",
+            CAIS_CONTROLLER="/run/c.sock")
     cais.init("h{rank}")
     assert recorded[-1]["interface"] == "h2" and recorded[-1]["rank"] == 2 and recorded[-1]["world_size"] == 4
     assert recorded[-1]["controller"] == "/run/c.sock"

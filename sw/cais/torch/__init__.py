@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,10 +228,7 @@ class ProcessGroupCais(tdist.ProcessGroup):
     def path_counts(self) -> dict[str, int]:
         """All-reduces per path taken so far: "switch", "ring" (the controller kept it on the hosts),
         "int64" (limbs through the switch), "fold" (all-gather and local fold)."""
-        counts: dict[str, int] = {}
-        for h in self.history:
-            counts[h["path"]] = counts.get(h["path"], 0) + 1
-        return counts
+        return dict(Counter(h["path"] for h in self.history))
 
     def _dist_async(self, start, bufs: list[_Buf], value, on_done=None):
         """Start a deployed collective (`start()` returns the driver's Work) and complete the torch Work
@@ -377,7 +375,7 @@ class ProcessGroupCais(tdist.ProcessGroup):
             # no ring lanes for it: the whole all-reduce (by its own path), then this rank's block
             total = full.contiguous().clone()
             self._allreduce_one(total, op, [total]).wait()
-            out.copy_(total.reshape(len(self.global_ranks), -1)[self.global_ranks.index(self.prims.rank)]
+            out.copy_(total.reshape(len(self.global_ranks), -1)[self.rank()]
                       .reshape(out.shape))
             return
         if self._deployed:
@@ -435,7 +433,7 @@ class ProcessGroupCais(tdist.ProcessGroup):
         opts_b = tdist.BroadcastOptions()
         opts_b.rootRank = self.global_ranks.index(src)
         self.broadcast([stacked], opts_b).wait()
-        out.copy_(stacked[self.global_ranks.index(self.prims.rank)])
+        out.copy_(stacked[self.rank()])
         return _completed(output_tensors)
 
     def alltoall(self, output_tensor_list, input_tensor_list, opts=None):
@@ -471,7 +469,7 @@ class ProcessGroupCais(tdist.ProcessGroup):
         n = len(self.global_ranks)
         everyone = torch.empty((n,) + tuple(blocks.shape), dtype=blocks.dtype)
         self._gather_into(everyone, blocks)
-        out.copy_(everyone[:, self.global_ranks.index(self.prims.rank)])
+        out.copy_(everyone[:, self.rank()])
 
     def send(self, tensors, dst, tag=0):
         peer = self._global(dst)

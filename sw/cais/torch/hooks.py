@@ -16,7 +16,7 @@ gradient to the block's grid: at most half a quantum, ``2**(e_max + k - 31)`` wi
 (docs/driver.md, "Floating-point arrays").
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -51,10 +51,10 @@ class BlockFPState:
     ``buckets`` counts the buckets it reduced."""
     process_group: object = None
     elements_per_block: int = DEFAULT_BLOCK
-    buckets: int = field(default=0)
+    buckets: int = 0
 
 
-def block_fp_mean(x: np.ndarray, e_max: np.ndarray, q_sum: np.ndarray, n: int, per_block: int) -> np.ndarray:
+def block_fp_mean(e_max: np.ndarray, q_sum: np.ndarray, n: int, per_block: int) -> np.ndarray:
     """The mean of `n` ranks' gradients from the SUM of their quantized values: dequantized to float32
     (rounded once), then divided by `n` in float32."""
     total = quantize.dequantize(q_sum, e_max, n, per_block, np.float32)
@@ -67,7 +67,7 @@ def block_fp_reference(grads: list[np.ndarray], per_block: int = DEFAULT_BLOCK) 
     n = len(grads)
     e_max = np.max(np.stack([quantize.chunk_exponents(g, per_block) for g in grads]), axis=0).astype(np.int32)
     q_sum = np.sum(np.stack([quantize.quantize(g, e_max, n, per_block).astype(np.int64) for g in grads]), axis=0)
-    return block_fp_mean(grads[0], e_max, q_sum.astype(np.int32), n, per_block)
+    return block_fp_mean(e_max, q_sum.astype(np.int32), n, per_block)
 
 
 def block_fp_hook(state: BlockFPState, bucket) -> Future[torch.Tensor]:
@@ -101,7 +101,7 @@ def block_fp_hook(state: BlockFPState, bucket) -> Future[torch.Tensor]:
                                              for g, e in zip(grads, e_max)]))
     tdist.all_reduce(q_all, op=tdist.ReduceOp.SUM, group=group)
     sums = np.split(q_all.numpy(), np.cumsum([g.size for g in grads])[:-1])
-    mean = np.concatenate([block_fp_mean(g, e, q, n, per) for g, e, q in zip(grads, e_max, sums)])
+    mean = np.concatenate([block_fp_mean(e, q, n, per) for e, q in zip(e_max, sums)])
     buf.copy_(torch.from_numpy(mean))
     state.buckets += 1
     fut = Future()
