@@ -62,7 +62,7 @@ train: $(STAMP) ## (root) DDP on scikit-learn's digits through cais-switch with 
 cluster: $(STAMP) ## 4 rank processes + cais-switch (model) in network namespaces it creates; prints CORRECT per collective (root; ARGS="--ranks 3 --elements 500")
 	$(VPY) -m cais.cluster $(ARGS)
 
-formal: $(STAMP) ## Prove the slot discipline by induction (Yosys sat) and check every broken variant fails (python -m cais.formal.prove)
+formal: $(STAMP) ## Prove the slot discipline by induction (yosys-smtbmc + Yices) and check every broken variant fails (python -m cais.formal.prove)
 	$(VPY) -m cais.formal.prove $(ARGS)
 
 fuzz: $(STAMP) ## 100,000 fuzz frames on the Verilator link against the model (python -m cais.sim.fuzz; ARGS="--seed 3 --frames 5000")

@@ -1,5 +1,5 @@
 """make formal in the test suite: the decision pipeline's slot-discipline properties proved by induction
-(Yosys sat), and each property failing, from reset, on its deliberately broken variant."""
+(yosys-smtbmc, Yices), and each property failing, from reset, on its deliberately broken variant."""
 
 import pytest
 
