@@ -9,6 +9,9 @@ controller of cais.controller) in a thread on a pty pumped to the pins (cais.sim
 
 from __future__ import annotations
 
+import os
+import time
+
 import cocotb
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from cocotbext.uart import UartSink, UartSource
@@ -241,3 +244,73 @@ async def controller_over_a_pty(dut):
     expected["RX_FRAMES"][1] = 2 * 10
     expected["SLOTS_IN_USE"] = 5
     assert counters == expected
+
+
+@cocotb.test()
+async def cli_through_the_controller_service(dut):
+    """``cais-controller --switch serial:<pty>`` as it runs deployed (cais.service.ControllerService, its
+    HTTP API, the periodic evaluation), and cais-cli against it: add-rule programs the rule through the
+    UART (the staging registers' ports and RULE_WRITE's strobe show it), show-stats reports the drop and port
+    counters driven here."""
+    import io
+    import json
+    import tempfile
+
+    from cais import cli
+    from cais.config import Config
+    from cais.endpoint import read_token
+    from cais.service import ControllerService
+    from cais.sim.links.serial import PtyUart
+
+    tb = TB(dut)
+    await tb.start(models=False)
+    pty = PtyUart(dut.clk, dut.rx, dut.tx, UART_BAUD)
+    dut.drop_bad_fcs_inc.value = 1
+    dut.tx_bytes_inc__0.value = 60
+    await ClockCycles(dut.clk, 4)
+    dut.drop_bad_fcs_inc.value = 0
+    dut.tx_bytes_inc__0.value = 0
+
+    def run_cli(folder, *args):
+        """cais-cli's own parsing and command, its output kept (cais.cli.main prints to the process's stdout)."""
+        argv = ["--controller", f"127.0.0.1:{svc.http_port}", "--token-file", f"{folder}/token", "--timeout", "300",
+                "--json", *args]
+        parsed = cli.build_parser().parse_args(argv)
+        out = io.StringIO()
+        assert cli.run(parsed, cli.Client(parsed.controller, read_token(parsed.token_file), timeout=parsed.timeout),
+                       out=out) == 0
+        return out.getvalue()
+
+    def host():
+        nonlocal svc
+        with tempfile.TemporaryDirectory() as folder:
+            with open(f"{folder}/token", "w") as f:
+                f.write("uart-test-token\n")
+            os.chmod(f"{folder}/token", 0o600)
+            svc = ControllerService(f"serial:{pty.path}", 2, Config(slots_per_group=2, reevaluate_interval_ms=500),
+                                    token="uart-test-token")
+            try:
+                svc.serve(f"{folder}/ranks.sock", "127.0.0.1:0")
+                run_cli(folder, "add-rule", "5", "--group", "0x42", "--contributors", "0,1", "--base", "8",
+                        "--count-log2", "1")
+                for _ in range(600):                  # the first evaluation after the rule (bounded)
+                    stats = json.loads(run_cli(folder, "show-stats"))["stats"]
+                    if stats.get("time_s") is not None and stats.get("drops"):
+                        return stats
+                    time.sleep(0.2)
+                raise AssertionError("no evaluation in 120 s")
+            finally:
+                svc.close()
+
+    svc = None
+    try:
+        stats = await pty.run_host(host)
+    finally:
+        pty.close()
+    regs = tb.regs
+    assert tb.config_port("RULE_GROUP") == regs["RULE_GROUP"].pack(value=0x42, mask=0xFF)
+    assert tb.config_port("RULE_PORTS") == regs["RULE_PORTS"].pack(contributors=0b11, results=0b11)
+    assert tb.config_port("RULE_SLOTS") == regs["RULE_SLOTS"].pack(base=8, count_log2=1)
+    assert regs["RULE_WRITE"].pack(index=5, valid=1) in tb.strobes["RULE_WRITE"]
+    assert stats["drops"]["BAD_FCS"] == 4 and stats["ports"][0]["tx_bytes"] == 240
+    assert all(n == 0 for name, n in stats["drops"].items() if name != "BAD_FCS")
