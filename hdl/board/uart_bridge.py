@@ -32,7 +32,8 @@ class UartAxiLiteBridge(wiring.Component):
     """Serves register reads and writes asked over a UART as AXI4-Lite transactions, one at a time.
 
     Each request (:mod:`cais.uartproto`) gets exactly one reply of :data:`~cais.uartproto.REPLY_BYTES`
-    bytes, sent as soon as the request is decided; a request that is not OK changes nothing:
+    bytes, echoing its ``seq``, sent as soon as the request is decided; a request that is not OK changes
+    nothing:
 
     - a first byte that is no command: the bridge drops every byte until the line has been quiet for
       ``timeout_cycles``, then replies UNKNOWN_COMMAND (the request's length is unknown, so quiet is the
@@ -41,8 +42,12 @@ class UartAxiLiteBridge(wiring.Component):
     - an address that is not a multiple of 4 or needs more than ``addr_width`` bits: BUS_ERROR, no access;
     - READ / WRITE: one AXI4-Lite transaction (``wstrb`` 0b1111, ``*prot`` 0); a response other than
       OKAY (SLVERR, DECERR) is BUS_ERROR; a READ's reply carries ``rdata`` (0 unless OK);
+    - a WRITE with the ``seq`` of the previous good request (right check byte), which was a WRITE too: a
+      retry; answered with that write's status, no second access;
     - CLOCK: OK with ``clk_freq`` as data, no bus access (a ping that also tells the host the clock);
     - the line quiet for ``timeout_cycles`` within a request: it is dropped and TIMEOUT replied.
+
+    The ``seq`` of an UNKNOWN_COMMAND or TIMEOUT reply is the last one received (the host ignores it).
 
     Bytes that arrive while a request is served or its reply sent are dropped (the host waits for the
     reply). A byte with a framing error is dropped by the receiver (a request missing it ends in TIMEOUT or
@@ -116,24 +121,32 @@ class UartAxiLiteBridge(wiring.Component):
                     m.d.sync += r.timer.eq(r.timer - 1)
             with m.State("CHECK"):
                 out_of_range = address[self.addr_width:] != 0 if self.addr_width < 32 else Const(0)
+                is_write = r.cmd == int(Command.WRITE)
                 with m.If(r.crc != 0):
                     self._reply(m, r, Status.BAD_CHECKSUM)
-                with m.Elif(r.cmd == int(Command.CLOCK)):
-                    self._reply(m, r, Status.OK, self.clk_freq)
-                with m.Elif((address[:2] != 0) | out_of_range):
-                    self._reply(m, r, Status.BUS_ERROR)
-                with m.Elif(r.cmd == int(Command.WRITE)):
-                    m.next = "WRITE"
                 with m.Else():
-                    m.next = "READ"
+                    # a good request: only a WRITE's own retry may follow it without a new access
+                    m.d.sync += r.last_write.eq(0)
+                    with m.If(is_write & r.last_write & (r.seq == r.last_seq)):
+                        m.d.sync += r.last_write.eq(1)
+                        self._reply(m, r, r.last_status)
+                    with m.Elif(r.cmd == int(Command.CLOCK)):
+                        self._reply(m, r, Status.OK, self.clk_freq)
+                    with m.Elif((address[:2] != 0) | out_of_range):
+                        self._reply(m, r, Status.BUS_ERROR)
+                    with m.Elif(is_write):
+                        m.next = "WRITE"
+                    with m.Else():
+                        m.next = "READ"
             self._access(m, r)
             with m.State("REPLY"):
                 self._send(m, tx, r)
         return m
 
     def _receive(self, m, rx, r):
-        """RECV: collect a request's bytes (the command, then address and data shifted in most significant
-        byte first, then the check byte), the CRC over all of them; CHECK once the last has arrived."""
+        """RECV: collect a request's bytes (the command, seq, then address and data shifted in most
+        significant byte first, then the check byte), the CRC over all of them; CHECK once the last has
+        arrived."""
         crc_next = crc8_step(r.crc, rx.data)
         is_command = Const(0)
         for c in Command:
@@ -152,6 +165,8 @@ class UartAxiLiteBridge(wiring.Component):
                 m.d.sync += [r.count.eq(r.count + 1), r.crc.eq(crc_next)]
                 with m.If(last):
                     m.next = "CHECK"
+                with m.Elif(r.count == 1):
+                    m.d.sync += r.seq.eq(rx.data)
                 with m.Else():
                     m.d.sync += r.word.eq(Cat(rx.data, r.word[:-8]))
         with m.Elif(r.count != 0):
@@ -185,21 +200,26 @@ class UartAxiLiteBridge(wiring.Component):
         with m.State("WRITE_RESP"):
             m.d.comb += bus.bready.eq(1)
             with m.If(bus.bvalid):
-                self._reply(m, r, Mux(bus.bresp == AxiResp.OKAY, int(Status.OK), int(Status.BUS_ERROR)))
+                status = Mux(bus.bresp == AxiResp.OKAY, int(Status.OK), int(Status.BUS_ERROR))
+                m.d.sync += [r.last_seq.eq(r.seq), r.last_status.eq(status), r.last_write.eq(1)]
+                self._reply(m, r, status)
 
     def _reply(self, m, r, status, data=0):
         """Leave for REPLY with ``status`` and ``data``; the request's state is cleared."""
-        m.d.sync += [r.status.eq(int(status) if isinstance(status, int) else status), r.data.eq(data), r.count.eq(0), r.crc.eq(0), r.index.eq(0)]
+        m.d.sync += [r.status.eq(int(status) if isinstance(status, int) else status), r.data.eq(data),
+                     r.count.eq(0), r.crc.eq(0), r.index.eq(0)]
         m.next = "REPLY"
 
     def _send(self, m, tx, r):
-        """REPLY: status, data (most significant byte first), the CRC of those five bytes."""
+        """REPLY: status, seq, data (most significant byte first), the CRC of those six bytes."""
         byte = Signal(8)
         with m.Switch(r.index):
             with m.Case(0):
                 m.d.comb += byte.eq(r.status)
+            with m.Case(1):
+                m.d.comb += byte.eq(r.seq)
             for i in range(4):
-                with m.Case(1 + i):
+                with m.Case(2 + i):
                     m.d.comb += byte.eq(r.data.word_select(3 - i, 8))
             with m.Default():
                 m.d.comb += byte.eq(r.crc)
@@ -221,7 +241,11 @@ class _Regs:
         self.cmd = Signal(8)
         self.count = Signal(range(longest + 1))      # bytes of the request received
         self.crc = Signal(8)                          # CRC so far (of the request, then of the reply)
-        self.word = Signal(8 * (longest - 2))         # address, then data, shifted in from the right
+        self.word = Signal(8 * (longest - 3))         # address, then data, shifted in from the right
+        self.seq = Signal(8)                          # the request's seq, echoed in the reply
+        self.last_seq = Signal(8)                     # seq and status of the last WRITE performed,
+        self.last_status = Signal(8)
+        self.last_write = Signal()                    # ... while the last good request was that WRITE
         self.timer = Signal(range(timeout_cycles + 1))
         self.status = Signal(8)
         self.data = Signal(32)

@@ -93,12 +93,13 @@ class SerialLink:
     At start it asks the bridge for the clock (CLOCK) and reads the CONST registers
     (:func:`cais.registers.read_params`: ID, VERSION's major, every build parameter).
 
-    A request whose reply does not come within ``timeout``, comes garbled (a wrong length or check byte), or
-    says the request arrived damaged (BAD_CHECKSUM, TIMEOUT, UNKNOWN_COMMAND) is sent again after a resync:
-    bytes are read and dropped until the line has been quiet for ``quiet`` seconds, so a late reply is
-    never taken for the next request's. Retried writes are harmless for every register but AGED_POP, whose
-    write pops one event: a write whose reply was lost may pop two (docs/board.md). BUS_ERROR is not
-    retried: :class:`BusError` names the address.
+    Every new request takes the next ``seq`` (mod 256). A request whose reply does not come within
+    ``timeout``, comes garbled (a wrong length or check byte) or with another seq (a stale reply), or says the
+    request arrived damaged (BAD_CHECKSUM, TIMEOUT, UNKNOWN_COMMAND) is sent again, with the same seq, after
+    a resync: bytes are read and dropped until the line has been quiet for ``quiet`` seconds. A WRITE sent
+    again with its seq is performed at most once (the bridge answers a repeat with the first one's status),
+    so a lost reply never makes a command such as AGED_POP act twice. BUS_ERROR is not retried:
+    :class:`BusError` names the address.
 
     Members
     -------
@@ -131,6 +132,7 @@ class SerialLink:
         self.failures = self.reconnects = 0
         self.around_io = contextlib.nullcontext
         self._lock = threading.Lock()
+        self._seq = 0
         self._fd = self._open(retry_for)
         try:
             self.clock_hz = float(self._transact(Command.CLOCK, 0))
@@ -177,12 +179,13 @@ class SerialLink:
 
     # ------------------------------------------------------------------ the line
     def _transact(self, command: Command, addr: int, data: int | None = None) -> int:
-        """One request, tried up to 1 + ``retries`` times; the reply's data."""
-        request = encode_request(command, addr, data)
+        """One request, tried up to 1 + ``retries`` times with the same seq; the reply's data."""
         what = f"{command.name} {addr:#06x}" if command is not Command.CLOCK else "CLOCK"
         with self.around_io(), self._lock:
             if self._fd is None:
                 raise SerialLinkError(f"{self.backend}: the port is closed")
+            self._seq = seq = (self._seq + 1) & 0xFF
+            request = encode_request(command, seq, addr, data)
             last = ""
             for attempt in range(1 + self.retries):
                 if attempt:
@@ -190,10 +193,14 @@ class SerialLink:
                 self._drop_waiting()
                 self._send(request)
                 try:
-                    status, value = decode_reply(self._receive(REPLY_BYTES, time.monotonic() + self.timeout))
+                    status, echo, value = decode_reply(self._receive(REPLY_BYTES, time.monotonic() + self.timeout))
                 except (FrameError, TimeoutError) as e:
                     self.failures += 1
                     last = str(e)
+                    continue
+                if status in (Status.OK, Status.BUS_ERROR) and echo != seq:
+                    self.failures += 1
+                    last = f"a reply to seq {echo}, not {seq} (a stale one)"
                     continue
                 if status is Status.OK:
                     return value

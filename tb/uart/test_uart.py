@@ -19,7 +19,7 @@ from cocotbext.uart import UartSink, UartSource
 from cais.hdl.blocks import UART_BAUD, UART_CLK_FREQ
 from cais.registers import Access, Kind, register_map
 from cais.tb.common import CLOCK_NS, clock_and_reset, quiet_bfms, tb_params
-from cais.uartproto import Command, Status, TIMEOUT_BYTE_TIMES, decode_reply, encode_request
+from cais.uartproto import REPLY_BYTES, TIMEOUT_BYTE_TIMES, Command, Status, decode_reply, encode_request
 
 DIVISOR = UART_CLK_FREQ // UART_BAUD
 TIMEOUT_CYCLES = TIMEOUT_BYTE_TIMES * 10 * DIVISOR          # the bridge's default quiet time
@@ -51,6 +51,13 @@ class TB:
                     port(dut, f"{reg.name.lower()}_value", reg, i).value = 0
         self.strobes = {}                 # command register name -> [word of every strobe]
         self.source = self.sink = None
+        self.seq = 0                      # the seq of the last request framed
+
+    def frame(self, command: Command, addr: int = 0, data: int | None = None, *, again: bool = False) -> bytes:
+        """A request with the next seq (``again``: the last one's, as a host's retry)."""
+        if not again:
+            self.seq = (self.seq + 1) & 0xFF
+        return encode_request(command, self.seq, addr, data)
 
     async def start(self, models: bool = True):
         self.dut.rx.value = 1
@@ -71,13 +78,17 @@ class TB:
                 self.strobes.setdefault(reg.name, []).append(data.value.to_unsigned())
 
     async def reply(self, limit: int = 3 * TIMEOUT_CYCLES) -> tuple[Status, int]:
-        """The next whole reply (6 bytes), decoded; fails after ``limit`` cycles."""
+        """The next whole reply, decoded: (status, data); its seq must be the last request's (but for
+        UNKNOWN_COMMAND and TIMEOUT, whose seq means nothing). Fails after ``limit`` cycles."""
         got = bytearray()
         for _ in range(0, limit, 50):
             got += self.sink.read_nowait()
-            if len(got) >= 6:
-                assert len(got) == 6, f"more than one reply: {bytes(got).hex()}"
-                return decode_reply(bytes(got))
+            if len(got) >= REPLY_BYTES:
+                assert len(got) == REPLY_BYTES, f"more than one reply: {bytes(got).hex()}"
+                status, seq, data = decode_reply(bytes(got))
+                if status not in (Status.UNKNOWN_COMMAND, Status.TIMEOUT):
+                    assert seq == self.seq, f"reply {bytes(got).hex()} to seq {seq}, not {self.seq}"
+                return status, data
             await ClockCycles(self.dut.clk, 50)
         raise AssertionError(f"no whole reply within {limit} cycles (got {bytes(got).hex()})")
 
@@ -86,12 +97,12 @@ class TB:
         return await self.reply()
 
     async def read(self, name: str, i: int = 0) -> int:
-        status, value = await self.request(encode_request(Command.READ, self.regs[name].address(i)))
+        status, value = await self.request(self.frame(Command.READ, self.regs[name].address(i)))
         assert status is Status.OK, f"READ {name}[{i}]: {status.name}"
         return value
 
     async def write(self, name: str, value: int, i: int = 0) -> None:
-        status, _ = await self.request(encode_request(Command.WRITE, self.regs[name].address(i), value))
+        status, _ = await self.request(self.frame(Command.WRITE, self.regs[name].address(i), value))
         assert status is Status.OK, f"WRITE {name}[{i}]: {status.name}"
 
     def config_port(self, name: str) -> int:
@@ -114,7 +125,7 @@ async def reads_and_writes(dut):
     for reg in tb.regs:
         if reg.kind is Kind.CONST:
             assert await tb.read(reg.name) == reg.reset, f"{reg.name}"
-    assert await tb.request(encode_request(Command.CLOCK)) == (Status.OK, UART_CLK_FREQ)
+    assert await tb.request(tb.frame(Command.CLOCK)) == (Status.OK, UART_CLK_FREQ)
     for name, value in (("EPOCH", 0xA5C3_0F01), ("SWITCH_MAC_LO", 0x1234_5678)):
         await tb.write(name, value)
         want = value & field_mask(tb.regs[name])
@@ -122,6 +133,11 @@ async def reads_and_writes(dut):
         assert tb.config_port(name) == want
     await tb.write("RULE_WRITE", tb.regs["RULE_WRITE"].pack(index=3, valid=1))
     assert tb.strobes == {"RULE_WRITE": [3 | 1 << 8]}
+    # the same WRITE again with its seq (a host's retry after a lost reply): OK, and no second strobe
+    assert await tb.request(tb.frame(Command.WRITE, tb.regs["RULE_WRITE"].address(), 3 | 1 << 8, again=True)) \
+        == (Status.OK, 0)
+    await tb.write("RULE_WRITE", tb.regs["RULE_WRITE"].pack(index=4, valid=1))      # a new seq: performed
+    assert tb.strobes == {"RULE_WRITE": [3 | 1 << 8, 4 | 1 << 8]}
     assert int(dut.error_replies.value) == 0 and int(dut.framing_errors.value) == 0
 
 
@@ -133,7 +149,7 @@ async def bad_requests_change_nothing(dut):
     await tb.start()
     await tb.write("EPOCH", 0x1111_1111)
     epoch = tb.regs["EPOCH"].address()
-    good = encode_request(Command.WRITE, epoch, 0x2222_2222)
+    good = tb.frame(Command.WRITE, epoch, 0x2222_2222)
     assert await tb.request(good[:-1] + bytes([good[-1] ^ 0x01])) == (Status.BAD_CHECKSUM, 0)
     assert await tb.request(bytes([0x58]) + good[1:]) == (Status.UNKNOWN_COMMAND, 0)
     await tb.source.write(good[:4])                         # cut: the line goes quiet
@@ -141,8 +157,8 @@ async def bad_requests_change_nothing(dut):
     rule_write = tb.regs["RULE_WRITE"].address()
     unmapped = 0x400                                        # past the map, inside the 4 KiB page: DECERR
     for addr in (0x0FFC, unmapped, 0x1000, 0x8000_0000, rule_write + 2):
-        assert await tb.request(encode_request(Command.WRITE, addr, 0x3 | 1 << 8)) == (Status.BUS_ERROR, 0), hex(addr)
-        assert await tb.request(encode_request(Command.READ, addr)) == (Status.BUS_ERROR, 0), hex(addr)
+        assert await tb.request(tb.frame(Command.WRITE, addr, 0x3 | 1 << 8)) == (Status.BUS_ERROR, 0), hex(addr)
+        assert await tb.request(tb.frame(Command.READ, addr)) == (Status.BUS_ERROR, 0), hex(addr)
     assert tb.config_port("EPOCH") == 0x1111_1111 and await tb.read("EPOCH") == 0x1111_1111
     assert tb.strobes == {}, f"command strobes from refused requests: {tb.strobes}"
     assert int(dut.error_replies.value) == 3 + 10
@@ -156,7 +172,7 @@ async def framing_error_counted_and_dropped(dut):
     byte short); the next request is served."""
     tb = TB(dut)
     await tb.start()
-    frame = encode_request(Command.WRITE, tb.regs["EPOCH"].address(), 0x0BAD_0BAD)
+    frame = tb.frame(Command.WRITE, tb.regs["EPOCH"].address(), 0x0BAD_0BAD)
     await tb.source.write(frame[:3])
     await tb.source.wait()
     byte = frame[3]
@@ -164,7 +180,7 @@ async def framing_error_counted_and_dropped(dut):
     await ClockCycles(dut.clk, 2 * DIVISOR)
     assert int(dut.framing_errors.value) == 1
     await tb.source.write(frame[4:])
-    # 9 of the WRITE's 10 bytes arrived: the request waits for its check byte until the line is quiet
+    # 10 of the WRITE's 11 bytes arrived: the request waits for its check byte until the line is quiet
     assert await tb.reply() == (Status.TIMEOUT, 0)
     assert tb.config_port("EPOCH") == 0
     await tb.write("EPOCH", 7)

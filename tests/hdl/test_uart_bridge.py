@@ -17,7 +17,7 @@ from cais.hdl.blocks import CSR_ADDR_WIDTH, CsrBlock
 from cais.hdl.board.uart import UartRx, UartTx, uart_divisor
 from cais.hdl.board.uart_bridge import UartAxiLiteBridge
 from cais.params import SwitchParams
-from cais.registers import MAGIC, register_map
+from cais.registers import register_map
 
 from blocksim import run
 
@@ -135,26 +135,29 @@ def test_bridge_directed():
     mac_lo = regs["SWITCH_MAC_LO"]
     assert (regs["ID"].address(), mac_lo.address(), regs["EPOCH"].address()) == (0x000, 0x020, 0x03C)
     cases = [
-        # READ ID: 52 00000000 -> OK 43414953 ("CAIS")
-        (bytes.fromhex("52 00000000 3e"), bytes([0x00]) + MAGIC.to_bytes(4, "big") + bytes([0x14]), None),
+        # READ ID, seq 1: OK 43414953 ("CAIS")
+        ("52 01 00000000 d8", "00 01 43414953 76", None),
         # WRITE EPOCH = 0x12345678
-        (bytes.fromhex("57 0000003c 12345678 2b"), bytes.fromhex("00 00000000 00"), ("epoch", 0x12345678)),
-        # READ EPOCH
-        (bytes.fromhex("52 0000003c 8a"), bytes.fromhex("00 12345678 1c"), None),
-        # WRITE EPOCH = 0xdeadbeef with the check byte off by one: BAD_CHECKSUM, EPOCH unchanged
-        (bytes.fromhex("57 0000003c deadbeef fe"), bytes.fromhex("01 00000000 62"), ("epoch", 0x12345678)),
-        # READ 0x0FFC: no register there (DECERR): BUS_ERROR
-        (bytes.fromhex("52 00000ffc 07"), bytes.fromhex("03 00000000 a6"), None),
-        # READ 0x1000: past the 12-bit bus: BUS_ERROR without an access
-        (bytes.fromhex("52 00001000 69"), bytes.fromhex("03 00000000 a6"), None),
-        # READ 0x0002: not a word address: BUS_ERROR
-        (bytes.fromhex("52 00000002 30"), bytes.fromhex("03 00000000 a6"), None),
+        ("57 02 0000003c 12345678 e5", "00 02 00000000 c4", 0x12345678),
+        ("52 03 0000003c a8", "00 03 12345678 ba", 0x12345678),
+        # WRITE EPOCH = 0xdeadbeef, its check byte (0x22) off by one: BAD_CHECKSUM, EPOCH unchanged
+        ("57 04 0000003c deadbeef 23", "01 04 00000000 a6", 0x12345678),
+        # READ 0x0FFC: no register there (DECERR): BUS_ERROR; 0x1000: past the 12-bit bus; 0x0002: not a word
+        ("52 05 00000ffc 6e", "03 05 00000000 96", None),
+        ("52 06 00001000 a6", "03 06 00000000 30", None),
+        ("52 07 00000002 9d", "03 07 00000000 52", None),
         # CLOCK: the clock in Hz (4 MHz = 0x003d0900)
-        (bytes.fromhex("43 00000000 6e"), bytes.fromhex("00 003d0900 cd"), None),
-        # an unknown command byte, then more bytes: one UNKNOWN_COMMAND once the line is quiet
-        (bytes.fromhex("58 01 02 03"), bytes.fromhex("02 00000000 c4"), ("epoch", 0x12345678)),
+        ("43 08 00000000 14", "00 08 003d0900 d4", None),
+        # an unknown command byte, then more bytes: one UNKNOWN_COMMAND once the line is quiet (seq: the last)
+        ("58 01 02 03", "02 08 00000000 4b", 0x12345678),
         # half a WRITE, then quiet: TIMEOUT, EPOCH unchanged
-        (bytes.fromhex("57 0000003c 00"), bytes.fromhex("04 00000000 8f"), ("epoch", 0x12345678)),
+        ("57 0c 0000003c", "04 0c 00000000 32", 0x12345678),
+        # WRITE seq 9, then a WRITE with seq 9 again (a retry): answered OK, not performed
+        ("57 09 0000003c 11111111 3e", "00 09 00000000 7b", 0x11111111),
+        ("57 09 0000003c 22222222 ae", "00 09 00000000 7b", 0x11111111),
+        # after a READ (seq 10), a WRITE with seq 10 is a new request: performed
+        ("52 0a 0000003c d3", "00 0a 11111111 50", 0x11111111),
+        ("57 0a 0000003c 22222222 25", "00 0a 00000000 dd", 0x22222222),
     ]
     replies = []
 
@@ -162,13 +165,13 @@ def test_bridge_directed():
         ctx.set(bridge.rx, 1)
         await ctx.tick().repeat(8)
         for request, _, _ in cases:
-            await send(ctx, bridge.rx, request)
-            reply = await receive(ctx, bridge.tx, 6)
-            replies.append(reply)
-        ctx.set(bridge.rx, 1)
-        replies.append((ctx.get(csr.epoch), ctx.get(bridge.error_replies)))
+            await send(ctx, bridge.rx, bytes.fromhex(request))
+            replies.append((await receive(ctx, bridge.tx, 7), ctx.get(csr.epoch)))
+        replies.append(ctx.get(bridge.error_replies))
 
     run(m, bench)
-    for (request, want, _), reply in zip(cases, replies):
-        assert reply == want, f"request {request.hex()}: reply {reply.hex()}, want {want.hex()}"
-    assert replies[-1] == (0x12345678, 6)
+    for (request, want, epoch), (reply, epoch_after) in zip(cases, replies):
+        assert reply == bytes.fromhex(want), f"request {request}: reply {reply.hex()}, want {want}"
+        if epoch is not None:
+            assert epoch_after == epoch, f"request {request}: EPOCH {epoch_after:#x}, want {epoch:#x}"
+    assert replies[-1] == 6                       # BAD_CHECKSUM, 3 x BUS_ERROR, UNKNOWN_COMMAND, TIMEOUT

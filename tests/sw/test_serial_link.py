@@ -29,21 +29,21 @@ def test_crc8_catalogue_check():
 
 
 def test_frames_by_hand():
-    # READ 0x3c: 52 00 00 00 3c, check 0x8a (long division by 0x107, worked apart from crc8)
-    assert encode_request(Command.READ, 0x3C) == bytes.fromhex("52 0000003c 8a")
-    assert encode_request(Command.WRITE, 0x3C, 0x12345678) == bytes.fromhex("57 0000003c 12345678 2b")
-    assert encode_request(Command.CLOCK) == bytes.fromhex("43 00000000 6e")
-    assert encode_reply(Status.OK, MAGIC) == bytes.fromhex("00 43414953 14")
-    assert encode_reply(Status.BUS_ERROR) == bytes.fromhex("03 00000000 a6")
-    assert decode_request(bytes.fromhex("57 0000003c 12345678 2b")) == (Command.WRITE, 0x3C, 0x12345678)
-    assert decode_reply(bytes.fromhex("00 12345678 1c")) == (Status.OK, 0x12345678)
-    assert REQUEST_BYTES == {Command.READ: 6, Command.WRITE: 10, Command.CLOCK: 6}
+    # READ 0x3c, seq 3: 52 03 00 00 00 3c, check 0xa8 (long division by 0x107, worked apart from crc8)
+    assert encode_request(Command.READ, 3, 0x3C) == bytes.fromhex("52 03 0000003c a8")
+    assert encode_request(Command.WRITE, 2, 0x3C, 0x12345678) == bytes.fromhex("57 02 0000003c 12345678 e5")
+    assert encode_request(Command.CLOCK, 8) == bytes.fromhex("43 08 00000000 14")
+    assert encode_reply(Status.OK, 1, MAGIC) == bytes.fromhex("00 01 43414953 76")
+    assert encode_reply(Status.BUS_ERROR, 5) == bytes.fromhex("03 05 00000000 96")
+    assert decode_request(bytes.fromhex("57 02 0000003c 12345678 e5")) == (Command.WRITE, 2, 0x3C, 0x12345678)
+    assert decode_reply(bytes.fromhex("00 03 12345678 ba")) == (Status.OK, 3, 0x12345678)
+    assert REQUEST_BYTES == {Command.READ: 7, Command.WRITE: 11, Command.CLOCK: 7}
 
 
 @pytest.mark.parametrize("frame,why", [
-    ("52 0000003c 8b", "bad check byte 0x8b, want 0x8a"),
-    ("58 0000003c 00", "unknown command byte 0x58"),
-    ("52 0000003c", "READ: 5 bytes, want 6"),
+    ("52 03 0000003c a9", "bad check byte 0xa9, want 0xa8"),
+    ("58 03 0000003c 00", "unknown command byte 0x58"),
+    ("52 03 0000003c", "READ: 6 bytes, want 7"),
 ])
 def test_bad_requests_named(frame, why):
     with pytest.raises(FrameError, match=why):
@@ -51,16 +51,18 @@ def test_bad_requests_named(frame, why):
 
 
 def test_bad_replies_and_arguments():
-    with pytest.raises(FrameError, match="reply of 5 bytes"):
-        decode_reply(bytes.fromhex("00 12345678"))
+    with pytest.raises(FrameError, match="reply of 6 bytes"):
+        decode_reply(bytes.fromhex("00 03 12345678"))
     with pytest.raises(FrameError, match="bad check byte"):
-        decode_reply(bytes.fromhex("00 12345678 1d"))
+        decode_reply(bytes.fromhex("00 03 12345678 bb"))
     with pytest.raises(FrameError, match="unknown status byte 0x09"):
-        decode_reply(bytes([9, 0, 0, 0, 0]) + bytes([crc8(bytes([9, 0, 0, 0, 0]))]))
+        decode_reply(bytes([9, 0, 0, 0, 0, 0]) + bytes([crc8(bytes([9, 0, 0, 0, 0, 0]))]))
     with pytest.raises(ValueError, match="WRITE: data is required"):
-        encode_request(Command.WRITE, 0)
+        encode_request(Command.WRITE, 0, 0)
     with pytest.raises(ValueError, match="address 4294967296 is not a 32-bit"):
-        encode_request(Command.READ, 1 << 32)
+        encode_request(Command.READ, 0, 1 << 32)
+    with pytest.raises(ValueError, match="seq 256 is not a byte"):
+        encode_request(Command.READ, 256, 0)
 
 
 # ---------------------------------------------------------------------- addresses
@@ -103,7 +105,9 @@ def test_controller_command_line_errors(capsys):
 # ---------------------------------------------------------------------- SerialLink over a pty
 class FakeBoard:
     """The bridge's side of the line on a pty master: whole requests decoded, registers of the reference model,
-    BUS_ERROR for addresses not in the map; ``mangle`` (a list of actions) garbles or drops the next replies."""
+    BUS_ERROR for addresses not in the map, a repeated WRITE (the seq of the previous request, a WRITE)
+    answered without a second write, as docs/board.md states; ``mangle`` (a list of actions) garbles, drops
+    or sends a stale copy of the next replies."""
 
     def __init__(self, clock_hz: int = 125_000_000, params: SwitchParams = SwitchParams()):
         # the slave stays open here too: a pty master whose slave nobody holds reads EIO
@@ -114,6 +118,9 @@ class FakeBoard:
         self.mapped = {r.address(i) for r in regs for i in range(r.count)}
         self.mangle: list[str] = []
         self.requests: list[bytes] = []
+        self.writes = 0                          # writes performed on the model
+        self._last_write = None                  # (seq, reply) of the previous request when it was a WRITE
+        self._seq, self._reply, self._previous = None, None, encode_reply(Status.OK, 0)   # the last seq's reply
         self._stop = False
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -135,21 +142,32 @@ class FakeBoard:
                 self._answer(frame)
 
     def _answer(self, frame):
-        command, addr, data = decode_request(frame)
-        if command is Command.CLOCK:
-            reply = encode_reply(Status.OK, self.clock_hz)
+        command, seq, addr, data = decode_request(frame)
+        last, self._last_write = self._last_write, None
+        if command is Command.WRITE and last is not None and last[0] == seq:
+            reply = last[1]
+        elif command is Command.CLOCK:
+            reply = encode_reply(Status.OK, seq, self.clock_hz)
         elif addr not in self.mapped:
-            reply = encode_reply(Status.BUS_ERROR)
+            reply = encode_reply(Status.BUS_ERROR, seq)
         elif command is Command.READ:
-            reply = encode_reply(Status.OK, self.model.read(addr))
+            reply = encode_reply(Status.OK, seq, self.model.read(addr))
         else:
             self.model.write(addr, data)
-            reply = encode_reply(Status.OK)
+            self.writes += 1
+            reply = encode_reply(Status.OK, seq)
+        if command is Command.WRITE:
+            self._last_write = (seq, reply)
+        if seq != self._seq:                      # a new request: the last one's reply is now stale
+            self._seq, self._previous = seq, self._reply or self._previous
+        self._reply, stale = reply, self._previous
         action = self.mangle.pop(0) if self.mangle else None
         if action == "drop":
             return
         if action == "flip":
-            reply = bytes([reply[0], reply[1] ^ 0x10]) + reply[2:]
+            reply = bytes([reply[0], reply[1], reply[2] ^ 0x10]) + reply[3:]
+        if action == "stale":
+            reply = stale
         os.write(self.master, reply)
 
     def close(self):
@@ -175,11 +193,20 @@ def test_serial_link_params_reads_and_writes(board):
         run_sync(link.write(epoch, 0xCAFE))
         assert board.model.read(epoch) == 0xCAFE
         assert run_sync(link.read(epoch)) == 0xCAFE
-        # a garbled reply and a lost one: each request is sent again after a resync
-        board.mangle = ["flip", "drop"]
+        # a garbled reply, a lost one, the previous request's: each request is sent again after a resync
+        board.mangle = ["flip", "drop", "stale"]
         assert run_sync(link.read(epoch)) == 0xCAFE
-        assert link.failures == 2
-        assert board.requests[-3:] == [encode_request(Command.READ, epoch)] * 3
+        assert link.failures == 3
+        assert len(set(board.requests[-4:])) == 1 and decode_request(board.requests[-1])[0] is Command.READ
+        # a WRITE whose reply is lost is sent again with its seq and performed once
+        writes = board.writes
+        board.mangle = ["drop"]
+        run_sync(link.write(epoch, 0xBEEF))
+        assert board.writes == writes + 1 and board.model.read(epoch) == 0xBEEF and link.failures == 4
+        run_sync(link.write(epoch, 0xBEEF))                # a new request: a new seq, performed
+        assert board.writes == writes + 2
+        seqs = [decode_request(r)[1] for r in board.requests[-3:]]
+        assert seqs[0] == seqs[1] != seqs[2]
         with pytest.raises(BusError, match="register 0x0ffc: the switch refused the read"):
             run_sync(link.read(0xFFC))
         assert isinstance(BusError("x"), EndpointError)
