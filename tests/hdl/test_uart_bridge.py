@@ -1,5 +1,6 @@
 """The UART (cais.hdl.board.uart) and the UART to AXI4-Lite bridge (cais.hdl.board.uart_bridge) in amaranth.sim,
-the bridge in front of the switch's real register block (cais.hdl.blocks.CsrBlock).
+the bridge in front of the switch's register classes (AXI4LiteToCSR, a RegisterBank of three of the map's
+registers).
 
 The line is driven and read by a model written here from the 8N1 definition (start bit low, 8 data bits
 least significant first, stop bit high), and the expected frames are written out by hand from the framing of
@@ -130,7 +131,7 @@ def bridge_top(regmap):
 
 
 def test_bridge_directed():
-    """Hand-written frames through the bridge to the real register block: each reply byte for byte, and
+    """Hand-written frames through the bridge to the switch's register classes: each reply byte for byte, and
     the registers changed only by good writes. The check bytes were worked out once by long division by
     x^8 + x^2 + x + 1 (a method apart from cais.uartproto.crc8, checked on the catalogue's "123456789" ->
     0xf4) and written here as literals."""
