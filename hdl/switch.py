@@ -5,7 +5,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect
 
 from cais import protocol as proto
-from cais.params import SwitchParams
+from cais.params import ParamError, SwitchParams
 from cais.registers import register_map
 
 from .common.axis import AxisSignature
@@ -38,6 +38,9 @@ class Switch(wiring.Component):
     """
 
     def __init__(self, params: SwitchParams = SwitchParams()):
+        if params.uplink:   # FEATURES.uplink would promise what this RTL does not do
+            raise ParamError("uplink=True: the RTL has no uplink action yet (only the reference model has it, "
+                             "docs/protocol.md section 13)")
         self.params = params
         self.regmap = register_map(params)
         super().__init__({
