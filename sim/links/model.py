@@ -104,6 +104,27 @@ class ModelLink(LinkBase):
                 self._seq += 1
         self.model.advance_to(self._cycle)
 
+    def next_event(self) -> int | None:
+        """The next cycle after ``cycle`` at which a frame is decided or finishes leaving the switch (None:
+        nothing is on its way). Frames sent later can only add events; a fabric of several switches
+        (:mod:`cais.sim.links.fabric`) steps from event to event with it."""
+        self._process()
+        later = [t for t, *_ in self._out if t > self._cycle]
+        if self._arrivals:
+            later.append(self._arrivals[0][0])
+        return min(later) if later else None
+
+    def read_now(self, addr: int) -> int:
+        """A register read that takes no cycles (a fabric charges its accesses' time to every switch at
+        once); BUSY reads the link's :attr:`busy`."""
+        self._process()
+        return int(self.busy) if int(addr) & ~3 == self._busy_addr else self.model.read(addr)
+
+    def write_now(self, addr: int, value: int) -> None:
+        """A register write that takes no cycles (see :meth:`read_now`)."""
+        self._process()
+        self.model.write(addr, value)
+
     def take_stamped(self) -> list[Received]:
         self._process()
         got = []

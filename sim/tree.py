@@ -1,0 +1,92 @@
+"""Leaf-spine co-simulation: the ranks all-reduce through a tree of switches (docs/protocol.md section 13).
+
+``run_tree(job)`` builds the tree of ``job`` (``leaves``, ``ranks_per_leaf``; the switches' build from
+``params``, SwitchParams fields; ``leaf_uplink`` False builds leaves without the uplink action, a tree
+that cannot aggregate) on :class:`cais.sim.links.fabric.FabricLink`, with the job's faults (``loss``,
+``duplicate``, ``reorder``, ``seed``) on every hop: the ranks' wires (as in a single-switch job) and both
+directions of every switch-to-switch wire. It runs :func:`cais.sim.workload.all_reduce_job` there: the
+ranks, the driver and the controller are those of one switch; the controller's rules become the tree's
+through :class:`cais.controller.tree.TreeBus`. A tree that cannot aggregate (``TreeBus.check``) keeps
+every collective on the host ring (``offload = never``), whose frames cross the tree.
+
+The summary is the single-switch job's, plus ``tree``: the topology, whether it aggregated (``built``,
+``reason``), each switch's counters, the hop faults, and the conservation check: with every collective on
+the switches, each leaf counts chunks x (its ranks + 1) CONTRIBUTIONS (the parent's result is one) and
+chunks PARTIALS_SENT, the spine chunks x leaves CONTRIBUTIONS, and every switch chunks COMPLETED,
+whatever the faults.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cais.allreduce import chunk_count
+from cais.config import Config
+from cais.controller.tree import TreeTopology
+from cais.params import SwitchParams
+
+from .faults import FaultSpec
+from .links.fabric import FabricLink, run_fabric
+from .workload import DTYPE_ALIASES, all_reduce_job
+
+__all__ = ["run_tree", "tree_job", "topology_of", "conservation"]
+
+#: Offsets added to the job's seed for the hops' faults, so the hops and the ranks' wires draw apart.
+HOP_SEED = 7919
+
+
+def topology_of(job: dict) -> TreeTopology:
+    base = SwitchParams(**job.get("params", {}))
+    topology = TreeTopology(job["leaves"], job["ranks_per_leaf"], base=base)
+    if not job.get("leaf_uplink", True):
+        from dataclasses import replace
+        topology = TreeTopology(job["leaves"], job["ranks_per_leaf"], base=base,
+                                leaf_params=replace(topology.leaf_params, uplink=False))
+    return topology
+
+
+def conservation(topology: TreeTopology, counters: list[dict], chunks: int) -> list[str]:
+    """What breaks the per-switch conservation of module docstring (empty: none)."""
+    problems = []
+    for i, c in enumerate(counters):
+        leaf = i < topology.leaves
+        name = f"leaf {i}" if leaf else "spine"
+        want = {"CONTRIBUTIONS": chunks * (topology.ranks_per_leaf + 1 if leaf else topology.leaves),
+                "COMPLETED": chunks}
+        if leaf:
+            want["PARTIALS_SENT"] = chunks
+        problems += [f"{name}: {k} {c[k]} != {v}" for k, v in want.items() if c[k] != v]
+    return problems
+
+
+async def tree_job(link: FabricLink, job: dict) -> dict:
+    problem = await link.bus.check()
+    if problem:
+        job = dict(job, config=dict(job.get("config", {}), offload="never"))
+    t = link.topology
+    groups = [list(range(leaf * t.ranks_per_leaf, (leaf + 1) * t.ranks_per_leaf)) for leaf in range(t.leaves)]
+    summary = await all_reduce_job(link, dict(job, ranks=t.ranks, fold_groups=groups))
+    counters = link.switch_counters()
+    config = Config.load(**job.get("config", {}))
+    dtype = DTYPE_ALIASES.get(job.get("dtype", "int32"), job.get("dtype", "int32"))
+    itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
+    on_switch = summary["paths"] == ["switch"] and summary["routes"] == ["switch native"]
+    chunks = job.get("collectives", 1) * chunk_count(job["elements"], itemsize, config.chunk_size // itemsize
+                                                      * itemsize) if on_switch else 0
+    problems = conservation(link.topology, counters, chunks) if on_switch else []
+    summary["tree"] = {
+        "leaves": link.topology.leaves, "ranks_per_leaf": link.topology.ranks_per_leaf,
+        "built": problem is None, "reason": problem or "every leaf has the uplink action",
+        "switch_counters": counters, "hop_faults": dict(link.hop_stats), "unwired": link.unwired,
+        "chunks": chunks, "conservation": problems,
+    }
+    summary["correct"] = bool(summary["correct"] and not problems and not link.unwired)
+    return summary
+
+
+def run_tree(job: dict) -> dict:
+    """Run ``job`` (module docstring) on a fresh leaf-spine fabric; return the summary."""
+    hop = FaultSpec(drop=job.get("loss", 0.0), duplicate=job.get("duplicate", 0.0), reorder=job.get("reorder", 0.0),
+                    seed=job.get("seed", 0) + HOP_SEED)
+    topology = topology_of(job)
+    return run_fabric(topology, lambda link: tree_job(link, job), hop_faults=hop)
