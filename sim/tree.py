@@ -90,3 +90,62 @@ def run_tree(job: dict) -> dict:
                     seed=job.get("seed", 0) + HOP_SEED)
     topology = topology_of(job)
     return run_fabric(topology, lambda link: tree_job(link, job), hop_faults=hop)
+
+
+def _job(args, config: Config) -> dict:
+    return {"leaves": args.leaves, "ranks_per_leaf": args.ranks_per_leaf, "elements": args.elements, "op": args.op,
+            "dtype": args.dtype, "collectives": args.collectives, "seed": args.seed, "loss": args.loss,
+            "duplicate": args.duplicate, "reorder": args.reorder, "config": config.as_dict()}
+
+
+def compare(job: dict) -> dict:
+    """The tree, one switch with a port per rank, and the host ring on the tree, on the same job: their
+    summaries by name ("leaf-spine", "one switch", "host ring")."""
+    from .backends import run_backend
+    ranks = job["leaves"] * job["ranks_per_leaf"]
+    single = SwitchParams(**dict(job.get("params", {}), ports=ranks))
+    return {
+        "leaf-spine": run_tree(job),
+        "one switch": run_backend("model", single, "cais.sim.workload:all_reduce_job", dict(job, ranks=ranks)),
+        "host ring": run_tree(dict(job, config=dict(job.get("config", {}), offload="never"))),
+    }
+
+
+def main_leaf_spine(args, params, config: Config) -> int:
+    """`make sim ARGS="--topology leaf-spine ..."`: the tree's job, its comparison, a report; 0 if CORRECT."""
+    job = _job(args, config)
+    print(f"CAIS leaf-spine co-simulation: {args.leaves} leaves x {args.ranks_per_leaf} ranks = {args.ranks} ranks x "
+          f"{args.elements} {args.dtype} elements, {args.op}, {args.collectives} collective(s), model switches, "
+          f"faults on every hop: loss {args.loss:.1%}, duplication {args.duplicate:.1%}, reordering "
+          f"{args.reorder:.1%}, seed {args.seed}", flush=True)
+    runs = compare(job)
+    s = runs["leaf-spine"]
+    t = s["tree"]
+    print()
+    print(f"result: {'CORRECT' if s['correct'] else 'WRONG'}: every rank's result equals the reference "
+          f"({'the tree fold' if not args.dtype.startswith('int') else 'numpy'}; sha256 {s['result_sha256'][:16]}); "
+          f"path: {', '.join(s['routes'])}")
+    print(f"tree: {'aggregating' if t['built'] else 'not used, host ring'} ({t['reason']})")
+    print()
+    names = ["CONTRIBUTIONS", "COMPLETED", "PARTIALS_SENT", "PARTIALS_RESENT", "DUPLICATES", "RESULTS_RESENT"]
+    print(f"{'switch':>8} " + " ".join(f"{n:>15}" for n in names) + "  drops")
+    for i, c in enumerate(t["switch_counters"]):
+        name = f"leaf {i}" if i < args.leaves else "spine"
+        drops = {k[5:]: v for k, v in c.items() if k.startswith("DROP_") and v}
+        print(f"{name:>8} " + " ".join(f"{c[n]:>15}" for n in names) + f"  {drops or 'none'}")
+    if t["chunks"]:
+        print(f"conservation ({t['chunks']} chunks): "
+              + ("holds at every switch" if not t["conservation"] else "; ".join(t["conservation"])))
+    print(f"faults injected: ranks' wires {({k: v for k, v in s['faults'].items() if v and not k.endswith('_frames')} or 'none')}; "
+          f"switch-to-switch wires {({k: v for k, v in t['hop_faults'].items() if v and k != 'frames'} or 'none')}")
+    print()
+    base = runs["leaf-spine"]
+    print(f"{'run':<24} {'cycles':>10} {'vs tree':>8} {'bytes per rank':>15} {'vs tree':>8}  result")
+    for name, r in runs.items():
+        label = f"{name} ({args.ranks} ports)" if name == "one switch" else name
+        b = sum(r["bytes_sent"]) / len(r["bytes_sent"])
+        b0 = sum(base["bytes_sent"]) / len(base["bytes_sent"])
+        print(f"{label:<24} {r['cycles']:>10} {r['cycles'] / max(1, base['cycles']):>8.3f} {b:>15.0f} "
+              f"{b / max(1.0, b0):>8.3f}  {'CORRECT' if r['correct'] else 'WRONG'} ({', '.join(r['routes'])})")
+    print(f"(cycles at {s['clock_hz'] / 1e6:.2f} MHz; bytes per rank: what each rank sent, retransmissions included)")
+    return 0 if all(r["correct"] for r in runs.values()) else 1
