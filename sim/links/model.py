@@ -10,7 +10,7 @@ from typing import Any, Awaitable, Callable
 
 from cais.link import DEFAULT_CLOCK_HZ, run_sync
 from cais.params import SwitchParams
-from cais.protocol import Flags, parse_frame
+from cais.protocol import Flags, OpType, parse_frame
 
 from ..refmodel import SwitchModel
 from ..timing import FORWARD_LATENCY as SWITCH_FORWARD_LATENCY, documented_latency
@@ -36,7 +36,7 @@ class ModelLink(LinkBase):
       finished the port's previous frame. Ports do not wait for each other (docs/interface.md).
     * Egress: a forwarded frame's first beat leaves ``FORWARD_LATENCY`` cycles after its lane started it
       (the RTL's :data:`cais.hdl.latency.FORWARD_LATENCY` from its last beat in, for a lone frame);
-      a result's first beat leaves docs/interface.md's result latency
+      a result's (or a tree leaf's partial's) first beat leaves docs/interface.md's result latency
       (:func:`cais.sim.timing.documented_latency`) after the completing frame's last beat, plus the cycles
       that frame waited for its lane; either waits for the egress port's previous frame only (each port
       sends its results and forwarded frames on its own, docs/core-design.md section 5: no frame waits for
@@ -93,7 +93,9 @@ class ModelLink(LinkBase):
             self._lane_free[port] = start + _beats(len(frame), B)
             for out_port, data in self.model.receive(port, frame, framing_ok=not bad_keep, fcs_ok=not bad_fcs):
                 hdr = parse_frame(data).cais
-                if hdr is not None and hdr.flags & Flags.RESULT:
+                # a result, or a tree leaf's partial (the only all-reduce frame a switch sends that is not
+                # a result): folded from the banks first
+                if hdr is not None and (hdr.flags & Flags.RESULT or hdr.op_type == OpType.ALL_REDUCE):
                     ready = start - 1 + documented_latency(self.params, hdr.payload_len)
                 else:
                     ready = start + self.FORWARD_LATENCY
