@@ -7,8 +7,8 @@ switch with a port per rank (``TreeTopology.logical_params``), so the controller
 it writes becomes, per switch, the rule that switch needs (a group on several leaves: each leaf's local
 ranks with the uplink action, the spine's rule over those leaves' ports; a group on one leaf: that leaf's
 ordinary rule), every MAC entry the port towards that host on each switch, every slot clear and setting
-the same on every switch. Reads answer as one switch would: counters summed over the switches, a rank
-port's traffic counters from its leaf port, BUSY if any switch is busy. Set aging is not forwarded (its
+the same on every switch. Reads answer as one switch would: counters summed over the switches, gauges (sets
+in use) the largest switch's, a rank port's traffic counters from its leaf port, BUSY if any switch is busy. Set aging is not forwarded (its
 events name ports of one switch): trees run without it.
 
 A tree needs the uplink action on every leaf (``FEATURES.uplink``); :meth:`TreeBus.check` says why a tree
@@ -29,7 +29,7 @@ from ..registers import REGISTER_BITS, Kind, RegisterMap, register_map
 from ..tables import MacEntry, Rule, mac_writes, rule_writes
 from ..protocol import DType, ReduceOp
 
-__all__ = ["TreeTopology", "TreeBus", "TreeError", "LOGICAL_ONLY"]
+__all__ = ["TreeTopology", "TreeBus", "TreeLink", "TreeError", "LOGICAL_ONLY"]
 
 _MASK = (1 << REGISTER_BITS) - 1
 #: Registers of the logical switch that stay with it and reach no switch of the tree.
@@ -287,4 +287,72 @@ class TreeBus:
             return int(any(await self._read_each("BUSY")))
         values = [await self.buses[i].read(self._maps[i][reg.name].address(index))
                   for i in range(self.topology.switches) if index < self._maps[i][reg.name].count]
+        if reg.kind is Kind.LEVEL:      # sets in use: every switch of the tree holds the group's sets
+            return max(values, default=0)
         return sum(values) & _MASK
+
+
+class TreeLink:
+    """A deployed tree as the controller's link: a :class:`TreeBus` over each switch's control endpoint
+    (:class:`cais.controller.switch.ControlLink`; ``addresses``: the leaves', then the spine's).
+
+    The switches report their builds; every leaf must report the same one. ``cycle`` and ``clock_hz`` are
+    the first leaf's (wall time in its clock).
+
+    Members
+    -------
+    topology : TreeTopology
+    bus : TreeBus
+    links : list[ControlLink]
+    params : SwitchParams
+        The logical switch's: a port per rank.
+    problem : str | None
+        Why the tree cannot aggregate (:meth:`TreeBus.check`); None when it can.
+    """
+
+    def __init__(self, addresses, leaves: int, ranks_per_leaf: int, *, retry_for: float = 0.0):
+        from .switch import ControlLink
+        addresses = list(addresses)
+        if len(addresses) != leaves + 1:
+            raise TreeError(f"{len(addresses)} switch endpoints for a tree of {leaves} leaves and a spine "
+                            f"({leaves + 1}: the leaves', then the spine's)")
+        self.links = [ControlLink(a, retry_for=retry_for) for a in addresses]
+        try:
+            first = self.links[0].params
+            for i, link in enumerate(self.links[1:leaves], start=1):
+                if link.params != first:
+                    raise TreeError(f"leaf {i} is built unlike leaf 0 ({link.params.slug()} against {first.slug()})")
+            self.topology = TreeTopology(leaves, ranks_per_leaf, leaf_params=first,
+                                         spine_params=self.links[-1].params)
+        except TreeError:
+            self.close()
+            raise
+        self.bus = TreeBus(self.topology, self.links)
+        self.params = self.bus.params
+        self.clock_hz = self.links[0].clock_hz
+        self.backend = f"tree of {self.links[0].backend}"
+        from ..link import run_sync
+        self.problem = run_sync(self.bus.check())      # None: the tree aggregates
+
+    @property
+    def cycle(self) -> int:
+        return self.links[0].cycle
+
+    @property
+    def around_io(self):
+        return self.links[0].around_io
+
+    @around_io.setter
+    def around_io(self, factory) -> None:
+        for link in self.links:
+            link.around_io = factory
+
+    async def read(self, addr: int) -> int:
+        return await self.bus.read(addr)
+
+    async def write(self, addr: int, value: int) -> None:
+        await self.bus.write(addr, value)
+
+    def close(self) -> None:
+        for link in self.links:
+            link.close()
