@@ -193,3 +193,28 @@ def test_an_odd_tree_is_refused_on_the_command_line(capsys):
     with pytest.raises(SystemExit):
         main(["--topology", "leaf-spine", "--leaves", "4", "--ranks-per-leaf", "5"])
     assert "4 leaves x 5 ranks = 20 ranks" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--switch", "/tmp/a.sock", "--switch", "/tmp/b.sock"], "--switch given more than once: only with --tree"),
+    (["--switch", "/tmp/a.sock", "--tree", "2x4"], "--tree 2x4: needs 3 --switch endpoints"),
+    (["--switch", "/tmp/a.sock", "--tree", "two"], "--tree 'two': expected LEAVESxRANKS"),
+])
+def test_the_controller_service_refuses_a_bad_tree(argv, message, capsys, tmp_path):
+    from cais.service import main
+    token = tmp_path / "token"
+    token.write_text("0123456789abcdef0123456789abcdef")
+    token.chmod(0o600)
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--http", "127.0.0.1:0", "--world-size", "8", "--token-file", str(token)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_make_cluster_refuses_a_tree_on_the_rtl(capsys):
+    from cais.cluster import main
+    with pytest.raises(SystemExit) as e:
+        main(["--topology", "leaf-spine", "--backend", "verilator"])
+    assert e.value.code == 2
+    assert "runs on the model only" in capsys.readouterr().err
