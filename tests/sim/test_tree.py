@@ -110,6 +110,14 @@ def test_reads_answer_as_one_switch():
     rx, tx, forwarded = run_sync(counters())
     assert rx == [1, 0, 0, 0, 0, 0, 0, 0] and tx == [0, 0, 0, 0, 0, 0, 1, 0]
     assert forwarded == 3          # once on each switch it crossed
+    # EPOCH: the value written while every switch keeps it; 0 once any switch was reset
+    program(fabric, [(regs["EPOCH"].address(), 5)])
+
+    async def epoch():
+        return await fabric.read(regs["EPOCH"].address())
+    assert run_sync(epoch()) == 5
+    fabric.links[1].model.write(register_map_of(fabric, 1)["EPOCH"].address(), 0)     # leaf 1 "reset"
+    assert run_sync(epoch()) == 0
 
 
 def test_a_tree_without_the_uplink_action_is_not_used():
@@ -119,6 +127,11 @@ def test_a_tree_without_the_uplink_action_is_not_used():
                                 _Bus(SwitchParams(ports=2))]).check()) == "leaf 0 has no uplink action (FEATURES.uplink = 0)"
     s = run_tree({"leaves": 2, "ranks_per_leaf": 2, "elements": 300, "seed": 2, "leaf_uplink": False})
     assert s["correct"] and s["routes"] == ["ring"] and not s["tree"]["built"]
+
+
+def register_map_of(fabric, switch):
+    from cais.registers import register_map
+    return register_map(fabric.topology.params(switch))
 
 
 class _Bus:

@@ -283,8 +283,13 @@ def test_floats_fold_in_the_documented_order():
         assert got == {(lf, p): [result(total, dtype=FP32)] for lf in (0, 1) for p in range(3)}
 
 
-def test_the_rtl_refuses_the_uplink_until_it_has_it():
-    from cais.hdl.switch import Switch
+def test_the_rtl_refuses_the_uplink_until_it_has_it(capsys):
+    from cais.hdl.export import main
+    from cais.hdl.switch import check_buildable
     from cais.params import ParamError
     with pytest.raises(ParamError, match="uplink=True: the RTL has no uplink action"):
-        Switch(TREE)
+        check_buildable(TREE)
+    check_buildable(SwitchParams())
+    with pytest.raises(SystemExit) as e:
+        main(["--uplink", "true", "--out", "/nonexistent"])
+    assert e.value.code == 2 and "--uplink true: the RTL has no uplink action" in capsys.readouterr().err

@@ -229,11 +229,12 @@ class TreeBus:
         g, l_, c = self._staged("RULE_GROUP"), self._staged("RULE_LAYER"), self._staged("RULE_CHUNK")
         ports, slots, kind = self._staged("RULE_PORTS"), self._staged("RULE_SLOTS"), self._staged("RULE_TYPE")
         everyone = (1 << self.topology.ranks) - 1
-        dtype = kind["dtype"] if kind["dtype"] in set(DType) else DType.INT32
-        red_op = kind["red_op"] if kind["red_op"] in set(ReduceOp) else ReduceOp.SUM
+        if kind["dtype"] not in set(DType) or kind["red_op"] not in set(ReduceOp):
+            raise TreeError(f"RULE_TYPE dtype {kind['dtype']}, red_op {kind['red_op']}: not a DType and a ReduceOp, "
+                            f"the tree cannot translate the rule")
         return Rule(group=(g["value"], g["mask"]), layer=(l_["value"], l_["mask"]), chunk=(c["value"], c["mask"]),
                     contributors=ports["contributors"] & everyone, results=ports["results"] & everyone,
-                    base=slots["base"], count_log2=slots["count_log2"], dtype=dtype, red_op=red_op,
+                    base=slots["base"], count_log2=slots["count_log2"], dtype=kind["dtype"], red_op=kind["red_op"],
                     acc_fp32=bool(kind["acc_fp32"]), saturate=bool(kind["saturate"]),
                     reproducible=bool(kind["reproducible"]))
 
