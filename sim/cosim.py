@@ -4,6 +4,7 @@
                              [--loss 0.0] [--seed 1] [--collectives 1] [--config cais.toml] [--waves]
                              [--float-mode native|quantize] [--accumulate fp32|wire] [--reproducible]
                              [--topology single|leaf-spine] [--leaves 2] [--ranks-per-leaf 4]
+                             [--spine-backend model|verilator]
 
 The default runs on the Verilated switch driven from C++ (cais.sim.links.verilator): 4 ranks, 256K int32
 elements each. `--backend cocotb` runs the same Verilog under cocotb (cycle-identical, slower), `--backend
@@ -18,7 +19,8 @@ the exact reduction within a bound.
 `--topology leaf-spine` runs `--leaves` x `--ranks-per-leaf` ranks through an aggregation tree of
 reference-model switches (leaves and a spine, docs/protocol.md section 13; `--ranks` is then ignored), with
 the faults on every hop, and compares its cycles and bytes with one switch of that many ports and with the
-host ring on the same tree (cais.sim.tree).
+host ring on the same tree (cais.sim.tree). `--spine-backend verilator` runs the spine on the Verilated
+RTL (the leaves stay on the model: the RTL has no uplink action yet).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def parse_args(argv):
                     help="one switch, or an aggregation tree of leaves under a spine")
     ap.add_argument("--leaves", type=integer(2), default=2, help="leaf-spine: leaf switches (2..16)")
     ap.add_argument("--ranks-per-leaf", type=integer(1), default=4, help="leaf-spine: ranks on each leaf")
+    ap.add_argument("--spine-backend", choices=["model", "verilator"], default="model",
+                    help="leaf-spine: the spine on the model or on the Verilated RTL (the leaves: model)")
     ap.add_argument("--loss", type=number(0.0, 1.0), default=0.0, help="frame loss rate per port, each direction")
     ap.add_argument("--duplicate", type=number(0.0, 1.0), default=0.0, help="frame duplication rate per port")
     ap.add_argument("--reorder", type=number(0.0, 1.0), default=0.0, help="frame reordering rate per port")

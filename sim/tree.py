@@ -2,7 +2,9 @@
 
 ``run_tree(job)`` builds the tree of ``job`` (``leaves``, ``ranks_per_leaf``; the switches' build from
 ``params``, SwitchParams fields; ``leaf_uplink`` False builds leaves without the uplink action, a tree
-that cannot aggregate) on :class:`cais.sim.links.fabric.FabricLink`, with the job's faults (``loss``,
+that cannot aggregate; ``spine_backend`` "verilator" puts the spine on the Verilated RTL, which needs no
+uplink action, with max(4, leaves) ports: the default build's) on
+:class:`cais.sim.links.fabric.FabricLink`, with the job's faults (``loss``,
 ``duplicate``, ``reorder``, ``seed``) on every hop: the ranks' wires (as in a single-switch job) and both
 directions of every switch-to-switch wire. It runs :func:`cais.sim.workload.all_reduce_job` there: the
 ranks, the driver and the controller are those of one switch; the controller's rules become the tree's
@@ -22,6 +24,7 @@ import numpy as np
 
 from cais.allreduce import chunk_count
 from cais.config import Config
+from cais.link import DEFAULT_CLOCK_HZ
 from cais.controller.tree import TreeTopology
 from cais.params import SwitchParams
 
@@ -35,14 +38,18 @@ __all__ = ["run_tree", "tree_job", "topology_of", "conservation"]
 HOP_SEED = 7919
 
 
+SPINE_BACKENDS = ("model", "verilator")
+
+
 def topology_of(job: dict) -> TreeTopology:
+    from dataclasses import replace
     base = SwitchParams(**job.get("params", {}))
     topology = TreeTopology(job["leaves"], job["ranks_per_leaf"], base=base)
-    if not job.get("leaf_uplink", True):
-        from dataclasses import replace
-        topology = TreeTopology(job["leaves"], job["ranks_per_leaf"], base=base,
-                                leaf_params=replace(topology.leaf_params, uplink=False))
-    return topology
+    leaf = topology.leaf_params if job.get("leaf_uplink", True) else replace(topology.leaf_params, uplink=False)
+    spine = topology.spine_params
+    if job.get("spine_backend", "model") == "verilator":
+        spine = replace(spine, ports=max(4, job["leaves"]))
+    return TreeTopology(job["leaves"], job["ranks_per_leaf"], base=base, leaf_params=leaf, spine_params=spine)
 
 
 def conservation(topology: TreeTopology, counters: list[dict], chunks: int) -> list[str]:
@@ -66,7 +73,7 @@ async def tree_job(link: FabricLink, job: dict) -> dict:
     t = link.topology
     groups = [list(range(leaf * t.ranks_per_leaf, (leaf + 1) * t.ranks_per_leaf)) for leaf in range(t.leaves)]
     summary = await all_reduce_job(link, dict(job, ranks=t.ranks, fold_groups=groups))
-    counters = link.switch_counters()
+    counters = await link.switch_counters()
     config = Config.load(**job.get("config", {}))
     dtype = DTYPE_ALIASES.get(job.get("dtype", "int32"), job.get("dtype", "int32"))
     itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
@@ -76,6 +83,7 @@ async def tree_job(link: FabricLink, job: dict) -> dict:
     problems = conservation(link.topology, counters, chunks) if on_switch else []
     summary["tree"] = {
         "leaves": link.topology.leaves, "ranks_per_leaf": link.topology.ranks_per_leaf,
+        "spine_backend": job.get("spine_backend", "model"),
         "built": problem is None, "reason": problem or "every leaf has the uplink action",
         "switch_counters": counters, "hop_faults": dict(link.hop_stats), "unwired": link.unwired,
         "chunks": chunks, "conservation": problems,
@@ -89,13 +97,25 @@ def run_tree(job: dict) -> dict:
     hop = FaultSpec(drop=job.get("loss", 0.0), duplicate=job.get("duplicate", 0.0), reorder=job.get("reorder", 0.0),
                     seed=job.get("seed", 0) + HOP_SEED)
     topology = topology_of(job)
-    return run_fabric(topology, lambda link: tree_job(link, job), hop_faults=hop)
+    backend = job.get("spine_backend", "model")
+    if backend not in SPINE_BACKENDS:
+        raise ValueError(f"spine_backend={backend!r}: expected one of {', '.join(SPINE_BACKENDS)}")
+    if backend == "model":
+        return run_fabric(topology, lambda link: tree_job(link, job), hop_faults=hop)
+    from .links.verilator import VerilatorLink
+    spine = VerilatorLink(topology.spine_params, clock_hz=job.get("clock_hz", DEFAULT_CLOCK_HZ))
+    try:
+        return run_fabric(topology, lambda link: tree_job(link, job), hop_faults=hop,
+                          switch_links=[None] * topology.leaves + [spine])
+    finally:
+        spine.close()
 
 
 def _job(args, config: Config) -> dict:
     return {"leaves": args.leaves, "ranks_per_leaf": args.ranks_per_leaf, "elements": args.elements, "op": args.op,
             "dtype": args.dtype, "collectives": args.collectives, "seed": args.seed, "loss": args.loss,
-            "duplicate": args.duplicate, "reorder": args.reorder, "config": config.as_dict()}
+            "duplicate": args.duplicate, "reorder": args.reorder, "config": config.as_dict(),
+            "spine_backend": args.spine_backend}
 
 
 def compare(job: dict) -> dict:
@@ -115,7 +135,8 @@ def main_leaf_spine(args, params, config: Config) -> int:
     """`make sim ARGS="--topology leaf-spine ..."`: the tree's job, its comparison, a report; 0 if CORRECT."""
     job = _job(args, config)
     print(f"CAIS leaf-spine co-simulation: {args.leaves} leaves x {args.ranks_per_leaf} ranks = {args.ranks} ranks x "
-          f"{args.elements} {args.dtype} elements, {args.op}, {args.collectives} collective(s), model switches, "
+          f"{args.elements} {args.dtype} elements, {args.op}, {args.collectives} collective(s), model leaves, "
+          f"{'Verilated RTL' if args.spine_backend == 'verilator' else 'model'} spine, "
           f"faults on every hop: loss {args.loss:.1%}, duplication {args.duplicate:.1%}, reordering "
           f"{args.reorder:.1%}, seed {args.seed}", flush=True)
     runs = compare(job)

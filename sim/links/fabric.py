@@ -1,16 +1,20 @@
-"""Several reference-model switches wired port to port: a leaf-spine tree behind one link.
+"""Several switches wired port to port: a leaf-spine tree behind one link.
 
 :class:`FabricLink` is a :class:`cais.link.SwitchLink` whose ports are the ranks' (rank r on its leaf's
 port, :class:`cais.controller.tree.TreeTopology`) and whose registers are the tree's, programmed as one
 switch through :class:`cais.controller.tree.TreeBus`; the driver, the controller and the fault injection
 on the ranks' wires (:class:`cais.sim.faults.FaultyLink`) run on it unchanged. Each switch is a
-:class:`cais.sim.links.model.ModelLink` (its time model); the fabric moves every frame that leaves a
-switch-to-switch port into the peer's ingress, ``wire_cycles`` after its last beat, with the faults of
-``hop_faults`` on every hop (each direction of each wire).
+:class:`cais.sim.links.model.ModelLink` (its time model), or any other link given in ``switch_links``
+(e.g. the spine on the Verilated RTL, :class:`cais.sim.links.verilator.VerilatorLink`: a spine needs no
+uplink action); the fabric moves every frame that leaves a switch-to-switch port into the peer's
+ingress, ``wire_cycles`` after its last beat, with the faults of ``hop_faults`` on every hop (each
+direction of each wire).
 
 Time: every switch runs on the fabric's clock; the fabric steps from event to event (a frame decided
-or out of any switch, a held frame due), so a hop costs exactly the model's latencies plus the wire's.
-A register access of the controller costs ``reg_cycles`` per access of a switch it becomes.
+or out of a model switch, a held frame due; another link runs up to that event and stops early when a
+frame leaves it), so a hop costs exactly the switches' latencies plus the wire's. A register access of
+the controller costs ``reg_cycles`` per access of a model switch it becomes, and what it takes on
+another link (an AXI4-Lite transaction); the switches behind catch up with the one ahead.
 
 Hop faults follow :class:`cais.sim.faults.FaultSpec` (the same hash of seed, hop, frame and occurrence;
 each hop direction draws from a seed of its own): a frame is dropped, duplicated, or held and delivered
@@ -27,7 +31,7 @@ from cais.link import DEFAULT_CLOCK_HZ, run_sync
 from cais.registers import register_map
 
 from ..faults import FaultSpec
-from .base import Received
+from .base import Received, read_counters
 from .model import ModelLink
 
 __all__ = ["FabricLink", "run_fabric"]
@@ -48,14 +52,28 @@ class _NowBus:
         self.link.write_now(addr, value)
 
 
+class _LinkBus:
+    """The registers of a switch on a simulator link: each access takes that link's cycles."""
+
+    def __init__(self, link):
+        self.link = link
+
+    async def read(self, addr: int) -> int:
+        return await self.link.read(addr)
+
+    async def write(self, addr: int, value: int) -> None:
+        await self.link.write(addr, value)
+
+
 class FabricLink:
     """The tree of ``topology`` as one link (module docstring).
 
     Members
     -------
     topology : TreeTopology
-    links : list[ModelLink]
-        The switches, leaves then spine (``links[i].model`` is switch i's reference model).
+    links : list
+        The switches, leaves then spine: a :class:`ModelLink` each unless given (``switch_links``: a link per
+        switch, None for a model).
     bus : TreeBus
     params : SwitchParams
         The logical switch's: a port per rank.
@@ -67,11 +85,22 @@ class FabricLink:
     """
 
     def __init__(self, topology: TreeTopology, *, clock_hz: float = DEFAULT_CLOCK_HZ, reg_cycles: int = 4,
-                 wire_cycles: int = 0, hop_faults: FaultSpec = FaultSpec()):
+                 wire_cycles: int = 0, hop_faults: FaultSpec = FaultSpec(), switch_links=None):
         self.topology, self.clock_hz, self.reg_cycles = topology, clock_hz, reg_cycles
         self.wire_cycles, self.hop_faults = int(wire_cycles), hop_faults
-        self.links = [ModelLink(topology.params(i), clock_hz, reg_cycles=0) for i in range(topology.switches)]
-        self.bus = TreeBus(topology, [_NowBus(link, self) for link in self.links])
+        given = list(switch_links) if switch_links is not None else [None] * topology.switches
+        if len(given) != topology.switches:
+            raise ValueError(f"switch_links: {len(given)} links for {topology.switches} switches")
+        for i, link in enumerate(given):
+            if link is not None and link.params != topology.params(i):
+                raise ValueError(f"switch_links[{i}]: built {link.params.slug()}, the tree wants "
+                                 f"{topology.params(i).slug()}")
+        self.links = [link if link is not None else ModelLink(topology.params(i), clock_hz, reg_cycles=0)
+                      for i, link in enumerate(given)]
+        self._models = [link for link in self.links if isinstance(link, ModelLink)]
+        self._others = [link for link in self.links if not isinstance(link, ModelLink)]
+        self.bus = TreeBus(topology, [_NowBus(link, self) if isinstance(link, ModelLink) else _LinkBus(link)
+                                      for link in self.links])
         self.params = self.bus.params
         self._busy_addr = register_map(self.params)["BUSY"].address()
         self._peer: dict[tuple[int, int], tuple[int, int]] = {}
@@ -163,15 +192,22 @@ class FabricLink:
 
     # ------------------------------------------------------------------ time
     def _next_event(self, target: int) -> int:
-        events = [target] + [e for link in self.links if (e := link.next_event()) is not None]
+        events = [target] + [e for link in self._models if (e := link.next_event()) is not None]
         events += [d for held in self._held.values() for d, _ in held]
         return max(min(events), self._cycle + 1)
 
     async def _step(self, target: int) -> None:
-        """Run every switch to the next event (at most ``target``) and carry the frames then due."""
+        """Run every switch to the next event (at most ``target``) and carry the frames then due. A link
+        without events of its own runs until then, or stops at its first frame out (then everyone does);
+        a link ahead (after its register accesses) waits for the others."""
         nxt = self._next_event(target)
+        for link in self._others:
+            if link.cycle < nxt:
+                await link.advance_to_frame(nxt - link.cycle)
+                nxt = max(min(nxt, link.cycle), self._cycle + 1)
         for link in self.links:
-            await link.advance(nxt - link.cycle)
+            if link.cycle < nxt:
+                await link.advance(nxt - link.cycle)
         self._cycle = nxt
         self._shuttle()
 
@@ -194,12 +230,16 @@ class FabricLink:
 
     @property
     def busy(self) -> bool:
-        return any(link.busy for link in self.links) or bool(self._held)
+        """A frame inside a model switch or held on a hop (simulator links answer through BUSY)."""
+        return any(link.busy for link in self._models) or bool(self._held)
 
     # ------------------------------------------------------------------ registers
     async def _charge(self) -> None:
+        """The time of the register accesses just made: ``reg_cycles`` per model access, and the others
+        up to the simulator link furthest ahead."""
         accesses, self._accesses = self._accesses, 0
-        await self.advance(accesses * self.reg_cycles)
+        target = max([self._cycle + accesses * self.reg_cycles] + [link.cycle for link in self._others])
+        await self.advance(target - self._cycle)
 
     async def read(self, addr: int) -> int:
         value = await self.bus.read(addr)
@@ -212,9 +252,14 @@ class FabricLink:
         await self.bus.write(addr, value)
         await self._charge()
 
-    def switch_counters(self) -> list[dict]:
-        """Every switch's counters (leaves, then the spine), from its model."""
-        return [link.model.counters() for link in self.links]
+    async def switch_counters(self) -> list[dict]:
+        """Every switch's counters (leaves, then the spine): a model's from the model, another's read from
+        its registers."""
+        out = []
+        for link in self.links:
+            out.append(link.model.counters() if isinstance(link, ModelLink) else await read_counters(link))
+        await self._charge()
+        return out
 
 
 def run_fabric(topology: TreeTopology, main, **kw):

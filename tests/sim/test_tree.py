@@ -231,3 +231,18 @@ def test_make_cluster_refuses_a_tree_on_the_rtl(capsys):
         main(["--topology", "leaf-spine", "--backend", "verilator"])
     assert e.value.code == 2
     assert "runs on the model only" in capsys.readouterr().err
+
+
+@pytest.mark.verilator
+def test_the_rtl_spine_under_faults_on_every_hop():
+    """The spine on the Verilated RTL (the default build, buildsets.DEFAULT: a spine needs no uplink
+    action), the leaves on the model: the leaves' partials are ordinary contributions to it and its
+    results their parents'. 8 ranks, 100 chunks, 10% loss + 5% duplication + 5% reordering on every hop:
+    exact, and the RTL's own counters conserved."""
+    from buildsets import DEFAULT
+    s = fault_run(100, seed=4, spine_backend="verilator")
+    assert s["tree"]["spine_backend"] == "verilator"
+    spine = s["tree"]["switch_counters"][-1]
+    assert spine["DUPLICATES"] and spine["RESULTS_RESENT"]          # the RTL re-served repeated partials
+    from cais.sim.tree import topology_of
+    assert topology_of({"leaves": 2, "ranks_per_leaf": 4, "spine_backend": "verilator"}).spine_params == DEFAULT
