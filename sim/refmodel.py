@@ -433,8 +433,7 @@ class SwitchModel:
             return self._drop(DropReason.TYPE_MISMATCH)
         count = 1 << rule.count_log2
         t = hdr.seq_num
-        slot = rule.base + (t % count)
-        s = (t // count) % 2
+        slot, s = self._slot_of(rule, t)
         if slot >= P.slots:
             return self._drop(DropReason.BAD_SLOT)
         self._writer[slot] = entry          # every frame that reaches the slot state writes the slot
@@ -492,7 +491,9 @@ class SwitchModel:
         """The uplink port if ``rule`` has the uplink action and it is on (else None)."""
         return self.uplink_port() if rule.uplink else None
 
-    def _slot_of(self, rule: _Rule, t: int) -> tuple[int, int]:
+    @staticmethod
+    def _slot_of(rule: _Rule, t: int) -> tuple[int, int]:
+        """(slot, set) of seq_num ``t`` in ``rule``'s quota (docs/protocol.md 7.1)."""
         count = 1 << rule.count_log2
         return rule.base + (t % count), (t // count) % 2
 

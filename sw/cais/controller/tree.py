@@ -34,6 +34,7 @@ __all__ = ["TreeTopology", "TreeBus", "TreeLink", "TreeError", "LOGICAL_ONLY"]
 _MASK = (1 << REGISTER_BITS) - 1
 #: Registers of the logical switch that stay with it and reach no switch of the tree.
 LOGICAL_ONLY = ("AGING", "AGED_POP", "UPLINK")
+_PER_PORT = ("RX_FRAMES", "RX_BYTES", "TX_FRAMES", "TX_BYTES")      # a rank port's: its leaf port's
 _STAGING = ("RULE_GROUP", "RULE_LAYER", "RULE_CHUNK", "RULE_PORTS", "RULE_SLOTS", "RULE_TYPE", "MAC_ADDR_LO",
             "MAC_ADDR_HI")
 
@@ -188,8 +189,9 @@ class TreeBus:
         return None
 
     # ------------------------------------------------------------------ writes
-    async def _each(self, name: str, value: int, switches=None) -> None:
-        for i in range(self.topology.switches) if switches is None else switches:
+    async def _each(self, name: str, value: int) -> None:
+        """The same write on every switch."""
+        for i in range(self.topology.switches):
             await self.buses[i].write(self._maps[i][name].address(), value)
 
     async def _apply(self, switch: int, writes) -> None:
@@ -279,7 +281,7 @@ class TreeBus:
             return self._stored.get(reg.name, 0) if reg.kind is Kind.CONFIG else 0
         if reg.name in ("AGED_EVENT", "AGED_PORTS"):
             return 0
-        if reg.count == self.params.ports and reg.name in ("RX_FRAMES", "RX_BYTES", "TX_FRAMES", "TX_BYTES"):
+        if reg.name in _PER_PORT:
             if index >= self.topology.ranks:
                 return 0
             leaf, port = self.topology.locate(index)
