@@ -295,7 +295,8 @@ class SwitchModel:
         if not aging["age"]:
             return []
         limit = aging["age"] << AGE_UNIT_LOG2
-        due = ((self._bitmap != 0) & ~self._done & ~self._aged & (self._cycle - self._stamp > limit))
+        # a tree leaf's sent set is complete here (it waits for its parent, not for a rank): not aged
+        due = ((self._bitmap != 0) & ~self._done & ~self._sent & ~self._aged & (self._cycle - self._stamp > limit))
         aged = []
         for slot, s in zip(*np.nonzero(due)):
             slot, s = int(slot), int(s)

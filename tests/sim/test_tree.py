@@ -246,3 +246,44 @@ def test_the_rtl_spine_under_faults_on_every_hop():
     assert spine["DUPLICATES"] and spine["RESULTS_RESENT"]          # the RTL re-served repeated partials
     from cais.sim.tree import topology_of
     assert topology_of({"leaves": 2, "ranks_per_leaf": 4, "spine_backend": "verilator"}).spine_params == DEFAULT
+
+
+def test_a_rank_cut_off_behind_a_leaf_is_found_by_the_leafs_aging():
+    """Rank 5 (leaf 1, port 1) sends nothing for 10 ms, longer than the set age (2 ms): leaf 1 ages its
+    sets without it, the tree's queue names rank 5 alone (leaf 0's ranks count present), the controller
+    drops it and redoes the all-reduce through the tree without it: the others get the sum of their own
+    inputs, rank 5 an error naming the drop."""
+    from cais.comm import CollectiveError, World
+    from cais.config import Config
+    from cais.sim.workload import reference_reduce
+
+    class Blackout:
+        def __init__(self, inner, port, until_s):
+            self._inner, self._port, self._until = inner, port, until_s
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+        def send(self, port, frame, **kw):
+            if not (port == self._port and self._inner.cycle < self._until * self._inner.clock_hz):
+                self._inner.send(port, frame, **kw)
+
+    data = [np.arange(64 * 64, dtype=np.int32) * (r + 1) for r in range(8)]
+    fabric = FabricLink(T)
+    world = World(Blackout(fabric, 5, 0.01), config=Config(offload="always", set_age_ms=2.0))
+
+    def fn(comm):
+        try:
+            return comm.all_reduce(data[comm.rank])
+        except CollectiveError as e:
+            return str(e)
+
+    results = run_sync(world.run(fn))
+    assert "rank 5 was dropped from group 1" in results[5] and "aged sets" in results[5]
+    alive = [r for r in range(8) if r != 5]
+    for r in alive:
+        assert np.array_equal(results[r], reference_reduce([data[i] for i in alive], proto.ReduceOp.SUM))
+    assert [d[2] for d in world.controller.dropped] == [5]
+    assert all(a["missing"] == [5] for a in world.controller.aged)
+    leaf0, leaf1, spine = (link.model.counters() for link in fabric.links)
+    assert leaf1["AGED_TOTAL"] >= 1 and spine["AGED_TOTAL"] == 0

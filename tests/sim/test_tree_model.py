@@ -57,9 +57,9 @@ def wrap32(x):
     return ((np.asarray(x, dtype=np.int64) + 2**31) % 2**32) - 2**31
 
 
-def switch(contributors, *, uplink=None, params=TREE, dtype=0):
+def switch(contributors, *, uplink=None, params=TREE, dtype=0, count_log2=0):
     m = SwitchModel(params)
-    for addr, value in rule_writes(RM, 0, Rule.for_group(1, contributors, base=0, count_log2=0, dtype=dtype,
+    for addr, value in rule_writes(RM, 0, Rule.for_group(1, contributors, base=0, count_log2=count_log2, dtype=dtype,
                                                          uplink=uplink is not None)):
         m.write(addr, value)
     if uplink is not None:
@@ -293,3 +293,16 @@ def test_the_rtl_refuses_the_uplink_until_it_has_it(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--uplink", "true", "--out", "/nonexistent"])
     assert e.value.code == 2 and "--uplink true: the RTL has no uplink action" in capsys.readouterr().err
+
+
+def test_a_sent_set_is_not_aged_a_partly_filled_one_is():
+    """AGING on a leaf: a set that sent its partial waits for the parent, not for a rank: never aged; a
+    set of the next chunk missing rank 2 ages after age x AGE_UNIT cycles (1024 per unit)."""
+    m = switch(RANKS, uplink=UP, count_log2=1)           # two slots: seq 0 in slot 0, seq 1 in slot 1
+    m.write(RM["AGING"].address(), RM["AGING"].pack(age=1, free=1))
+    filled(m)                                             # seq 0: sent
+    for p in range(2):                                    # seq 1: ranks 0, 1 only
+        m.receive(p, contribution(X[p], p, seq=1))
+    assert m.advance(1024 + 1) == [(1, 0, 0, 0b011)]     # (slot, set, rule entry, bitmap): seq 1's alone
+    assert m.sent(0) == (True, False) and m.slot_state(0)[0] == (RANKS, 0, False)
+    assert m.counters()["AGED_TOTAL"] == 1

@@ -8,8 +8,11 @@ it writes becomes, per switch, the rule that switch needs (a group on several le
 ranks with the uplink action, the spine's rule over those leaves' ports; a group on one leaf: that leaf's
 ordinary rule), every MAC entry the port towards that host on each switch, every slot clear and setting
 the same on every switch. Reads answer as one switch would: counters summed over the switches, gauges (sets
-in use) the largest switch's, a rank port's traffic counters from its leaf port, BUSY if any switch is busy. Set aging is not forwarded (its
-events name ports of one switch): trees run without it.
+in use) the largest switch's, a rank port's traffic counters from its leaf port, BUSY if any switch is busy.
+Set aging runs on the leaves (AGING goes to them, not to the spine: a spine's set waits for a leaf whose own
+set ages); their aged-set events come out of AGED_EVENT / AGED_PORTS one queue, each leaf's port bitmap
+turned into the ranks' ports (the other leaves' ranks counted present), so the controller finds a dead rank
+behind any leaf.
 
 A tree needs the uplink action on every leaf (``FEATURES.uplink``); :meth:`TreeBus.check` says why a tree
 cannot be used, and the caller then keeps every collective on the host ring, whose frames the MAC entries
@@ -33,7 +36,7 @@ __all__ = ["TreeTopology", "TreeBus", "TreeLink", "TreeError", "LOGICAL_ONLY"]
 
 _MASK = (1 << REGISTER_BITS) - 1
 #: Registers of the logical switch that stay with it and reach no switch of the tree.
-LOGICAL_ONLY = ("AGING", "AGED_POP", "UPLINK")
+LOGICAL_ONLY = ("UPLINK",)
 _PER_PORT = ("RX_FRAMES", "RX_BYTES", "TX_FRAMES", "TX_BYTES")      # a rank port's: its leaf port's
 _STAGING = ("RULE_GROUP", "RULE_LAYER", "RULE_CHUNK", "RULE_PORTS", "RULE_SLOTS", "RULE_TYPE", "MAC_ADDR_LO",
             "MAC_ADDR_HI")
@@ -178,6 +181,7 @@ class TreeBus:
         self._maps = [register_map(topology.params(i)) for i in range(topology.switches)]
         self._decode = {reg.address(i): (reg, i) for reg in self.regs for i in range(reg.count)}
         self._stored = {r.name: r.reset for r in self.regs if r.kind is Kind.CONFIG}
+        self._aged: list[tuple[int, int, int, int]] = []     # leaves' aged sets: (slot, set, rule, rank ports)
 
     async def check(self) -> str | None:
         """Why the tree cannot aggregate (None: it can): a leaf without the uplink action."""
@@ -218,6 +222,12 @@ class TreeBus:
         elif reg.name == "EPOCH":
             await self._uplinks()
             await self._each("EPOCH", value)
+        elif reg.name == "AGING":
+            for leaf in range(self.topology.leaves):
+                await self.buses[leaf].write(self._maps[leaf]["AGING"].address(), value)
+        elif reg.name == "AGED_POP":
+            await self._collect_aged()
+            self._aged[:1] = []
         else:       # SLOT_CLEAR, MAC_POLICY, SWITCH_MAC_*: the same on every switch
             await self._each(reg.name, value)
 
@@ -257,6 +267,22 @@ class TreeBus:
             entry = MacEntry(mac, self.topology.port_towards(i, f["port"])) if valid else None
             await self._apply(i, mac_writes(self._maps[i], f["index"], entry, valid=valid))
 
+    async def _collect_aged(self) -> None:
+        """Move every leaf's queued aged-set events into the tree's queue, their ports as rank ports."""
+        for leaf in range(self.topology.leaves):
+            regmap, bus = self._maps[leaf], self.buses[leaf]
+            while True:
+                e = regmap["AGED_EVENT"].unpack(await bus.read(regmap["AGED_EVENT"].address()))
+                if not e["valid"]:
+                    break
+                ports = regmap["AGED_PORTS"].unpack(await bus.read(regmap["AGED_PORTS"].address()))["ports"]
+                await bus.write(regmap["AGED_POP"].address(), 0)
+                # the leaf speaks for its own ranks only: the others count as present
+                rpl = self.topology.ranks_per_leaf
+                own = ((1 << rpl) - 1) << leaf * rpl
+                ranks = ((ports & ((1 << rpl) - 1)) << leaf * rpl) | (((1 << self.topology.ranks) - 1) & ~own)
+                self._aged.append((e["slot"], e["set"], e["rule"], ranks))
+
     # ------------------------------------------------------------------ reads
     async def _read_each(self, name: str, element: int = 0) -> list[int]:
         return [await self.buses[i].read(self._maps[i][name].address(element))
@@ -280,7 +306,14 @@ class TreeBus:
         if reg.kind is Kind.CONFIG or reg.kind is Kind.COMMAND:
             return self._stored.get(reg.name, 0) if reg.kind is Kind.CONFIG else 0
         if reg.name in ("AGED_EVENT", "AGED_PORTS"):
-            return 0
+            if not self._aged:
+                await self._collect_aged()
+            if not self._aged:
+                return 0
+            slot, s, rule, ranks = self._aged[0]
+            if reg.name == "AGED_EVENT":
+                return reg.pack(slot=slot, rule=rule, set=s, valid=1)
+            return reg.pack(ports=ranks, queued=min(len(self._aged), (1 << reg.field("queued").width) - 1))
         if reg.name in _PER_PORT:
             if index >= self.topology.ranks:
                 return 0
