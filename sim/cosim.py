@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     args, params, config = parse_args(argv)
     if args.topology == "leaf-spine":
         from cais.sim.tree import main_leaf_spine
-        return main_leaf_spine(args, params, config)
+        return main_leaf_spine(args, config)
     from cais.sim.backends import run_backend
 
     kind = BACKENDS[args.backend]

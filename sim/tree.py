@@ -131,7 +131,7 @@ def compare(job: dict) -> dict:
     }
 
 
-def main_leaf_spine(args, params, config: Config) -> int:
+def main_leaf_spine(args, config: Config) -> int:
     """`make sim ARGS="--topology leaf-spine ..."`: the tree's job, its comparison, a report; 0 if CORRECT."""
     job = _job(args, config)
     print(f"CAIS leaf-spine co-simulation: {args.leaves} leaves x {args.ranks_per_leaf} ranks = {args.ranks} ranks x "
