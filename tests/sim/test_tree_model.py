@@ -306,3 +306,45 @@ def test_a_sent_set_is_not_aged_a_partly_filled_one_is():
     assert m.advance(1024 + 1) == [(1, 0, 0, 0b011)]     # (slot, set, rule entry, bitmap): seq 1's alone
     assert m.sent(0) == (True, False) and m.slot_state(0)[0] == (RANKS, 0, False)
     assert m.counters()["AGED_TOTAL"] == 1
+
+
+def test_three_levels_a_middle_switch_is_a_parent_and_a_leaf():
+    """Any depth: four leaves (ranks on ports 0..2, uplink 3) under two middle switches (children on ports
+    0, 1, uplink 3) under a top switch (children on ports 0, 1). The middle switches' partials go up, the
+    top's result comes down two levels; the first partial of middle switch 1 is lost and a rank's repeat
+    (through its leaf, which sends its partial again, and the middle switch, which sends its own again)
+    brings it back. Every rank gets the sum of the 12 contributions."""
+    leaves = [leaf() for _ in range(4)]
+    mids = [switch(0b11, uplink=UP) for _ in range(2)]
+    top = switch(0b11)
+    data = [[[(lf * 3 + p) * 10 + k for k in range(4)] for p in range(3)] for lf in range(4)]
+    total = wrap32(np.sum(np.array(data).reshape(12, 4), axis=0))
+    # node -> model; wires: (leaf k, port 3) <-> (mid k // 2, port k % 2); (mid j, port 3) <-> (top, port j)
+    nodes = {("leaf", k): leaves[k] for k in range(4)} | {("mid", j): mids[j] for j in range(2)} | {("top", 0): top}
+    peer = {}
+    for k in range(4):
+        peer[("leaf", k), UP], peer[("mid", k // 2), k % 2] = (("mid", k // 2), k % 2), (("leaf", k), UP)
+    for j in range(2):
+        peer[("mid", j), UP], peer[("top", 0), j] = (("top", 0), j), (("mid", j), UP)
+    got: dict = {}
+    lost = {"mid 1 up": 1}
+
+    def run(sends):
+        queue = list(sends)
+        while queue:
+            node, port, frame = queue.pop(0)
+            for out_port, data_ in nodes[node].receive(port, frame):
+                if (node, out_port) in peer:
+                    if node == ("mid", 1) and out_port == UP and lost["mid 1 up"]:
+                        lost["mid 1 up"] -= 1
+                        continue
+                    queue.append((*peer[node, out_port], data_))
+                else:
+                    got.setdefault((node[1], out_port), []).append(data_)
+
+    run([(("leaf", k), p, contribution(data[k][p], p)) for k in range(4) for p in range(3)])
+    assert got == {} and mids[1].sent(0) == (True, False) and top.slot_state(0)[0] == (0b01, 0, False)
+    run([(("leaf", 3), 2, contribution(data[3][2], 2, flags=RETRANSMIT))])
+    assert got == {(k, p): [result(total)] for k in range(4) for p in range(3)}
+    assert [m.counters()["PARTIALS_RESENT"] for m in leaves + mids] == [0, 0, 0, 1, 0, 1]
+    assert [m.counters()["CONTRIBUTIONS"] for m in leaves + mids + [top]] == [4, 4, 4, 4, 3, 3, 2]
