@@ -5,7 +5,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out, connect
 
 from cais import protocol as proto
-from cais.params import SwitchParams
+from cais.params import ParamError, SwitchParams
 from cais.registers import register_map
 
 from .common.axis import AxisSignature
@@ -14,7 +14,7 @@ from .core import SwitchCore
 from .egress.ports import EgressPort
 from .parser.ingress import IngressPort
 
-__all__ = ["Switch", "AXIL_ADDR_WIDTH"]
+__all__ = ["Switch", "AXIL_ADDR_WIDTH", "check_buildable"]
 
 
 def _element(member, index: int, count: int):
@@ -22,6 +22,13 @@ def _element(member, index: int, count: int):
     return member[index] if count > 1 else member
 
 AXIL_ADDR_WIDTH = 12   # one 4 KiB page; addresses outside the register map answer with an error
+
+
+def check_buildable(params: SwitchParams) -> None:
+    """Raise :class:`ParamError` for parameters this RTL cannot build (beyond SwitchParams' own checks)."""
+    if params.uplink:   # FEATURES.uplink would promise what this RTL does not do
+        raise ParamError("uplink=True: the RTL has no uplink action yet (only the reference model has it, "
+                         "docs/protocol.md section 13)")
 
 
 class Switch(wiring.Component):
@@ -38,6 +45,7 @@ class Switch(wiring.Component):
     """
 
     def __init__(self, params: SwitchParams = SwitchParams()):
+        check_buildable(params)
         self.params = params
         self.regmap = register_map(params)
         super().__init__({
@@ -77,6 +85,8 @@ class Switch(wiring.Component):
             regs.duplicates_inc.eq(core.ev_duplicate),
             regs.completed_inc.eq(core.ev_completed),
             regs.results_resent_inc.eq(core.ev_resent),
+            # no uplink action in this RTL (params.uplink is refused): no partial is ever sent
+            regs.partials_sent_inc.eq(0), regs.partials_resent_inc.eq(0),
         ]
 
         for p in range(P.ports):

@@ -3,6 +3,8 @@
     python -m cais.sim.cosim [--ranks 4] [--elements 262144] [--op sum] [--dtype int32] [--backend verilator|cocotb|amaranth|model]
                              [--loss 0.0] [--seed 1] [--collectives 1] [--config cais.toml] [--waves]
                              [--float-mode native|quantize] [--accumulate fp32|wire] [--reproducible]
+                             [--topology single|leaf-spine] [--leaves 2] [--ranks-per-leaf 4]
+                             [--spine-backend model|verilator]
 
 The default runs on the Verilated switch driven from C++ (cais.sim.links.verilator): 4 ranks, 256K int32
 elements each. `--backend cocotb` runs the same Verilog under cocotb (cycle-identical, slower), `--backend
@@ -13,6 +15,12 @@ float64 (always quantized) (docs/driver.md). `--accumulate fp32` (default) sums 
 rounds once; `wire` rounds after every addition. `--reproducible` makes float results independent of the
 arrival order; they are then checked bit for bit against a numpy fold in rank order, otherwise against
 the exact reduction within a bound.
+
+`--topology leaf-spine` runs `--leaves` x `--ranks-per-leaf` ranks through an aggregation tree of
+reference-model switches (leaves and a spine, docs/protocol.md section 13; `--ranks` is then ignored), with
+the faults on every hop, and compares its cycles and bytes with one switch of that many ports and with the
+host ring on the same tree (cais.sim.tree). `--spine-backend verilator` runs the spine on the Verilated
+RTL (the leaves stay on the model: the RTL has no uplink action yet).
 """
 
 from __future__ import annotations
@@ -46,7 +54,14 @@ def parse_args(argv):
                     help="fp16/bf16 SUM: accumulate in fp32 and round once (default), or round every addition")
     ap.add_argument("--reproducible", action="store_true",
                     help="results independent of the arrival order (fold in port order)")
-    ap.add_argument("--backend", choices=list(BACKENDS), default="verilator")
+    ap.add_argument("--backend", choices=list(BACKENDS),
+                    help="the switch: verilator (the default), cocotb, amaranth or model (leaf-spine: model only)")
+    ap.add_argument("--topology", choices=["single", "leaf-spine"], default="single",
+                    help="one switch, or an aggregation tree of leaves under a spine")
+    ap.add_argument("--leaves", type=integer(2), default=2, help="leaf-spine: leaf switches (2..16)")
+    ap.add_argument("--ranks-per-leaf", type=integer(1), default=4, help="leaf-spine: ranks on each leaf")
+    ap.add_argument("--spine-backend", choices=["model", "verilator"], default="model",
+                    help="leaf-spine: the spine on the model or on the Verilated RTL (the leaves: model)")
     ap.add_argument("--loss", type=number(0.0, 1.0), default=0.0, help="frame loss rate per port, each direction")
     ap.add_argument("--duplicate", type=number(0.0, 1.0), default=0.0, help="frame duplication rate per port")
     ap.add_argument("--reorder", type=number(0.0, 1.0), default=0.0, help="frame reordering rate per port")
@@ -58,6 +73,17 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     if args.loss + args.duplicate + args.reorder > 1.0:
         ap.error("--loss + --duplicate + --reorder must not exceed 1 (each frame suffers at most one fault)")
+    if args.topology == "leaf-spine":
+        if args.backend not in (None, "model"):
+            ap.error(f"--backend {args.backend}: --topology leaf-spine runs on the model only (the RTL has no "
+                     f"uplink action yet)")
+        args.backend = "model"
+        from cais.controller.tree import TreeError, TreeTopology
+        try:
+            args.ranks = TreeTopology(args.leaves, args.ranks_per_leaf).ranks
+        except TreeError as e:
+            ap.error(str(e))
+    args.backend = args.backend or "verilator"
     if not 2 <= args.ranks <= 16:
         ap.error(f"--ranks {args.ranks}: must be between 2 and 16 (one rank per switch port)")
     args.dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
@@ -80,6 +106,9 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args, params, config = parse_args(argv)
+    if args.topology == "leaf-spine":
+        from cais.sim.tree import main_leaf_spine
+        return main_leaf_spine(args, config)
     from cais.sim.backends import run_backend
 
     kind = BACKENDS[args.backend]

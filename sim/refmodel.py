@@ -27,6 +27,13 @@ accumulator elements, and a result carries them (rounded once to the wire type w
 rule keeps the contributions aside, as the switch's per-port banks do, and, when the set completes, folds
 them in ascending port order: the accumulator is what arrival in port order would have given, whatever
 the order of arrival (docs/numerics.md section 11).
+
+Aggregation trees (``SwitchParams.uplink``, docs/protocol.md section 13): a rule with the uplink action
+(RULE_TYPE.uplink, while UPLINK.enable) sends its set's fold, once every local contributor is in, as one
+contribution frame to the parent switch on UPLINK.port and keeps it (the set is *sent*, not yet done); a
+local repeat then sends the partial again; the parent's result, a RESULT frame arriving on the uplink
+port, becomes the set's value, is multicast to the rule's result ports and makes the set done (an ordinary
+completed set from then on: repeats get it re-served, the ranks' implicit acknowledgements free it).
 """
 
 from __future__ import annotations
@@ -50,14 +57,14 @@ SlotSetState = tuple[int, int, bool]  # (bitmap, tag, done)
 class _Rule:
     __slots__ = ("valid", "group", "group_mask", "layer", "layer_mask", "chunk", "chunk_mask",
                  "contributors", "results", "base", "count_log2", "dtype", "red_op", "acc_fp32", "saturate",
-                 "reproducible")
+                 "reproducible", "uplink")
 
     def __init__(self):
         self.valid = False
         self.group = self.group_mask = self.layer = self.layer_mask = self.chunk = self.chunk_mask = 0
         self.contributors = self.results = self.base = self.count_log2 = 0
         self.dtype = self.red_op = 0        # raw 4-bit codes, as staged (need not be supported ones)
-        self.acc_fp32 = self.saturate = self.reproducible = False
+        self.acc_fp32 = self.saturate = self.reproducible = self.uplink = False
 
     @property
     def wide(self) -> bool:
@@ -99,6 +106,7 @@ class SwitchModel:
         self._bitmap = np.zeros((P.slots, 2), dtype=np.uint32)
         self._tag = np.zeros((P.slots, 2), dtype=np.uint32)
         self._done = np.zeros((P.slots, 2), dtype=bool)
+        self._sent = np.zeros((P.slots, 2), dtype=bool)        # uplink rules: partial sent, parent's result due
         self._length = np.zeros((P.slots, 2), dtype=np.uint32)   # payload_len of the chunk a set holds
         self._values: dict[tuple[int, int], np.ndarray] = {}
         # Reproducible rules: the contributions of an incomplete set, by port.
@@ -179,6 +187,7 @@ class SwitchModel:
                 r.dtype, r.red_op = kind["dtype"], kind["red_op"]
                 r.acc_fp32, r.saturate = bool(kind["acc_fp32"]), bool(kind["saturate"])
                 r.reproducible = bool(kind.get("reproducible", 0))
+                r.uplink = bool(kind.get("uplink", 0))
                 self._rules[f["index"]] = r
         elif reg.name == "MAC_WRITE":
             if f["index"] < P.mac_entries:
@@ -194,6 +203,7 @@ class SwitchModel:
         self._bitmap[slot, s] = 0
         self._tag[slot, s] = 0
         self._done[slot, s] = False
+        self._sent[slot, s] = False
         self._length[slot, s] = 0
         self._stamp[slot, s] = 0
         self._aged[slot, s] = False
@@ -228,6 +238,17 @@ class SwitchModel:
                 vals = [self._level(reg.name, i) for i in range(reg.count)]
                 out[reg.name] = vals if reg.count > 1 else vals[0]
         return out
+
+    def sent(self, slot: int) -> tuple[bool, bool]:
+        """Whether each set of ``slot`` sent its partial upstream and waits for the parent's result."""
+        return tuple(bool(self._sent[slot, s] and not self._done[slot, s]) for s in (0, 1))
+
+    def uplink_port(self) -> int | None:
+        """The port of the uplink action (None: this switch has none, or UPLINK.enable is 0)."""
+        if not self.params.uplink:
+            return None
+        up = self._staged("UPLINK")
+        return up["port"] if up["enable"] and up["port"] < self.params.ports else None
 
     def slot_state(self, slot: int) -> tuple[SlotSetState, SlotSetState]:
         """((bitmap, tag, done), (bitmap, tag, done)) of the two shadow sets of ``slot``."""
@@ -274,7 +295,8 @@ class SwitchModel:
         if not aging["age"]:
             return []
         limit = aging["age"] << AGE_UNIT_LOG2
-        due = ((self._bitmap != 0) & ~self._done & ~self._aged & (self._cycle - self._stamp > limit))
+        # a tree leaf's sent set is complete here (it waits for its parent, not for a rank): not aged
+        due = ((self._bitmap != 0) & ~self._done & ~self._sent & ~self._aged & (self._cycle - self._stamp > limit))
         aged = []
         for slot, s in zip(*np.nonzero(due)):
             slot, s = int(slot), int(s)
@@ -345,10 +367,13 @@ class SwitchModel:
         if L < HEADERS_BYTES:
             return self._drop(DropReason.RUNT)
         hdr = CaisHeader.unpack(frame[ETH_HEADER_BYTES:ETH_HEADER_BYTES + CAIS_HEADER_BYTES])
+        # a parent's result: exactly RESULT, on the uplink port, of an all-reduce (section 13)
+        from_parent = (hdr.flags == Flags.RESULT and port == self.uplink_port()
+                       and hdr.op_type == OpType.ALL_REDUCE)
         if (hdr.op_type not in {int(o) for o in SUPPORTED_OPS}
                 or hdr.dtype not in {int(d) for d in P.dtypes}
                 or hdr.red_op not in {int(r) for r in ReduceOp}
-                or hdr.flags & ~int(Flags.RETRANSMIT)):
+                or (hdr.flags & ~int(Flags.RETRANSMIT) and not from_parent)):
             return self._drop(DropReason.BAD_CODE)
         plen = hdr.payload_len
         if plen == 0 or plen > P.max_payload or plen % ELEMENT_BYTES[hdr.dtype]:
@@ -390,10 +415,15 @@ class SwitchModel:
         rule = None if entry is None else self._rules[entry]
         if rule is None:
             return self._drop(DropReason.NO_RULE)
-        if not rule.contributors >> port & 1:
+        up = self._rule_uplink(rule)
+        up_bit = 0 if up is None else 1 << up
+        if hdr.flags & Flags.RESULT:        # only a parent's result gets here (ingress checks)
+            return self._from_parent(entry, rule, frame, hdr) if up_bit else self._drop(DropReason.FOREIGN_PORT)
+        forwarding = hdr.op_type in (OpType.ALL_GATHER, OpType.BROADCAST)
+        if not (rule.contributors | (up_bit if forwarding else 0)) >> port & 1:
             return self._drop(DropReason.FOREIGN_PORT)
-        if hdr.op_type in (OpType.ALL_GATHER, OpType.BROADCAST):
-            dest = rule.results & ~(1 << port)
+        if forwarding:      # a tree's leaf passes its ranks' frames up and the parent's down (section 13)
+            dest = (rule.results | up_bit) & ~(1 << port)
             if not dest:
                 return self._drop(DropReason.NO_ROUTE)
             self._count("FORWARDED")
@@ -404,8 +434,7 @@ class SwitchModel:
             return self._drop(DropReason.TYPE_MISMATCH)
         count = 1 << rule.count_log2
         t = hdr.seq_num
-        slot = rule.base + (t % count)
-        s = (t // count) % 2
+        slot, s = self._slot_of(rule, t)
         if slot >= P.slots:
             return self._drop(DropReason.BAD_SLOT)
         self._writer[slot] = entry          # every frame that reaches the slot state writes the slot
@@ -430,14 +459,18 @@ class SwitchModel:
             self._bitmap[slot, s] = w
             self._stamp[slot, s] = self._cycle
             self._aged[slot, s] = False
+            self._done[slot, s] = self._sent[slot, s] = False
             self._count("CONTRIBUTIONS")
-            self._done[slot, s] = (w == rule.contributors)
-            if self._done[slot, s]:
-                out += self._complete(rule, hdr, slot, s)
+            if w == rule.contributors:
+                out += self._filled(rule, hdr, frame, slot, s)
         elif tag != t:                                          # c. set busy with another chunk
             return self._drop(DropReason.TAG_MISMATCH)
         elif not same_length:                                   # the chunk, with another payload_len
             return self._drop(DropReason.LENGTH_MISMATCH)
+        elif bitmap & w and up_bit and self._sent[slot, s]:     # a'. repeat while the parent's result is due
+            self._count("DUPLICATES")
+            self._count("PARTIALS_RESENT")
+            out.append((up, self._set_frame(rule, hdr, slot, s, frame[0:6], Flags.RETRANSMIT)))
         elif bitmap & w:                                        # d. repeat before completion
             self._count("DUPLICATES")
         else:                                                   # e. a further contribution
@@ -447,14 +480,57 @@ class SwitchModel:
             self._stamp[slot, s] = self._cycle
             self._count("CONTRIBUTIONS")
             if bitmap == rule.contributors:
-                self._done[slot, s] = True
-                out += self._complete(rule, hdr, slot, s)
+                out += self._filled(rule, hdr, frame, slot, s)
         # Implicit acknowledgement (cases a, b, d, e): the port has moved past the other set's chunk,
         # unless that set holds the slot's next chunk: then this frame is a stale copy, older than the
         # port's contribution there.
         if int(self._tag[slot, 1 - s]) != (t + count) & 0xFFFF_FFFF:
             self._bitmap[slot, 1 - s] &= ~np.uint32(w)
         return out
+
+    def _rule_uplink(self, rule: _Rule) -> int | None:
+        """The uplink port if ``rule`` has the uplink action and it is on (else None)."""
+        return self.uplink_port() if rule.uplink else None
+
+    @staticmethod
+    def _slot_of(rule: _Rule, t: int) -> tuple[int, int]:
+        """(slot, set) of seq_num ``t`` in ``rule``'s quota (docs/protocol.md 7.1)."""
+        count = 1 << rule.count_log2
+        return rule.base + (t % count), (t // count) % 2
+
+    def _filled(self, rule: _Rule, hdr: CaisHeader, frame: bytes, slot: int, s: int) -> list[tuple[int, bytes]]:
+        """Every contributor is in: the result multicast, or, for an uplink rule, the partial sent up."""
+        up = self._rule_uplink(rule)
+        if up is None:
+            self._done[slot, s] = True
+            return self._complete(rule, hdr, slot, s)
+        self._fold(rule, hdr, slot, s)
+        self._sent[slot, s] = True
+        self._count("PARTIALS_SENT")
+        return [(up, self._set_frame(rule, hdr, slot, s, frame[0:6], 0))]
+
+    def _from_parent(self, entry: int, rule: _Rule, frame: bytes, hdr: CaisHeader) -> list[tuple[int, bytes]]:
+        """A RESULT frame from the uplink port for an uplink rule (docs/protocol.md section 13)."""
+        if hdr.dtype != rule.dtype or hdr.red_op != rule.red_op:
+            return self._drop(DropReason.TYPE_MISMATCH)
+        slot, s = self._slot_of(rule, hdr.seq_num)
+        if slot >= self.params.slots:
+            return self._drop(DropReason.BAD_SLOT)
+        self._writer[slot] = entry
+        if int(self._tag[slot, s]) != hdr.seq_num or not (self._sent[slot, s] or self._done[slot, s]):
+            return self._drop(DropReason.TAG_MISMATCH)      # not a chunk this set sent up: stale or foreign
+        if int(self._length[slot, s]) != hdr.payload_len:
+            return self._drop(DropReason.LENGTH_MISMATCH)
+        if self._done[slot, s]:                             # the parent's result again: had it already
+            self._count("DUPLICATES")
+            return []
+        dtype = DType(hdr.dtype)
+        values = self._payload(frame, dtype, hdr.payload_len // ELEMENT_BYTES[dtype])
+        acc = numerics.fold(dtype, ReduceOp(hdr.red_op), [values], acc_fp32=rule.acc_fp32, saturate=rule.saturate)
+        self._accumulator(rule, slot, s)[:len(acc)] = acc
+        self._done[slot, s] = True
+        self._count("CONTRIBUTIONS")
+        return self._complete(rule, hdr, slot, s, fold=False)
 
     def _add(self, slot: int, s: int, port: int, values: np.ndarray) -> None:
         """One accepted contribution, kept aside until the set completes (then :meth:`_fold` combines the
@@ -487,17 +563,23 @@ class SwitchModel:
             acc = self._values[slot, s] = acc.view(rule.acc_type)
         return acc
 
-    def _complete(self, rule: _Rule, hdr: CaisHeader, slot: int, s: int) -> list[tuple[int, bytes]]:
+    def _complete(self, rule: _Rule, hdr: CaisHeader, slot: int, s: int, fold: bool = True
+                  ) -> list[tuple[int, bytes]]:
         self._count("COMPLETED")
-        self._fold(rule, hdr, slot, s)
+        if fold:
+            self._fold(rule, hdr, slot, s)
         res = self._result_frame(rule, hdr, slot, s)
         return [(p, res) for p in self._ports(rule.results)]
 
     def _result_frame(self, rule: _Rule, hdr: CaisHeader, slot: int, s: int) -> bytes:
+        return self._set_frame(rule, hdr, slot, s, mac_to_bytes(result_mac(hdr.group_id)), Flags.RESULT)
+
+    def _set_frame(self, rule: _Rule, hdr: CaisHeader, slot: int, s: int, dst: bytes, flags: int) -> bytes:
+        """A frame carrying the set's value: a result (flags RESULT) or a partial for the parent (0, or
+        RETRANSMIT when sent again); ``hdr`` with those flags, from the switch MAC to ``dst``."""
         dtype = DType(hdr.dtype)
         n = hdr.payload_len // ELEMENT_BYTES[dtype]
         acc = self._accumulator(rule, slot, s)
         payload = numerics.encode(dtype, numerics.result_values(dtype, acc[:n], acc_fp32=rule.acc_fp32))
-        head = hdr.replace(flags=int(Flags.RESULT)).pack()
-        return (mac_to_bytes(result_mac(hdr.group_id)) + mac_to_bytes(self.switch_mac())
-                + ETHERTYPE.to_bytes(2, "big") + head + payload)
+        head = hdr.replace(flags=int(flags)).pack()
+        return dst + mac_to_bytes(self.switch_mac()) + ETHERTYPE.to_bytes(2, "big") + head + payload

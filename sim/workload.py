@@ -8,7 +8,8 @@ The same job gives the same summary on every backend (apart from timing figures)
 Job keys: ranks, elements, op, dtype ("int32" default, "int16", "int8", "float16", "float32", "float64",
 "bfloat16" or "bf16"), collectives (how many all-reduces in a row), seed, loss, duplicate, reorder (per
 port, ingress and egress), config (Config overrides: float_mode, accumulate, reproducible, saturate, ...),
-progress (a file to write progress to).
+progress (a file to write progress to), fold_groups (a tree's leaves: lists of ranks, in port order; the
+switches fold each leaf's ranks, then the leaves' partials, docs/protocol.md section 13).
 
 Checks (every rank must also get the same bits):
 
@@ -19,6 +20,9 @@ Checks (every rank must also get the same bits):
   ``reproducible``: bit for bit the fold of the contributions in rank order, computed here independently
   with plain numpy (float32 / float16 additions, fp32 accumulation then one ``astype(float16)``; bf16
   through float32 with cais.numerics' conversions only).
+* with ``fold_groups`` (an aggregation tree) the switch path's reference is the fold of each group's
+  fold, in group order (floats: bit for bit whether or not ``reproducible`` is asked, as every switch
+  folds in port order; saturating sums: clamped at every step of that fold).
 * native floats without ``reproducible``: SUM within a bound for any order of additions, per element
   (:func:`native_sum_bound`), reported as the largest error against the exact (``math.fsum``) sum and the
   largest error/bound; MAX/MIN equal to the exact maximum/minimum (a zero may have either sign present).
@@ -73,6 +77,11 @@ def saturating_fold(arrays, op: proto.ReduceOp) -> np.ndarray:
         acc = np.clip(acc + a, info.min, info.max) if op == proto.ReduceOp.SUM else (
             np.maximum(acc, a) if op == proto.ReduceOp.MAX else np.minimum(acc, a))
     return acc.astype(arrays[0].dtype)
+
+
+def grouped_fold(arrays, groups, fold):
+    """A tree's result: ``fold`` over the groups' ``fold`` results, each group's ranks in the order given."""
+    return fold([fold([arrays[r] for r in group]) for group in groups])
 
 
 def float_inputs(rng, ranks: int, elements: int, dtype, per_chunk: int) -> list[np.ndarray]:
@@ -148,13 +157,18 @@ def native_sum_bound(arrays, dtype: str, acc_fp32: bool) -> tuple[np.ndarray, np
 
 
 def check_native_float_results(results, arrays, op: proto.ReduceOp, dtype: str, *, acc_fp32: bool,
-                               reproducible: bool, paths: set) -> dict:
+                               reproducible: bool, paths: set, groups=None) -> dict:
     """Check results of the native float path (see the module docstring). `paths`: "switch" / "ring"."""
     same = all(np.array_equal(r.reshape(-1).view(np.uint8), results[0].reshape(-1).view(np.uint8))
                for r in results)
     flat = [r.reshape(-1) for r in results]
+    if groups and paths == {"switch"}:      # a tree's fixed fold, whatever was asked
+        reproducible = True
     if reproducible:
-        want = rank_order_fold(arrays, op, dtype, acc_fp32)
+        if groups and paths == {"switch"}:
+            want = grouped_fold(arrays, groups, lambda a: rank_order_fold(a, op, dtype, acc_fp32))
+        else:
+            want = rank_order_fold(arrays, op, dtype, acc_fp32)
         ok = all(np.array_equal(r.view(np.uint8), want.view(np.uint8)) for r in flat)
         err = max((float(np.max(np.abs(_as_float(r, dtype) - _as_float(want, dtype)), initial=0.0))
                    for r in flat), default=0.0)
@@ -263,6 +277,7 @@ async def all_reduce_job(link, job: dict) -> dict:
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)} (or bf16)")
     per_chunk = config.chunk_size // 4
+    groups = job.get("fold_groups")
     rng = np.random.default_rng(job.get("seed", 0))
     saturate = config.saturate and dtype in ("int16", "int8") and op == proto.ReduceOp.SUM
     small = saturate and not config.reproducible
@@ -301,6 +316,8 @@ async def all_reduce_job(link, job: dict) -> dict:
     if dtype in INT_TYPES:
         def want(k):
             if saturate and config.reproducible:
+                if groups and {routes[r][k][0] for r in range(ranks)} == {"switch"}:
+                    return grouped_fold(inputs[k], groups, lambda a: saturating_fold(a, op))
                 return saturating_fold(inputs[k], op)
             return reference_reduce(inputs[k], op)
         correct = all(np.array_equal(results[r][k], want(k)) for r in range(ranks) for k in range(collectives))
@@ -313,7 +330,8 @@ async def all_reduce_job(link, job: dict) -> dict:
             else:
                 checks.append(check_native_float_results(
                     res, inputs[k], op, dtype, acc_fp32=config.accumulate == "fp32",
-                    reproducible=config.reproducible, paths={routes[r][k][0] for r in range(ranks)}))
+                    reproducible=config.reproducible, paths={routes[r][k][0] for r in range(ranks)},
+                    groups=groups))
         correct = all(c["ok"] for c in checks)
         accuracy = {key: max(c[key] for c in checks) for key in ("max_error", "max_bound", "max_error_over_bound")}
     digest = hashlib.sha256(b"".join(results[r][k].tobytes() for r in range(ranks)

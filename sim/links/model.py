@@ -10,7 +10,7 @@ from typing import Any, Awaitable, Callable
 
 from cais.link import DEFAULT_CLOCK_HZ, run_sync
 from cais.params import SwitchParams
-from cais.protocol import Flags, parse_frame
+from cais.protocol import Flags, OpType, parse_frame
 
 from ..refmodel import SwitchModel
 from ..timing import FORWARD_LATENCY as SWITCH_FORWARD_LATENCY, documented_latency
@@ -36,7 +36,7 @@ class ModelLink(LinkBase):
       finished the port's previous frame. Ports do not wait for each other (docs/interface.md).
     * Egress: a forwarded frame's first beat leaves ``FORWARD_LATENCY`` cycles after its lane started it
       (the RTL's :data:`cais.hdl.latency.FORWARD_LATENCY` from its last beat in, for a lone frame);
-      a result's first beat leaves docs/interface.md's result latency
+      a result's (or a tree leaf's partial's) first beat leaves docs/interface.md's result latency
       (:func:`cais.sim.timing.documented_latency`) after the completing frame's last beat, plus the cycles
       that frame waited for its lane; either waits for the egress port's previous frame only (each port
       sends its results and forwarded frames on its own, docs/core-design.md section 5: no frame waits for
@@ -93,7 +93,9 @@ class ModelLink(LinkBase):
             self._lane_free[port] = start + _beats(len(frame), B)
             for out_port, data in self.model.receive(port, frame, framing_ok=not bad_keep, fcs_ok=not bad_fcs):
                 hdr = parse_frame(data).cais
-                if hdr is not None and hdr.flags & Flags.RESULT:
+                # a result, or a tree leaf's partial (the only all-reduce frame a switch sends that is not
+                # a result): folded from the banks first
+                if hdr is not None and (hdr.flags & Flags.RESULT or hdr.op_type == OpType.ALL_REDUCE):
                     ready = start - 1 + documented_latency(self.params, hdr.payload_len)
                 else:
                     ready = start + self.FORWARD_LATENCY
@@ -103,6 +105,27 @@ class ModelLink(LinkBase):
                 heapq.heappush(self._out, (last, out_port, self._seq, first, data))
                 self._seq += 1
         self.model.advance_to(self._cycle)
+
+    def next_event(self) -> int | None:
+        """The next cycle after ``cycle`` at which a frame is decided or finishes leaving the switch (None:
+        nothing is on its way). Frames sent later can only add events; a fabric of several switches
+        (:mod:`cais.sim.links.fabric`) steps from event to event with it."""
+        self._process()
+        later = [t for t, *_ in self._out if t > self._cycle]
+        if self._arrivals:
+            later.append(self._arrivals[0][0])
+        return min(later) if later else None
+
+    def read_now(self, addr: int) -> int:
+        """A register read that takes no cycles (a fabric charges its accesses' time to every switch at
+        once); BUSY reads the link's :attr:`busy`."""
+        self._process()
+        return int(self.busy) if int(addr) & ~3 == self._busy_addr else self.model.read(addr)
+
+    def write_now(self, addr: int, value: int) -> None:
+        """A register write that takes no cycles (see :meth:`read_now`)."""
+        self._process()
+        self.model.write(addr, value)
 
     def take_stamped(self) -> list[Received]:
         self._process()

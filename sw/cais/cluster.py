@@ -4,6 +4,7 @@
 
     sudo .venv/bin/python -m cais.cluster                 # 4 ranks, the reference model, the default sizes
     sudo .venv/bin/python -m cais.cluster --ranks 3 --elements 500
+    sudo .venv/bin/python -m cais.cluster --topology leaf-spine      # 2 leaves x 4 ranks under a spine
 
 What it does:
 
@@ -26,6 +27,13 @@ What it does:
    go when it ends), and scrapes /metrics, printing a few lines of each;
 7. prints the summary table, CORRECT per collective when every rank's result matched, and removes the
    namespaces (and with them the veth pairs) and the temporary folder, also on Ctrl-C or SIGTERM.
+
+With ``--topology leaf-spine`` (``--leaves`` 2, ``--ranks-per-leaf`` 4) it runs an aggregation tree
+(docs/protocol.md section 13) instead of one switch: one cais-switch daemon per leaf (namespace
+``c<pid>l<k>``: its ranks' ``s`` ends, then the uplink ``c<pid>u<k>`` on port ``ranks-per-leaf``, built with
+the uplink action) and one for the spine (``c<pid>sw``: the other ends ``c<pid>d<k>`` of the uplinks, port k
+for leaf k), and cais-controller programs them as one switch (``--tree``); each rank's control endpoint is
+its leaf's. The rest is the same.
 
 No traffic leaves the namespaces it made: the ranks and the switch only use the veth pairs and Unix
 sockets. The exit status is 0 only if every collective was CORRECT on every rank.
@@ -76,12 +84,15 @@ def _raise_interrupted(signum, _frame):
 
 
 # ---------------------------------------------------------------------- the rank side
-def contribution(rank: int, n: int, dtype, seed: int = 11) -> np.ndarray:
-    """Rank `rank`'s input: small values, so every sum is exact in every type (then numpy's sum is the
-    switch's, whatever the order of additions)."""
+def contribution(rank: int, n: int, dtype, seed: int = 11, ranks: int = 4) -> np.ndarray:
+    """Rank `rank`'s input: small values, so every sum of up to `ranks` of them, partial ones included, is
+    exact in every type (then numpy's sum is the switch's, whatever the order of additions, and an
+    aggregation tree's rounded partials are exact too): floats are quarters k/4 with |k| <= 256 // ranks, so
+    every sum has |k| <= 256, 8 significant bits (bf16's)."""
     rng = np.random.default_rng([seed, rank])
     if np.dtype(dtype).kind == "f":
-        return (rng.integers(-64, 65, n) / 4).astype(dtype)
+        limit = max(1, 256 // max(ranks, 4))
+        return (rng.integers(-limit, limit + 1, n) / 4).astype(dtype)
     return rng.integers(-1000, 1001, n).astype(dtype)
 
 
@@ -108,7 +119,7 @@ def _worker() -> int:
     try:
         pg = dist.init()
         r, N = pg.rank, pg.world_size
-        xs = lambda dt, n=n_elem: [contribution(q, n, dt) for q in range(N)]       # noqa: E731
+        xs = lambda dt, n=n_elem: [contribution(q, n, dt, ranks=N) for q in range(N)]       # noqa: E731
         pair = dist.new_group([0, 1])          # a group made before the controller restart (None off it)
 
         for name, dt, op, reduce in (("all_reduce int32 sum", np.int32, "sum", np.sum),
@@ -244,17 +255,22 @@ class Cluster:
         Started so far (ended by :meth:`close`).
     """
 
-    def __init__(self, ranks: int, tmp: Path, one_host: bool = False):
+    def __init__(self, ranks: int, tmp: Path, one_host: bool = False, tree: tuple[int, int] | None = None):
         self.ranks, self.tmp = ranks, tmp
         self.tag = f"c{os.getpid()}"
         self.switch_ns = f"{self.tag}sw"
+        # a tree: (leaves, ranks per leaf); its switches are the leaves, then the spine (in switch_ns)
+        self.tree = tree
+        leaves = tree[0] if tree else 0
+        self.switch_nss = [f"{self.tag}l{k}" for k in range(leaves)] + [self.switch_ns]
+        self.controls = ([str(tmp / f"switch{k}.sock") for k in range(leaves)] + [str(tmp / "switch.sock")])
         # one_host: every rank's interface in one namespace (a node with a NIC per rank, as torchrun
         # launches them: its loopback is up, for torch's own rendezvous on MASTER_ADDR=127.0.0.1)
         self.one_host = one_host
         self.rank_ns = [f"{self.tag}hosts"] * ranks if one_host else [f"{self.tag}r{i}" for i in range(ranks)]
         self.namespaces: list[str] = []
         self.procs: list[subprocess.Popen] = []
-        self.control = str(tmp / "switch.sock")
+        self.control = self.controls[0]     # one switch: its endpoint; a tree: leaf 0's
         self.controller = str(tmp / "controller.sock")
         self.token_file = tmp / "token"
         self.token_file.write_text(secrets.token_hex(16))
@@ -262,7 +278,7 @@ class Cluster:
         self.http = None                     # 127.0.0.1:PORT in the switch's namespace, once it listens
 
     def create(self) -> None:
-        for ns in dict.fromkeys([self.switch_ns] + self.rank_ns):
+        for ns in dict.fromkeys(self.switch_nss + self.rank_ns):
             _ip("netns", "add", ns)
             self.namespaces.append(ns)
             if ns == self.switch_ns or self.one_host:
@@ -271,10 +287,19 @@ class Cluster:
                 subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1"],
                                check=True, capture_output=True)
         for i, ns in enumerate(self.rank_ns):
-            s_end, h_end = f"{self.tag}s{i}", f"{self.tag}h{i}"
-            _ip("-n", self.switch_ns, "link", "add", s_end, "type", "veth", "peer", "name", h_end, "netns", ns)
-            _ip("-n", self.switch_ns, "link", "set", s_end, "up")
-            _ip("-n", ns, "link", "set", h_end, "up")
+            self._veth(self.switch_nss[self.leaf_of(i)], f"{self.tag}s{i}", ns, f"{self.tag}h{i}")
+        for k in range(len(self.switch_nss) - 1):      # a tree's uplinks: leaf k's last port, the spine's port k
+            self._veth(self.switch_nss[k], f"{self.tag}u{k}", self.switch_ns, f"{self.tag}d{k}")
+
+    def leaf_of(self, rank: int) -> int:
+        """The switch a rank's wire leads to (0 for one switch)."""
+        return rank // self.tree[1] if self.tree else 0
+
+    @staticmethod
+    def _veth(ns_a: str, end_a: str, ns_b: str, end_b: str) -> None:
+        _ip("-n", ns_a, "link", "add", end_a, "type", "veth", "peer", "name", end_b, "netns", ns_b)
+        _ip("-n", ns_a, "link", "set", end_a, "up")
+        _ip("-n", ns_b, "link", "set", end_b, "up")
 
     def _spawn(self, ns: str, args: list[str], env: dict, log: Path) -> subprocess.Popen:
         with open(log, "wb") as out:
@@ -283,17 +308,31 @@ class Cluster:
         self.procs.append(p)
         return p
 
-    def start_switch(self, extra: list[str], wait_s: float = 30.0) -> subprocess.Popen:
-        """cais-switch on the switch ends; returns once it listens (`wait_s`: a Verilator backend is
-        built first)."""
-        ready = self.tmp / "switch.ready"
-        p = self._spawn(self.switch_ns, ["-m", "cais.sim.daemon", "--control", self.control, "--ready-file",
-                                         str(ready), *extra, *[f"{self.tag}s{i}" for i in range(self.ranks)]],
-                        dict(os.environ), self.tmp / "switch.log")
+    def start_switch(self, extra: list[str], wait_s: float = 30.0) -> list[subprocess.Popen]:
+        """cais-switch on the switch ends (a tree: one per leaf and the spine); returns once every one
+        listens (`wait_s`: a Verilator backend is built first)."""
+        if not self.tree:
+            return [self._daemon(self.switch_ns, self.control, "switch", extra,
+                                 [f"{self.tag}s{i}" for i in range(self.ranks)], wait_s)]
+        leaves, per_leaf = self.tree
+        out = [self._daemon(self.switch_nss[k], self.controls[k], f"switch{k}",
+                            extra + ["--ports", str(per_leaf + 1), "--uplink", "true"],
+                            [f"{self.tag}s{i}" for i in range(k * per_leaf, (k + 1) * per_leaf)] + [f"{self.tag}u{k}"],
+                            wait_s) for k in range(leaves)]
+        out.append(self._daemon(self.switch_ns, self.controls[-1], "switch", extra + ["--ports", str(max(2, leaves))],
+                                [f"{self.tag}d{k}" for k in range(leaves)], wait_s))
+        return out
+
+    def _daemon(self, ns: str, control: str, name: str, extra: list[str], ifaces: list[str],
+                wait_s: float) -> subprocess.Popen:
+        ready = self.tmp / f"{name}.ready"
+        p = self._spawn(ns, ["-m", "cais.sim.daemon", "--control", control, "--ready-file", str(ready), *extra,
+                             *ifaces], dict(os.environ), self.tmp / f"{name}.log")
         deadline = time.monotonic() + wait_s
         while not ready.exists():
             if p.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("cais-switch did not start: " + (self.tmp / "switch.log").read_text()[-2000:])
+                raise RuntimeError(f"cais-switch ({name}) did not start: "
+                                   + (self.tmp / f"{name}.log").read_text()[-2000:])
             time.sleep(0.05)
         return p
 
@@ -305,7 +344,9 @@ class Cluster:
         ready.unlink(missing_ok=True)
         n = sum(1 for p in self.tmp.glob("controller*.log"))
         log = self.tmp / f"controller{n}.log"
-        p = self._spawn(self.switch_ns, ["-m", "cais.service", "--switch", self.control, "--listen", self.controller,
+        switches = ([a for c in self.controls for a in ("--switch", c)] + ["--tree", "x".join(map(str, self.tree))]
+                    if self.tree else ["--switch", self.control])
+        p = self._spawn(self.switch_ns, ["-m", "cais.service", *switches, "--listen", self.controller,
                                          "--http", "127.0.0.1:0", "--world-size", str(world_size or self.ranks), "--token-file",
                                          str(self.token_file), "--ready-file", str(ready)]
                         + (["--recover"] if recover else []) + list(extra), dict(os.environ), log)
@@ -351,7 +392,7 @@ class Cluster:
         out = []
         for i, ns in enumerate(self.rank_ns):
             env = dict(os.environ, CAIS_RANK=str(i), CAIS_WORLD_SIZE=str(self.ranks), CAIS_IFACE=f"{self.tag}h{i}",
-                       CAIS_SWITCH=self.control, CAIS_CONTROLLER=self.controller,
+                       CAIS_SWITCH=self.controls[self.leaf_of(i)], CAIS_CONTROLLER=self.controller,
                        CAIS_REPORT=str(self.tmp / f"rank{i}.json"), CAIS_ELEMENTS=str(elements),
                        CAIS_TIMEOUT="60", CAIS_COORDINATOR="external", CAIS_TOKEN=self.token_file.read_text(),
                        CAIS_PAUSE_DIR=str(self.tmp))
@@ -452,8 +493,23 @@ def main(argv=None) -> int:
     p.add_argument("--backend", choices=("model", "verilator"), default="model",
                    help="cais-switch's backend (default: model; verilator builds the exported Verilog first)")
     p.add_argument("--keep-logs", metavar="DIR", default=None, help="copy the switch's and ranks' logs here")
+    p.add_argument("--topology", choices=("single", "leaf-spine"), default="single",
+                   help="one switch, or an aggregation tree: --leaves leaves of --ranks-per-leaf ranks under a spine")
+    p.add_argument("--leaves", type=cmdline.integer(2), default=2, help="leaf-spine: leaf switches (default 2)")
+    p.add_argument("--ranks-per-leaf", type=cmdline.integer(1), default=4, help="leaf-spine: ranks per leaf (4)")
     cmdline.add_version(p)
     args = p.parse_args(argv)
+    tree = None
+    if args.topology == "leaf-spine":
+        from .controller.tree import TreeError, TreeTopology
+        if args.backend != "model":
+            p.error(f"--backend {args.backend}: --topology leaf-spine runs on the model only (the RTL has no uplink "
+                    f"action yet)")
+        try:
+            args.ranks = TreeTopology(args.leaves, args.ranks_per_leaf).ranks
+        except TreeError as e:
+            p.error(str(e))
+        tree = (args.leaves, args.ranks_per_leaf)
     if args.ranks > 16:
         p.error("--ranks: at most 16 (the switch's ports)")
     if os.geteuid() != 0:
@@ -464,7 +520,7 @@ def main(argv=None) -> int:
         return 2
     old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     tmp = Path(tempfile.mkdtemp(prefix="cais-cluster-"))
-    cluster = Cluster(args.ranks, tmp)
+    cluster = Cluster(args.ranks, tmp, tree=tree)
     ok = False
     try:
         cluster.create()
@@ -491,7 +547,8 @@ def main(argv=None) -> int:
             reports.append(json.loads(path.read_text()) if path.exists() else
                            {"rows": [{"name": "error", "correct": False,
                                       "error": "no report; log tail: " + (tmp / f"rank{i}.log").read_text()[-800:]}]})
-        table, ok = summary(reports, args.ranks, args.backend)
+        table, ok = summary(reports, args.ranks, args.backend if not tree else
+                            f"{args.backend}; {tree[0]} leaves and a spine, {tree[0] + 1} daemons")
         print(table, flush=True)
         ok &= operated
     except Interrupted as e:

@@ -226,9 +226,11 @@ class Coordinator:
         refusal's count) is not held up by a slow switch; it sees the state as it is between two accesses.
     """
 
-    def __init__(self, switch: str, world_size: int, config: Config, *, rank_ports: list[int] | None = None,
+    def __init__(self, switch, world_size: int, config: Config, *, rank_ports: list[int] | None = None,
                  switch_retry_s: float = 0.0, token: str | None = None, recover: bool = False):
-        self.link = open_switch_link(switch, retry_for=switch_retry_s)
+        # a switch's address (cais-switch's control endpoint, serial:...), or a link already open (a tree's:
+        # cais.controller.tree.TreeLink)
+        self.link = open_switch_link(switch, retry_for=switch_retry_s) if isinstance(switch, str) else switch
         ports = list(rank_ports) if rank_ports is not None else list(range(world_size))
         if len(ports) != world_size:
             raise ValueError(f"rank_ports: {len(ports)} ports for {world_size} ranks")

@@ -19,7 +19,7 @@ __all__ = ["Access", "Kind", "Field", "Register", "RegisterMap", "register_map",
            "VERSION", "COUNTER_EVENTS", "AGE_UNIT_LOG2", "AGED_QUEUE_DEPTH", "aging_period", "REGISTER_BITS"]
 
 MAGIC = 0x43414953  # "CAIS"
-VERSION = 0x0004_0005  # minor 5: MAX_FRAME (every build parameter readable, for a host without cais-switch's info); minor 4: SPOOFED_SOURCE (source MACs bound to their entry's port), MAC_POLICY; minor 3: a stale copy acknowledges nothing (docs/protocol.md 7.3); minor 2: SETS_IN_USE and set aging (AGING ...); minor 1: every rule folds in port order
+VERSION = 0x0004_0006  # minor 6: the uplink action of aggregation trees (UPLINK, RULE_TYPE.uplink, FEATURES.uplink, PARTIALS_*); minor 5: MAX_FRAME (every build parameter readable, for a host without cais-switch's info); minor 4: SPOOFED_SOURCE (source MACs bound to their entry's port), MAC_POLICY; minor 3: a stale copy acknowledges nothing (docs/protocol.md 7.3); minor 2: SETS_IN_USE and set aging (AGING ...); minor 1: every rule folds in port order
 
 
 #: log2 of the cycles in one unit of ``AGING.age``; the aging scanner visits one set per unit.
@@ -178,8 +178,10 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
     add("FEATURES", 0x02C, Access.RO, Kind.CONST, "What this build of the switch can reduce.",
         [Field("float_units", 0, 1, "fp32/fp16/bf16 reduction (without: integers only)"),
          Field("reproducible", 1, 1, "every all-reduce result is the fold of the contributions in ascending "
-               "port order, whatever their arrival order (always 1 since the per-port banks)")],
-        reset=int(P.float_units) | 1 << 1)
+               "port order, whatever their arrival order (always 1 since the per-port banks)"),
+         Field("uplink", 2, 1, "the uplink action of aggregation trees (UPLINK, RULE_TYPE.uplink; "
+               "docs/protocol.md section 13)")],
+        reset=int(P.float_units) | 1 << 1 | int(P.uplink) << 2)
 
     # 0x040: rule table, written through staging registers and committed by RULE_WRITE
     add("RULE_GROUP", 0x040, Access.RW, Kind.CONFIG, "Staging: group_id match value and mask (1 = compare bit).",
@@ -205,7 +207,11 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
                "wrapping. Ignored for MAX, MIN and the float types"),
          Field("reproducible", 10, 1, "the driver asked for results that do not depend on the arrival "
                "order; stored and read back. Every rule is folded in ascending port order (FEATURES."
-               "reproducible), so it changes nothing in the switch")])
+               "reproducible), so it changes nothing in the switch"),
+         Field("uplink", 11, 1, "the uplink action (aggregation trees, docs/protocol.md section 13): a completed "
+               "set's fold is sent as one contribution to the parent switch on UPLINK.port, and the parent's "
+               "result, arriving there, is what the rule's result ports get. Acts only while UPLINK.enable is 1 "
+               "on a switch with FEATURES.uplink; otherwise stored, read back and ignored")])
     add("RULE_WRITE", 0x054, Access.WO, Kind.COMMAND,
         "Copies the staging registers into rule `index` and sets its valid bit to `valid`. "
         "Entry 0 has the highest priority.",
@@ -314,6 +320,19 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
     add("MAX_FRAME", 0x070, Access.RO, Kind.CONST, "Longest frame accepted on any port, bytes (longer ones are "
         "dropped as OVERSIZE).", reset=P.max_frame)
 
+    # Added for aggregation trees (issue 27; docs/protocol.md section 13)
+    add("UPLINK", 0x074, Access.RW, Kind.CONFIG,
+        "The port towards the parent switch of an aggregation tree: rules with RULE_TYPE.uplink send their "
+        "completed partials there, and result frames (flags RESULT) are accepted from it. Ignored on a switch "
+        "without FEATURES.uplink.",
+        [Field("port", 0, 4, "the uplink port"), Field("enable", 4, 1, "1: the uplink action is on")])
+    add("PARTIALS_SENT", 0x180, Access.RO, Kind.COUNTER,
+        "Counts partials sent to the parent switch: sets of uplink rules that every local contributor "
+        "filled (once per chunk).")
+    add("PARTIALS_RESENT", 0x184, Access.RO, Kind.COUNTER,
+        "Counts partials sent to the parent again because a local contributor repeated its contribution "
+        "while the set waited for the parent's result.")
+
     # the per-rule-entry arrays of the largest build (params.MAX_RULES) end where the 1 KiB map does
     assert all(r.offset + (MAX_RULES - 1) * r.stride + 4 <= 0x400 for r in regs if r.name in ("SETS_IN_USE", "AGED"))
     return RegisterMap(P, tuple(regs))
@@ -322,7 +341,8 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
 #: Where each field of SwitchParams is read: a CONST register, or (register, field) for a bit field of one.
 PARAM_REGISTERS = {"ports": "NUM_PORTS", "data_width": "DATA_WIDTH", "slots": "NUM_SLOTS",
                    "max_payload": "MAX_PAYLOAD", "rules": "NUM_RULES", "mac_entries": "NUM_MACS",
-                   "max_frame": "MAX_FRAME", "float_units": ("FEATURES", "float_units")}
+                   "max_frame": "MAX_FRAME", "float_units": ("FEATURES", "float_units"),
+                   "uplink": ("FEATURES", "uplink")}
 
 
 async def read_params(read) -> SwitchParams:
@@ -342,7 +362,7 @@ async def read_params(read) -> SwitchParams:
         reg_name, field_name = where if isinstance(where, tuple) else (where, None)
         word = await read(regs[reg_name].address())
         values[name] = regs[reg_name].unpack(word)[field_name] if field_name else word
-    values["float_units"] = bool(values["float_units"])
+    values["float_units"], values["uplink"] = bool(values["float_units"]), bool(values["uplink"])
     return SwitchParams(**values)
 
 

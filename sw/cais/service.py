@@ -524,8 +524,12 @@ def _handler(service: ControllerService, metrics_only: bool = False):
 def main(argv=None) -> int:
     p = cmdline.Parser(prog="cais-controller", description="The CAIS control plane as a service: groups, rules, "
                    "offload decisions, the ranks' endpoint, an HTTP+JSON API and Prometheus metrics.")
-    p.add_argument("--switch", required=True, metavar="ADDR", help="cais-switch's control endpoint, or "
-                   "serial:/dev/ttyUSB0[@BAUD] for an FPGA board's UART bridge (docs/board.md)")
+    p.add_argument("--switch", required=True, action="append", metavar="ADDR",
+                   help="cais-switch's control endpoint, or serial:/dev/ttyUSB0[@BAUD] for an FPGA board's UART "
+                        "bridge (docs/board.md); with --tree: every switch's, the leaves' then the spine's")
+    p.add_argument("--tree", default=None, metavar="LEAVESxRANKS",
+                   help="the switches are an aggregation tree: LEAVES leaves of RANKS ranks each (uplink on port "
+                        "RANKS) under a spine (docs/controller.md, 'Aggregation trees')")
     p.add_argument("--listen", default=None, metavar="ADDR", help="where ranks reach the controller (default: "
                    "the configuration's controller_address:controller_port, as cais.init's default)")
     p.add_argument("--http", required=True, metavar="127.0.0.1:PORT", help="HTTP API and /metrics (loopback)")
@@ -550,7 +554,7 @@ def main(argv=None) -> int:
     if args.listen is None:
         args.listen = f"{config.controller_address}:{config.controller_port}"
     for flag, value, check in (("--listen", args.listen, parse_address), ("--http", args.http, http_target),
-                               ("--switch", args.switch, check_switch_address),
+                               *(("--switch", a, check_switch_address) for a in args.switch),
                                ("--metrics-listen", args.metrics_listen, metrics_target)):
         if value is None:
             continue
@@ -564,9 +568,28 @@ def main(argv=None) -> int:
         p.error(f"--token-file: {e}")
     if token is None:
         p.error("a token is required: --token-file PATH or CAIS_TOKEN")
+    tree = None
+    if args.tree is not None:
+        leaves, _, per_leaf = args.tree.partition("x")
+        if not (leaves.isdigit() and per_leaf.isdigit()):
+            p.error(f"--tree {args.tree!r}: expected LEAVESxRANKS, e.g. 2x4")
+        tree = (int(leaves), int(per_leaf))
+        if len(args.switch) != tree[0] + 1:
+            p.error(f"--tree {args.tree}: needs {tree[0] + 1} --switch endpoints (the leaves', then the spine's), "
+                    f"not {len(args.switch)}")
+    elif len(args.switch) > 1:
+        p.error("--switch given more than once: only with --tree")
     logging.basicConfig(level=logging.INFO, format="cais-controller: %(levelname)s %(message)s")
     try:
-        svc = ControllerService(args.switch, args.world_size, config, token=token,
+        switch = args.switch[0]
+        if tree is not None:
+            from .controller.tree import TreeLink
+            switch = TreeLink(args.switch, *tree, retry_for=args.switch_wait)
+            if switch.problem:
+                logging.warning("the tree cannot aggregate (%s): every collective stays on the host ring",
+                                switch.problem)
+                config = Config.load(args.config, offload="never")
+        svc = ControllerService(switch, args.world_size, config, token=token,
                                 recover=args.recover, switch_retry_s=args.switch_wait,
                                 metrics_no_token=args.metrics_no_token)
         svc.serve(args.listen, args.http, args.metrics_listen)

@@ -42,7 +42,9 @@ class Rule:
     port bitmaps (bit p = port p). The group's slot quota is ``2**count_log2`` slots starting at ``base``.
     All-reduce frames must carry ``dtype`` and ``red_op``; ``acc_fp32`` accumulates fp16/bf16 in fp32
     (rounded once when the result leaves), ``saturate`` clamps int16/int8 sums, ``reproducible`` folds the
-    contributions in port order so the result does not depend on arrival order (docs/numerics.md).
+    contributions in port order so the result does not depend on arrival order (docs/numerics.md);
+    ``uplink`` sends a completed set's fold to the parent switch instead of multicasting it (an aggregation
+    tree's leaf, docs/protocol.md section 13).
     """
     group: tuple[int, int] = (0, 0)
     layer: tuple[int, int] = (0, 0)
@@ -56,6 +58,7 @@ class Rule:
     acc_fp32: bool = False
     saturate: bool = False
     reproducible: bool = False
+    uplink: bool = False
 
     def __post_init__(self):
         for name in ("group", "layer", "chunk"):
@@ -67,7 +70,7 @@ class Rule:
             if isinstance(value, bool) or not isinstance(value, int) or value not in set(enum):
                 raise ValueError(f"Rule.{name}={value!r}: must be one of {', '.join(e.name for e in enum)}")
             object.__setattr__(self, name, enum(value))
-        for name in ("acc_fp32", "saturate", "reproducible"):
+        for name in ("acc_fp32", "saturate", "reproducible", "uplink"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Rule.{name}={getattr(self, name)!r}: must be True or False")
 
@@ -159,7 +162,7 @@ def rule_writes(regmap: RegisterMap, index: int, rule: Rule | None = None, valid
         w("RULE_PORTS", contributors=rule.contributors, results=rule.results),
         w("RULE_SLOTS", base=rule.base, count_log2=rule.count_log2),
         w("RULE_TYPE", dtype=rule.dtype, red_op=rule.red_op, acc_fp32=int(rule.acc_fp32),
-          saturate=int(rule.saturate), reproducible=int(rule.reproducible)),
+          saturate=int(rule.saturate), reproducible=int(rule.reproducible), uplink=int(rule.uplink)),
         w("RULE_WRITE", index=index, valid=int(bool(valid))),
     ]
 

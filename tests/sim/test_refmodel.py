@@ -98,7 +98,7 @@ def check_invariant(m):
 def test_constant_registers():
     m = SwitchModel(P)
     assert m.read(0x000) == 0x43414953
-    assert m.read(0x004) == 0x00040005           # map version 4.5 (MAX_FRAME)
+    assert m.read(0x004) == 0x00040006           # map version 4.6 (the uplink action of aggregation trees)
     assert m.read(0x02C) == 0b11                 # FEATURES: float units, port-order fold
     assert m.read(0x008) == 4
     assert m.read(0x00C) == 64
@@ -823,7 +823,7 @@ def f32_bits(x):
 def test_rule_type_staging_register():
     m = SwitchModel(P)
     m.write(0x058, 0xFFFF_FFFF)
-    assert m.read(0x058) == 0x7FF       # dtype 3:0, red_op 7:4, acc_fp32 8, saturate 9, reproducible 10
+    assert m.read(0x058) == 0xFFF       # dtype 3:0, red_op 7:4, acc_fp32 8, saturate 9, reproducible 10, uplink 11
     rf = RegisterFile(m, RM)
     rf.write("RULE_GROUP", value=4, mask=0xFF)
     rf.write("RULE_PORTS", contributors=0b0011, results=0b0011)

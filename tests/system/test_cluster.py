@@ -91,3 +91,21 @@ def test_cluster_on_the_verilated_switch():
     assert "cais-switch (verilator): every collective CORRECT" in p.stdout
     rows = [line for line in p.stdout.splitlines() if any(line.startswith(n) for n in SUITE) and "  CORRECT" in line]
     assert len(rows) == len(SUITE), p.stdout
+
+
+@pytest.mark.slow
+def test_leaf_spine_cluster_every_collective_correct(tmp_path):
+    """`make cluster ARGS="--topology leaf-spine"`, small: 2 leaves of 2 ranks under a spine, three
+    cais-switch daemons wired by veth pairs, cais-controller programming them as one switch."""
+    require_root()
+    p = subprocess.Popen([sys.executable, "-m", "cais.cluster", "--topology", "leaf-spine", "--leaves", "2",
+                          "--ranks-per-leaf", "2", "--elements", "300", "--keep-logs", str(tmp_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=400)
+    assert p.returncode == 0, out + err
+    rows = [line for line in out.splitlines() if any(line.startswith(n) for n in SUITE) and "  CORRECT" in line]
+    assert len(rows) == len(SUITE), out
+    assert "4 rank processes, cais-switch (model; 2 leaves and a spine, 3 daemons): every collective CORRECT" in out
+    assert "switch" in rows[0]                      # the world's first all-reduce went through the tree
+    assert {f"switch{k}.log" for k in range(2)} | {"switch.log"} <= {f.name for f in tmp_path.iterdir()}
+    assert not namespaces_with(f"c{p.pid}"), "namespaces left behind"

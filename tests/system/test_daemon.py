@@ -278,7 +278,7 @@ def test_port_flap_mid_collective_ranks_finish_exact_or_fail_cleanly(tmp_path, h
     cluster = Cluster(2, tmp_path)
     try:
         cluster.create()
-        switch = cluster.start_switch([])
+        switch, = cluster.start_switch([])
         procs = []
         for i, ns in enumerate(cluster.rank_ns):
             env = dict(os.environ, CAIS_RANK=str(i), CAIS_WORLD_SIZE="2", CAIS_IFACE=f"{cluster.tag}h{i}",
