@@ -31,7 +31,7 @@ import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
 
-__all__ = ["FaultSpec", "FaultyLink", "ACTIONS", "DIRECTIONS"]
+__all__ = ["FaultSpec", "FaultyLink", "PortBlackout", "ACTIONS", "DIRECTIONS"]
 
 ACTIONS = ("pass", "drop", "duplicate", "reorder")
 DIRECTIONS = ("ingress", "egress")
@@ -234,3 +234,19 @@ class FaultyLink:
                    for d, _ in held):
                 break                                          # a held egress frame is due
         return self.cycle - start
+
+
+class PortBlackout:
+    """A link whose one rank-side port is down from the start for ``until_s`` seconds of switch time: every
+    frame sent into ``port`` before then is lost (a cable pulled, then put back). Everything else is the
+    wrapped link's."""
+
+    def __init__(self, inner, port: int, until_s: float):
+        self._inner, self._port, self._until = inner, port, until_s
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def send(self, port, frame, **kw):
+        if not (port == self._port and self._inner.cycle < self._until * self._inner.clock_hz):
+            self._inner.send(port, frame, **kw)

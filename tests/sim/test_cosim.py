@@ -531,19 +531,10 @@ def test_a_live_rank_missing_longer_than_the_age_is_dropped_with_an_error_not_a_
     reduction of their own inputs."""
     from cais.comm import CollectiveError
 
-    class Blackout:
-        def __init__(self, inner, port, until_s):
-            self._inner, self._port, self._until = inner, port, until_s
-
-        def __getattr__(self, name):
-            return getattr(self._inner, name)
-
-        def send(self, port, frame, **kw):
-            if not (port == self._port and self._inner.cycle < self._until * self._inner.clock_hz):
-                self._inner.send(port, frame, **kw)
+    from cais.sim.faults import PortBlackout
 
     data = [np.arange(128 * 64, dtype=np.int32) * (r + 1) for r in range(4)]
-    world = World(Blackout(ModelLink(SwitchParams(ports=4)), 2, 0.01), config=Config(offload="always", set_age_ms=2.0))
+    world = World(PortBlackout(ModelLink(SwitchParams(ports=4)), 2, 0.01), config=Config(offload="always", set_age_ms=2.0))
 
     def fn(comm):
         try:

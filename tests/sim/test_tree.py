@@ -257,20 +257,11 @@ def test_a_rank_cut_off_behind_a_leaf_is_found_by_the_leafs_aging():
     from cais.config import Config
     from cais.sim.workload import reference_reduce
 
-    class Blackout:
-        def __init__(self, inner, port, until_s):
-            self._inner, self._port, self._until = inner, port, until_s
-
-        def __getattr__(self, name):
-            return getattr(self._inner, name)
-
-        def send(self, port, frame, **kw):
-            if not (port == self._port and self._inner.cycle < self._until * self._inner.clock_hz):
-                self._inner.send(port, frame, **kw)
+    from cais.sim.faults import PortBlackout
 
     data = [np.arange(64 * 64, dtype=np.int32) * (r + 1) for r in range(8)]
     fabric = FabricLink(T)
-    world = World(Blackout(fabric, 5, 0.01), config=Config(offload="always", set_age_ms=2.0))
+    world = World(PortBlackout(fabric, 5, 0.01), config=Config(offload="always", set_age_ms=2.0))
 
     def fn(comm):
         try:
