@@ -29,10 +29,12 @@ from amaranth.lib.wiring import In, Out
 
 from .mac import GmiiSignature
 
-__all__ = ["RgmiiPhy", "RX_DELAY_TAPS", "RGMII_PINS"]
+__all__ = ["RgmiiPhy", "RX_DELAY_TAPS", "RXC_HZ", "RGMII_PINS"]
 
 #: DELAYG steps on each received signal: 80 x ~25 ps = 2 ns (Lattice TN1265, input delay cell).
 RX_DELAY_TAPS = 80
+#: RGMII's clock at 1 Gb/s.
+RXC_HZ = 125_000_000
 
 #: The pins of one port as plain ports (simulation): name -> (direction, width).
 RGMII_PINS = {"rxc": ("i", 1), "rxd": ("i", 4), "rx_ctl": ("i", 1),
@@ -42,8 +44,8 @@ RGMII_PINS = {"rxc": ("i", 1), "rxd": ("i", 4), "rx_ctl": ("i", 1),
 class RgmiiPhy(wiring.Component):
     """One RGMII port.
 
-    The receive side creates the clock domain ``rx_domain`` from RXC (its reset: ``rx_rst``, which the
-    board drives from a reset synchroniser); the transmit side works in ``tx_domain`` with TXC from
+    The receive side creates the clock domain ``rx_domain`` from RXC (its reset is the board's to drive,
+    through a reset synchroniser); the transmit side works in ``tx_domain`` with TXC from
     ``tx90_domain``.
 
     Parameters
@@ -57,15 +59,13 @@ class RgmiiPhy(wiring.Component):
         Received bytes, in ``rx_domain``: data, en (RX_DV), er (RX_ER).
     tx : In(GmiiSignature())
         Bytes to send, in ``tx_domain``.
-    rx_rst : In(1)
-        Reset of ``rx_domain``.
     rxc, rxd, rx_ctl, txc, txd, tx_ctl : the pins, only without ``pads``.
     """
 
     def __init__(self, *, pads=None, rx_domain="rx", tx_domain="tx", tx90_domain="tx90"):
         self.pads = pads
         self.rx_domain, self.tx_domain, self.tx90_domain = rx_domain, tx_domain, tx90_domain
-        members = {"rx": Out(GmiiSignature()), "tx": In(GmiiSignature()), "rx_rst": In(1)}
+        members = {"rx": Out(GmiiSignature()), "tx": In(GmiiSignature())}
         if pads is None:
             members.update({name: (In if d == "i" else Out)(w) for name, (d, w) in RGMII_PINS.items()})
         super().__init__(members)
@@ -74,7 +74,6 @@ class RgmiiPhy(wiring.Component):
         m = Module()
         cd_rx = ClockDomain(self.rx_domain)
         m.domains += cd_rx
-        m.d.comb += cd_rx.rst.eq(self.rx_rst)
         # d0: sampled at the rising edge (bits 3:0, EN), d1: at the falling edge (7:4, EN ^ ER), both
         # presented in rx_domain; t0/t1: what the tx_domain's rising / falling half of a cycle carries.
         rx_d0, rx_d1 = Signal(5), Signal(5)
@@ -82,7 +81,7 @@ class RgmiiPhy(wiring.Component):
         if self.pads is None:
             self._sim_pins(m, cd_rx, rx_d0, rx_d1, tx_t0, tx_t1)
         else:
-            self._ecp5_pins(m, cd_rx, rx_d0, rx_d1, tx_t0, tx_t1)
+            self._ecp5_pins(m, platform, cd_rx, rx_d0, rx_d1, tx_t0, tx_t1)
         m.d[self.rx_domain] += [
             self.rx.data.eq(Cat(rx_d0[:4], rx_d1[:4])),
             self.rx.en.eq(rx_d0[4]),
@@ -108,10 +107,12 @@ class RgmiiPhy(wiring.Component):
         out = Mux(ClockSignal(self.tx_domain), tx_t0, tx_t1)
         m.d.comb += [self.txd.eq(out[:4]), self.tx_ctl.eq(out[4]), self.txc.eq(ClockSignal(self.tx90_domain))]
 
-    def _ecp5_pins(self, m, cd_rx, rx_d0, rx_d1, tx_t0, tx_t1):
+    def _ecp5_pins(self, m, platform, cd_rx, rx_d0, rx_d1, tx_t0, tx_t1):
         pads = self.pads
         m.submodules.rxc_buf = rxc_buf = io.Buffer("i", pads.rx_clk)
-        m.d.comb += cd_rx.clk.eq(rxc_buf.i)
+        rxc = Signal(name=f"clk_{self.rx_domain}")
+        m.d.comb += [rxc.eq(rxc_buf.i), cd_rx.clk.eq(rxc)]
+        platform.add_clock_constraint(rxc, RXC_HZ)
         rx_pins = [(pads.rx_data, b) for b in range(4)] + [(pads.rx_ctl, 0)]
         for n, (port, bit) in enumerate(rx_pins):
             m.submodules[f"rx_buf{n}"] = buf = io.Buffer("i", port[bit])
