@@ -48,7 +48,7 @@ async def board_all_reduce(dut):
     assert sum(result["retransmissions"]) == 0, f"frames were lost on the way: {result['retransmissions']} resent"
     assert not link.bad_received, f"frames with a bad FCS left the board: {link.bad_received[:2]}"
     regs = register_map(link.params)
-    drops = await _drops(link, regs)
+    drops = {k: v for k, v in (await _drops(link, regs)).items() if k.startswith("DROP_")}
     assert drops == dict.fromkeys(drops, 0), f"the all-reduce's frames were dropped: {drops}"
     path = os.environ.get("CAIS_BOARD_RESULT")
     if path:
