@@ -15,7 +15,7 @@ JOBS   ?= 2
 ARGS   ?=
 # Extra arguments for pytest, e.g. make test PYTEST_ARGS="-k forwarding -x"
 PYTEST_ARGS ?=
-# make tb: one block's testbench (ingress sram alu csr egress switch) and one cocotb test or case of it
+# make tb: one block's testbench (ingress sram alu csr egress switch uart) and one cocotb test or case of it
 TB       ?=
 TESTCASE ?=
 

@@ -21,6 +21,8 @@ egress    :class:`cais.hdl.egress.ports.EgressCrossbar`  ``s_axis__<s>`` per lan
           + ``ResultFanout`` + ``EgressPort``     the frame's port mask), ``m_axis__<p>`` (tdata tkeep tlast),
           per port                              ``tx_frame__<p>``, ``tx_bytes__<p>``, ``busy``, ``underrun``
 switch    :class:`cais.hdl.top.SwitchTop`        the exported switch (``s_axis_p0_tdata`` ...)
+uart      :class:`cais.hdl.board.uart_bridge.`   ``rx``, ``tx``, ``framing_errors``, ``error_replies`` and the
+          ``UartAxiLiteBridge`` + the csr block  csr block's bank members (its ``s_axil`` is the bridge's)
 ========  ====================================  ==========================================================
 """
 
@@ -34,6 +36,7 @@ from cais.params import SwitchParams
 from cais.registers import register_map
 
 from .alu.fold import FoldChain
+from .board.uart_bridge import UartAxiLiteBridge
 from .common.axis import AxisSignature
 from .common.enums import DropReason, DType, ReduceOp
 from .common.frame_fifo import FrameFifo
@@ -45,10 +48,14 @@ from .top import SwitchTop
 
 __all__ = ["StreamPorts", "IngressBlock", "SramBlock", "FoldBlock", "CsrBlock", "AxisDestSignature",
            "AxisFrameSource", "EgressBlock", "BLOCKS", "block_top",
-           "fold_input_fields", "CSR_ADDR_WIDTH"]
+           "fold_input_fields", "CSR_ADDR_WIDTH", "UartBlock", "UART_CLK_FREQ", "UART_BAUD"]
 
 #: The AXI4-Lite address width of the csr block (the switch's: one 4 KiB page).
 CSR_ADDR_WIDTH = 12
+#: The uart block's clock (the testbenches' 10 ns clock, cais.tb.common.CLOCK_NS) and line rate: 8 cycles
+#: per bit, so a simulated request and its reply take about 1300 cycles.
+UART_CLK_FREQ = 100_000_000
+UART_BAUD = UART_CLK_FREQ // 8
 
 
 class StreamPorts(wiring.Signature):
@@ -150,13 +157,40 @@ class CsrBlock(wiring.Component):
         m.submodules.bridge, m.submodules.bank = self.bridge, self.bank
         wiring.connect(m, wiring.flipped(self.s_axil), self.bridge.axil)
         wiring.connect(m, self.bridge.csr, self.bank.csr)
-        for name, member in self.signature.members.items():
-            if name == "s_axil":
-                continue
-            outer, inner = getattr(self, name), getattr(self.bank, name)
-            pairs = list(zip(outer, inner)) if member.dimensions else [(outer, inner)]
-            for o, i in pairs:
-                m.d.comb += o.eq(i) if member.flow == Out else i.eq(o)
+        _pass_through(m, self, self.bank, [name for name in self.signature.members if name != "s_axil"])
+        return m
+
+
+def _pass_through(m, outer, inner, names):
+    """Connect members ``names`` of component ``outer`` to the same-named members of ``inner`` (a submodule)."""
+    for name in names:
+        member = outer.signature.members[name]
+        o, i = getattr(outer, name), getattr(inner, name)
+        pairs = list(zip(o, i)) if member.dimensions else [(o, i)]
+        for a, b in pairs:
+            m.d.comb += a.eq(b) if member.flow == Out else b.eq(a)
+
+
+class UartBlock(wiring.Component):
+    """The UART control path of a board: :class:`~cais.hdl.board.uart_bridge.UartAxiLiteBridge` (at
+    :data:`UART_CLK_FREQ`, :data:`UART_BAUD`, its default timeout) driving the csr block's AXI4-Lite port;
+    ``rx``, ``tx``, the bridge's counters and every other member of the csr block are ports."""
+
+    def __init__(self, params: SwitchParams):
+        self.params = params
+        self.csr = CsrBlock(params)
+        self.bridge = UartAxiLiteBridge(UART_CLK_FREQ, UART_BAUD, CSR_ADDR_WIDTH)
+        self._bank_members = [name for name in self.csr.signature.members if name != "s_axil"]
+        members = {name: member for name, member in self.bridge.signature.members.items() if name != "bus"}
+        members.update({name: self.csr.signature.members[name] for name in self._bank_members})
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.bridge, m.submodules.csr = self.bridge, self.csr
+        wiring.connect(m, self.bridge.bus, self.csr.s_axil)
+        _pass_through(m, self, self.bridge, ["rx", "tx", "framing_errors", "error_replies"])
+        _pass_through(m, self, self.csr, self._bank_members)
         return m
 
 
@@ -323,6 +357,7 @@ BLOCKS = {
     "csr": (CsrBlock, "cais_csr"),
     "egress": (EgressBlock, "cais_egress"),
     "switch": (_switch, "cais_switch"),
+    "uart": (UartBlock, "cais_uart"),
 }
 
 

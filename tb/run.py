@@ -35,6 +35,7 @@ TESTBENCHES: dict[str, dict[str, SwitchParams]] = {
     "csr": {"p4": SwitchParams()},
     "egress": {"p4_w64": SwitchParams()},
     "switch": {"p4_w64": SwitchParams()},
+    "uart": {"p4": SwitchParams()},
 }
 
 

@@ -74,7 +74,7 @@ from .allreduce import CollectiveKind
 from .comm import host_mac
 from .config import Config
 from .controller import Controller, GroupInfo
-from .controller.switch import ControlLink
+from .controller.switch import ControlLink, open_switch_link
 from .endpoint import (AUTH_IDLE_S, EndpointError, Gate, LineBuffer, accept_backoff, connect, decode, listen,
                        need_int, open_private, printable, private_dir, parse_address, read_token, trusted_uid,
                        WarningLimiter)
@@ -210,7 +210,8 @@ class Coordinator:
     Members
     -------
     controller : Controller
-        Driving the switch through a :class:`ControlLink`.
+        Driving the switch through a :class:`ControlLink` (or a :class:`cais.serial_link.SerialLink` for a
+        ``serial:`` address: a board's UART).
     jobs : dict[str, Job]
         The jobs running (module docstring), by name; the default job's created at start.
     ended : list[dict]
@@ -227,7 +228,7 @@ class Coordinator:
 
     def __init__(self, switch: str, world_size: int, config: Config, *, rank_ports: list[int] | None = None,
                  switch_retry_s: float = 0.0, token: str | None = None, recover: bool = False):
-        self.link = ControlLink(switch, retry_for=switch_retry_s)
+        self.link = open_switch_link(switch, retry_for=switch_retry_s)
         ports = list(rank_ports) if rank_ports is not None else list(range(world_size))
         if len(ports) != world_size:
             raise ValueError(f"rank_ports: {len(ports)} ports for {world_size} ranks")
@@ -769,7 +770,8 @@ class Coordinator:
 def main(argv=None) -> int:
     p = cmdline.Parser(prog="python -m cais.coordinator", description="The ranks' controller, alone (rank 0's "
                    "cais.init starts one itself unless CAIS_COORDINATOR=external).")
-    p.add_argument("--switch", required=True, metavar="ADDR", help="the switch's control endpoint")
+    p.add_argument("--switch", required=True, metavar="ADDR", help="the switch's control endpoint, or "
+                   "serial:/dev/ttyUSB0[@BAUD] for a board's UART bridge")
     p.add_argument("--listen", required=True, metavar="ADDR", help="where ranks reach this coordinator")
     p.add_argument("--world-size", required=True, type=cmdline.integer(1))
     p.add_argument("--config", default=None, metavar="TOML")

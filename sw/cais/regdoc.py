@@ -31,6 +31,8 @@ GROUPS = (
      "values, so entries that differ in one field need only that field rewritten."),
     ("MAC table", "MAC_ADDR_LO",
      "MAC-table entries route ordinary frames; they are written through staging registers like rules."),
+    ("More build parameters", "MAX_FRAME",
+     "Constants added after the first map, so that every build parameter can be read from the registers."),
     ("Switch-core counters and gauges", COUNTER_EVENTS[0][0],
      "One counter per drop reason (the reasons are checked in this order; the first that applies is "
      "counted) and per switch-core event, then gauges of the current state."),

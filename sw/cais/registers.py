@@ -15,11 +15,11 @@ from .params import MAX_RULES, SwitchParams
 from .protocol import SWITCH_MAC_DEFAULT, DropReason
 
 __all__ = ["Access", "Kind", "Field", "Register", "RegisterMap", "register_map", "RegisterFile", "read_counters",
-           "MAGIC",
+           "MAGIC", "PARAM_REGISTERS", "read_params",
            "VERSION", "COUNTER_EVENTS", "AGE_UNIT_LOG2", "AGED_QUEUE_DEPTH", "aging_period", "REGISTER_BITS"]
 
 MAGIC = 0x43414953  # "CAIS"
-VERSION = 0x0004_0004  # minor 4: SPOOFED_SOURCE (source MACs bound to their entry's port), MAC_POLICY; minor 3: a stale copy acknowledges nothing (docs/protocol.md 7.3); minor 2: SETS_IN_USE and set aging (AGING ...); minor 1: every rule folds in port order
+VERSION = 0x0004_0005  # minor 5: MAX_FRAME (every build parameter readable, for a host without cais-switch's info); minor 4: SPOOFED_SOURCE (source MACs bound to their entry's port), MAC_POLICY; minor 3: a stale copy acknowledges nothing (docs/protocol.md 7.3); minor 2: SETS_IN_USE and set aging (AGING ...); minor 1: every rule folds in port order
 
 
 #: log2 of the cycles in one unit of ``AGING.age``; the aging scanner visits one set per unit.
@@ -310,9 +310,40 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
     add("AGED", 0x304, Access.RO, Kind.COUNTER, "Per rule entry: counts sets aged (AGING) whose slot this entry "
         "wrote last.", count=P.rules, stride=8)
 
+    # Added so that a host reading only registers (cais.serial_link over the board's UART) rebuilds SwitchParams
+    add("MAX_FRAME", 0x070, Access.RO, Kind.CONST, "Longest frame accepted on any port, bytes (longer ones are "
+        "dropped as OVERSIZE).", reset=P.max_frame)
+
     # the per-rule-entry arrays of the largest build (params.MAX_RULES) end where the 1 KiB map does
     assert all(r.offset + (MAX_RULES - 1) * r.stride + 4 <= 0x400 for r in regs if r.name in ("SETS_IN_USE", "AGED"))
     return RegisterMap(P, tuple(regs))
+
+
+#: Where each field of SwitchParams is read: a CONST register, or (register, field) for a bit field of one.
+PARAM_REGISTERS = {"ports": "NUM_PORTS", "data_width": "DATA_WIDTH", "slots": "NUM_SLOTS",
+                   "max_payload": "MAX_PAYLOAD", "rules": "NUM_RULES", "mac_entries": "NUM_MACS",
+                   "max_frame": "MAX_FRAME", "float_units": ("FEATURES", "float_units")}
+
+
+async def read_params(read) -> SwitchParams:
+    """The switch's build parameters through an asynchronous ``read(addr)`` of its CONST registers (whose
+    offsets do not depend on the parameters). ValueError when ID is not :data:`MAGIC`, the map's major
+    version is not this one's, or the values make no SwitchParams (the message names what)."""
+    regs = register_map()
+    ident = await read(regs["ID"].address())
+    if ident != MAGIC:
+        raise ValueError(f"register ID reads {ident:#010x}, not {MAGIC:#010x} (\"CAIS\"): not a CAIS switch")
+    version = await read(regs["VERSION"].address())
+    if version >> 16 != VERSION >> 16:
+        raise ValueError(f"register map version {version >> 16}.{version & 0xFFFF}: this software speaks "
+                         f"{VERSION >> 16}.x")
+    values = {}
+    for name, where in PARAM_REGISTERS.items():
+        reg_name, field_name = where if isinstance(where, tuple) else (where, None)
+        word = await read(regs[reg_name].address())
+        values[name] = regs[reg_name].unpack(word)[field_name] if field_name else word
+    values["float_units"] = bool(values["float_units"])
+    return SwitchParams(**values)
 
 
 async def read_counters(read, regmap: RegisterMap, kinds=(Kind.COUNTER, Kind.LEVEL)) -> dict:

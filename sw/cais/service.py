@@ -58,6 +58,7 @@ from . import cmdline
 from .config import Config
 from .controller import Reason, RuleConflict
 from .controller.statistics import COLLECTIVE_PATHS
+from .controller.switch import check_switch_address
 from .coordinator import Coordinator
 from .endpoint import (HTTP_IDLE_S, EndpointError, GuardedHTTPServer, WarningLimiter, decode, parse_address, printable,
                        read_token)
@@ -523,7 +524,8 @@ def _handler(service: ControllerService, metrics_only: bool = False):
 def main(argv=None) -> int:
     p = cmdline.Parser(prog="cais-controller", description="The CAIS control plane as a service: groups, rules, "
                    "offload decisions, the ranks' endpoint, an HTTP+JSON API and Prometheus metrics.")
-    p.add_argument("--switch", required=True, metavar="ADDR", help="cais-switch's control endpoint")
+    p.add_argument("--switch", required=True, metavar="ADDR", help="cais-switch's control endpoint, or "
+                   "serial:/dev/ttyUSB0[@BAUD] for an FPGA board's UART bridge (docs/board.md)")
     p.add_argument("--listen", default=None, metavar="ADDR", help="where ranks reach the controller (default: "
                    "the configuration's controller_address:controller_port, as cais.init's default)")
     p.add_argument("--http", required=True, metavar="127.0.0.1:PORT", help="HTTP API and /metrics (loopback)")
@@ -548,7 +550,7 @@ def main(argv=None) -> int:
     if args.listen is None:
         args.listen = f"{config.controller_address}:{config.controller_port}"
     for flag, value, check in (("--listen", args.listen, parse_address), ("--http", args.http, http_target),
-                               ("--switch", args.switch, parse_address),
+                               ("--switch", args.switch, check_switch_address),
                                ("--metrics-listen", args.metrics_listen, metrics_target)):
         if value is None:
             continue

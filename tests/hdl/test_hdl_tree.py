@@ -44,7 +44,8 @@ def test_no_hdl_function_is_longer_than_150_lines():
 #: The layers of hdl/: a module may import from its own layer's other packages only where listed, and from
 #: any lower layer. The top-level assembly (core, switch, top, blocks, export) is above everything.
 LAYERS = {"latency": 0, "toolchain": 0, "common": 1, "parser": 2, "control": 2, "sram": 2, "decision": 3,
-          "egress": 3, "alu": 4, "core": 5, "switch": 6, "top": 7, "blocks": 8, "export": 9}
+          "egress": 3, "alu": 4, "core": 5, "switch": 6, "top": 7, "board": 8,
+          "blocks": 9, "export": 10}
 
 
 def hdl_imports(path: Path, root: Path = REPO / "hdl") -> set[str]:

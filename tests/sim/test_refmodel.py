@@ -98,7 +98,7 @@ def check_invariant(m):
 def test_constant_registers():
     m = SwitchModel(P)
     assert m.read(0x000) == 0x43414953
-    assert m.read(0x004) == 0x00040004           # map version 4.4 (SPOOFED_SOURCE, MAC_POLICY)
+    assert m.read(0x004) == 0x00040005           # map version 4.5 (MAX_FRAME)
     assert m.read(0x02C) == 0b11                 # FEATURES: float units, port-order fold
     assert m.read(0x008) == 4
     assert m.read(0x00C) == 64

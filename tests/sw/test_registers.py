@@ -88,6 +88,46 @@ def test_map_layout(ports):
     Fragment.get(bank, None)
 
 
+@pytest.mark.parametrize("params", [SwitchParams(), SwitchParams(ports=16, data_width=128, slots=8, max_payload=512,
+                                                     rules=32, mac_entries=200, max_frame=9018, float_units=False)],
+                         ids=["default", "other"])
+def test_params_read_back_from_the_const_registers(params):
+    """read_params rebuilds every field of SwitchParams from the registers of a switch built with them (the
+    reference model's registers), at offsets that do not depend on the parameters."""
+    from dataclasses import fields
+
+    from cais.link import run_sync
+    from cais.registers import PARAM_REGISTERS, read_params
+    from cais.sim.refmodel import SwitchModel
+
+    assert set(PARAM_REGISTERS) == {f.name for f in fields(SwitchParams)}
+    regs = register_map(params)
+    for where in PARAM_REGISTERS.values():
+        name = where[0] if isinstance(where, tuple) else where
+        assert regs[name].kind is Kind.CONST and regs[name].address() == MAP[name].address()
+    model = SwitchModel(params)
+
+    async def read(addr):
+        return model.read(addr)
+    assert run_sync(read_params(read)) == params
+
+
+def test_read_params_refuses_another_device_or_major():
+    from cais.link import run_sync
+    from cais.registers import VERSION, read_params
+
+    def reader(ident, version):
+        async def read(addr):
+            return {0x000: ident, 0x004: version}.get(addr, 0)
+        return read
+    with pytest.raises(ValueError, match="ID reads 0x00000000, not 0x43414953"):
+        run_sync(read_params(reader(0, VERSION)))
+    with pytest.raises(ValueError, match=f"version {(VERSION >> 16) + 1}.0: this software speaks {VERSION >> 16}.x"):
+        run_sync(read_params(reader(MAGIC, VERSION + 0x10000 & 0xFFFF0000)))
+    with pytest.raises(ValueError, match="ports=0"):                       # a map whose constants make no switch
+        run_sync(read_params(reader(MAGIC, VERSION)))
+
+
 @pytest.mark.parametrize("ports", [2, 16])
 def test_bank_elaborates(ports):
     rmap = register_map(SwitchParams(ports=ports))

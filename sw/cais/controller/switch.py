@@ -2,7 +2,9 @@
 
 Contract: every register access of the controller's parts goes through one :class:`SwitchAccess`, whose
 methods are coroutines awaiting only the link's ``read``/``write``; nothing is cached here.
-:class:`ControlLink` is that link over cais-switch's control endpoint (the service's switch).
+:class:`ControlLink` is that link over cais-switch's control endpoint (the service's switch);
+:class:`cais.serial_link.SerialLink` over an FPGA board's UART. :func:`open_switch_link` picks one from the
+address the command lines take (``--switch``).
 """
 
 from __future__ import annotations
@@ -11,12 +13,29 @@ import contextlib
 import threading
 import time
 
-from ..endpoint import EndpointError, RefusedError, connect
+from ..endpoint import EndpointError, RefusedError, connect, parse_address
 from ..link import SwitchLink
 from ..params import SwitchParams
 from ..registers import RegisterMap, register_map
+from ..serial_link import SerialLink, is_serial_address, parse_serial_address
 
-__all__ = ["ControlLink", "SwitchAccess"]
+__all__ = ["ControlLink", "SwitchAccess", "open_switch_link", "check_switch_address"]
+
+
+def check_switch_address(text: str):
+    """A ``--switch`` address checked without opening it: ``serial:PATH[@BAUD]`` (the board's UART) or a
+    control endpoint (:func:`cais.endpoint.parse_address`); ValueError with a one-line reason."""
+    return parse_serial_address(text) if is_serial_address(text) else parse_address(text)
+
+
+def open_switch_link(address: str, *, retry_for: float = 0.0):
+    """The register link to the switch at ``address``: a :class:`SerialLink` for ``serial:PATH[@BAUD]``, else
+    a :class:`ControlLink` to cais-switch's control endpoint. EndpointError (or ValueError for a malformed
+    address) with a one-line message when it cannot be reached."""
+    if is_serial_address(address):
+        path, baud = parse_serial_address(address)
+        return SerialLink(path, baud, retry_for=retry_for)
+    return ControlLink(address, retry_for=retry_for)
 
 
 class ControlLink:

@@ -1,0 +1,90 @@
+"""Host code on a simulated UART: a pty whose slave side is a serial port like /dev/ttyUSB0 for the real host
+code (:class:`cais.serial_link.SerialLink`, the controller) running in a thread, and whose master side is
+pumped to and from cocotbext-uart's models on the design's pins (cocotb).
+
+Used by tb/uart (the bridge in front of the register block) and by the board's simulation (the whole board top):
+``PtyUart(dut.clk, dut.uart_rx, dut.uart_tx, baud)``, then ``await pty.run_host(fn)`` runs ``fn()`` in a thread
+while the simulation runs, and returns its result.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import cocotb
+from cocotb.triggers import ClockCycles
+from cocotbext.uart import UartSink, UartSource
+
+__all__ = ["PtyUart"]
+
+
+class PtyUart:
+    """A pty bridged to a UART model on the design's pins.
+
+    Every ``every`` clock cycles the bytes host code wrote to the slave side go to a UartSource driving
+    ``rx`` (the design's receive pin), and the bytes a UartSink took from ``tx`` go to the host. The pty is
+    raw on both sides (SerialLink sets the slave's termios).
+
+    Members
+    -------
+    path : str
+        The slave side's device path (give ``serial:<path>`` to the controller).
+    source : UartSource
+    sink : UartSink
+    to_design, from_design : int
+        Bytes pumped each way.
+    """
+
+    def __init__(self, clk, rx, tx, baud: int, *, every: int = 200):
+        self.clk, self.every = clk, every
+        # both ends stay open for the pty's life: a master whose slave nobody holds reads EIO
+        self._master, self._slave = os.openpty()
+        os.set_blocking(self._master, False)
+        self.path = os.ttyname(self._slave)
+        self.source = UartSource(rx, baud=baud)
+        self.sink = UartSink(tx, baud=baud)
+        self.to_design = self.from_design = 0
+        self._pump = cocotb.start_soon(self._run())
+
+    async def _run(self):
+        while True:
+            await ClockCycles(self.clk, self.every)
+            try:
+                data = os.read(self._master, 4096)
+            except BlockingIOError:
+                data = b""
+            if data:
+                self.source.write_nowait(data)
+                self.to_design += len(data)
+            out = bytes(self.sink.read_nowait())
+            if out:
+                os.write(self._master, out)
+                self.from_design += len(out)
+
+    async def run_host(self, fn, *, max_cycles: int = 50_000_000, poll: int = 1000):
+        """Run ``fn()`` in a thread while the simulation runs (checked every ``poll`` cycles); its result, or
+        its exception raised here. AssertionError if it is still running after ``max_cycles``."""
+        outcome = {}
+
+        def body():
+            try:
+                outcome["value"] = fn()
+            except BaseException as e:          # handed to the simulation's side
+                outcome["error"] = e
+
+        thread = threading.Thread(target=body, name="host-on-pty", daemon=True)
+        thread.start()
+        waited = 0
+        while thread.is_alive():
+            assert waited < max_cycles, f"the host code did not finish within {max_cycles} cycles"
+            await ClockCycles(self.clk, poll)
+            waited += poll
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("value")
+
+    def close(self):
+        self._pump.cancel()
+        os.close(self._master)
+        os.close(self._slave)
