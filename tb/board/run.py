@@ -24,7 +24,7 @@ __all__ = ["sim_config", "build_board", "run_board", "JOB_ENV", "TESTS", "main"]
 #: Environment variable carrying the job (JSON) to the cocotb tests.
 JOB_ENV = "CAIS_BOARD_JOB"
 #: The cocotb tests of :mod:`cais.tb.board.test_board`.
-TESTS = ("board_all_reduce", "board_bad_frames", "board_uart_edges")
+TESTS = ("board_all_reduce", "board_bad_frames", "board_uart_edges", "board_controller_over_uart")
 TOP = "cais_board"
 
 

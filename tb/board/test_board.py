@@ -112,3 +112,51 @@ async def board_uart_edges(dut):
     status, clock = await link.request(uartproto.Command.CLOCK)
     assert (status, clock) == (uartproto.Status.OK, link.config.clk_freq)
     assert await link.read(addr) == 0
+
+
+@cocotb.test()
+async def board_controller_over_uart(dut):
+    """The real host code on the board's UART pins (a pty pumped to them, cais.sim.links.serial.PtyUart):
+    SerialLink reads the build's parameters and clock, the controller (cais.controller) programs the MAC
+    table and a group's rule and reads the counters back, which count the frames sent on the RGMII pins
+    before: two with a wrong FCS (BAD_FCS), three good ones flooded to port 1 (FORWARDED)."""
+    from cais.config import Config
+    from cais.controller import Controller
+    from cais.link import run_sync
+    from cais.serial_link import SerialLink
+    from cais.sim.links.serial import PtyUart
+
+    link = await BoardLink.start(dut, sim_config())
+    quiet_bfms(dut)
+    good = [_ordinary(70, t) for t in range(3)]
+    for g in good[:2]:
+        bad = bytearray(PREAMBLE + g + fcs(g))
+        bad[-1] ^= 0x80
+        link.send_raw(0, bytes(bad))
+    for g in good:
+        link.send_raw(0, PREAMBLE + g + fcs(g))
+    while not link.sources[0].empty() or link.sources[0].active:
+        await ClockCycles(dut.clk, 64)
+    await ClockCycles(dut.clk, 200)
+    assert link.take_received() == [(1, g) for g in good]
+    pty = PtyUart(dut.clk, dut.uart_rx, dut.uart_tx, link.config.baud, every=100)
+
+    def host():
+        serial = SerialLink(pty.path, timeout=30.0, quiet=0.2)      # the pty's baud is nominal
+        try:
+            ctl = Controller(serial, Config(offload="always", slots_per_group=2), [0, 1],
+                             [0x02CA_0000_0010, 0x02CA_0000_0011])
+            run_sync(ctl.start())
+            group = run_sync(ctl.create_group([0, 1]))
+            return serial.params, serial.clock_hz, group, run_sync(ctl.read_counters()), serial.failures
+        finally:
+            serial.close()
+
+    try:
+        params, clock_hz, group, counters, failures = await pty.run_host(host)
+    finally:
+        pty.close()
+    assert params == link.params and clock_hz == link.config.clk_freq and failures == 0
+    assert group.rule_index is not None
+    assert counters["DROP_BAD_FCS"] == 2 and counters["FORWARDED"] == 3, counters
+    assert counters["RX_FRAMES"] == [5, 0] and counters["TX_FRAMES"] == [0, 3], counters
