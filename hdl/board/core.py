@@ -96,7 +96,7 @@ class BoardCore(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cfg, P = self.config, self.config.params
+        cfg = self.config
         m.submodules.switch = sw = self.switch
         m.submodules.bridge = bridge = UartAxiLiteBridge(cfg.clk_freq, cfg.baud, AXIL_ADDR_WIDTH)
         connect(m, bridge.bus, sw.s_axil)

@@ -9,7 +9,7 @@ from the one definition of the FCS, :func:`cais.fcs.crc_update` (the CRC is line
 """
 
 from amaranth.hdl import Cat, Const, Module, Signal
-from amaranth.lib import data, enum, wiring
+from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from cais.fcs import CRC_INIT, RESIDUE, crc_update

@@ -8,7 +8,6 @@ pins with the bridge's framing (:mod:`cais.uartproto`, cocotbext-uart's ``UartSo
 
 from __future__ import annotations
 
-import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge, Timer
 from cocotb.utils import get_sim_time

@@ -12,7 +12,6 @@ divisor 4 instead of 543). The tests are :mod:`cais.tb.board.test_board`.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 import time

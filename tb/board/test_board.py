@@ -96,8 +96,8 @@ async def board_bad_frames(dut):
 
 @cocotb.test()
 async def board_uart_edges(dut):
-    """The control link's bad input through the board: a wrong check byte, an unmapped register; the
-    counters are unchanged and a good request after each works."""
+    """The control link's bad input through the board: a wrong check byte, an unknown command, an unmapped
+    register; the register written with a bad check byte is unchanged and a good request after each works."""
     link = await BoardLink.start(dut, sim_config())
     quiet_bfms(dut)
     regs = register_map(link.params)
@@ -107,6 +107,8 @@ async def board_uart_edges(dut):
     status, _ = await link.exchange(bytes(raw))
     assert status == uartproto.Status.BAD_CHECKSUM
     assert await link.read(regs["SWITCH_MAC_LO"].address()) == proto.SWITCH_MAC_DEFAULT & 0xFFFF_FFFF
+    status, _ = await link.exchange(b"\x00")                 # no command: answered once the line is quiet
+    assert status == uartproto.Status.UNKNOWN_COMMAND
     status, _ = await link.request(uartproto.Command.READ, 0xFFC)
     assert status == uartproto.Status.BUS_ERROR
     status, clock = await link.request(uartproto.Command.CLOCK)
