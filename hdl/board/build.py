@@ -27,8 +27,18 @@ from ..toolchain import find_tool
 __all__ = ["BOARDS", "parse_report", "timing_failures", "format_report", "main", "BuildFailed"]
 
 #: What each clock net is (the names the board tops give them) for the report.
-CLOCK_ROLES = {"clk_sync": "switch (sync)", "clk_tx90": "RGMII TXC (tx90)", "clk_tx": "RGMII transmit (tx)",
-               "clk_rx0": "RGMII receive, port 0 (rx0)", "clk_rx1": "RGMII receive, port 1 (rx1)"}
+#: What each clock domain is. nextpnr names a clock by the net yosys kept: ``$glbnet$clk`` for ``sync``
+#: (the top's domain), ``$glbnet$<path>.<domain>_clk`` for the others.
+CLOCK_ROLES = {"sync": "switch (sync)", "tx90": "RGMII TXC (tx90)", "tx": "RGMII transmit (tx)",
+               "rx0": "RGMII receive, port 0 (rx0)", "rx1": "RGMII receive, port 1 (rx1)"}
+
+
+def clock_role(net: str) -> str:
+    """The role of a clock net of nextpnr's report (the net's name when it is no known domain's)."""
+    base = net.removeprefix("$glbnet$").rsplit(".", 1)[-1]
+    if base == "clk":
+        return CLOCK_ROLES["sync"]
+    return CLOCK_ROLES.get(base.removesuffix("_clk"), net) if base.endswith("_clk") else net
 #: The resources the report lists: nextpnr's bel type -> the name printed.
 RESOURCES = {"TRELLIS_COMB": "LUT4", "TRELLIS_FF": "FF", "DP16KD": "DP16KD (block RAM)",
              "TRELLIS_RAMW": "LUT RAM (DPR16X4)", "MULT18X18D": "MULT18X18D", "EHXPLLL": "EHXPLLL"}
@@ -61,7 +71,7 @@ def parse_report(report: dict) -> dict:
     clocks = []
     for net, v in sorted(report.get("fmax", {}).items()):
         name = net.removeprefix("$glbnet$")
-        role = next((r for key, r in CLOCK_ROLES.items() if name == key or name.endswith("." + key)), name)
+        role = clock_role(net)
         achieved, constraint = float(v["achieved"]), float(v["constraint"])
         clocks.append({"net": name, "role": role, "achieved_mhz": round(achieved, 2),
                        "constraint_mhz": round(constraint, 2), "met": achieved >= constraint})
@@ -83,7 +93,9 @@ def timing_failures(parsed: dict) -> list[str]:
         if clock["met"]:
             continue
         net = clock["net"]
-        path = next((p for p in parsed["critical_paths"] if net in p["from"] and net in p["to"]), None)
+        def ends(edge: str) -> str:       # "posedge $glbnet$<net>" -> "<net>"
+            return edge.split()[-1].removeprefix("$glbnet$") if edge else ""
+        path = next((p for p in parsed["critical_paths"] if ends(p["from"]) == net == ends(p["to"])), None)
         where = (f"; critical path {path['start']} -> {path['end']}, {path['delay_ns']} ns in {path['steps']} steps"
                  if path else "")
         lines.append(f"clock {net} ({clock['role']}) reached {clock['achieved_mhz']} MHz, constraint "

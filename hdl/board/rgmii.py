@@ -110,9 +110,9 @@ class RgmiiPhy(wiring.Component):
     def _ecp5_pins(self, m, platform, cd_rx, rx_d0, rx_d1, tx_t0, tx_t1):
         pads = self.pads
         m.submodules.rxc_buf = rxc_buf = io.Buffer("i", pads.rx_clk)
-        rxc = Signal(name=f"clk_{self.rx_domain}")
-        m.d.comb += [rxc.eq(rxc_buf.i), cd_rx.clk.eq(rxc)]
-        platform.add_clock_constraint(rxc, RXC_HZ)
+        m.d.comb += cd_rx.clk.eq(rxc_buf.i)
+        # on the pin (FREQUENCY PORT): nextpnr carries it to the clock net, whose name yosys picks
+        platform.add_clock_constraint(pads.rx_clk.io, RXC_HZ)
         rx_pins = [(pads.rx_data, b) for b in range(4)] + [(pads.rx_ctl, 0)]
         for n, (port, bit) in enumerate(rx_pins):
             m.submodules[f"rx_buf{n}"] = buf = io.Buffer("i", port[bit])

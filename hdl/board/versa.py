@@ -84,7 +84,7 @@ class VersaTop(wiring.Component):
 
     def _pll(self, m, platform, clk100, button):
         f = pll_frequencies()
-        clkop, clkos, clkos2 = Signal(name="clk_sync"), Signal(name="clk_tx"), Signal(name="clk_tx90")
+        clkop, clkos, clkos2 = Signal(), Signal(), Signal()
         lock = Signal(name="pll_lock")
         m.submodules.pll = Instance(
             "EHXPLLL",
@@ -104,8 +104,7 @@ class VersaTop(wiring.Component):
             i_PHASEDIR=1, i_PHASESTEP=1, i_PHASELOADREG=1, i_PLLWAKESYNC=0, i_ENCLKOP=0, i_ENCLKOS=0,
             i_ENCLKOS2=0, i_ENCLKOS3=0,
             o_CLKOP=clkop, o_CLKOS=clkos, o_CLKOS2=clkos2, o_LOCK=lock)
-        for sig, hz in ((clkop, f["sync"]), (clkos, f["tx"]), (clkos2, f["tx90"])):
-            platform.add_clock_constraint(sig, hz)
+        # no constraints on the outputs: nextpnr derives them from CLKI's (the 100 MHz pin) and the dividers
         m.domains += ClockDomain("sync")
         m.domains += ClockDomain("tx")
         m.domains += ClockDomain("tx90", reset_less=True)

@@ -20,18 +20,19 @@ CANNED = {
         "TRELLIS_IO": {"used": 40, "available": 203},
     },
     "fmax": {
-        "$glbnet$clk_sync": {"achieved": 70.25, "constraint": 62.5},
-        "$glbnet$core.phy0.clk_rx0": {"achieved": 180.0, "constraint": 125.0},
-        "$glbnet$core.phy1.clk_rx1": {"achieved": 175.5, "constraint": 125.0},
-        "$glbnet$clk_tx": {"achieved": 119.9, "constraint": 125.0},
+        "$glbnet$clk": {"achieved": 70.25, "constraint": 62.5},
+        "$glbnet$core.mac_rx0.rx0_clk": {"achieved": 180.0, "constraint": 125.0},
+        "$glbnet$core.mac_rx1.rx1_clk": {"achieved": 175.5, "constraint": 125.0},
+        "$glbnet$core.mac_tx0.tx_clk": {"achieved": 119.9, "constraint": 125.0},
+        "$glbnet$core.phy0.tx90_clk": {"achieved": 448.2, "constraint": 125.0},
     },
     "critical_paths": [
-        {"from": "posedge $glbnet$clk_sync", "to": "posedge $glbnet$clk_sync", "path": [
+        {"from": "posedge $glbnet$clk", "to": "posedge $glbnet$clk", "path": [
             {"type": "clk-to-q", "from": {"cell": "core.switch.a_TRELLIS_FF_Q", "port": "CLK"},
              "to": {"cell": "core.switch.a_TRELLIS_FF_Q", "port": "Q"}, "delay": 0.5},
             {"type": "routing", "from": {"cell": "core.switch.a_TRELLIS_FF_Q", "port": "Q"},
              "to": {"cell": "core.switch.b_TRELLIS_FF_Q", "port": "DI"}, "delay": 13.2}]},
-        {"from": "posedge $glbnet$clk_tx", "to": "posedge $glbnet$clk_tx", "path": [
+        {"from": "posedge $glbnet$core.mac_tx0.tx_clk", "to": "posedge $glbnet$core.mac_tx0.tx_clk", "path": [
             {"type": "clk-to-q", "from": {"cell": "core.mac_tx0.crc_TRELLIS_FF_Q", "port": "CLK"},
              "to": {"cell": "core.mac_tx0.crc_TRELLIS_FF_Q", "port": "Q"}, "delay": 0.52},
             {"type": "logic", "from": {"cell": "core.mac_tx0.crc_TRELLIS_FF_Q", "port": "Q"},
@@ -47,11 +48,13 @@ def test_report_parser_on_a_canned_report():
     assert parsed["resources"] == {"LUT4": (30000, 43848), "FF": (20000, 43848), "DP16KD (block RAM)": (54, 108),
                                    "EHXPLLL": (1, 4)}
     by_net = {c["net"]: c for c in parsed["clocks"]}
-    assert by_net["clk_sync"]["role"] == "switch (sync)" and by_net["clk_sync"]["met"]
-    assert by_net["core.phy0.clk_rx0"]["role"] == "RGMII receive, port 0 (rx0)"
-    assert by_net["core.phy1.clk_rx1"]["met"] and not by_net["clk_tx"]["met"]
+    assert by_net["clk"]["role"] == "switch (sync)" and by_net["clk"]["met"]
+    assert by_net["core.mac_rx0.rx0_clk"]["role"] == "RGMII receive, port 0 (rx0)"
+    assert by_net["core.phy0.tx90_clk"]["role"] == "RGMII TXC (tx90)"
+    assert by_net["core.mac_rx1.rx1_clk"]["met"] and not by_net["core.mac_tx0.tx_clk"]["met"]
+    assert by_net["core.mac_tx0.tx_clk"]["role"] == "RGMII transmit (tx)"
     failures = board_build.timing_failures(parsed)
-    assert failures == ["clock clk_tx (RGMII transmit (tx)) reached 119.9 MHz, constraint 125.0 MHz; critical path "
+    assert failures == ["clock core.mac_tx0.tx_clk (RGMII transmit (tx)) reached 119.9 MHz, constraint 125.0 MHz; critical path "
                         "core.mac_tx0.crc_TRELLIS_FF_Q -> core.mac_tx0.crc_TRELLIS_FF_Q_7, 8.34 ns in 3 steps"]
     text = board_build.format_report(parsed, ["header"])
     assert "LUT4" in text and "68.4%" in text and "NO" in text
@@ -59,7 +62,7 @@ def test_report_parser_on_a_canned_report():
 
 def test_all_clocks_met_means_no_failures():
     met = json.loads(json.dumps(CANNED))
-    met["fmax"]["$glbnet$clk_tx"]["achieved"] = 130.0
+    met["fmax"]["$glbnet$core.mac_tx0.tx_clk"]["achieved"] = 130.0
     assert board_build.timing_failures(board_build.parse_report(met)) == []
 
 
