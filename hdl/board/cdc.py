@@ -77,18 +77,23 @@ class RxToAxis(wiring.Component):
                          put.eq(self.i.last | (count == B - 1))]
             rx += count.eq(Mux(self.i.last, 0, count + 1))
 
+        # the finished beat waits a cycle in a register: the byte packing and the FIFO's write control are
+        # two steps at 125 MHz, not one
+        put_r, beat_r = Signal(), Signal(layout)
+        rx += [put_r.eq(put), beat_r.eq(beat)]
+
         lose = Signal()                    # this beat is not written
         wrote_any = Signal()               # a beat of the current frame is in the FIFO
-        m.d.comb += lose.eq(put & (dropping | term | ~fifo.w_rdy))
+        m.d.comb += lose.eq(put_r & (dropping | term | ~fifo.w_rdy))
         with m.If(term & fifo.w_rdy):
             m.d.comb += [fifo.w_en.eq(1), fifo.w_data.eq(Cat(Const(0, 8 * B), Const(0, range(B)), 1, 1))]
             rx += term.eq(0)
-        with m.Elif(put & ~lose):
-            m.d.comb += [fifo.w_en.eq(1), fifo.w_data.eq(beat)]
-            rx += wrote_any.eq(~beat.last)
+        with m.Elif(put_r & ~lose):
+            m.d.comb += [fifo.w_en.eq(1), fifo.w_data.eq(beat_r)]
+            rx += wrote_any.eq(~beat_r.last)
         rx += self.ev_overflow.eq(lose & ~dropping)
         with m.If(lose):
-            rx += [dropping.eq(~beat.last), wrote_any.eq(0)]
+            rx += [dropping.eq(~beat_r.last), wrote_any.eq(0)]
             with m.If(~dropping & wrote_any):
                 rx += term.eq(1)
 
