@@ -142,19 +142,26 @@ class AxisToTx(wiring.Component):
         m.d.comb += [w.data.eq(self.i.tdata), w.count.eq(keep_count), w.last.eq(self.i.tlast),
                      fifo.w_data.eq(w), fifo.w_en.eq(self.i.tvalid), self.i.tready.eq(fifo.w_rdy)]
 
-        r = Signal(layout)
-        m.d.comb += r.eq(fifo.r_data)
+        # Two beat registers in tx_domain: `cur` is being sent, `nxt` is fetched ahead. The FIFO is read
+        # whenever `nxt` is empty, so its read enable is a register's output, not the end of a byte
+        # select and a compare (that chain missed 125 MHz).
+        tx = m.d[self.tx_domain]
+        cur, nxt = Signal(layout), Signal(layout)
+        cur_valid, nxt_valid = Signal(), Signal()
         index = Signal(range(B))
-        at_end = index == r.count
+        at_end = index == cur.count
         m.d.comb += [
-            self.o.valid.eq(fifo.r_rdy),
-            self.o.data.eq(r.data.word_select(index, 8)),
-            self.o.last.eq(r.last & at_end),
+            self.o.valid.eq(cur_valid),
+            self.o.data.eq(cur.data.word_select(index, 8)),
+            self.o.last.eq(cur.last & at_end),
+            fifo.r_en.eq(~nxt_valid),
         ]
-        with m.If(self.o.valid & self.o.ready):
-            with m.If(at_end):
-                m.d[self.tx_domain] += index.eq(0)
-                m.d.comb += fifo.r_en.eq(1)
-            with m.Else():
-                m.d[self.tx_domain] += index.eq(index + 1)
+        done = self.o.valid & self.o.ready & at_end
+        with m.If(self.o.valid & self.o.ready & ~at_end):
+            tx += index.eq(index + 1)
+        with m.If(done | ~cur_valid):
+            tx += [cur.eq(nxt), cur_valid.eq(nxt_valid), index.eq(0)]
+            tx += nxt_valid.eq(0)
+        with m.If(~nxt_valid & fifo.r_rdy):
+            tx += [nxt.eq(fifo.r_data), nxt_valid.eq(1)]
         return m
