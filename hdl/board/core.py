@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amaranth.hdl import DomainRenamer, Module, ResetSignal, Signal
+from amaranth.hdl import ClockDomain, DomainRenamer, Module, ResetSignal, Signal
 from amaranth.lib import wiring
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import In, Out, connect
@@ -123,6 +123,7 @@ class BoardCore(wiring.Component):
     def _port(self, m, p, sw, board_rst):
         cfg, P = self.config, self.config.params
         rx_domain = f"rx{p}"
+        m.domains += ClockDomain(rx_domain)          # its clock: the PHY's RXC, driven by RgmiiPhy
         m.submodules[f"phy{p}"] = phy = RgmiiPhy(pads=None if self.pads is None else self.pads[p],
                                                  rx_domain=rx_domain)
         if self.pads is None:

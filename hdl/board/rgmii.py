@@ -44,8 +44,8 @@ RGMII_PINS = {"rxc": ("i", 1), "rxd": ("i", 4), "rx_ctl": ("i", 1),
 class RgmiiPhy(wiring.Component):
     """One RGMII port.
 
-    The receive side creates the clock domain ``rx_domain`` from RXC (its reset is the board's to drive,
-    through a reset synchroniser); the transmit side works in ``tx_domain`` with TXC from
+    The receive side drives the clock of ``rx_domain`` (which the parent defines, and resets through a
+    reset synchroniser) from RXC; the transmit side works in ``tx_domain`` with TXC from
     ``tx90_domain``.
 
     Parameters
@@ -72,16 +72,16 @@ class RgmiiPhy(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cd_rx = ClockDomain(self.rx_domain)
-        m.domains += cd_rx
+        # rx_domain is the parent's (its MAC and FIFO use it too); this drives its clock
+        rx_clk = ClockSignal(self.rx_domain)
         # d0: sampled at the rising edge (bits 3:0, EN), d1: at the falling edge (7:4, EN ^ ER), both
         # presented in rx_domain; t0/t1: what the tx_domain's rising / falling half of a cycle carries.
         rx_d0, rx_d1 = Signal(5), Signal(5)
         tx_t0, tx_t1 = Signal(5), Signal(5)
         if self.pads is None:
-            self._sim_pins(m, cd_rx, rx_d0, rx_d1, tx_t0, tx_t1)
+            self._sim_pins(m, rx_clk, rx_d0, rx_d1, tx_t0, tx_t1)
         else:
-            self._ecp5_pins(m, platform, cd_rx, rx_d0, rx_d1, tx_t0, tx_t1)
+            self._ecp5_pins(m, platform, rx_clk, rx_d0, rx_d1, tx_t0, tx_t1)
         m.d[self.rx_domain] += [
             self.rx.data.eq(Cat(rx_d0[:4], rx_d1[:4])),
             self.rx.en.eq(rx_d0[4]),
@@ -94,8 +94,8 @@ class RgmiiPhy(wiring.Component):
         ]
         return m
 
-    def _sim_pins(self, m, cd_rx, rx_d0, rx_d1, tx_t0, tx_t1):
-        m.d.comb += cd_rx.clk.eq(self.rxc)
+    def _sim_pins(self, m, rx_clk, rx_d0, rx_d1, tx_t0, tx_t1):
+        m.d.comb += rx_clk.eq(self.rxc)
         m.domains += ClockDomain(self.rx_domain + "_neg", clk_edge="neg", local=True)
         m.d.comb += ClockSignal(self.rx_domain + "_neg").eq(self.rxc)
         pin = Cat(self.rxd, self.rx_ctl)
@@ -107,10 +107,10 @@ class RgmiiPhy(wiring.Component):
         out = Mux(ClockSignal(self.tx_domain), tx_t0, tx_t1)
         m.d.comb += [self.txd.eq(out[:4]), self.tx_ctl.eq(out[4]), self.txc.eq(ClockSignal(self.tx90_domain))]
 
-    def _ecp5_pins(self, m, platform, cd_rx, rx_d0, rx_d1, tx_t0, tx_t1):
+    def _ecp5_pins(self, m, platform, rx_clk, rx_d0, rx_d1, tx_t0, tx_t1):
         pads = self.pads
         m.submodules.rxc_buf = rxc_buf = io.Buffer("i", pads.rx_clk)
-        m.d.comb += cd_rx.clk.eq(rxc_buf.i)
+        m.d.comb += rx_clk.eq(rxc_buf.i)
         # on the pin (FREQUENCY PORT): nextpnr carries it to the clock net, whose name yosys picks
         platform.add_clock_constraint(pads.rx_clk.io, RXC_HZ)
         rx_pins = [(pads.rx_data, b) for b in range(4)] + [(pads.rx_ctl, 0)]
