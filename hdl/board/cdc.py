@@ -142,24 +142,27 @@ class AxisToTx(wiring.Component):
         m.d.comb += [w.data.eq(self.i.tdata), w.count.eq(keep_count), w.last.eq(self.i.tlast),
                      fifo.w_data.eq(w), fifo.w_en.eq(self.i.tvalid), self.i.tready.eq(fifo.w_rdy)]
 
-        # Two beat registers in tx_domain: `cur` is being sent, `nxt` is fetched ahead. The FIFO is read
-        # whenever `nxt` is empty, so its read enable is a register's output, not the end of a byte
-        # select and a compare (that chain missed 125 MHz).
+        # Two beat registers and a byte register in tx_domain: `cur` is being cut into bytes, `nxt` is
+        # fetched ahead whenever it is empty (so the FIFO's read enable is a register's output), and the byte
+        # for the MAC leaves from a register (the MAC's CRC network follows it). Each cut at 125 MHz.
         tx = m.d[self.tx_domain]
         cur, nxt = Signal(layout), Signal(layout)
         cur_valid, nxt_valid = Signal(), Signal()
         index = Signal(range(B))
         at_end = index == cur.count
+        out_valid, out_data, out_last = Signal(), Signal(8), Signal()
         m.d.comb += [
-            self.o.valid.eq(cur_valid),
-            self.o.data.eq(cur.data.word_select(index, 8)),
-            self.o.last.eq(cur.last & at_end),
+            self.o.valid.eq(out_valid), self.o.data.eq(out_data), self.o.last.eq(out_last),
             fifo.r_en.eq(~nxt_valid),
         ]
-        done = self.o.valid & self.o.ready & at_end
-        with m.If(self.o.valid & self.o.ready & ~at_end):
+        take = self.o.ready | ~out_valid       # the byte register is free this cycle
+        with m.If(take):
+            tx += [out_valid.eq(cur_valid), out_data.eq(cur.data.word_select(index, 8)),
+                   out_last.eq(cur.last & at_end)]
+        step = take & cur_valid                # a byte of `cur` moves to the byte register
+        with m.If(step & ~at_end):
             tx += index.eq(index + 1)
-        with m.If(done | ~cur_valid):
+        with m.If((step & at_end) | ~cur_valid):
             tx += [cur.eq(nxt), cur_valid.eq(nxt_valid), index.eq(0)]
             tx += nxt_valid.eq(0)
         with m.If(~nxt_valid & fifo.r_rdy):

@@ -192,16 +192,13 @@ class MacTx(wiring.Component):
         i, g = self.i, self.gmii
 
         crc = Signal(32)
-        crc_en = Signal()          # g.data holds a byte the FCS covers: fold it in next cycle
         count = Signal(range(max(MIN_PAYLOAD_FRAME, IFG_BYTES, PREAMBLE_BYTES) + 1))
         fcs = Signal(32)
 
-        m.d.sync += [g.en.eq(0), g.er.eq(0), g.data.eq(0), crc_en.eq(0),
-                     self.ev_frame.eq(0), self.ev_underrun.eq(0)]
-        # The CRC folds in the byte sent, from the output register, a cycle later: no CRC logic between
-        # the source's byte and the output register (125 MHz).
-        with m.If(crc_en):
-            m.d.sync += crc.eq(crc_byte(crc, g.data))
+        # The CRC folds in each byte as it is registered for sending, so the FCS's first byte is the
+        # register inverted (one gate to the output). The source's byte must come from a register (125 MHz:
+        # AxisToTx's output stage), as it passes the CRC's XOR network.
+        m.d.sync += [g.en.eq(0), g.er.eq(0), g.data.eq(0), self.ev_frame.eq(0), self.ev_underrun.eq(0)]
 
         with m.FSM():
             with m.State("IDLE"):
@@ -219,7 +216,7 @@ class MacTx(wiring.Component):
                 m.d.comb += i.ready.eq(1)
                 m.d.sync += g.en.eq(1)
                 with m.If(i.valid):
-                    m.d.sync += [g.data.eq(i.data), crc_en.eq(1)]
+                    m.d.sync += [g.data.eq(i.data), crc.eq(crc_byte(crc, i.data))]
                     with m.If(count < MIN_PAYLOAD_FRAME):
                         m.d.sync += count.eq(count + 1)
                     with m.If(i.last):
@@ -229,11 +226,11 @@ class MacTx(wiring.Component):
                     m.next = "DRAIN"
             with m.State("PAD"):
                 with m.If(count < MIN_PAYLOAD_FRAME):
-                    m.d.sync += [g.en.eq(1), g.data.eq(0), crc_en.eq(1), count.eq(count + 1)]
+                    m.d.sync += [g.en.eq(1), g.data.eq(0), crc.eq(crc_byte(crc, Const(0, 8))),
+                                 count.eq(count + 1)]
                 with m.Else():
-                    # the FCS: the register after the last byte (still in g.data), inverted, low byte first
-                    final = crc_byte(crc, g.data)
-                    m.d.sync += [g.en.eq(1), g.data.eq(~final[:8]), fcs.eq(~final >> 8), count.eq(1)]
+                    # the FCS: the register inverted, least significant byte first
+                    m.d.sync += [g.en.eq(1), g.data.eq(~crc[:8]), fcs.eq(~crc >> 8), count.eq(1)]
                     m.next = "FCS"
             with m.State("FCS"):
                 m.d.sync += [g.en.eq(1), g.data.eq(fcs[:8]), fcs.eq(fcs >> 8), count.eq(count + 1)]
