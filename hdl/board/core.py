@@ -1,15 +1,15 @@
 """The board's logic around the switch, the same in simulation and on the FPGA: two Ethernet ports (RGMII,
 MAC, clock-domain crossing), the UART to AXI4-Lite bridge, PHY reset and LEDs.
 
-Clock domains (the board top creates ``sync``, ``tx`` and ``tx90``; each port's PHY interface creates its
-``rx<p>`` from the PHY's receive clock):
+Clock domains (the board top creates ``sync``, ``tx`` and ``tx90``; this creates each port's ``rx<p>``,
+clocked by its PHY's receive clock, and ``tx<p>``, clocked by ``tx``):
 
 =========  ==========================  ==========================================================
 domain     clock                       logic
 =========  ==========================  ==========================================================
 sync       the switch clock            the switch, the UART bridge, the egress/ingress FIFO sides
 rx<p>      port p's RXC, 125 MHz       RGMII capture, MacRx, packing into beats
-tx         125 MHz                     MacTx of both ports, unpacking beats into bytes
+tx<p>      125 MHz (the tx clock)      port p's MacTx, unpacking beats into bytes (a reset of its own)
 tx90       125 MHz, 90 degrees later   TXC of both ports (RGMII's transmit clock, centred on TXD)
 =========  ==========================  ==========================================================
 """
