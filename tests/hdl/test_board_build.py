@@ -90,7 +90,8 @@ def test_pll_settings():
 @pytest.mark.pnr
 @pytest.mark.slow
 def test_bitstream_builds_and_meets_timing(tmp_path):
-    """The whole flow (about 15-25 minutes here): a bitstream, every clock met."""
+    """The whole flow (about 13-20 minutes here: synthesis 3-8, place and route about 10): a bitstream,
+    every clock met."""
     parsed = board_build.build("versa_ecp5", tmp_path / "versa", log=lambda *_: None)
     assert (tmp_path / "versa" / "cais.bit").stat().st_size > 100_000
     assert parsed["clocks"] and all(c["met"] for c in parsed["clocks"])
