@@ -30,6 +30,7 @@ __all__ = ["BOARDS", "parse_report", "timing_failures", "format_report", "main",
 #: What each clock domain is. nextpnr names a clock by the net yosys kept: ``$glbnet$clk`` for ``sync``
 #: (the top's domain), ``$glbnet$<path>.<domain>_clk`` for the others.
 CLOCK_ROLES = {"sync": "switch (sync)", "tx90": "RGMII TXC (tx90)", "tx": "RGMII transmit (tx)",
+               "tx0": "RGMII transmit (tx, tx0 and tx1)", "tx1": "RGMII transmit (tx, tx0 and tx1)",
                "rx0": "RGMII receive, port 0 (rx0)", "rx1": "RGMII receive, port 1 (rx1)"}
 
 
