@@ -21,7 +21,7 @@ TESTCASE ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-fast tb sim verilog lint bench cluster clean distclean
-.PHONY: formal fuzz faults train
+.PHONY: formal fuzz faults train bitstream board-sim
 
 help: ## List the targets
 	@echo "CAIS make targets (ARGS=\"...\" passes options to sim/verilog/lint/bench):"
@@ -70,6 +70,12 @@ fuzz: $(STAMP) ## 100,000 fuzz frames on the Verilator link against the model (p
 
 faults: $(STAMP) ## 8 ranks, 1000+ chunks, 10% loss + 5% duplication + 5% reordering per port, on the Verilated switch (python -m cais.sim.scale)
 	$(VPY) -m cais.sim.scale $(ARGS)
+
+bitstream: $(STAMP) ## The ECP5 Versa board's bitstream and report in build/board/versa_ecp5/ (yowasp yosys + nextpnr + ecppack; ARGS="--seed 2 --no-float-units")
+	$(VPY) -m cais.hdl.board.build $(ARGS)
+
+board-sim: $(STAMP) ## The board top under Verilator + cocotb: all-reduce over RGMII from two hosts, FCS/runt/giant/cut frames, the controller over the UART (ARGS="--short")
+	$(VPY) -m cais.tb.board.run $(ARGS)
 
 clean: ## Remove build products and caches (keeps .venv)
 	rm -rf build sim_build .pytest_cache results.xml

@@ -52,7 +52,6 @@ import importlib.metadata
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -63,6 +62,7 @@ from pathlib import Path
 from typing import Callable
 
 from cais.cmdline import Parser, integer, number
+from cais.hdl.toolchain import find_tool
 
 __all__ = ["DESIGNS", "Design", "FlowOptions", "build_parser", "parse_args", "find_tool", "tools_available",
            "run_design", "main"]
@@ -469,14 +469,6 @@ def parse_args(argv: list[str] | None = None):
 
 
 # --- tools ----------------------------------------------------------------------------------------------------
-
-
-def find_tool(name: str) -> str | None:
-    """The YoWASP launcher *name*: next to this Python first (a venv need not be activated), then PATH."""
-    here = Path(sys.executable).parent / name
-    if here.is_file() and os.access(here, os.X_OK):
-        return str(here)
-    return shutil.which(name)
 
 
 def tools_available() -> tuple[bool, str]:

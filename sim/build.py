@@ -44,7 +44,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 from xml.etree import ElementTree
 
 from ..params import SwitchParams
-from ..hdl.toolchain import setup_verilator_env, tool_versions
+from ..hdl.toolchain import build_root, setup_verilator_env, tool_versions
 
 __all__ = [
     "TOP", "CLOCK", "RESET", "SIM_BUILD_ARGS", "TIMESCALE", "BLOCK_MAKE_VARS",
@@ -118,17 +118,6 @@ class TestRun:
 
 
 # --- locations ------------------------------------------------------------------------------------------------
-
-
-def build_root() -> Path:
-    """Root of all build products: ``$CAIS_BUILD_DIR``, else ``<repo>/build`` (cwd/build if not in a repo)."""
-    env = os.environ.get("CAIS_BUILD_DIR")
-    if env:
-        return Path(env).resolve()
-    repo = Path(__file__).resolve().parents[1]
-    if (repo / "pyproject.toml").is_file() and (repo / "hdl").is_dir():
-        return repo / "build"
-    return Path.cwd() / "build"
 
 
 def default_sources() -> list[Path]:

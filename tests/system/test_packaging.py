@@ -34,7 +34,8 @@ def test_extras_split():
     assert "pytest" in names["test"]
     assert extras["torch"] == ["torch==2.13.0"]          # exactly: a looser pin pulls CUDA builds of GBs
     assert {"scikit-learn", "matplotlib"} <= names["examples"] and "cais[torch]" in extras["examples"]
-    assert extras["dev"] == ["cais[sim,bench,test,torch,examples]"]
+    assert {"amaranth-boards"} <= names["board"] and "cais[bench]" in extras["board"]
+    assert extras["dev"] == ["cais[sim,bench,board,test,torch,examples]"]
 
 
 def test_entry_points_resolve():

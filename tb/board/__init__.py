@@ -1,0 +1,1 @@
+"""The board top under cocotb + Verilator (make board-sim, docs/board.md)."""
