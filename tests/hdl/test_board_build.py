@@ -1,8 +1,8 @@
 """make bitstream (cais.hdl.board.build): the report parser and timing check on a nextpnr report written by
-hand, the CLI's refusal of bad arguments, the PLL's arithmetic; the full build only under the pnr marker."""
+hand, the CLI's refusal of bad arguments, the PLL's arithmetic. The full build (13-20 minutes) is
+`make bitstream`'s, not the suite's: alone it would take make test past its ten minutes."""
 
 import json
-import shutil
 
 import pytest
 
@@ -85,16 +85,3 @@ def test_pll_settings():
     assert VERSA_CONFIG.clk_freq == 62_500_000 and PLL["CLKOS2_SHIFT"] == 1
     # the switch outruns both ports: 8 bytes a cycle against Gigabit Ethernet's 125 MB/s
     assert VERSA_CONFIG.params.beat_bytes * f["sync"] >= 4 * 125e6
-
-
-@pytest.mark.pnr
-@pytest.mark.slow
-def test_bitstream_builds_and_meets_timing(tmp_path):
-    """The whole flow (about 13-20 minutes here: synthesis 3-8, place and route about 10): a bitstream,
-    every clock met."""
-    parsed = board_build.build("versa_ecp5", tmp_path / "versa", log=lambda *_: None)
-    assert (tmp_path / "versa" / "cais.bit").stat().st_size > 100_000
-    assert parsed["clocks"] and all(c["met"] for c in parsed["clocks"])
-    assert {c["role"] for c in parsed["clocks"]} >= {"switch (sync)", "RGMII transmit (tx)",
-                                                      "RGMII receive, port 0 (rx0)", "RGMII receive, port 1 (rx1)"}
-    shutil.rmtree(tmp_path / "versa", ignore_errors=True)
