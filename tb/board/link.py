@@ -44,6 +44,7 @@ class BoardLink:
         self.uart_in = UartSource(dut.uart_rx, baud=config.baud, bits=8)
         self.uart_out = UartSink(dut.uart_tx, baud=config.baud, bits=8)
         self._t0 = 0
+        self._seq = 0              # the UART requests' sequence byte: a new one for each (a repeat is a retry)
         self.bad_received = []     # frames from the board whose FCS or RX_ER was wrong: never expected
 
     @classmethod
@@ -116,9 +117,14 @@ class BoardLink:
             raise RegisterError(f"write {addr:#05x}: {status.name}")
 
     # --- the UART -----------------------------------------------------------------------------------------
+    def next_seq(self) -> int:
+        """A sequence byte no request has used last (the bridge answers a repeated WRITE as a retry)."""
+        self._seq = (self._seq + 1) & 0xFF
+        return self._seq
+
     async def request(self, command, addr: int = 0, data: int | None = None):
         """One request over the UART; its (status, data) reply."""
-        return await self.exchange(uartproto.encode_request(command, addr, data))
+        return await self.exchange(uartproto.encode_request(command, self.next_seq(), addr, data))
 
     async def exchange(self, raw: bytes):
         """Send *raw* bytes on the UART and decode the one reply they get."""
@@ -126,4 +132,5 @@ class BoardLink:
         reply = bytearray()
         while len(reply) < uartproto.REPLY_BYTES:     # one byte at a time: read(n) fails when fewer are queued
             reply += await self.uart_out.read(1)
-        return uartproto.decode_reply(bytes(reply))
+        status, _seq, data = uartproto.decode_reply(bytes(reply))
+        return status, data

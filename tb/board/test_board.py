@@ -102,7 +102,8 @@ async def board_uart_edges(dut):
     quiet_bfms(dut)
     regs = register_map(link.params)
     addr = regs["DROP_BAD_FCS"].address()
-    raw = bytearray(uartproto.encode_request(uartproto.Command.WRITE, regs["SWITCH_MAC_LO"].address(), 0x1234))
+    raw = bytearray(uartproto.encode_request(uartproto.Command.WRITE, link.next_seq(), regs["SWITCH_MAC_LO"].address(),
+                                                0x1234))
     raw[-1] ^= 0x01
     status, _ = await link.exchange(bytes(raw))
     assert status == uartproto.Status.BAD_CHECKSUM
