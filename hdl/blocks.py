@@ -52,11 +52,10 @@ __all__ = ["StreamPorts", "IngressBlock", "SramBlock", "FoldBlock", "CsrBlock", 
 
 #: The AXI4-Lite address width of the csr block (the switch's: one 4 KiB page).
 CSR_ADDR_WIDTH = 12
-#: The uart block's clock (the testbenches' 10 ns clock, cais.tb.common.CLOCK_NS) and line rate: 4 cycles
-#: per bit, the receiver's least (cais.hdl.board.uart.MIN_DIVISOR), so a simulated request and its reply take
-#: about 650 cycles.
+#: The uart block's clock (the testbenches' 10 ns clock, cais.tb.common.CLOCK_NS) and line rate: 8 cycles
+#: per bit, so a simulated request and its reply take about 1300 cycles.
 UART_CLK_FREQ = 100_000_000
-UART_BAUD = UART_CLK_FREQ // 4
+UART_BAUD = UART_CLK_FREQ // 8
 
 
 class StreamPorts(wiring.Signature):
