@@ -9,6 +9,7 @@ while the simulation runs, and returns its result.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import threading
 
@@ -62,9 +63,13 @@ class PtyUart:
                 os.write(self._master, out)
                 self.from_design += len(out)
 
-    async def run_host(self, fn, *, max_cycles: int = 50_000_000, poll: int = 1000):
+    async def run_host(self, fn, *, max_cycles: int = 50_000_000, poll: int = 1000, hang_seconds: float = 600.0):
         """Run ``fn()`` in a thread while the simulation runs (checked every ``poll`` cycles); its result, or
-        its exception raised here. AssertionError if it is still running after ``max_cycles``."""
+        its exception raised here. AssertionError if it is still running after ``max_cycles``.
+
+        ``hang_seconds`` is a hang guard, not a timing check: if the simulation and the thread together stop
+        making progress (a deadlock between them would stop the cycle count too), every thread's stack goes
+        to the simulator's log and the process exits, so the run fails with a trace instead of hanging."""
         outcome = {}
 
         def body():
@@ -75,11 +80,15 @@ class PtyUart:
 
         thread = threading.Thread(target=body, name="host-on-pty", daemon=True)
         thread.start()
-        waited = 0
-        while thread.is_alive():
-            assert waited < max_cycles, f"the host code did not finish within {max_cycles} cycles"
-            await ClockCycles(self.clk, poll)
-            waited += poll
+        faulthandler.dump_traceback_later(hang_seconds, exit=True)
+        try:
+            waited = 0
+            while thread.is_alive():
+                assert waited < max_cycles, f"the host code did not finish within {max_cycles} cycles"
+                await ClockCycles(self.clk, poll)
+                waited += poll
+        finally:
+            faulthandler.cancel_dump_traceback_later()
         if "error" in outcome:
             raise outcome["error"]
         return outcome.get("value")
