@@ -4,7 +4,7 @@ pumped to and from cocotbext-uart's models on the design's pins (cocotb).
 
 Used by tb/uart (the bridge in front of the register block) and by the board's simulation (the whole board top):
 ``PtyUart(dut.clk, dut.uart_rx, dut.uart_tx, baud)``, then ``await pty.run_host(fn)`` runs ``fn()`` in a thread
-while the simulation runs, and returns its result.
+while the simulation runs, and returns its result; :func:`controller_session` is the host code both run.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import cocotb
 from cocotb.triggers import ClockCycles
 from cocotbext.uart import UartSink, UartSource
 
-__all__ = ["PtyUart"]
+__all__ = ["PtyUart", "controller_session"]
 
 
 class PtyUart:
@@ -97,3 +97,35 @@ class PtyUart:
         self._pump.cancel()
         os.close(self._master)
         os.close(self._slave)
+
+
+#: The two ranks' MACs the testbenches' controller sessions program.
+SESSION_MACS = [0x02CA_0000_0010, 0x02CA_0000_0011]
+
+
+def controller_session(path: str, *, on_write=None):
+    """The controller's bring-up over the serial line at ``path`` (a :class:`PtyUart`'s slave side), for
+    :meth:`PtyUart.run_host`: :class:`~cais.serial_link.SerialLink` reads the build's parameters and clock from
+    the CONST registers, the controller programs the MAC table of ranks 0 and 1 on ports 0 and 1 and a group
+    of both, and reads the counters back. ``on_write(addr, value)`` sees every register write before it is
+    made. Returns ``(params, clock_hz, group, counters, failures)``."""
+    from cais.config import Config
+    from cais.controller import Controller
+    from cais.link import run_sync
+    from cais.serial_link import SerialLink
+
+    link = SerialLink(path, timeout=30.0, quiet=0.2)    # the pty's baud is nominal: the simulated line sets the rate
+    try:
+        if on_write is not None:
+            inner = link.write
+
+            async def spy(addr, value):
+                on_write(addr, value)
+                await inner(addr, value)
+            link.write = spy
+        ctl = Controller(link, Config(offload="always", slots_per_group=2), [0, 1], SESSION_MACS)
+        run_sync(ctl.start())
+        group = run_sync(ctl.create_group([0, 1]))
+        return link.params, link.clock_hz, group, run_sync(ctl.read_counters()), link.failures
+    finally:
+        link.close()

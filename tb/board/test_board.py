@@ -123,11 +123,7 @@ async def board_controller_over_uart(dut):
     SerialLink reads the build's parameters and clock, the controller (cais.controller) programs the MAC
     table and a group's rule and reads the counters back, which count the frames sent on the RGMII pins
     before: two with a wrong FCS (BAD_FCS), three good ones flooded to port 1 (FORWARDED)."""
-    from cais.config import Config
-    from cais.controller import Controller
-    from cais.link import run_sync
-    from cais.serial_link import SerialLink
-    from cais.sim.links.serial import PtyUart
+    from cais.sim.links.serial import PtyUart, controller_session
 
     link = await BoardLink.start(dut, sim_config())
     quiet_bfms(dut)
@@ -144,19 +140,8 @@ async def board_controller_over_uart(dut):
     assert link.take_received() == [(1, g) for g in good]
     pty = PtyUart(dut.clk, dut.uart_rx, dut.uart_tx, link.config.baud, every=100)
 
-    def host():
-        serial = SerialLink(pty.path, timeout=30.0, quiet=0.2)      # the pty's baud is nominal
-        try:
-            ctl = Controller(serial, Config(offload="always", slots_per_group=2), [0, 1],
-                             [0x02CA_0000_0010, 0x02CA_0000_0011])
-            run_sync(ctl.start())
-            group = run_sync(ctl.create_group([0, 1]))
-            return serial.params, serial.clock_hz, group, run_sync(ctl.read_counters()), serial.failures
-        finally:
-            serial.close()
-
     try:
-        params, clock_hz, group, counters, failures = await pty.run_host(host)
+        params, clock_hz, group, counters, failures = await pty.run_host(lambda: controller_session(pty.path))
     finally:
         pty.close()
     assert params == link.params and clock_hz == link.config.clk_freq and failures == 0

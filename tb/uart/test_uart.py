@@ -192,11 +192,7 @@ async def controller_over_a_pty(dut):
     registers, the controller (cais.controller) programs the MAC table and a group's rule, and reads the
     counters back. Every register write it makes is seen at the register block (CONFIG ports, command
     strobes); the counters read equal the increments driven here."""
-    from cais.config import Config
-    from cais.controller import Controller
-    from cais.link import run_sync
-    from cais.serial_link import SerialLink
-    from cais.sim.links.serial import PtyUart
+    from cais.sim.links.serial import PtyUart, controller_session
 
     tb = TB(dut)
     await tb.start(models=False)
@@ -210,26 +206,9 @@ async def controller_over_a_pty(dut):
     dut.rx_frames_inc__1.value = 0
     writes = []
 
-    def host():
-        # the pty's baud is nominal; the line's real rate is the simulated UART's
-        link = SerialLink(pty.path, timeout=30.0, quiet=0.2)
-        try:
-            inner = link.write
-
-            async def spy(addr, value):
-                writes.append((addr, value))
-                await inner(addr, value)
-            link.write = spy
-            ctl = Controller(link, Config(offload="always", slots_per_group=2), [0, 1],
-                             [0x02CA_0000_0010, 0x02CA_0000_0011])
-            run_sync(ctl.start())
-            group = run_sync(ctl.create_group([0, 1]))
-            return link.params, link.clock_hz, group, run_sync(ctl.read_counters()), link.failures
-        finally:
-            link.close()
-
     try:
-        params, clock_hz, group, counters, failures = await pty.run_host(host)
+        params, clock_hz, group, counters, failures = await pty.run_host(
+            lambda: controller_session(pty.path, on_write=lambda addr, value: writes.append((addr, value))))
     finally:
         pty.close()
     assert params == tb.params and clock_hz == UART_CLK_FREQ

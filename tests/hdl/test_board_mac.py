@@ -167,6 +167,14 @@ def test_tx_into_rx_loop():
     frames = [bytes(range(n)) for n in (20, 64, 90)]
     got, cur = [], bytearray()
 
+    async def tick_and_take(ctx):
+        await ctx.tick()
+        if ctx.get(dut.rx.o.valid):
+            cur.append(ctx.get(dut.rx.o.data))
+            if ctx.get(dut.rx.o.last):
+                got.append((bytes(cur), ctx.get(dut.rx.o.bad)))
+                cur.clear()
+
     async def tb(ctx):
         for f in frames:
             for k, b in enumerate(f):
@@ -175,22 +183,12 @@ def test_tx_into_rx_loop():
                 ctx.set(dut.tx.i.last, k == len(f) - 1)
                 while True:
                     ready = ctx.get(dut.tx.i.ready)
-                    await ctx.tick()
-                    if ctx.get(dut.rx.o.valid):
-                        cur.append(ctx.get(dut.rx.o.data))
-                        if ctx.get(dut.rx.o.last):
-                            got.append((bytes(cur), ctx.get(dut.rx.o.bad)))
-                            cur.clear()
+                    await tick_and_take(ctx)
                     if ready:
                         break
         ctx.set(dut.tx.i.valid, 0)
         for _ in range(40):
-            await ctx.tick()
-            if ctx.get(dut.rx.o.valid):
-                cur.append(ctx.get(dut.rx.o.data))
-                if ctx.get(dut.rx.o.last):
-                    got.append((bytes(cur), ctx.get(dut.rx.o.bad)))
-                    cur.clear()
+            await tick_and_take(ctx)
 
     run(dut, tb)
     assert got == [(f + bytes(max(0, 60 - len(f))), 0) for f in frames]
