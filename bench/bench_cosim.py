@@ -96,8 +96,7 @@ def parse_args(argv):
                     help="int32 elements per rank on the slow links (amaranth, cocotb)")
     ap.add_argument("--ranks", default="2,4,8", help="comma-separated rank counts for switch vs ring (2..16)")
     ap.add_argument("--ring-elements", type=integer(1), default=16384,
-                    help="int32 elements per rank for switch vs ring (the host ring retransmits spuriously on "
-                         "large tensors: it sends a whole segment at once, past its timer)")
+                    help="int32 elements per rank for switch vs ring")
     ap.add_argument("--links", default=",".join(LINKS), help=f"comma-separated subset of {', '.join(LINKS)}")
     ap.add_argument("--json", action="store_true", help="print one JSON object with the figures, no table")
     args = ap.parse_args(argv)

@@ -566,7 +566,7 @@ class World:
                                  ring_op_id(c.op_seq, c.epoch), c.data,
                                  c.op, state.mac, self.config.timeout_s, now=self.now, dtype=k.dtype,
                                  saturate=k.saturate, reproducible=k.reproducible, acc_fp32=k.acc_fp32,
-                                 fold_order=order)
+                                 fold_order=order, window=self.config.ring_window)
         c.path = "ring"
 
     def _step_engines(self) -> int:

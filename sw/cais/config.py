@@ -13,6 +13,8 @@ import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from .ring import DEFAULT_WINDOW as DEFAULT_RING_WINDOW
+
 __all__ = ["Config", "ConfigError"]
 
 
@@ -38,6 +40,8 @@ class Config:
     retry_limit: int = 8
     # Chunks in flight per rank; also never more than the group's slot quota.
     max_pending_chunks: int = 32
+    # Host ring fallback: DATA fragments (frames of up to 1,514 bytes) a rank has in flight, unacknowledged.
+    ring_window: int = DEFAULT_RING_WINDOW
     # Fraction of the switch's slot memory the controller hands out; groups beyond it stay on the hosts.
     sram_usage_limit: float = 0.75
     # The controller re-evaluates its statistics and threshold this often (simulated time).
@@ -73,7 +77,7 @@ class Config:
             if not ok:
                 raise ConfigError(f"{key}={getattr(self, key)!r}: {what}")
 
-        types = {"chunk_size": int, "retry_limit": int, "max_pending_chunks": int, "slots_per_group": int,
+        types = {"chunk_size": int, "retry_limit": int, "max_pending_chunks": int, "ring_window": int, "slots_per_group": int,
                  "controller_port": int, "controller_address": str, "offload": str, "float_mode": str,
                  "accumulate": str, "reproducible": bool, "saturate": bool}
         names = {int: "an integer", float: "a finite number", str: "a string", bool: "true or false"}
@@ -93,6 +97,7 @@ class Config:
         need(self.timeout_ms > 0, "timeout_ms", "must be positive")
         need(self.retry_limit >= 0, "retry_limit", "must be 0 or more")
         need(self.max_pending_chunks >= 1, "max_pending_chunks", "must be at least 1")
+        need(self.ring_window >= 1, "ring_window", "must be at least 1")
         need(0.0 < self.sram_usage_limit <= 1.0, "sram_usage_limit", "must be in (0, 1]")
         need(self.reevaluate_interval_ms > 0, "reevaluate_interval_ms", "must be positive")
         need(self.slots_per_group >= 1 and self.slots_per_group & (self.slots_per_group - 1) == 0,

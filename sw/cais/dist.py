@@ -395,7 +395,8 @@ class ProcessGroup:
             k = op.ckind
             op.engine = RingAllReduce(index, macs, op.group.group_id, op.seq, op.data, k.op, self.mac,
                                       self.config.timeout_s, now=now, dtype=k.dtype, saturate=k.saturate,
-                                      reduce_scatter=True, max_payload=DEFAULT_MAX_PAYLOAD - self._seal_bytes)
+                                      reduce_scatter=True, max_payload=DEFAULT_MAX_PAYLOAD - self._seal_bytes,
+                                      window=self.config.ring_window)
             op.state, op.work.path = "ring", "ring"
             self._replay(op.engine, now)
         else:
@@ -420,7 +421,7 @@ class ProcessGroup:
                                   op.group.group_id, ring_op_id(op.seq, op.epoch), op.data, k.op, self.mac,
                                   self.config.timeout_s, now=now, dtype=k.dtype, saturate=k.saturate,
                                   reproducible=k.reproducible, acc_fp32=k.acc_fp32, fold_order=order,
-                                  max_payload=DEFAULT_MAX_PAYLOAD - self._seal_bytes)
+                                  max_payload=DEFAULT_MAX_PAYLOAD - self._seal_bytes, window=self.config.ring_window)
         op.state, op.work.path, op.on_ring, op.next_poll = "ring", "ring", True, now + STATUS_S
         self._replay(op.engine, now)
 

@@ -39,6 +39,7 @@ previous one is done).
 from __future__ import annotations
 
 import heapq
+from collections import deque
 
 import numpy as np
 
@@ -47,12 +48,17 @@ from .protocol import (ETH_HEADER_BYTES, HOST_ETHERTYPE, HOST_HEADER_BYTES, DTyp
                        HostKind, ReduceOp, build_host_frame)
 from .rto import RetransmitTimer
 
-__all__ = ["RingAllReduce", "block_bounds", "MAX_BACKOFF", "DEFAULT_MAX_PAYLOAD"]
+__all__ = ["RingAllReduce", "block_bounds", "MAX_BACKOFF", "DEFAULT_MAX_PAYLOAD", "DEFAULT_WINDOW"]
 
 # Payload bytes per frame by default: a full 1514-byte untagged frame (14 + 16 + 1484).
 DEFAULT_MAX_PAYLOAD = 1500 - HOST_HEADER_BYTES
-# The retransmission interval doubles per retry up to this multiple of the timeout.
+# The RTO backs off (doubles per expiry) up to this multiple of the configured timeout.
 MAX_BACKOFF = 64
+# DATA fragments a rank has sent and not yet had acknowledged, at most (docs/ring.md, "Window"). The
+# queue a window builds at the rank's port must stay inside the retransmission timer: 16 full frames are
+# 19 us at 10 Gb/s (the simulated switch's 8-byte ports at 156.25 MHz) and 194 us at 1 Gb/s, against the
+# default 100 us timer (which backs off and learns the longer round trip at 1 Gb/s, cais.rto).
+DEFAULT_WINDOW = 16
 
 _HDR_END = ETH_HEADER_BYTES + HOST_HEADER_BYTES  # payload starts here (byte 30)
 
@@ -88,7 +94,7 @@ class RingAllReduce:
                  op: ReduceOp, my_mac: int, timeout_s: float, max_payload: int = DEFAULT_MAX_PAYLOAD,
                  now: float = 0.0, *, dtype: DType | None = None, saturate: bool = False,
                  reproducible: bool = False, acc_fp32: bool = False, fold_order: list[int] | None = None,
-                 reduce_scatter: bool = False):
+                 reduce_scatter: bool = False, window: int = DEFAULT_WINDOW):
         n = len(ring_macs)
         if n < 1:
             raise ValueError("ring_macs: the ring needs at least one rank")
@@ -106,6 +112,9 @@ class RingAllReduce:
             raise ValueError(f"op_seq={op_seq}: must fit 32 bits")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s={timeout_s}: must be positive")
+        if not (isinstance(window, int) and window >= 1):
+            raise ValueError(f"window={window!r}: must be an integer of at least 1 (fragments in flight)")
+        self.window = window
         self.op = ReduceOp(op)
         arr = np.asarray(data)
         if arr.ndim != 1:
@@ -166,8 +175,10 @@ class RingAllReduce:
         # Sending side.
         self._send_step = 0        # next own step to send
         self._pending: dict[tuple[int, int], list] = {}  # (step, frag) -> [frame, deadline, retries, sent]
+        self._unsent: deque[tuple[int, int, bytes]] = deque()  # (step, frag, frame) waiting for the window
         self._timers: list[tuple[float, int, int]] = []  # heap of (deadline, step, frag); stale entries skipped
         self._acks: list[bytes] = []  # ACK frames owed, sent by the next poll()
+        self._backed_off_until = now  # the RTO backs off at most once in this long (cais.rto)
         # Receiving side.
         self._recv_step = 0        # steps 0.._recv_step-1 are applied completely
         self._got: list[set[int]] = [set() for _ in range(self.steps)]  # fragments received per step
@@ -195,7 +206,7 @@ class RingAllReduce:
     @property
     def done(self) -> bool:
         """The result is ready and every DATA fragment this rank sent has been acknowledged."""
-        return self.result_ready and self._send_step == self.steps and not self._pending
+        return self.result_ready and self._send_step == self.steps and not self._pending and not self._unsent
 
     @property
     def result(self) -> np.ndarray:
@@ -220,7 +231,8 @@ class RingAllReduce:
 
     # ------------------------------------------------------------------ driving
     def poll(self, now: float) -> list[bytes]:
-        """Frames to transmit now: owed ACKs, expired retransmissions, then newly allowed DATA."""
+        """Frames to transmit now: owed ACKs, expired retransmissions, then newly allowed DATA (as far as the
+        window allows: a fragment's timer starts when it is handed out here)."""
         out = self._acks
         self._acks = []
         expired = []
@@ -228,16 +240,25 @@ class RingAllReduce:
         while self._timers and self._timers[0][0] <= now:  # in (deadline, step, frag) order: deterministic
             expired.append(heapq.heappop(self._timers))
             self._drop_stale_timers()
-        for _, step, frag in expired:
+        if expired and now >= self._backed_off_until:     # once per RTO, however many fragments expired
+            self.timer.back_off()
+            self._backed_off_until = now + self.timer.rto
+        for _, step, frag in expired:               # repeated after the (backed-off) RTO: RFC 6298 5.4-5.6
             p = self._pending[(step, frag)]
             p[2] += 1
-            p[1] = now + self.timer.timeout(p[2])
+            p[1] = now + self.timer.rto
             heapq.heappush(self._timers, (p[1], step, frag))
             out.append(p[0])
             self.retransmissions += 1
         while self._send_step < self.steps and self._recv_step >= self._send_step:
-            self._send_data_step(self._send_step, now, out)
+            self._queue_data_step(self._send_step)
             self._send_step += 1
+        deadline = now + self.timer.rto
+        while self._unsent and len(self._pending) < self.window:
+            step, frag, frame = self._unsent.popleft()
+            self._pending[(step, frag)] = [frame, deadline, 0, now]
+            heapq.heappush(self._timers, (deadline, step, frag))
+            out.append(frame)
         self.frames_sent += len(out)
         self.bytes_sent += sum(len(f) for f in out)
         return out
@@ -293,18 +314,14 @@ class RingAllReduce:
     def _frags_of_recv_step(self, step: int) -> int:
         return self._frags[self._recv_block(step)]
 
-    def _send_data_step(self, step: int, now: float, out: list[bytes]) -> None:
+    def _queue_data_step(self, step: int) -> None:
         block = self._send_block(step)
         frags = self._frags[block]
-        deadline = now + self.timer.timeout(0)
         for frag in range(frags):
             lo, hi = self._frag_range(block, frag)
             payload = self._buf[lo:hi].astype(self._wire).tobytes()  # a snapshot: later stores can't change it
             hdr = HostHeader(HostKind.DATA, self.group_id, self.op_seq, step, frag, frags, len(payload))
-            frame = build_host_frame(hdr, payload, dst=self.succ_mac, src=self.my_mac)
-            self._pending[(step, frag)] = [frame, deadline, 0, now]
-            heapq.heappush(self._timers, (deadline, step, frag))
-            out.append(frame)
+            self._unsent.append((step, frag, build_host_frame(hdr, payload, dst=self.succ_mac, src=self.my_mac)))
 
     def _on_data(self, eth: EthHeader, hdr: HostHeader, frame: bytes, now: float) -> bool:
         if eth.src != self.pred_mac:

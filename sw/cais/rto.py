@@ -12,6 +12,13 @@ come back faster than its last) nor above ``initial * ceiling``, and a frame's t
 retry, up to ``cap`` times the RTO and never above ``cap`` times the configured timeout (RFC 6298's upper
 bound on the RTO).
 
+A timer that expires backs off the RTO itself, not only the repeated frame's own timeout (RFC 6298 5.5,
+with Karn's algorithm: the backed-off RTO is kept until a frame sent once is answered). Without it, a
+sender whose frames all wait in a queue longer than the RTO repeats every one of them, and no frame is
+answered after one transmission, so no round trip is ever measured: the timer never learns the queue. The
+host ring (cais.ring) backs off at most once per RTO; the switch engine never does (its ``ceiling`` 1 would
+undo it).
+
 The bounds matter to a group: a round trip through the switch ends when the group's last contribution
 arrives, so a rank's measured round trips include its peers' retransmission waits. With 10% loss on 8
 ranks most chunks wait for some peer's repeat, every rank's samples hold the others' timeouts, and the
@@ -39,22 +46,31 @@ class RetransmitTimer:
         self.samples = 0
         self.srtt: float | None = None
         self.rttvar = 0.0
+        self.backoffs = 0                  # doublings of the RTO since the last sample
 
     def sample(self, rtt: float) -> None:
         """A round trip of a frame that was sent once."""
         self.samples += 1
+        self.backoffs = 0
         if self.srtt is None:
             self.srtt, self.rttvar = rtt, rtt / 2
         else:
             self.rttvar = (1 - BETA) * self.rttvar + BETA * abs(self.srtt - rtt)
             self.srtt = (1 - ALPHA) * self.srtt + ALPHA * rtt
 
+    def back_off(self) -> None:
+        """A timer expired: double the RTO until the next sample (never past the ceiling)."""
+        if self.rto < self.initial_s * self.ceiling_factor:
+            self.backoffs += 1
+
     @property
     def rto(self) -> float:
         if self.srtt is None:
-            return self.initial_s
-        floor = self.floor if self.samples >= self.warmup else 1.0
-        return min(self.initial_s * self.ceiling_factor, max(self.initial_s * floor, self.srtt + K * self.rttvar))
+            base = self.initial_s
+        else:
+            floor = self.floor if self.samples >= self.warmup else 1.0
+            base = max(self.initial_s * floor, self.srtt + K * self.rttvar)
+        return min(self.initial_s * self.ceiling_factor, base * 2 ** self.backoffs)
 
     @property
     def longest(self) -> float:

@@ -388,6 +388,70 @@ def test_bad_arguments():
         e.result
 
 
+# ---------------------------------------------------------------- the window on serialising links
+class SerialNet(Net):
+    """Net whose every sender has one link of ``rate`` bytes/s: a frame leaves when the sender's earlier
+    frames have (a queue at the port, as at a switch's or a NIC's), then takes LATENCY to arrive. Records the
+    most DATA fragments any rank ever had unacknowledged."""
+
+    def __init__(self, engines, rate):
+        super().__init__(engines, seed=0)
+        self.rate, self.free_at, self.most_in_flight = rate, {}, 0
+
+    def send(self, frames, t):
+        for f in frames:
+            src = EthHeader.unpack(f).src
+            self.free_at[src] = max(t, self.free_at.get(src, 0.0)) + len(f) / self.rate
+            heapq.heappush(self.heap, (self.free_at[src] + LATENCY, self.seq, f))
+            self.seq += 1
+        self.most_in_flight = max(self.most_in_flight, *(len(e._pending) for e in self.engines))
+
+
+def run_serial(n, length, rate, timeout, **kw):
+    macs, inputs = macs_for(n), make_inputs(n, length, seed_of("serial", n, length))
+    engines = [RingAllReduce(r, macs, GROUP, OP_SEQ, inputs[r], ReduceOp.SUM, macs[r], timeout, **kw)
+               for r in range(n)]
+    net = SerialNet(engines, rate)
+    net.run(t_limit=10.0)
+    want = expected(inputs, ReduceOp.SUM)
+    assert all(np.array_equal(e.result, want) for e in engines)
+    return engines, net
+
+
+TEN_GBE = 1.25e9             # bytes/s: a full 1514-byte fragment leaves in 1.2 us
+
+
+def test_the_window_keeps_a_large_block_inside_the_timer():
+    """4 ranks, 512 KiB each: every step's block is 89 full fragments, 109 us of one 10 Gb/s link, more than
+    the 50 us timer. The window (default 16: 19 us of queue) sends them as ACKs free room: nothing is repeated
+    and no rank ever has more than 16 unacknowledged. Sent all at once (a window larger than a block), the
+    fragments at the end of the queue time out before they have left and are repeated though none was lost."""
+    engines, net = run_serial(4, 131072, TEN_GBE, TIMEOUT)
+    assert engines[0].window == 16 and net.most_in_flight == 16
+    assert sum(e.retransmissions for e in engines) == 0
+    engines, net = run_serial(4, 131072, TEN_GBE, TIMEOUT, window=1000)
+    assert net.most_in_flight >= 89                   # a whole block (or more) at once
+    assert sum(e.retransmissions for e in engines) > 0
+
+
+def test_the_rto_backs_off_until_it_learns_the_queue():
+    """At 1 Gb/s a 16-fragment window queues 194 us, past the 100 us timer: the fragments at the back of the
+    first windows are repeated. The timer backs off (RFC 6298 5.5) and the next fragments, sent once, measure
+    the queue: the RTO ends above it, and most fragments go out once. (A timer that never backed off would get
+    no sample from a frame sent once, Karn, and repeat the back of every window: most of them.)"""
+    engines, _ = run_serial(4, 131072, 1.25e8, 100e-6)
+    assert min(e.timer.rto for e in engines) > 194e-6
+    data_frames = sum(e.frames_sent - e.acks_sent - e.retransmissions for e in engines)
+    assert 0 < sum(e.retransmissions for e in engines) < data_frames / 10
+
+
+def test_a_bad_window_is_refused():
+    macs = macs_for(2)
+    for bad in (0, -3, 2.5):
+        with pytest.raises(ValueError, match="window"):
+            RingAllReduce(0, macs, 0, 0, np.zeros(4, np.int32), ReduceOp.SUM, macs[0], TIMEOUT, window=bad)
+
+
 # ---------------------------------------------------------------- bytes on the wire
 def expected_traffic(n, length, r, max_payload=1484, item=4):
     """(frames, bytes, payload bytes) rank r sends in a loss-free run, derived from the schedule alone."""
