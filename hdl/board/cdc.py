@@ -115,15 +115,15 @@ class AxisToTx(wiring.Component):
     Members
     -------
     i : In(AxisSignature(data_width))
-        In ``sync``.
+        In ``w_domain`` (default ``sync``: the switch's clock).
     o : Out(ByteStreamSignature(ready=True))
         In ``tx_domain``; ``bad`` is always 0.
     """
 
-    def __init__(self, data_width: int, depth: int, *, tx_domain: str = "tx"):
+    def __init__(self, data_width: int, depth: int, *, tx_domain: str = "tx", w_domain: str = "sync"):
         self.beat_bytes = data_width // 8
         self.depth = depth
-        self.tx_domain = tx_domain
+        self.tx_domain, self.w_domain = tx_domain, w_domain
         super().__init__({"i": In(AxisSignature(data_width)), "o": Out(ByteStreamSignature(ready=True))})
 
     def elaborate(self, platform):
@@ -132,7 +132,7 @@ class AxisToTx(wiring.Component):
         layout = _beat_layout(B)
         # buffered: the read data comes from a register, not from a block RAM's unregistered output (5.6 ns
         # on the ECP5) in front of the byte select at 125 MHz
-        m.submodules.fifo = fifo = AsyncFIFOBuffered(width=layout.size, depth=self.depth, w_domain="sync",
+        m.submodules.fifo = fifo = AsyncFIFOBuffered(width=layout.size, depth=self.depth, w_domain=self.w_domain,
                                                      r_domain=self.tx_domain)
         keep_count = Signal(range(B))      # the highest kept lane (tkeep is contiguous from lane 0)
         for k in range(B):
