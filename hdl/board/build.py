@@ -109,9 +109,9 @@ def format_report(parsed: dict, header: list[str]) -> str:
     for name, (used, avail) in parsed["resources"].items():
         share = f"{100 * used / avail:.1f}%" if avail else "-"
         out.append(f"{name:<22}{used:>8,}{avail:>8,}{share:>8}")
-    out += ["", f"{'clock':<32}{'net':<22}{'constraint MHz':>16}{'achieved MHz':>14}  met"]
+    out += ["", f"{'clock':<34}{'net':<22}{'constraint MHz':>16}{'achieved MHz':>14}  met"]
     for c in parsed["clocks"]:
-        out.append(f"{c['role']:<32}{c['net']:<22}{c['constraint_mhz']:>16.2f}{c['achieved_mhz']:>14.2f}  "
+        out.append(f"{c['role']:<34}{c['net']:<22}{c['constraint_mhz']:>16.2f}{c['achieved_mhz']:>14.2f}  "
                    f"{'yes' if c['met'] else 'NO'}")
     return "\n".join(out) + "\n"
 
