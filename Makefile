@@ -71,7 +71,7 @@ fuzz: $(STAMP) ## 100,000 fuzz frames on the Verilator link against the model (p
 faults: $(STAMP) ## 8 ranks, 1000+ chunks, 10% loss + 5% duplication + 5% reordering per port, on the Verilated switch (python -m cais.sim.scale)
 	$(VPY) -m cais.sim.scale $(ARGS)
 
-bitstream: $(STAMP) ## The ECP5 Versa board's bitstream and report in build/board/versa_ecp5/ (yowasp yosys + nextpnr + ecppack; ARGS="--seed 2 --no-float-units")
+bitstream: $(STAMP) ## The ECP5 Versa board's bitstream and report in build/board/versa_ecp5/ (yowasp yosys + nextpnr + ecppack; ARGS="--seed 3 --no-float-units"; seed 2 by default)
 	$(VPY) -m cais.hdl.board.build $(ARGS)
 
 board-sim: $(STAMP) ## The board top under Verilator + cocotb: all-reduce over RGMII from two hosts, FCS/runt/giant/cut frames, the controller over the UART (ARGS="--short")

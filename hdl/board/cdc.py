@@ -60,7 +60,7 @@ class RxToAxis(wiring.Component):
                                              r_domain="sync")
 
         # packing in rx_domain
-        buf = Signal(8 * B)
+        buf = Signal(8 * B, reset_less=True)
         count = Signal(range(B))           # bytes already in buf
         beat = Signal(layout)              # a finished beat, written this cycle when `put`
         put = Signal()
@@ -79,7 +79,7 @@ class RxToAxis(wiring.Component):
 
         # the finished beat waits a cycle in a register: the byte packing and the FIFO's write control are
         # two steps at 125 MHz, not one
-        put_r, beat_r = Signal(), Signal(layout)
+        put_r, beat_r = Signal(), Signal(layout, reset_less=True)
         rx += [put_r.eq(put), beat_r.eq(beat)]
 
         lose = Signal()                    # this beat is not written
@@ -115,15 +115,15 @@ class AxisToTx(wiring.Component):
     Members
     -------
     i : In(AxisSignature(data_width))
-        In ``sync``.
+        In ``w_domain`` (default ``sync``: the switch's clock).
     o : Out(ByteStreamSignature(ready=True))
         In ``tx_domain``; ``bad`` is always 0.
     """
 
-    def __init__(self, data_width: int, depth: int, *, tx_domain: str = "tx"):
+    def __init__(self, data_width: int, depth: int, *, tx_domain: str = "tx", w_domain: str = "sync"):
         self.beat_bytes = data_width // 8
         self.depth = depth
-        self.tx_domain = tx_domain
+        self.tx_domain, self.w_domain = tx_domain, w_domain
         super().__init__({"i": In(AxisSignature(data_width)), "o": Out(ByteStreamSignature(ready=True))})
 
     def elaborate(self, platform):
@@ -132,7 +132,7 @@ class AxisToTx(wiring.Component):
         layout = _beat_layout(B)
         # buffered: the read data comes from a register, not from a block RAM's unregistered output (5.6 ns
         # on the ECP5) in front of the byte select at 125 MHz
-        m.submodules.fifo = fifo = AsyncFIFOBuffered(width=layout.size, depth=self.depth, w_domain="sync",
+        m.submodules.fifo = fifo = AsyncFIFOBuffered(width=layout.size, depth=self.depth, w_domain=self.w_domain,
                                                      r_domain=self.tx_domain)
         keep_count = Signal(range(B))      # the highest kept lane (tkeep is contiguous from lane 0)
         for k in range(B):
@@ -145,12 +145,15 @@ class AxisToTx(wiring.Component):
         # Two beat registers and a byte register in tx_domain: `cur` is being cut into bytes, `nxt` is
         # fetched ahead whenever it is empty (so the FIFO's read enable is a register's output), and the byte
         # for the MAC leaves from a register (the MAC's CRC network follows it). Each cut at 125 MHz.
+        # Only the valid bits and the index reset: the beats and the byte are loaded before they are used
+        # (fewer loads on the 125 MHz reset net).
         tx = m.d[self.tx_domain]
-        cur, nxt = Signal(layout), Signal(layout)
+        cur, nxt = Signal(layout, reset_less=True), Signal(layout, reset_less=True)
         cur_valid, nxt_valid = Signal(), Signal()
         index = Signal(range(B))
         at_end = index == cur.count
-        out_valid, out_data, out_last = Signal(), Signal(8), Signal()
+        out_valid = Signal()
+        out_data, out_last = Signal(8, reset_less=True), Signal(reset_less=True)
         m.d.comb += [
             self.o.valid.eq(out_valid), self.o.data.eq(out_data), self.o.last.eq(out_last),
             fifo.r_en.eq(~nxt_valid),

@@ -118,9 +118,9 @@ class MacRx(wiring.Component):
         m = Module()
         g, o = self.gmii, self.o
 
-        crc = Signal(32, init=CRC_INIT)
+        crc = Signal(32, init=CRC_INIT, reset_less=True)     # loaded at each frame's start
         held = Signal(range(6))                    # bytes in the shift register (saturates at 5)
-        sr = [Signal(8, name=f"sr{i}") for i in range(5)]   # sr[0] newest
+        sr = [Signal(8, name=f"sr{i}", reset_less=True) for i in range(5)]   # sr[0] newest
         length = Signal(range(MIN_FRAME_FCS + 1))  # saturates at 64: only the runt check needs it
         err = Signal()
 
@@ -191,32 +191,36 @@ class MacTx(wiring.Component):
         m = Module()
         i, g = self.i, self.gmii
 
-        crc = Signal(32)
+        # Only the control state resets (the FSM, count, TX_EN, TX_ER, the events): the data registers are
+        # loaded before they are used, and fewer loads on the reset net keep it short at 125 MHz.
+        crc = Signal(32, reset_less=True)
         count = Signal(range(max(MIN_PAYLOAD_FRAME, IFG_BYTES, PREAMBLE_BYTES) + 1))
-        fcs = Signal(32)
+        fcs = Signal(32, reset_less=True)
+        data = Signal(8, reset_less=True)       # TXD, registered; 0 between frames
+        m.d.comb += g.data.eq(data)
 
         # The CRC folds in each byte as it is registered for sending, so the FCS's first byte is the
         # register inverted (one gate to the output). The source's byte must come from a register (125 MHz:
         # AxisToTx's output stage), as it passes the CRC's XOR network.
-        m.d.sync += [g.en.eq(0), g.er.eq(0), g.data.eq(0), self.ev_frame.eq(0), self.ev_underrun.eq(0)]
+        m.d.sync += [g.en.eq(0), g.er.eq(0), data.eq(0), self.ev_frame.eq(0), self.ev_underrun.eq(0)]
 
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(i.valid):
-                    m.d.sync += [g.en.eq(1), g.data.eq(PREAMBLE), count.eq(1)]
+                    m.d.sync += [g.en.eq(1), data.eq(PREAMBLE), count.eq(1)]
                     m.next = "PREAMBLE"
             with m.State("PREAMBLE"):
                 m.d.sync += g.en.eq(1)
                 with m.If(count == PREAMBLE_BYTES):
-                    m.d.sync += [g.data.eq(SFD), count.eq(0), crc.eq(CRC_INIT)]
+                    m.d.sync += [data.eq(SFD), count.eq(0), crc.eq(CRC_INIT)]
                     m.next = "DATA"
                 with m.Else():
-                    m.d.sync += [g.data.eq(PREAMBLE), count.eq(count + 1)]
+                    m.d.sync += [data.eq(PREAMBLE), count.eq(count + 1)]
             with m.State("DATA"):
                 m.d.comb += i.ready.eq(1)
                 m.d.sync += g.en.eq(1)
                 with m.If(i.valid):
-                    m.d.sync += [g.data.eq(i.data), crc.eq(crc_byte(crc, i.data))]
+                    m.d.sync += [data.eq(i.data), crc.eq(crc_byte(crc, i.data))]
                     with m.If(count < MIN_PAYLOAD_FRAME):
                         m.d.sync += count.eq(count + 1)
                     with m.If(i.last):
@@ -226,14 +230,14 @@ class MacTx(wiring.Component):
                     m.next = "DRAIN"
             with m.State("PAD"):
                 with m.If(count < MIN_PAYLOAD_FRAME):
-                    m.d.sync += [g.en.eq(1), g.data.eq(0), crc.eq(crc_byte(crc, Const(0, 8))),
+                    m.d.sync += [g.en.eq(1), data.eq(0), crc.eq(crc_byte(crc, Const(0, 8))),
                                  count.eq(count + 1)]
                 with m.Else():
                     # the FCS: the register inverted, least significant byte first
-                    m.d.sync += [g.en.eq(1), g.data.eq(~crc[:8]), fcs.eq(~crc >> 8), count.eq(1)]
+                    m.d.sync += [g.en.eq(1), data.eq(~crc[:8]), fcs.eq(~crc >> 8), count.eq(1)]
                     m.next = "FCS"
             with m.State("FCS"):
-                m.d.sync += [g.en.eq(1), g.data.eq(fcs[:8]), fcs.eq(fcs >> 8), count.eq(count + 1)]
+                m.d.sync += [g.en.eq(1), data.eq(fcs[:8]), fcs.eq(fcs >> 8), count.eq(count + 1)]
                 with m.If(count == 3):
                     m.d.sync += [self.ev_frame.eq(1), count.eq(0)]
                     m.next = "GAP"

@@ -77,7 +77,7 @@ class RgmiiPhy(wiring.Component):
         # d0: sampled at the rising edge (bits 3:0, EN), d1: at the falling edge (7:4, EN ^ ER), both
         # presented in rx_domain; t0/t1: what the tx_domain's rising / falling half of a cycle carries.
         rx_d0, rx_d1 = Signal(5), Signal(5)
-        tx_t0, tx_t1 = Signal(5), Signal(5)
+        tx_t0, tx_t1 = Signal(5, reset_less=True), Signal(5, reset_less=True)   # copies of the MAC's registers
         if self.pads is None:
             self._sim_pins(m, rx_clk, rx_d0, rx_d1, tx_t0, tx_t1)
         else:
