@@ -8,7 +8,7 @@ from cais.params import SwitchParams
 from ..common.enums import Action, DType, ReduceOp
 from ..sram.banks import bank_addr_bits
 
-__all__ = ["decision_layout", "job_layout", "bank_addr_bits"]
+__all__ = ["decision_layout", "job_layout", "bank_addr_bits", "uplink_frame_layout"]
 
 
 def decision_layout(params: SwitchParams) -> data.StructLayout:
@@ -33,4 +33,12 @@ def job_layout(params: SwitchParams) -> data.StructLayout:
         "row_base": bank_addr_bits(params),
         "rows": range(params.rows_per_set + 1),     # ceil(payload_len / B)
         "dtype": DType, "op": ReduceOp, "acc_fp32": 1, "saturate": 1,
+        **({"up": uplink_frame_layout()} if params.uplink else {}),
     })
+
+
+def uplink_frame_layout() -> data.StructLayout:
+    """How a frame of a switch with the uplink action (docs/protocol.md section 13) differs from a result:
+    ``partial``: it is a partial for the parent switch (to ``dst``, the destination MAC of the frame that
+    triggered it, in wire order, with flags 0, or RETRANSMIT with ``retransmit``), not a result."""
+    return data.StructLayout({"partial": 1, "retransmit": 1, "dst": 48})
