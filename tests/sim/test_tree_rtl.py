@@ -145,3 +145,21 @@ def test_a_sent_set_is_not_aged_on_the_rtl(twins):
     m.link.send(cases.UP, cases.result(total))
     m._settle()
     assert sorted(m.link.take_received()) == [(p, cases.result(total)) for p in range(3)]
+
+
+def test_a_faulty_tree_on_rtl_leaves():
+    """2 leaves of 3 ranks on the Verilated RTL (this module's build, the 4-port leaf) under the RTL spine
+    (the default build), 60 chunks, 5% loss + 5% duplication + 5% reordering on every hop and on the ranks'
+    wires: every rank's result equals numpy's sum, and every switch's counters are conserved (each leaf
+    60 x (3 + 1) CONTRIBUTIONS, 60 PARTIALS_SENT, every switch 60 COMPLETED)."""
+    from cais.sim.tree import run_tree
+    s = run_tree({"leaves": 2, "ranks_per_leaf": 3, "elements": 64 * 60, "seed": 3, "loss": 0.05,
+                  "duplicate": 0.05, "reorder": 0.05, "leaf_backend": "verilator", "spine_backend": "verilator"})
+    t = s["tree"]
+    assert (t["leaf_backend"], t["spine_backend"]) == ("verilator", "verilator")
+    assert s["routes"] == ["switch native"] and t["built"]
+    assert t["chunks"] == 60 and t["conservation"] == [] and t["unwired"] == 0
+    assert all(t["hop_faults"][k] for k in ("dropped", "duplicated", "reordered"))
+    leaves = t["switch_counters"][:2]
+    assert all(c["PARTIALS_RESENT"] for c in leaves)       # the leaves' a' case happened
+    assert s["correct"]
