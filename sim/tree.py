@@ -124,18 +124,21 @@ def _job(args, config: Config) -> dict:
     return {"leaves": args.leaves, "ranks_per_leaf": args.ranks_per_leaf, "elements": args.elements, "op": args.op,
             "dtype": args.dtype, "collectives": args.collectives, "seed": args.seed, "loss": args.loss,
             "duplicate": args.duplicate, "reorder": args.reorder, "config": config.as_dict(),
-            "spine_backend": args.spine_backend, "leaf_backend": args.leaf_backend}
+            "spine_backend": args.spine_backend, "leaf_backend": args.leaf_backend,
+            "single_backend": args.leaf_backend}
 
 
 def compare(job: dict) -> dict:
     """The tree, one switch with a port per rank, and the host ring on the tree, on the same job: their
-    summaries by name ("leaf-spine", "one switch", "host ring")."""
+    summaries by name ("leaf-spine", "one switch", "host ring"). The one switch runs on
+    ``job["single_backend"]`` ("model" unless given)."""
     from .backends import run_backend
     ranks = job["leaves"] * job["ranks_per_leaf"]
     single = SwitchParams(**dict(job.get("params", {}), ports=ranks))
     return {
         "leaf-spine": run_tree(job),
-        "one switch": run_backend("model", single, "cais.sim.workload:all_reduce_job", dict(job, ranks=ranks)),
+        "one switch": run_backend(job.get("single_backend", "model"), single, "cais.sim.workload:all_reduce_job",
+                                  dict(job, ranks=ranks)),
         "host ring": run_tree(dict(job, config=dict(job.get("config", {}), offload="never"))),
     }
 
@@ -173,7 +176,8 @@ def main_leaf_spine(args, config: Config) -> int:
     base = runs["leaf-spine"]
     print(f"{'run':<24} {'cycles':>10} {'vs tree':>8} {'bytes per rank':>15} {'vs tree':>8}  result")
     for name, r in runs.items():
-        label = f"{name} ({args.ranks} ports)" if name == "one switch" else name
+        label = (f"{name} ({args.ranks} ports{', RTL' if args.leaf_backend == 'verilator' else ''})"
+                 if name == "one switch" else name)
         b = sum(r["bytes_sent"]) / len(r["bytes_sent"])
         b0 = sum(base["bytes_sent"]) / len(base["bytes_sent"])
         print(f"{label:<24} {r['cycles']:>10} {r['cycles'] / max(1, base['cycles']):>8.3f} {b:>15.0f} "
