@@ -163,3 +163,40 @@ def test_a_faulty_tree_on_rtl_leaves():
     leaves = t["switch_counters"][:2]
     assert all(c["PARTIALS_RESENT"] for c in leaves)       # the leaves' a' case happened
     assert s["correct"]
+
+
+def test_back_to_back_chunks_through_a_leaf_pipeline():
+    """Frames in flight together: each batch sends the three ranks' contributions of chunk t and the
+    parent's result of chunk t - 1 at once (an outcome that does not depend on their order), so the
+    slot-state pipeline forwards sent bits between headers a cycle apart; count_log2 1 (chunks alternate
+    between two slots, each chunk's set shared with chunk t - 4). The RTL's frames of each batch are the
+    model's (as multisets), and its counters after every batch."""
+    t = Twin()
+    try:
+        rm = cases.RM
+        for addr, value in cases.rule_writes(rm, 0, cases.Rule.for_group(1, cases.RANKS, base=0, count_log2=1,
+                                                                        uplink=True)):
+            t.write(addr, value)
+        t.write(rm["UPLINK"].address(), rm["UPLINK"].pack(port=cases.UP, enable=1))
+        rng = np.random.default_rng(5)
+        chunks = 12
+        data = rng.integers(-2**31, 2**31, size=(chunks, 3, 16), dtype=np.int64)
+        for seq in range(chunks + 1):
+            batch = [(p, cases.contribution(data[seq][p], p, seq)) for p in range(3)] if seq < chunks else []
+            if seq:
+                # the parent's result of the chunk before: its partial times 2 (the other leaf's the same)
+                batch.append((cases.UP, cases.result(cases.wrap32(2 * data[seq - 1].sum(axis=0)), seq=seq - 1)))
+            want = [f for port, frame in batch for f in t.model.receive(port, frame)]
+            for port, frame in batch:
+                t.link.send(port, frame)
+            t._settle()
+            got = t.link.take_received()
+            assert sorted(got) == sorted(want), f"chunk {seq}"
+            partials = [f for p, f in want if p == cases.UP]
+            results = [f for p, f in want if p != cases.UP]
+            assert len(partials) == (seq < chunks) and len(results) == 3 * (seq > 0)
+            t._check_counters()
+        c = t.counters()
+        assert (c["PARTIALS_SENT"], c["COMPLETED"], c["CONTRIBUTIONS"]) == (chunks, chunks, 4 * chunks)
+    finally:
+        t.close()
