@@ -6,9 +6,10 @@ from cais import protocol as proto
 from cais.params import SwitchParams
 
 from ..common.enums import Action, DType, ReduceOp
+from ..common.uplink import uplink_frame_layout
 from ..sram.banks import bank_addr_bits
 
-__all__ = ["decision_layout", "job_layout", "bank_addr_bits", "uplink_frame_layout"]
+__all__ = ["decision_layout", "job_layout", "bank_addr_bits"]
 
 
 def decision_layout(params: SwitchParams) -> data.StructLayout:
@@ -36,9 +37,3 @@ def job_layout(params: SwitchParams) -> data.StructLayout:
         **({"up": uplink_frame_layout()} if params.uplink else {}),
     })
 
-
-def uplink_frame_layout() -> data.StructLayout:
-    """How a frame of a switch with the uplink action (docs/protocol.md section 13) differs from a result:
-    ``partial``: it is a partial for the parent switch (to ``dst``, the destination MAC of the frame that
-    triggered it, in wire order, with flags 0, or RETRANSMIT with ``retransmit``), not a result."""
-    return data.StructLayout({"partial": 1, "retransmit": 1, "dst": 48})

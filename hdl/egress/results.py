@@ -8,7 +8,7 @@ from cais import protocol as proto
 from cais.params import SwitchParams
 
 from ..latency import RESULT_REQUEST
-from ..decision.layouts import uplink_frame_layout
+from ..common.uplink import uplink_frame_layout
 from ..parser.header import cais_field
 from .ports import FrameSourceSignature
 
