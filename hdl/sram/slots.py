@@ -195,7 +195,8 @@ class SetUpdate(wiring.Component):
             self.parent_done.eq(take_p), self.up_resend.eq(local & repeat_l & sent & up),
             self.new_cur_bitmap.eq(Mux(first | add, b | me, b)),
             self.new_cur_done.eq(Mux(first | add, filled & ~up, self.cur_done | take_p)),
-            self.new_cur_sent.eq(Mux(first, filled & up, Mux(add, sent | (filled & up), sent & ~take_p))),
+            # (a set done is not sent: done supersedes sent, as in the model's view)
+            self.new_cur_sent.eq(Mux(first | add, Mux(filled, up, sent & add), sent & ~take_p)),
             # the implicit acknowledgement (local frames only: the parent's result acknowledges nothing)
             self.new_other_bitmap.eq(Mux(parent | mismatch | lmm | self.other_newer, self.other_bitmap,
                                          self.other_bitmap & ~me)),

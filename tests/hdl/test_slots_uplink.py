@@ -53,7 +53,7 @@ def reference(b, done, sent, teq, leq, other, other_newer, w, contributors, up, 
         if up:
             sent = True
         else:
-            done = True
+            done, sent = True, False        # (a set done is not sent)
     if outcome not in ("MISMATCH", "LENGTH_MISMATCH") and not other_newer:
         other &= ~me
     return outcome, first, accepted, complete, up_resend, parent_done, b, done, sent, other
