@@ -12,7 +12,9 @@ reaches the ranks, on one switch and on the tree; the derivation adds the links'
 (:func:`cais.sim.timing.documented_latency`, per switch build) and the frames' beats, as the model's time
 model (:class:`cais.sim.links.model.ModelLink`) and the fabric (:class:`cais.sim.links.fabric.FabricLink`:
 a frame crosses a switch-to-switch wire once it has left the sender, so each hop costs its beats) define
-them. These are the model's figures: the RTL has no uplink action yet.
+them. ``--backend verilator`` measures the same on the Verilated RTL: every switch of the tree (leaves
+with the uplink action, ranks/2 + 1 ports; the spine the default 4-port build) and the one switch of N
+ports (a build per rank count: the first run builds them, minutes each). The derivation stays the model's.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from cais.registers import register_map
 from cais.sim.links.fabric import FabricLink
 from cais.sim.links.model import ModelLink
 from cais.sim.timing import documented_latency
-from cais.sim.tree import compare
+from cais.sim.tree import compare, topology_of
 from cais.tables import Rule, rule_writes
 
 PAYLOAD = 256           # bytes of the latency probe's chunk (64 int32)
@@ -46,6 +48,8 @@ def parse_args(argv=None):
                     help="rank counts (even, 4..16): 2 leaves of N/2 ranks each")
     ap.add_argument("--elements", type=integer(1), default=16384, help="int32 elements per rank")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--backend", choices=["model", "verilator"], default="model",
+                    help="the switches: reference models (default) or the Verilated RTL")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     args = ap.parse_args(argv)
     for n in args.ranks:
@@ -95,28 +99,43 @@ async def _probe(link, ranks: int, regs) -> int:
     return min(firsts.values()) - start
 
 
-def measured_latency(topology: TreeTopology) -> dict:
-    single = ModelLink(SwitchParams(ports=topology.ranks), reg_cycles=0)
-    one = run_sync(_probe(single, topology.ranks, register_map(single.params)))
-    fabric = FabricLink(topology, reg_cycles=0)
-    tree = run_sync(_probe(fabric, topology.ranks, fabric.bus.regs))
+def measured_latency(topology: TreeTopology, backend: str = "model") -> dict:
+    if backend == "model":
+        single = ModelLink(SwitchParams(ports=topology.ranks), reg_cycles=0)
+        one = run_sync(_probe(single, topology.ranks, register_map(single.params)))
+        fabric = FabricLink(topology, reg_cycles=0)
+        tree = run_sync(_probe(fabric, topology.ranks, fabric.bus.regs))
+        return {"one_switch": one, "tree": tree, "extra": tree - one}
+    from cais.sim.links.verilator import VerilatorLink
+    links = [VerilatorLink(SwitchParams(ports=topology.ranks))]
+    try:
+        one = run_sync(_probe(links[0], topology.ranks, register_map(links[0].params)))
+        links += [VerilatorLink(topology.params(i)) for i in range(topology.switches)]
+        fabric = FabricLink(topology, reg_cycles=0, switch_links=links[1:])
+        tree = run_sync(_probe(fabric, topology.ranks, fabric.bus.regs))
+    finally:
+        for link in links:
+            link.close()
     return {"one_switch": one, "tree": tree, "extra": tree - one}
 
 
 def run(args) -> dict:
     rows = []
     for n in args.ranks:
-        topology = TreeTopology(2, n // 2)
         job = {"leaves": 2, "ranks_per_leaf": n // 2, "elements": args.elements, "seed": args.seed}
+        if args.backend == "verilator":
+            job.update(leaf_backend="verilator", spine_backend="verilator", single_backend="verilator")
+        topology = topology_of(job)
         runs = compare(job)
         rows.append({
             "ranks": n, "leaves": 2, "ranks_per_leaf": n // 2, "elements": args.elements,
             "cycles": {name: r["cycles"] for name, r in runs.items()},
             "correct": {name: r["correct"] for name, r in runs.items()},
             "bytes_per_rank": {name: sum(r["bytes_sent"]) / len(r["bytes_sent"]) for name, r in runs.items()},
-            "latency_derived": derived_latency(topology), "latency_measured": measured_latency(topology),
+            "latency_derived": derived_latency(topology),
+            "latency_measured": measured_latency(topology, args.backend),
         })
-    return {"rows": rows}
+    return {"backend": args.backend, "rows": rows}
 
 
 def main(argv=None) -> int:
@@ -125,7 +144,8 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"Aggregation trees on reference-model switches: {args.elements} int32 elements per rank, 2 leaves")
+    kind = "reference-model switches" if args.backend == "model" else "the Verilated RTL"
+    print(f"Aggregation trees on {kind}: {args.elements} int32 elements per rank, 2 leaves")
     print()
     print(f"{'ranks':>5} {'tree cycles':>12} {'one switch':>11} {'ratio':>6} {'host ring':>10} {'ratio':>6}  all correct")
     for r in out["rows"]:

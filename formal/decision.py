@@ -24,6 +24,16 @@ decision's outputs and on its state memory, read through combinational read port
   aged); its aged bit rises only when the scanner ages it and falls only with a first contribution or
   when the set is emptied.
 
+With the uplink action (``UPLINK_PARAMS``, ``UPLINK_PROPERTIES``; docs/protocol.md section 13), ``UPLINK``
+is one more free input, ``events`` counts the partials' jobs too, and:
+
+- ``sent``: no set is sent and done at once; a set becomes sent only with a partial-sent decision naming
+  it; a sent set becomes done only with a contribution (the parent's result) naming it; the scanner never
+  ages a sent set.
+
+(``gains`` and ``no_twice`` are not asserted there: the parent's result is a contribution from the uplink
+port that sets no bit.)
+
 The harness's decision counts the age in units of 2**:data:`FORMAL_AGE_UNIT_LOG2` cycles (the scanner
 visits a set every unit), so aging is reachable in few cycles.
 - ``gains``: a set's bitmap gains a port only from a contribution of that port to that set (and loses
@@ -60,7 +70,8 @@ from cais.params import SwitchParams
 from cais.protocol import OpType
 from cais.registers import register_map
 
-__all__ = ["PROPERTIES", "MUTANTS", "DecisionHarness", "FORMAL_PARAMS", "FORMAL_AGE_UNIT_LOG2"]
+__all__ = ["PROPERTIES", "MUTANTS", "UPLINK_MUTANTS", "DecisionHarness", "FORMAL_PARAMS", "FORMAL_AGE_UNIT_LOG2", "UPLINK_PARAMS",
+           "UPLINK_PROPERTIES"]
 
 #: The properties, in the order of the module docstring.
 PROPERTIES = ("push", "busy", "events", "in_use", "gains", "no_twice", "frozen", "isolation", "per_rule", "aging",
@@ -69,6 +80,9 @@ PROPERTIES = ("push", "busy", "events", "in_use", "gains", "no_twice", "frozen",
 #: The smallest switch with everything in it: 2 ports, 2 slots (4 sets), two rules (so sets can move between
 #: the entries' SETS_IN_USE), one MAC entry.
 FORMAL_PARAMS = SwitchParams(ports=2, slots=2, rules=2, mac_entries=1)
+#: The same with the uplink action, and the properties proved on it (module docstring).
+UPLINK_PARAMS = SwitchParams(ports=2, slots=2, rules=2, mac_entries=1, uplink=True)
+UPLINK_PROPERTIES = ("push", "busy", "events", "in_use", "frozen", "isolation", "per_rule", "aging", "stamp", "sent")
 #: log2 of the harness decision's age unit: one cycle (the scanner visits a set in every cycle it can).
 FORMAL_AGE_UNIT_LOG2 = 0
 
@@ -119,6 +133,11 @@ def _age_due_complete(s, now, age):
     return (s.bitmap != 0) & ~s.aged & ((now - s.stamp)[:len(s.stamp)] > age)
 
 
+def _age_due_sent(s, now, age):
+    """``age_due`` broken (uplink): the sent bit is not looked at."""
+    return (s.bitmap != 0) & ~s.done & ~s.aged & ((now - s.stamp)[:len(s.stamp)] > age)
+
+
 def _stamp_always(accepted, now, stamp):
     """``new_stamp`` broken: any frame that writes the set renews its stamp."""
     return now
@@ -138,7 +157,10 @@ MUTANTS = {
                                    "not from the entry that stored them"),
     "complete_aged": ("aging", "age_due: a complete set is aged too"),
     "duplicate_feeds": ("stamp", "new_stamp: a duplicate (any frame that writes the set) renews its stamp"),
+    "sent_aged": ("sent", "age_due: a sent set (uplink) is aged too"),
 }
+#: The mutants refuted on UPLINK_PARAMS (the others on FORMAL_PARAMS).
+UPLINK_MUTANTS = ("sent_aged",)
 
 
 def _broken_parts(mutant):
@@ -150,6 +172,7 @@ def _broken_parts(mutant):
         return {"set_update": functools.partial(_BrokenSetUpdate, kind=mutant)}
     return {"rule_not_moved": {"writer_delta": _writer_delta_unmoved},
             "complete_aged": {"age_due": _age_due_complete},
+            "sent_aged": {"age_due": _age_due_sent},
             "duplicate_feeds": {"new_stamp": _stamp_always}}.get(mutant, {})
 
 
@@ -181,6 +204,7 @@ class DecisionHarness(wiring.Component):
         super().__init__({
             "meta": In(self.dec.meta_layout).array(params.ports), "request": In(params.ports), "hold": In(1),
             "program": In(TableProgramSignature(self.regmap)),
+            **({"uplink": In(32)} if params.uplink else {}),
         })
 
     def elaborate(self, platform):
@@ -198,6 +222,8 @@ class DecisionHarness(wiring.Component):
         for p in range(P):
             m.d.comb += [dec.headers[p].payload.eq(self.meta[p]), dec.headers[p].valid.eq(self.request[p])]
         m.d.comb += dec.hold.eq(self.hold)
+        if prm.uplink:
+            m.d.comb += dec.uplink.eq(self.uplink)
         take = Cat(h.ready for h in dec.headers)           # the decision's streams as vectors
         dec_push = Cat(lane.valid for lane in dec.lanes)
         wiring.connect(m, wiring.flipped(self.program), dec.program)
@@ -240,8 +266,15 @@ class DecisionHarness(wiring.Component):
         decided = push.any()
         classes = Cat(dec.ev_drop, dec.ev_forwarded, dec.ev_contribution, ev_dup)
         one = Mux(decided, (classes != 0) & ((classes & (classes - 1)) == 0), classes == 0)
-        asserted("events", one & (~dec.ev_completed | dec.ev_contribution) & (~ev_resent | ev_dup)
-                 & (dec.jobs.valid == (dec.ev_completed | ev_resent)))
+        if prm.uplink:
+            ev_partial, ev_partial_resent = dec.ev_partial_sent, dec.ev_partial_resent
+            asserted("events", one & (~dec.ev_completed | dec.ev_contribution) & (~ev_resent | ev_dup)
+                     & (~ev_partial | dec.ev_contribution) & (~ev_partial_resent | ev_dup)
+                     & ~(ev_partial & dec.ev_completed)
+                     & (dec.jobs.valid == (dec.ev_completed | ev_resent | ev_partial | ev_partial_resent)))
+        else:
+            asserted("events", one & (~dec.ev_completed | dec.ev_contribution) & (~ev_resent | ev_dup)
+                     & (dec.jobs.valid == (dec.ev_completed | ev_resent)))
 
         # The slot state now and one cycle ago.
         sets = [data.View(setl, self.probes[s].data.as_value()[k * setl.size:(k + 1) * setl.size])
@@ -276,12 +309,13 @@ class DecisionHarness(wiring.Component):
         m.d.comb += named.eq(dec.lanes[0].payload.row_base >> shift)
         p_named, p_me = Signal.like(named), Signal(P)
         p_contrib, p_dup = Signal(), Signal()
-        p_refused = Signal()
+        p_refused, p_partial = Signal(), Signal()
         refused = dec.ev_drop & ((dec.ev_drop_reason == DropReason.TAG_MISMATCH)
                                  | (dec.ev_drop_reason == DropReason.LENGTH_MISMATCH))
         m.d["sync" if delay else "comb"] += [
             p_named.eq(named), p_me.eq(push), p_contrib.eq(decided & dec.ev_contribution),
-            p_dup.eq(decided & ev_dup), p_refused.eq(decided & refused)]
+            p_dup.eq(decided & ev_dup), p_refused.eq(decided & refused),
+            p_partial.eq(decided & dec.ev_partial_sent if prm.uplink else 0)]
         p_agg = p_contrib | p_dup | p_refused
 
         # The scanner's write shows in the cycle of dec.aged (as a decision's does); it decided two cycles
@@ -295,7 +329,7 @@ class DecisionHarness(wiring.Component):
         m.d.sync += [age_d[0].eq(age_now), age_d[1].eq(age_d[0]), unit_d[0].eq(unit_now), unit_d[1].eq(unit_d[0])]
         aged_i = Signal(range(2 * S))
         m.d.comb += aged_i.eq(Cat(dec.aged_set, dec.aged_slot))
-        gains_ok, twice_ok, frozen_ok, iso_ok, aging_ok, stamp_ok = [], [], [], [], [], []
+        gains_ok, twice_ok, frozen_ok, iso_ok, aging_ok, stamp_ok, sent_ok = [], [], [], [], [], [], []
         kept = [name for name, _ in setl if name != "rule"]
         for i in range(2 * S):
             old, new = prev[i], sets[i]
@@ -330,10 +364,19 @@ class DecisionHarness(wiring.Component):
             stamp_ok.append(~started | emptied | (new.stamp == old.stamp) | (fed & (new.stamp == unit_d[1])))
             stamp_ok.append(~started | emptied | (new.aged == old.aged) | (new.aged & scanned)
                             | (~new.aged & fed & (old.bitmap == 0)))
+            if prm.uplink:
+                sent_ok += [
+                    ~(new.sent & new.done),
+                    ~started | ~(new.sent & ~old.sent) | (p_partial & (p_named == i)),
+                    ~started | ~(old.sent & ~old.done & new.done) | (p_contrib & (p_named == i)),
+                    ~started | ~(scanned & old.sent),
+                ]
         asserted("gains", Cat(*gains_ok).all())
         asserted("no_twice", Cat(*twice_ok).all())
         asserted("frozen", Cat(*frozen_ok).all())
         asserted("isolation", Cat(*iso_ok).all())
         asserted("aging", Cat(*aging_ok).all())
         asserted("stamp", Cat(*stamp_ok).all())
+        if prm.uplink:
+            asserted("sent", Cat(*sent_ok).all())
         return m

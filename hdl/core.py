@@ -64,6 +64,9 @@ class SwitchCore(wiring.Component):
         One pulse per frame decided, for the counters; the number of non-empty sets.
     busy : Out(1)
         A frame is queued or in flight anywhere in the core (not the slot-state sweep after reset).
+    uplink : In(32); ev_partial_sent : Out(1); ev_partial_resent : Out(1)
+        Only with ``params.uplink`` (docs/protocol.md section 13): the UPLINK register's word; a partial sent
+        to the parent switch, sent again.
     """
 
     def __init__(self, params: SwitchParams, regmap: RegisterMap):
@@ -81,6 +84,7 @@ class SwitchCore(wiring.Component):
             "ev_duplicate": Out(1), "ev_completed": Out(1), "ev_resent": Out(1),
             "slots_in_use": Out(32),
             "busy": Out(1),
+            **({"uplink": In(32), "ev_partial_sent": Out(1), "ev_partial_resent": Out(1)} if params.uplink else {}),
         })
         # Created here so tests can inspect them.
         self.decision = Decision(params, regmap)
@@ -100,6 +104,9 @@ class SwitchCore(wiring.Component):
             self.ev_duplicate.eq(dec.ev_duplicate), self.ev_completed.eq(dec.ev_completed),
             self.ev_resent.eq(dec.ev_resent), self.slots_in_use.eq(dec.slots_in_use),
         ]
+        if prm.uplink:
+            m.d.comb += [dec.uplink.eq(self.uplink), self.ev_partial_sent.eq(dec.ev_partial_sent),
+                         self.ev_partial_resent.eq(dec.ev_partial_resent)]
         busy += [dec.busy, *(lane.valid for lane in dec.lanes), dec.jobs.valid]
 
         m.submodules.jobs = jobs = JobQueue(prm)

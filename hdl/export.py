@@ -177,9 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.name.isidentifier():
         parser.error(f"--name {args.name!r}: must be a plain Verilog identifier")
     params = params_from_args(parser, args)
-    if params.uplink:
-        parser.error("--uplink true: the RTL has no uplink action yet (only the reference model has it, "
-                     "docs/protocol.md section 13)")
     if args.block != "switch":
         path = generate_block(args.block, params, args.out / f"{args.name}.v", args.name)
         print(f"wrote {path} ({args.block}, {params.slug()})")

@@ -10,6 +10,7 @@ from cais.registers import register_map
 
 from .common.axis import AxisSignature
 from .control.csr import AXI4LiteSignature, AXI4LiteToCSR, RegisterBank
+from .control.tables import field_bits
 from .core import SwitchCore
 from .egress.ports import EgressPort
 from .parser.ingress import IngressPort
@@ -26,9 +27,7 @@ AXIL_ADDR_WIDTH = 12   # one 4 KiB page; addresses outside the register map answ
 
 def check_buildable(params: SwitchParams) -> None:
     """Raise :class:`ParamError` for parameters this RTL cannot build (beyond SwitchParams' own checks)."""
-    if params.uplink:   # FEATURES.uplink would promise what this RTL does not do
-        raise ParamError("uplink=True: the RTL has no uplink action yet (only the reference model has it, "
-                         "docs/protocol.md section 13)")
+    # Nothing beyond them at present (uplink=True builds the uplink action, docs/protocol.md section 13).
 
 
 class Switch(wiring.Component):
@@ -85,15 +84,22 @@ class Switch(wiring.Component):
             regs.duplicates_inc.eq(core.ev_duplicate),
             regs.completed_inc.eq(core.ev_completed),
             regs.results_resent_inc.eq(core.ev_resent),
-            # no uplink action in this RTL (params.uplink is refused): no partial is ever sent
-            regs.partials_sent_inc.eq(0), regs.partials_resent_inc.eq(0),
         ]
+        if P.uplink:    # the uplink action (docs/protocol.md section 13)
+            up_reg = self.regmap["UPLINK"]
+            up_port, up_en = field_bits(regs.uplink, up_reg.field("port")), field_bits(regs.uplink, up_reg.field("enable"))
+            m.d.comb += [core.uplink.eq(regs.uplink), regs.partials_sent_inc.eq(core.ev_partial_sent),
+                         regs.partials_resent_inc.eq(core.ev_partial_resent)]
+        else:           # no uplink action in this build: no partial is ever sent
+            m.d.comb += [regs.partials_sent_inc.eq(0), regs.partials_resent_inc.eq(0)]
 
         for p in range(P.ports):
             m.submodules[f"ingress{p}"] = ing = IngressPort(P)
             connect(m, wiring.flipped(self.s_axis[p]), ing.s_axis)
             connect(m, ing.headers, core.headers[p])
             connect(m, ing.beats, core.beats[p])
+            if P.uplink:
+                m.d.comb += ing.uplink.eq(up_en & (up_port == p))
             m.d.comb += [regs.rx_frames_inc[p].eq(ing.rx_frame), regs.rx_bytes_inc[p].eq(ing.rx_bytes)]
             busy.append(ing.busy)
             for r in proto.PARSER_DROPS:

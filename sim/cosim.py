@@ -4,7 +4,7 @@
                              [--loss 0.0] [--seed 1] [--collectives 1] [--config cais.toml] [--waves]
                              [--float-mode native|quantize] [--accumulate fp32|wire] [--reproducible]
                              [--topology single|leaf-spine] [--leaves 2] [--ranks-per-leaf 4]
-                             [--spine-backend model|verilator]
+                             [--leaf-backend model|verilator] [--spine-backend model|verilator]
 
 The default runs on the Verilated switch driven from C++ (cais.sim.links.verilator): 4 ranks, 256K int32
 elements each. `--backend cocotb` runs the same Verilog under cocotb (cycle-identical, slower), `--backend
@@ -19,8 +19,9 @@ the exact reduction within a bound.
 `--topology leaf-spine` runs `--leaves` x `--ranks-per-leaf` ranks through an aggregation tree of
 reference-model switches (leaves and a spine, docs/protocol.md section 13; `--ranks` is then ignored), with
 the faults on every hop, and compares its cycles and bytes with one switch of that many ports and with the
-host ring on the same tree (cais.sim.tree). `--spine-backend verilator` runs the spine on the Verilated
-RTL (the leaves stay on the model: the RTL has no uplink action yet).
+host ring on the same tree (cais.sim.tree). `--leaf-backend verilator` runs the leaves on the Verilated RTL
+(a build with the uplink action), `--spine-backend verilator` the spine; `--backend verilator` both, and
+`--backend model` (the default with leaf-spine) neither unless those say otherwise.
 """
 
 from __future__ import annotations
@@ -55,13 +56,16 @@ def parse_args(argv):
     ap.add_argument("--reproducible", action="store_true",
                     help="results independent of the arrival order (fold in port order)")
     ap.add_argument("--backend", choices=list(BACKENDS),
-                    help="the switch: verilator (the default), cocotb, amaranth or model (leaf-spine: model only)")
+                    help="the switch: verilator (the default), cocotb, amaranth or model (leaf-spine: model, the "
+                         "default there, or verilator: every switch of the tree)")
     ap.add_argument("--topology", choices=["single", "leaf-spine"], default="single",
                     help="one switch, or an aggregation tree of leaves under a spine")
     ap.add_argument("--leaves", type=integer(2), default=2, help="leaf-spine: leaf switches (2..16)")
     ap.add_argument("--ranks-per-leaf", type=integer(1), default=4, help="leaf-spine: ranks on each leaf")
-    ap.add_argument("--spine-backend", choices=["model", "verilator"], default="model",
-                    help="leaf-spine: the spine on the model or on the Verilated RTL (the leaves: model)")
+    ap.add_argument("--leaf-backend", choices=["model", "verilator"],
+                    help="leaf-spine: the leaves on the model or on the Verilated RTL (default: --backend's)")
+    ap.add_argument("--spine-backend", choices=["model", "verilator"],
+                    help="leaf-spine: the spine on the model or on the Verilated RTL (default: --backend's)")
     ap.add_argument("--loss", type=number(0.0, 1.0), default=0.0, help="frame loss rate per port, each direction")
     ap.add_argument("--duplicate", type=number(0.0, 1.0), default=0.0, help="frame duplication rate per port")
     ap.add_argument("--reorder", type=number(0.0, 1.0), default=0.0, help="frame reordering rate per port")
@@ -74,10 +78,12 @@ def parse_args(argv):
     if args.loss + args.duplicate + args.reorder > 1.0:
         ap.error("--loss + --duplicate + --reorder must not exceed 1 (each frame suffers at most one fault)")
     if args.topology == "leaf-spine":
-        if args.backend not in (None, "model"):
-            ap.error(f"--backend {args.backend}: --topology leaf-spine runs on the model only (the RTL has no "
-                     f"uplink action yet)")
-        args.backend = "model"
+        if args.backend not in (None, "model", "verilator"):
+            ap.error(f"--backend {args.backend}: --topology leaf-spine runs on the model or verilator")
+        tree_backend = args.backend or "model"
+        args.leaf_backend = args.leaf_backend or tree_backend
+        args.spine_backend = args.spine_backend or tree_backend
+        args.backend = "model"      # the one-switch comparison run
         from cais.controller.tree import TreeError, TreeTopology
         try:
             args.ranks = TreeTopology(args.leaves, args.ranks_per_leaf).ranks

@@ -2,8 +2,9 @@
 
 ``run_tree(job)`` builds the tree of ``job`` (``leaves``, ``ranks_per_leaf``; the switches' build from
 ``params``, SwitchParams fields; ``leaf_uplink`` False builds leaves without the uplink action, a tree
-that cannot aggregate; ``spine_backend`` "verilator" puts the spine on the Verilated RTL, which needs no
-uplink action, with max(4, leaves) ports: the default build's) on
+that cannot aggregate; ``leaf_backend`` "verilator" puts every leaf on the Verilated RTL (a build with the
+uplink action, ranks_per_leaf + 1 ports); ``spine_backend`` "verilator" puts the spine on the Verilated RTL,
+with max(4, leaves) ports: the default build's) on
 :class:`cais.sim.links.fabric.FabricLink`, with the job's faults (``loss``,
 ``duplicate``, ``reorder``, ``seed``) on every hop: the ranks' wires (as in a single-switch job) and both
 directions of every switch-to-switch wire. It runs :func:`cais.sim.workload.all_reduce_job` there: the
@@ -38,7 +39,8 @@ __all__ = ["run_tree", "tree_job", "topology_of", "conservation"]
 HOP_SEED = 7919
 
 
-SPINE_BACKENDS = ("model", "verilator")
+BACKENDS = ("model", "verilator")
+SPINE_BACKENDS = BACKENDS       # (the name it had when only the spine could be Verilated)
 
 
 def topology_of(job: dict) -> TreeTopology:
@@ -83,7 +85,7 @@ async def tree_job(link: FabricLink, job: dict) -> dict:
     problems = conservation(link.topology, counters, chunks) if on_switch else []
     summary["tree"] = {
         "leaves": link.topology.leaves, "ranks_per_leaf": link.topology.ranks_per_leaf,
-        "spine_backend": job.get("spine_backend", "model"),
+        "spine_backend": job.get("spine_backend", "model"), "leaf_backend": job.get("leaf_backend", "model"),
         "built": problem is None, "reason": problem or "every leaf has the uplink action",
         "switch_counters": counters, "hop_faults": dict(link.hop_stats), "unwired": link.unwired,
         "chunks": chunks, "conservation": problems,
@@ -97,36 +99,46 @@ def run_tree(job: dict) -> dict:
     hop = FaultSpec(drop=job.get("loss", 0.0), duplicate=job.get("duplicate", 0.0), reorder=job.get("reorder", 0.0),
                     seed=job.get("seed", 0) + HOP_SEED)
     topology = topology_of(job)
-    backend = job.get("spine_backend", "model")
-    if backend not in SPINE_BACKENDS:
-        raise ValueError(f"spine_backend={backend!r}: expected one of {', '.join(SPINE_BACKENDS)}")
-    if backend == "model":
+    kinds = {}
+    for role in ("leaf", "spine"):
+        kinds[role] = job.get(f"{role}_backend", "model")
+        if kinds[role] not in BACKENDS:
+            raise ValueError(f"{role}_backend={kinds[role]!r}: expected one of {', '.join(BACKENDS)}")
+    if kinds == {"leaf": "model", "spine": "model"}:
         return run_fabric(topology, lambda link: tree_job(link, job), hop_faults=hop)
     from .links.verilator import VerilatorLink
-    spine = VerilatorLink(topology.spine_params, clock_hz=job.get("clock_hz", DEFAULT_CLOCK_HZ))
+    clock_hz = job.get("clock_hz", DEFAULT_CLOCK_HZ)
+    links = []
     try:
-        return run_fabric(topology, lambda link: tree_job(link, job), hop_faults=hop,
-                          switch_links=[None] * topology.leaves + [spine])
+        for i in range(topology.switches):
+            role = "leaf" if i < topology.leaves else "spine"
+            links.append(VerilatorLink(topology.params(i), clock_hz=clock_hz) if kinds[role] == "verilator" else None)
+        return run_fabric(topology, lambda link: tree_job(link, job), hop_faults=hop, switch_links=links)
     finally:
-        spine.close()
+        for link in links:
+            if link is not None:
+                link.close()
 
 
 def _job(args, config: Config) -> dict:
     return {"leaves": args.leaves, "ranks_per_leaf": args.ranks_per_leaf, "elements": args.elements, "op": args.op,
             "dtype": args.dtype, "collectives": args.collectives, "seed": args.seed, "loss": args.loss,
             "duplicate": args.duplicate, "reorder": args.reorder, "config": config.as_dict(),
-            "spine_backend": args.spine_backend}
+            "spine_backend": args.spine_backend, "leaf_backend": args.leaf_backend,
+            "single_backend": args.leaf_backend}
 
 
 def compare(job: dict) -> dict:
     """The tree, one switch with a port per rank, and the host ring on the tree, on the same job: their
-    summaries by name ("leaf-spine", "one switch", "host ring")."""
+    summaries by name ("leaf-spine", "one switch", "host ring"). The one switch runs on
+    ``job["single_backend"]`` ("model" unless given)."""
     from .backends import run_backend
     ranks = job["leaves"] * job["ranks_per_leaf"]
     single = SwitchParams(**dict(job.get("params", {}), ports=ranks))
     return {
         "leaf-spine": run_tree(job),
-        "one switch": run_backend("model", single, "cais.sim.workload:all_reduce_job", dict(job, ranks=ranks)),
+        "one switch": run_backend(job.get("single_backend", "model"), single, "cais.sim.workload:all_reduce_job",
+                                  dict(job, ranks=ranks)),
         "host ring": run_tree(dict(job, config=dict(job.get("config", {}), offload="never"))),
     }
 
@@ -135,7 +147,8 @@ def main_leaf_spine(args, config: Config) -> int:
     """`make sim ARGS="--topology leaf-spine ..."`: the tree's job, its comparison, a report; 0 if CORRECT."""
     job = _job(args, config)
     print(f"CAIS leaf-spine co-simulation: {args.leaves} leaves x {args.ranks_per_leaf} ranks = {args.ranks} ranks x "
-          f"{args.elements} {args.dtype} elements, {args.op}, {args.collectives} collective(s), model leaves, "
+          f"{args.elements} {args.dtype} elements, {args.op}, {args.collectives} collective(s), "
+          f"{'Verilated RTL' if args.leaf_backend == 'verilator' else 'model'} leaves, "
           f"{'Verilated RTL' if args.spine_backend == 'verilator' else 'model'} spine, "
           f"faults on every hop: loss {args.loss:.1%}, duplication {args.duplicate:.1%}, reordering "
           f"{args.reorder:.1%}, seed {args.seed}", flush=True)
@@ -163,7 +176,8 @@ def main_leaf_spine(args, config: Config) -> int:
     base = runs["leaf-spine"]
     print(f"{'run':<24} {'cycles':>10} {'vs tree':>8} {'bytes per rank':>15} {'vs tree':>8}  result")
     for name, r in runs.items():
-        label = f"{name} ({args.ranks} ports)" if name == "one switch" else name
+        label = (f"{name} ({args.ranks} ports{', RTL' if args.leaf_backend == 'verilator' else ''})"
+                 if name == "one switch" else name)
         b = sum(r["bytes_sent"]) / len(r["bytes_sent"])
         b0 = sum(base["bytes_sent"]) / len(base["bytes_sent"])
         print(f"{label:<24} {r['cycles']:>10} {r['cycles'] / max(1, base['cycles']):>8.3f} {b:>15.0f} "

@@ -252,6 +252,8 @@ class FoldReader(wiring.Component):
             frames.w_en.eq(start),
             frame.cais.eq(job.cais), frame.mask.eq(job.mask), frame.rows.eq(job.rows),
         ]
+        if prm.uplink:
+            m.d.comb += frame.up.eq(job.up)
         with m.If(start):
             m.d.sync += [
                 active.eq(1), addr.eq(job.row_base), left.eq(job.rows), last.eq(job.rows == 1),

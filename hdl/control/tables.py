@@ -70,7 +70,7 @@ def hits_of_parts(parts, entries: int):
 
 
 def rule_layout(params: SwitchParams) -> data.StructLayout:
-    return data.StructLayout({
+    fields = {
         "valid": 1,
         "group_value": 8, "group_mask": 8,
         "layer_value": 16, "layer_mask": 16,
@@ -78,7 +78,10 @@ def rule_layout(params: SwitchParams) -> data.StructLayout:
         "contributors": params.ports, "results": params.ports,
         "base": 16, "count_log2": 5,
         "dtype": DType, "red_op": ReduceOp, "acc_fp32": 1, "saturate": 1, "reproducible": 1,
-    })
+    }
+    if params.uplink:   # RULE_TYPE.uplink: the uplink action (docs/protocol.md section 13)
+        fields["uplink"] = 1
+    return data.StructLayout(fields)
 
 
 class RuleTable(wiring.Component):
@@ -146,6 +149,8 @@ class RuleTable(wiring.Component):
             new.acc_fp32.eq(f("RULE_TYPE", "acc_fp32")), new.saturate.eq(f("RULE_TYPE", "saturate")),
             new.reproducible.eq(f("RULE_TYPE", "reproducible")),
         ]
+        if self.params.uplink:
+            m.d.comb += new.uplink.eq(f("RULE_TYPE", "uplink"))
         index = field_bits(prog.rule_write_data, R["RULE_WRITE"].field("index"))
         for i, (e, q) in enumerate(zip(entries, quotas)):
             with m.If(prog.rule_write_stb & (index == i)):

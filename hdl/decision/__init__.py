@@ -92,6 +92,9 @@ class Decision(wiring.Component):
         The memory's reset sweep writes in this cycle; it writes its last slot.
     busy : Out(1)
         A header is in the pipeline (not counting the outputs).
+    uplink : In(32); ev_partial_sent : Out(1); ev_partial_resent : Out(1)
+        Only with ``params.uplink`` (docs/protocol.md section 13): the UPLINK register's word (the lookup's)
+        and the slot state's events of the uplink action.
 
     Every output is a register. ``age_unit_log2`` is the age unit's (:data:`cais.registers.AGE_UNIT_LOG2`
     but in the formal harness); ``set_update``, ``new_stamp``, ``age_due`` and ``writer_delta`` are the
@@ -118,6 +121,7 @@ class Decision(wiring.Component):
             "aged_set": Out(1), "aged_lost": Out(1), "aged_event": Out(32), "aged_ports": Out(32),
             "state": Out(SlotStatePort(params, read_en=False)), "maint": Out(SlotStatePort(params, read_en=True)),
             "sweeping": In(1), "sweep_last": In(1),
+            **({"uplink": In(32), "ev_partial_sent": Out(1), "ev_partial_resent": Out(1)} if params.uplink else {}),
         })
         self.age_unit_log2 = age_unit_log2
         self.arbiter = Arbiter(P)
@@ -158,6 +162,9 @@ class Decision(wiring.Component):
         m.d.comb += [getattr(self, name).eq(getattr(st, name))
                      for name in ("ev_drop", "ev_drop_reason", "ev_forwarded", "ev_contribution", "ev_duplicate",
                                   "ev_completed", "ev_resent")]
+        if self.params.uplink:
+            m.d.comb += [look.uplink.eq(self.uplink), self.ev_partial_sent.eq(st.ev_partial_sent),
+                         self.ev_partial_resent.eq(st.ev_partial_resent)]
         # Maintenance waits for the all-reduce headers in flight, from the take to the write.
         m.d.comb += mt.drained.eq(~((arb.take.any() & arb.stateful) | look.stateful | st.stateful))
         m.d.comb += [getattr(self, name).eq(getattr(mt, name))

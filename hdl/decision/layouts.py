@@ -6,6 +6,7 @@ from cais import protocol as proto
 from cais.params import SwitchParams
 
 from ..common.enums import Action, DType, ReduceOp
+from ..common.uplink import uplink_frame_layout
 from ..sram.banks import bank_addr_bits
 
 __all__ = ["decision_layout", "job_layout", "bank_addr_bits"]
@@ -33,4 +34,6 @@ def job_layout(params: SwitchParams) -> data.StructLayout:
         "row_base": bank_addr_bits(params),
         "rows": range(params.rows_per_set + 1),     # ceil(payload_len / B)
         "dtype": DType, "op": ReduceOp, "acc_fp32": 1, "saturate": 1,
+        **({"up": uplink_frame_layout()} if params.uplink else {}),
     })
+

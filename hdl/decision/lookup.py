@@ -1,6 +1,6 @@
 """Stages G (the compares), T, B1 and B2: the taken header against the rule and MAC tables."""
 
-from amaranth.hdl import Array, Cat, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -34,6 +34,9 @@ def carry_layout(params: SwitchParams) -> data.StructLayout:
         "beats": meta["beats"].shape, "length": meta["length"].shape,
         "cais": proto.CAIS_HEADER_BYTES * 8, "contributors": P, "results": P, "kind": kind,
         "rule": rule_index_bits(params),        # the rule entry (its index), for sets_in_use
+        # the uplink action (docs/protocol.md section 13): the uplink port (one-hot; 0: the rule has no
+        # uplink action in force), the frame is the parent's result, its destination MAC (wire order)
+        **({"up": P, "parent": 1, "dst": 48} if params.uplink else {}),
     })
 
 
@@ -84,6 +87,11 @@ class RuleLookup(wiring.Component):
         A header that may need the slot state is in T, B1 or B2 (for the maintenance's wait).
     busy : Out(1)
         A header is in T, B1 or B2.
+    uplink : In(32)
+        Only with ``params.uplink``: the UPLINK register's word (docs/protocol.md section 13). A parent's
+        result (flags RESULT; the ingress lets it in on the uplink port only) must match a rule with the
+        uplink action in force (else FOREIGN_PORT); all-gather and broadcast frames of such a rule go to
+        its results and the uplink port, and come from its contributors or the uplink port.
 
     ``latency`` (:data:`cais.hdl.latency.RULE_LOOKUP`, 3): a header taken in cycle t is on ``o`` in cycle t + 3.
     """
@@ -100,6 +108,7 @@ class RuleLookup(wiring.Component):
             "program": In(TableProgramSignature(regmap)),
             "o": Out(stream.Signature(lookup_layout(params), always_ready=True)),
             "read_slot": Out(slot_bits(params)), "stateful": Out(1), "busy": Out(1),
+            **({"uplink": In(32)} if params.uplink else {}),
         })
 
     def elaborate(self, platform):
@@ -188,16 +197,28 @@ class RuleLookup(wiring.Component):
             return [s_action.eq(Mux(dest == 0, Action.DROP, Action.FORWARD)), s_reason.eq(DropReason.NO_ROUTE),
                     s_mask.eq(dest)]
 
+        if prm.uplink:
+            # the rule's uplink port, one-hot, while its uplink action is in force (UPLINK.enable, a port
+            # the switch has); a parent's result (only the uplink port lets one in: ingress checks)
+            up_reg = self.regmap["UPLINK"]
+            up_port, up_en = field_bits(self.uplink, up_reg.field("port")), field_bits(self.uplink, up_reg.field("enable"))
+            up = Signal(P)
+            m.d.comb += up.eq(Mux(rule.uplink & up_en, (Const(1, 1) << up_port)[:P], 0))
+            parent = (hdr.flags & int(proto.Flags.RESULT)) != 0
+            sources = rule.contributors | Mux(m_meta.all_reduce, 0, up)
+            dests = rule.results | up
+        else:
+            sources, dests = rule.contributors, rule.results
         with m.If(spoofed):
             m.d.comb += drop(DropReason.SPOOFED_SOURCE)
         with m.Elif(~hdr.is_cais):
             m.d.comb += s_action.eq(Action.FORWARD)       # (its ports are found in S0)
         with m.Elif(~m_hit):
             m.d.comb += drop(DropReason.NO_RULE)
-        with m.Elif(~(rule.contributors & m_me).any()):
+        with m.Elif(Mux(parent, ~up.any(), ~(sources & m_me).any()) if prm.uplink else ~(sources & m_me).any()):
             m.d.comb += drop(DropReason.FOREIGN_PORT)
         with m.Elif(~m_meta.all_reduce):
-            m.d.comb += forward(rule.results & ~m_me)
+            m.d.comb += forward(dests & ~m_me)
         with m.Elif((hdr.dtype != rule.dtype) | (hdr.red_op != rule.red_op)):
             m.d.comb += drop(DropReason.TYPE_MISMATCH)
         with m.Else():
@@ -219,6 +240,8 @@ class RuleLookup(wiring.Component):
             # fp16/bf16 accumulated in fp32 inside the fold (the flag means nothing for other types)
             b_c.kind.acc_fp32.eq(rule.acc_fp32 & ((rule.dtype == DType.FP16) | (rule.dtype == DType.BF16))),
         ]
+        if prm.uplink:
+            m.d.sync += [b_c.up.eq(up), b_c.parent.eq(parent), b_c.dst.eq(hdr.bits[:48])]
         o = self.o.payload
         m.d.comb += [
             self.o.valid.eq(b_valid), o.action.eq(b_action), o.reason.eq(b_reason), o.mask.eq(b_mask),

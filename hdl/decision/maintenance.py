@@ -21,7 +21,10 @@ def age_due(s, now, age):
     not aged in this fill, and its last accepted contribution more than ``age`` units before ``now``
     (modulo the stamp's bits: the stamp bits leave room for the largest age and one scan period)."""
     elapsed = (now - s.stamp)[:len(s.stamp)]
-    return (s.bitmap != 0) & ~s.done & ~s.aged & (elapsed > age)
+    due = (s.bitmap != 0) & ~s.done & ~s.aged & (elapsed > age)
+    if "sent" in s.shape().members:     # a tree leaf's sent set waits for its parent, not a rank: not aged
+        due = due & ~s.sent
+    return due
 
 
 class Maintenance(wiring.Component):

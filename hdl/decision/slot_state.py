@@ -83,6 +83,12 @@ class SlotState(wiring.Component):
         An all-reduce header is in S0 .. W (it reads or writes the slot state).
     busy : Out(1)
         A header is in S0 .. V (not counting the outputs).
+    ev_partial_sent : Out(1); ev_partial_resent : Out(1)
+        Only with ``params.uplink`` (docs/protocol.md section 13): a set of a rule with the uplink action
+        filled (its partial goes up: a job to the uplink port, flags 0, not a result: no ``ev_completed``);
+        a local repeat to a sent set (a', the partial again, flags RETRANSMIT). The parent's result taken
+        by a sent set is a contribution and a completion, its job folds the uplink port's bank alone (as
+        does every re-serve of the set from then on).
 
     ``latency`` (:data:`cais.hdl.latency.SLOT_STATE`, 5): a header on ``i`` in cycle t is decided on the outputs in cycle t + 5 and writes its
     slot in t + 5 - :data:`STATE_WRITE_LEAD`. ``set_update`` builds the state transition
@@ -106,6 +112,7 @@ class SlotState(wiring.Component):
             "ev_duplicate": Out(1), "ev_completed": Out(1), "ev_resent": Out(1),
             "written": Out(stream.Signature(write_layout(params), always_ready=True)),
             "stateful": Out(1), "busy": Out(1),
+            **({"ev_partial_sent": Out(1), "ev_partial_resent": Out(1)} if params.uplink else {}),
         })
 
     def elaborate(self, platform):
@@ -148,6 +155,8 @@ class SlotState(wiring.Component):
         s.h1_agg, s.h1_slot, s.h1_new = Signal(), Signal(sb, reset_less=True), Signal(ent, reset_less=True)
         s.h2_agg, s.h2_slot, s.h2_new = Signal(), Signal(sb, reset_less=True), Signal(ent, reset_less=True)
         s.v_outcome, s.v_accepted, s.v_complete = Signal(SlotOutcome), Signal(), Signal()
+        if prm.uplink:
+            s.v_up_resend, s.v_parent_done = Signal(), Signal()
         return s
 
     def _read(self, m, s):
@@ -214,7 +223,9 @@ class SlotState(wiring.Component):
         # The header ahead changed this set's tag and length only if it was its FIRST.
         took_set = prev & s.u_same_set & s.w_first
         took_other = prev & ~s.u_same_set & s.w_first           # ... and the other set's
-        m.submodules.update = upd = self.set_update(self.params.ports)
+        uplink = self.params.uplink
+        m.submodules.update = upd = (self.set_update(self.params.ports, uplink=True) if uplink
+                                     else self.set_update(self.params.ports))
         m.d.comb += [
             upd.cur_bitmap.eq(s_cur.bitmap), upd.cur_done.eq(s_cur.done), upd.other_bitmap.eq(s_other.bitmap),
             upd.tag_eq.eq(Mux(took_set, s.u_eq_prev_tag, s.u_tag_eq)),
@@ -227,12 +238,17 @@ class SlotState(wiring.Component):
             new_cur.bitmap.eq(upd.new_cur_bitmap), new_cur.done.eq(upd.new_cur_done),
             new_cur.tag.eq(Mux(upd.first, u_c.tag, s_cur.tag)), new_cur.length.eq(Mux(upd.first, u_c.plen, s_cur.length)),
             # an accepted contribution stamps its set (aging); a first one starts a fill not yet aged
-            new_cur.stamp.eq(self.new_stamp(upd.accepted, self.now, s_cur.stamp)),
+            new_cur.stamp.eq(self.new_stamp(upd.accepted & ~u_c.parent if uplink else upd.accepted, self.now,
+                                            s_cur.stamp)),
             new_cur.aged.eq(~upd.first & s_cur.aged),
             new_other.eq(s_other), new_other.bitmap.eq(upd.new_other_bitmap),
             # the slot's sets now count for the writer's rule entry
             new_cur.rule.eq(u_c.rule), new_other.rule.eq(u_c.rule),
         ]
+        if uplink:
+            m.d.comb += [upd.cur_sent.eq(s_cur.sent), upd.up_on.eq(u_c.up.any()), upd.parent.eq(u_c.parent),
+                         new_cur.sent.eq(upd.new_cur_sent)]
+            m.d.sync += [s.v_up_resend.eq(upd.up_resend), s.v_parent_done.eq(upd.parent_done)]
         agg = s.u_valid & s.u_agg
         # Every contribution writes its slot back (unchanged when refused), so every one is forwarded.
         m.d.sync += [
@@ -259,13 +275,19 @@ class SlotState(wiring.Component):
         resend = v_agg & (outcome == SlotOutcome.RESEND)
         refused = v_agg & ((outcome == SlotOutcome.MISMATCH) | (outcome == SlotOutcome.LENGTH_MISMATCH))
         completes = v_agg & s.v_complete
+        if prm.uplink:
+            # a filled set of a rule with the uplink action sends its partial up; a' sends it again
+            up_on = v_c.up.any()
+            partial = completes & up_on & ~s.v_parent_done
+            up_resend = v_agg & s.v_up_resend
+            m.d.sync += [self.ev_partial_sent.eq(partial), self.ev_partial_resent.eq(up_resend)]
         drop_now = v_valid & ((v_action == Action.DROP) | refused)
         reason = Mux(refused, Mux(outcome == SlotOutcome.MISMATCH, DropReason.TAG_MISMATCH,
                                   DropReason.LENGTH_MISMATCH), s.v_reason)
         m.d.sync += [
             self.ev_drop.eq(drop_now), self.ev_drop_reason.eq(reason),
             self.ev_forwarded.eq(v_valid & (v_action == Action.FORWARD)),
-            self.ev_contribution.eq(accepted), self.ev_completed.eq(completes),
+            self.ev_contribution.eq(accepted), self.ev_completed.eq(completes & ~partial if prm.uplink else completes),
             self.ev_duplicate.eq(v_agg & ((outcome == SlotOutcome.REPEAT) | (outcome == SlotOutcome.RESEND))),
             self.ev_resent.eq(resend),
         ]
@@ -278,13 +300,21 @@ class SlotState(wiring.Component):
             push.eq(Mux(v_valid, v_c.me, 0)),
             d.action.eq(Mux(drop_now, Action.DROP, v_action)), d.mask.eq(s.v_mask), d.write.eq(accepted),
             d.row_base.eq(v_c.row_base), d.rows.eq(v_c.rows), d.beats.eq(v_c.beats), d.length.eq(v_c.length),
-            job_valid.eq(completes | resend),
+            job_valid.eq(completes | resend | up_resend if prm.uplink else completes | resend),
             job.cais.eq(v_c.cais), job.mask.eq(Mux(resend, v_c.me, v_c.results)),
             job.contributors.eq(v_c.contributors), job.row_base.eq(v_c.row_base),
             job.rows.eq(v_c.rows),
             job.dtype.eq(v_c.kind.dtype), job.op.eq(v_c.kind.op), job.acc_fp32.eq(v_c.kind.acc_fp32),
             job.saturate.eq(v_c.kind.saturate),
         ]
+        if prm.uplink:
+            # the partial (and its repeat) to the uplink port, from the local contributors' banks; the
+            # parent's result, and every re-serve of a set done by it, from the uplink port's bank alone
+            m.d.sync += [
+                job.mask.eq(Mux(resend, v_c.me, Mux(partial | up_resend, v_c.up, v_c.results))),
+                job.contributors.eq(Mux(up_on & (resend | s.v_parent_done), v_c.up, v_c.contributors)),
+                job.up.partial.eq(partial | up_resend), job.up.retransmit.eq(up_resend), job.up.dst.eq(v_c.dst),
+            ]
 
     def _write(self, m, s):
         """W: the state write (the memory puts the reset sweep's first, the maintenance's after it)."""

@@ -8,6 +8,7 @@ from cais import protocol as proto
 from cais.params import SwitchParams
 
 from ..latency import RESULT_REQUEST
+from ..common.uplink import uplink_frame_layout
 from ..parser.header import cais_field
 from .ports import FrameSourceSignature
 
@@ -26,6 +27,7 @@ def result_frame_layout(params: SwitchParams) -> data.StructLayout:
         "cais": proto.CAIS_HEADER_BYTES * 8,   # header of the triggering frame, wire order
         "mask": params.ports,                  # egress ports
         "rows": range(params.rows_per_set + 1),  # ceil(payload_len / B)
+        **({"up": uplink_frame_layout()} if params.uplink else {}),   # a partial for the parent switch
     })
 
 
@@ -78,14 +80,20 @@ class ResultGenerator(wiring.Component):
             "busy": Out(1),
         })
 
-    def header(self, cais):
-        """The 30 header bytes of the result frame for the CAIS header ``cais``, byte i at bits 8i..8i+7."""
+    def header(self, cais, up=None):
+        """The 30 header bytes of the result frame for the CAIS header ``cais``, byte i at bits 8i..8i+7
+        (``up``, with the uplink action: a partial's destination and flags instead, when ``up.partial``)."""
         flags_byte = proto.CAIS_HEADER_BYTES - 1
+        dst = Cat(*(Const(b, 8) for b in proto.mac_to_bytes(proto.result_mac(0))[:5]), cais_field(cais, "group_id"))
+        flags = Const(int(proto.Flags.RESULT), 8)
+        if up is not None:
+            dst = Mux(up.partial, up.dst, dst)
+            flags = Mux(up.partial, Mux(up.retransmit, int(proto.Flags.RETRANSMIT), 0), flags)
         hdr = Cat(
-            *(Const(b, 8) for b in proto.mac_to_bytes(proto.result_mac(0))[:5]), cais_field(cais, "group_id"),
+            dst,
             *(self.switch_mac[8 * i:8 * i + 8] for i in reversed(range(6))),
             Const(proto.ETHERTYPE >> 8, 8), Const(proto.ETHERTYPE & 0xFF, 8),
-            cais[:8 * flags_byte], Const(int(proto.Flags.RESULT), 8),
+            cais[:8 * flags_byte], flags,
         )
         assert len(hdr) == 8 * proto.HEADERS_BYTES
         return hdr
@@ -100,8 +108,8 @@ class ResultGenerator(wiring.Component):
         rows_bits = range(P.rows_per_set + 1)
         beats_bits = range(P.max_frame_beats + 1)
 
-        def chunk(cais, beat):                     # header bytes of frame beat ``beat`` (<= h)
-            hdr = self.header(cais)
+        def chunk(cais, beat, up=None):            # header bytes of frame beat ``beat`` (<= h)
+            hdr = self.header(cais, up)
             return hdr[8 * B * beat:min(8 * B * (beat + 1), len(hdr))]
 
         # The next frame, taken from the fold reader ahead of time, with its beats and last keep. Only the
@@ -114,6 +122,8 @@ class ResultGenerator(wiring.Component):
         # The current frame.
         active = Signal()
         cais = Signal.like(nxt.cais, reset_less=True)
+        up = Signal.like(nxt.up, reset_less=True) if P.uplink else None    # a partial's destination and flags
+        nxt_up = nxt.up if P.uplink else None
         left = Signal(beats_bits, reset_less=True)     # beats not yet sent, this one included
         is_last = Signal(reset_less=True)
         last_keep = Signal(B, reset_less=True)
@@ -139,7 +149,7 @@ class ResultGenerator(wiring.Component):
             m.d.sync += [prev.eq(cur_row), hsel.eq(hsel << 1)]
             nxt_hdr = 0
             for beat in range(1, h + 1):
-                nxt_hdr = nxt_hdr | Mux(hsel[beat - 1], chunk(cais, beat), 0)
+                nxt_hdr = nxt_hdr | Mux(hsel[beat - 1], chunk(cais, beat, up), 0)
             m.d.sync += hdr_cur.eq(nxt_hdr)
             if h:
                 with m.If(hsel[h - 1]):
@@ -170,8 +180,10 @@ class ResultGenerator(wiring.Component):
             m.d.sync += [
                 active.eq(1), cais.eq(nxt.cais), left.eq(nxt_beats), is_last.eq(nxt_beats == 1),
                 last_keep.eq(nxt_keep), rows_left.eq(nxt.rows), hsel.eq(1), past_hdr.eq(h == 0),
-                hdr_cur.eq(chunk(nxt.cais, 0)), prev.eq(0),
+                hdr_cur.eq(chunk(nxt.cais, 0, nxt_up)), prev.eq(0),
             ]
+            if P.uplink:
+                m.d.sync += up.eq(nxt.up)
 
         # Rows owed: the current frame's not yet taken and the next frame's.
         owed = Signal(range(2 * P.rows_per_set + 1))

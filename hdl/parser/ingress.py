@@ -89,6 +89,9 @@ class IngressPort(wiring.Component):
         A frame is partly received, being checked, queued for the core, or its drop not yet reported:
         1 from the cycle after a frame's first beat is accepted, and 0 from the second cycle after the
         last of those ends (once the core has taken a frame, its own busy covers that cycle).
+    uplink : In(1)
+        Only with ``params.uplink``: this port is the enabled uplink (UPLINK, docs/protocol.md section 13),
+        where the parent's results (all-reduce frames with flags exactly RESULT) pass the BAD_CODE check.
     """
 
     DECIDE_DELAY = INGRESS_DECIDE   # cycles from a frame's last beat to its commit (or rollback) and its header queued
@@ -106,6 +109,7 @@ class IngressPort(wiring.Component):
             "drop": Out(1), "drop_reason": Out(DropReason),
             "rx_frame": Out(1), "rx_bytes": Out(8),
             "busy": Out(1),
+            **({"uplink": In(1)} if params.uplink else {}),
         })
 
     def elaborate(self, platform):
@@ -178,6 +182,10 @@ class IngressPort(wiring.Component):
             esize = proto.ELEMENT_BYTES[dtype]
             esize_ok = esize_ok | ((hdr.dtype == dtype) & (hdr.payload_len % esize == 0))
         plen = hdr.payload_len
+        flags_ok = (hdr.flags & (0xFF ^ int(proto.Flags.RETRANSMIT))) == 0
+        if P.uplink:    # a parent's result: an all-reduce frame with flags exactly RESULT, on the uplink port
+            flags_ok = flags_ok | (self.uplink & (hdr.flags == int(proto.Flags.RESULT))
+                                   & (hdr.op_type == proto.OpType.ALL_REDUCE))
         checks = [
             (proto.DropReason.BAD_FCS, fcs1),              # decided at the last beat, where tuser counts
             (proto.DropReason.BAD_FRAMING, framing1),
@@ -186,8 +194,7 @@ class IngressPort(wiring.Component):
              | (hdr.is_cais & (len1 < proto.HEADERS_BYTES))),
             (proto.DropReason.BAD_CODE, hdr.is_cais & ~(
                 _one_of(hdr.op_type, proto.SUPPORTED_OPS) & _one_of(hdr.dtype, P.dtypes)
-                & _one_of(hdr.red_op, list(proto.ReduceOp))
-                & ((hdr.flags & (0xFF ^ int(proto.Flags.RETRANSMIT))) == 0))),
+                & _one_of(hdr.red_op, list(proto.ReduceOp)) & flags_ok)),
             (proto.DropReason.BAD_PAYLOAD_LEN, hdr.is_cais & ((plen == 0) | (plen > P.max_payload) | ~esize_ok)),
             # the frame is exactly its header and payload, or the 60-byte minimum if those are shorter
             (proto.DropReason.BAD_LENGTH, hdr.is_cais & ~(

@@ -24,15 +24,20 @@ class SlotOutcome(enum.IntEnum):
     LENGTH_MISMATCH = 5  # the set holds this chunk with another payload_len: drop
 
 
-def set_layout(ports: int, len_bits: int, rule_bits: int = 0, stamp_bits: int = 0) -> data.StructLayout:
+def set_layout(ports: int, len_bits: int, rule_bits: int = 0, stamp_bits: int = 0, sent: bool = False
+               ) -> data.StructLayout:
     """One shadow set: the slot discipline's fields, and (when their widths are given) the rule entry of the
     frame that last wrote the slot (``rule``: the SETS_IN_USE count the set is in) and the aging state
-    (``stamp``: the age unit of its last accepted contribution, ``aged``: aged in this fill)."""
+    (``stamp``: the age unit of its last accepted contribution, ``aged``: aged in this fill); with ``sent``
+    (a switch with the uplink action, docs/protocol.md section 13) the ``sent`` bit: the set's partial went
+    up to the parent switch and the parent's result is due."""
     fields = {"bitmap": ports, "tag": 32, "done": 1, "length": len_bits}
     if rule_bits:
         fields["rule"] = rule_bits
     if stamp_bits:
         fields["stamp"], fields["aged"] = stamp_bits, 1
+    if sent:
+        fields["sent"] = 1
     return data.StructLayout(fields)
 
 
@@ -56,7 +61,8 @@ def age_stamp_bits(params: SwitchParams) -> int:
 
 def state_set_layout(params: SwitchParams) -> data.StructLayout:
     """A shadow set as the decision's slot-state memory holds it."""
-    return set_layout(params.ports, params.slot_len_bits, rule_index_bits(params), age_stamp_bits(params))
+    return set_layout(params.ports, params.slot_len_bits, rule_index_bits(params), age_stamp_bits(params),
+                      sent=params.uplink)
 
 
 def state_entry_layout(params: SwitchParams) -> data.ArrayLayout:
@@ -92,18 +98,38 @@ class SetUpdate(wiring.Component):
         This contribution completed the set: multicast the result.
     new_cur_bitmap : Out(ports); new_cur_done : Out(1); new_other_bitmap : Out(ports)
         The bits after the contribution.
+
+    With ``uplink`` (a switch with the uplink action, docs/protocol.md section 13), also:
+
+    cur_sent : In(1); up_on : In(1); parent : In(1)
+        The set's partial went up (sent); the rule's uplink action is in force; the frame is the parent's
+        result (from the uplink port; ``me`` is then not used).
+    new_cur_sent : Out(1)
+        The sent bit after the frame: set when a contribution fills the set under the uplink action (the
+        set is then not done: ``complete`` means "send the partial up"), cleared by the parent's result.
+    up_resend : Out(1)
+        a': a local repeat to a sent set (``outcome`` REPEAT): send the kept partial up again.
+    parent_done : Out(1)
+        The parent's result taken by a sent set (``outcome`` ADD, ``accepted``, ``complete``): the set is
+        done, its value the parent's (a parent's result to a done set is REPEAT, to any other TAG_MISMATCH).
     """
 
-    def __init__(self, ports: int):
-        self.ports = ports
-        super().__init__({
+    def __init__(self, ports: int, uplink: bool = False):
+        self.ports, self.uplink = ports, uplink
+        members = {
             "cur_bitmap": In(ports), "cur_done": In(1), "other_bitmap": In(ports), "tag_eq": In(1), "len_eq": In(1),
             "other_newer": In(1), "me": In(ports), "contributors": In(ports),
             "outcome": Out(SlotOutcome), "first": Out(1), "accepted": Out(1), "complete": Out(1),
             "new_cur_bitmap": Out(ports), "new_cur_done": Out(1), "new_other_bitmap": Out(ports),
-        })
+        }
+        if uplink:
+            members.update({"cur_sent": In(1), "up_on": In(1), "parent": In(1),
+                            "new_cur_sent": Out(1), "up_resend": Out(1), "parent_done": Out(1)})
+        super().__init__(members)
 
     def elaborate(self, platform):
+        if self.uplink:
+            return self._elaborate_uplink()
         m = Module()
         b, me, teq, leq = self.cur_bitmap, self.me, self.tag_eq, self.len_eq
         # The cases of docs/protocol.md 7.3 in their order, as flat terms (each case excludes the ones before).
@@ -134,6 +160,56 @@ class SetUpdate(wiring.Component):
         with m.Elif(lmm):
             m.d.comb += self.outcome.eq(SlotOutcome.LENGTH_MISMATCH)
         with m.Elif(repeat):
+            m.d.comb += self.outcome.eq(SlotOutcome.REPEAT)
+        with m.Else():
+            m.d.comb += self.outcome.eq(SlotOutcome.ADD)
+        return m
+
+
+    def _elaborate_uplink(self):
+        """The transition with the uplink action: the local frames' cases of section 7.3 with the sent state
+        (a filled set is sent, not done; a' re-sends the partial), and the parent's result (section 13.2)."""
+        m = Module()
+        b, me, teq, leq, up, sent = self.cur_bitmap, self.me, self.tag_eq, self.len_eq, self.up_on, self.cur_sent
+        parent, local = self.parent, ~self.parent
+        # local frames: the cases of section 7.3 in their order, as flat terms
+        resend_case = self.cur_done & teq
+        free = b == 0
+        first = local & ~resend_case & free
+        mismatch_l = ~resend_case & ~free & ~teq
+        lmm_l = (resend_case & ~leq) | (~resend_case & ~free & teq & ~leq)
+        repeat_l = ~resend_case & ~free & teq & leq & (b & me).any()
+        add = local & ~resend_case & ~free & teq & leq & ~(b & me).any()
+        filled = (b | me) == self.contributors           # (b is 0 in FIRST)
+        # the parent's result: to a set that sent this chunk up (its tag), or the done one again
+        mismatch_p = ~teq | ~(sent | self.cur_done)
+        lmm_p = ~mismatch_p & ~leq
+        repeat_p = ~mismatch_p & leq & self.cur_done
+        take_p = parent & ~mismatch_p & leq & ~self.cur_done
+        accepted = first | add | take_p
+        mismatch = Mux(parent, mismatch_p, mismatch_l)
+        lmm = Mux(parent, lmm_p, lmm_l)
+        local_in = (first | add) & filled                # every local contributor is in
+        m.d.comb += [
+            self.first.eq(first), self.accepted.eq(accepted), self.complete.eq(local_in | take_p),
+            self.parent_done.eq(take_p), self.up_resend.eq(local & repeat_l & sent & up),
+            self.new_cur_bitmap.eq(Mux(first | add, b | me, b)),
+            self.new_cur_done.eq(Mux(first | add, filled & ~up, self.cur_done | take_p)),
+            # (a set done is not sent: done supersedes sent, as in the model's view)
+            self.new_cur_sent.eq(Mux(first | add, Mux(filled, up, sent & add), sent & ~take_p)),
+            # the implicit acknowledgement (local frames only: the parent's result acknowledges nothing)
+            self.new_other_bitmap.eq(Mux(parent | mismatch | lmm | self.other_newer, self.other_bitmap,
+                                         self.other_bitmap & ~me)),
+        ]
+        with m.If(local & resend_case & leq):
+            m.d.comb += self.outcome.eq(SlotOutcome.RESEND)
+        with m.Elif(first):
+            m.d.comb += self.outcome.eq(SlotOutcome.FIRST)
+        with m.Elif(mismatch):
+            m.d.comb += self.outcome.eq(SlotOutcome.MISMATCH)
+        with m.Elif(lmm):
+            m.d.comb += self.outcome.eq(SlotOutcome.LENGTH_MISMATCH)
+        with m.Elif(Mux(parent, repeat_p, repeat_l)):
             m.d.comb += self.outcome.eq(SlotOutcome.REPEAT)
         with m.Else():
             m.d.comb += self.outcome.eq(SlotOutcome.ADD)

@@ -503,8 +503,8 @@ def main(argv=None) -> int:
     if args.topology == "leaf-spine":
         from .controller.tree import TreeError, TreeTopology
         if args.backend != "model":
-            p.error(f"--backend {args.backend}: --topology leaf-spine runs on the model only (the RTL has no uplink "
-                    f"action yet)")
+            p.error(f"--backend {args.backend}: --topology leaf-spine runs on the model only (the cluster's "
+                    f"switch daemons do not yet put a tree on the RTL; make sim --topology leaf-spine does)")
         try:
             args.ranks = TreeTopology(args.leaves, args.ranks_per_leaf).ranks
         except TreeError as e:

@@ -29,7 +29,7 @@ class SwitchParams:
     mac_entries: int = 16      # MAC-table entries for ordinary frames
     max_frame: int = MAX_FRAME_BYTES  # longest frame accepted on any port, bytes
     float_units: bool = True   # fp32/fp16/bf16 reduction lanes; without them floats are quantized on the hosts
-    uplink: bool = False       # the uplink action of aggregation trees (docs/protocol.md section 13); model only so far
+    uplink: bool = False       # the uplink action of aggregation trees (docs/protocol.md section 13)
 
     def __post_init__(self):
         def need(ok, name, what):

@@ -193,12 +193,16 @@ def test_leaf_spine_make_sim(capsys):
     assert len(rows) == 3 and all("CORRECT" in row for row in rows.values())
 
 
-def test_leaf_spine_needs_the_model(capsys):
-    from cais.sim.cosim import main
+def test_leaf_spine_runs_on_the_model_or_verilator(capsys):
+    from cais.sim.cosim import main, parse_args
     with pytest.raises(SystemExit) as e:
-        main(["--topology", "leaf-spine", "--backend", "verilator"])
+        main(["--topology", "leaf-spine", "--backend", "cocotb"])
     assert e.value.code == 2
-    assert "runs on the model only" in capsys.readouterr().err
+    assert "runs on the model or verilator" in capsys.readouterr().err
+    args = parse_args(["--topology", "leaf-spine", "--backend", "verilator", "--spine-backend", "model"])[0]
+    assert (args.leaf_backend, args.spine_backend) == ("verilator", "model")
+    args = parse_args(["--topology", "leaf-spine", "--leaf-backend", "verilator"])[0]
+    assert (args.leaf_backend, args.spine_backend) == ("verilator", "model")
 
 
 def test_an_odd_tree_is_refused_on_the_command_line(capsys):

@@ -283,18 +283,6 @@ def test_floats_fold_in_the_documented_order():
         assert got == {(lf, p): [result(total, dtype=FP32)] for lf in (0, 1) for p in range(3)}
 
 
-def test_the_rtl_refuses_the_uplink_until_it_has_it(capsys):
-    from cais.hdl.export import main
-    from cais.hdl.switch import check_buildable
-    from cais.params import ParamError
-    with pytest.raises(ParamError, match="uplink=True: the RTL has no uplink action"):
-        check_buildable(TREE)
-    check_buildable(SwitchParams())
-    with pytest.raises(SystemExit) as e:
-        main(["--uplink", "true", "--out", "/nonexistent"])
-    assert e.value.code == 2 and "--uplink true: the RTL has no uplink action" in capsys.readouterr().err
-
-
 def test_a_sent_set_is_not_aged_a_partly_filled_one_is():
     """AGING on a leaf: a set that sent its partial waits for the parent, not for a rank: never aged; a
     set of the next chunk missing rank 2 ages after age x AGE_UNIT cycles (1024 per unit)."""
