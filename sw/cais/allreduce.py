@@ -25,6 +25,7 @@ It never sleeps or reads a clock: the caller passes ``now`` (seconds of simulate
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -170,7 +171,7 @@ class SwitchAllReduce:
         self._chunks = [_Chunk(i) for i in range(self.nchunks)]
         self._next = 0                # next chunk never sent
         self._in_flight: dict[int, _Chunk] = {}
-        self._earliest: float | None = None     # min deadline in flight (None: to be recomputed)
+        self._deadlines: list[tuple[float, int]] = []   # heap of (deadline, chunk); stale entries skipped
         self._backed_off: set[int] = set()      # chunks in flight whose backoff is not 0
         self._remaining = self.nchunks
         self.failed = False
@@ -208,9 +209,13 @@ class SwitchAllReduce:
     def next_deadline(self) -> float | None:
         if self.done or self.failed or not self._in_flight:
             return None
-        if self._earliest is None:
-            self._earliest = min(c.deadline for c in self._in_flight.values())
-        return self._earliest
+        heap, flight = self._deadlines, self._in_flight
+        while True:              # drop entries of chunks done or re-timed since (there is a valid one)
+            deadline, index = heap[0]
+            chunk = flight.get(index)
+            if chunk is not None and chunk.deadline == deadline:
+                return deadline
+            heapq.heappop(heap)
 
     # ---------------------------------------------------------------- frames
     def _frame(self, chunk: _Chunk, retransmit: bool) -> bytes:
@@ -237,10 +242,7 @@ class SwitchAllReduce:
             chunk.first_sent = now
         chunk.sent_at = now
         chunk.deadline = now + self.timer.timeout(chunk.backoff)
-        if retransmit:                 # its deadline moved later: the earliest is recomputed when asked
-            self._earliest = None
-        elif self._earliest is not None:
-            self._earliest = min(self._earliest, chunk.deadline)
+        heapq.heappush(self._deadlines, (chunk.deadline, chunk.index))
         frame = self._frame(chunk, retransmit)
         self.frames_sent += 1
         self.bytes_sent += len(frame)
@@ -297,8 +299,6 @@ class SwitchAllReduce:
         chunk.done = True
         self._progress_at = now
         self._in_flight.pop(index, None)
-        if self._earliest is not None and chunk.deadline <= self._earliest:
-            self._earliest = None
         self._backed_off.discard(index)
         self._remaining -= 1
         # Progress: the path works. Like TCP after a new acknowledgement, chunks still waiting start their
@@ -308,9 +308,9 @@ class SwitchAllReduce:
         for other_index in self._backed_off:
             other = self._in_flight[other_index]
             other.backoff = 0
-            other.deadline = min(other.deadline, now + rto)
-            if self._earliest is not None:
-                self._earliest = min(self._earliest, other.deadline)
+            if now + rto < other.deadline:
+                other.deadline = now + rto
+                heapq.heappush(self._deadlines, (other.deadline, other_index))
         self._backed_off.clear()
         if chunk.retries == 0:   # Karn: a retransmitted chunk's round trip is ambiguous
             self.timer.sample(now - chunk.first_sent)
