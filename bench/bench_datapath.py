@@ -363,6 +363,26 @@ def fp32_beats_per_cycle(params: SwitchParams) -> float | None:
     return result["beats_per_cycle"] / params.ports
 
 
+def build_figures(P: SwitchParams, fmax: float | None, per_port: float, fp32_per_port: float | None) -> dict:
+    """One build's row from its Fmax (MHz) and the measured ingress beats per cycle per port of int32 (and
+    fp32) all-reduce loads of full-size contributions: a port's line rate (data_width x Fmax), and the
+    result elements per second of one job: per_port / (beats of a full frame) chunks per cycle, each of
+    max_payload / 4 elements."""
+    beats = frame_beats(P, P.max_payload)
+
+    def per_s(bpc):
+        return bpc * (P.max_payload // 4) / beats * fmax * 1e6 if bpc is not None and fmax else None
+
+    row = {"params": P.as_dict(), "fmax_mhz": fmax, "port_gbps": P.data_width * fmax / 1e3 if fmax else None,
+           "frame_beats": beats, "allreduce_beats_per_cycle_per_port": per_port,
+           "fp32_beats_per_cycle_per_port": fp32_per_port,
+           "int32_elements_per_s": per_s(per_port), "fp32_elements_per_s": per_s(fp32_per_port)}
+    for kind in ("int32", "fp32"):
+        value = row[f"{kind}_elements_per_s"]
+        row[f"{kind}_vs_switchml"] = value / SWITCHML_ELEMENTS_PER_S if value else None
+    return row
+
+
 def summary(seeds: int, ring_elements: int, ranks: list[int], chunks: int, log=print) -> dict:
     """The figures of the summary table; see :func:`summary_table`."""
     import bench_cosim
@@ -370,26 +390,12 @@ def summary(seeds: int, ring_elements: int, ranks: list[int], chunks: int, log=p
     areas = area_fmax(list(SUMMARY_BUILDS), seeds, log)
     builds = {}
     for name, P in SUMMARY_BUILDS.items():
-        fmax = areas[name]["fmax_mhz"]
         count_log2 = min(5, P.slots.bit_length() - 1)
         load = run_load(P, chunks, P.max_payload, count_log2, "verilator")
         per_port = min(load["per_port_beats_per_cycle"])
-        beats = frame_beats(P, P.max_payload)
-        int32_per_cycle = per_port * (P.max_payload // 4) / beats     # result elements per cycle per job
-        fp32 = fp32_beats_per_cycle(P)
-        row = {"params": P.as_dict(), "fmax_mhz": fmax, "fmax_seeds": areas[name]["seeds"],
-               "bram": areas[name]["bram"], "lut4": areas[name]["lut4"],
-               "port_gbps": P.data_width * fmax / 1e3 if fmax else None,
-               "allreduce_beats_per_cycle_per_port": per_port, "frame_beats": beats,
-               "int32_elements_per_cycle": int32_per_cycle,
-               "int32_elements_per_s": int32_per_cycle * fmax * 1e6 if fmax else None,
-               "fp32_beats_per_cycle_per_port": fp32,
-               "fp32_elements_per_s": (fp32 * (P.max_payload // 4) / beats * fmax * 1e6
-                                       if fp32 is not None and fmax else None)}
-        for key in ("int32_elements_per_s", "fp32_elements_per_s"):
-            row[key.replace("elements_per_s", "vs_switchml")] = (row[key] / SWITCHML_ELEMENTS_PER_S
-                                                                 if row[key] else None)
-        builds[name] = row
+        row = build_figures(P, areas[name]["fmax_mhz"], per_port, fp32_beats_per_cycle(P))
+        builds[name] = {**row, "fmax_seeds": areas[name]["seeds"], "bram": areas[name]["bram"],
+                        "lut4": areas[name]["lut4"]}
         log(f"  {name}: {per_port:.3f} beats/cycle per port")
     ring = {}
     for name in ("switch", "switch_jumbo"):
