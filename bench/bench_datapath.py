@@ -331,17 +331,27 @@ SWITCHML_HARDWARE = ("Tofino ASIC (6.5 Tb/s, 100 GbE ports, 32-bit adds in its m
                      "an ECP5 FPGA design out of context, ports of data_width bits at its Fmax")
 
 
-def area_fmax(designs: list[str], seeds: int, log=print) -> dict[str, dict]:
-    """bench_area's rows (its functions and its cache: the tools run only for designs not placed yet, a
-    whole switch taking tens of minutes) for ``designs``, with ``seeds`` placement seeds from 1."""
+def area_fmax(designs: list[str], seeds: int, log=print, area_json: Path | None = None) -> dict[str, dict]:
+    """bench_area's rows for ``designs``: those in ``area_json`` (what ``bench_area.py --json`` printed)
+    from there, the others through its functions and its cache (the tools run only for designs not placed
+    yet, a whole switch taking tens of minutes), with ``seeds`` placement seeds from 1."""
     import bench_area
 
+    out = {}
+    if area_json is not None:
+        try:
+            rows = json.loads(Path(area_json).read_text().strip().splitlines()[-1])["results"]
+        except (OSError, ValueError, KeyError, IndexError) as exc:
+            raise SystemExit(f"--area-json {area_json}: not the output of bench_area.py --json ({exc})")
+        out = {name: rows[name] for name in designs if name in rows}
+        for name in out:
+            log(f"  area {name}: from {area_json}")
+    missing = [name for name in designs if name not in out]
     ok, versions = bench_area.tools_available()
-    if not ok:
+    if missing and not ok:
         raise SystemExit(f"bench_area: {versions}")
     opts = bench_area.FlowOptions(runs=seeds)
-    out = {}
-    for name in designs:
+    for name in missing:
         job = bench_area.prepare(bench_area.DESIGNS[name], Path(__file__).resolve().parent.parent / "build" / "area")
         out[name] = bench_area.run_design(job, opts)
         log(f"  area {name}: {'cached' if out[name]['cached'] else 'placed and routed'}")
@@ -383,19 +393,20 @@ def build_figures(P: SwitchParams, fmax: float | None, per_port: float, fp32_per
     return row
 
 
-def summary(seeds: int, ring_elements: int, ranks: list[int], chunks: int, log=print) -> dict:
+def summary(seeds: int, ring_elements: int, ranks: list[int], chunks: int, log=print,
+            area_json: Path | None = None) -> dict:
     """The figures of the summary table; see :func:`summary_table`."""
     import bench_cosim
 
-    areas = area_fmax(list(SUMMARY_BUILDS), seeds, log)
+    areas = area_fmax(list(SUMMARY_BUILDS), seeds, log, area_json)
     builds = {}
     for name, P in SUMMARY_BUILDS.items():
         count_log2 = min(5, P.slots.bit_length() - 1)
         load = run_load(P, chunks, P.max_payload, count_log2, "verilator")
         per_port = min(load["per_port_beats_per_cycle"])
         row = build_figures(P, areas[name]["fmax_mhz"], per_port, fp32_beats_per_cycle(P))
-        builds[name] = {**row, "fmax_seeds": areas[name]["seeds"], "bram": areas[name]["bram"],
-                        "lut4": areas[name]["lut4"]}
+        builds[name] = {**row, "fmax_seeds": areas[name].get("seeds"), "bram": areas[name].get("bram"),
+                        "lut4": areas[name].get("lut4")}
         log(f"  {name}: {per_port:.3f} beats/cycle per port")
     ring = {}
     for name in ("switch", "switch_jumbo"):
@@ -413,7 +424,7 @@ def summary_table(s: dict) -> str:
     lines = [f"{'build':13} {'payload':>7} {'Fmax MHz':>8} {'BRAM':>5} {'port Gb/s':>9} {'beats/cyc':>9} "
              f"{'int32 el/s':>10} {'/SwitchML':>9} {'fp32 el/s':>10} {'/SwitchML':>9}"]
     for name, r in s["builds"].items():
-        lines.append(f"{name:13} {r['params']['max_payload']:>7} {f(r['fmax_mhz'], '.1f'):>8} {r['bram']:>5} "
+        lines.append(f"{name:13} {r['params']['max_payload']:>7} {f(r['fmax_mhz'], '.1f'):>8} {f(r['bram'], 'd'):>5} "
                      f"{f(r['port_gbps'], '.2f'):>9} {r['allreduce_beats_per_cycle_per_port']:>9.3f} "
                      f"{f(r['int32_elements_per_s'], '.3g'):>10} {f(r['int32_vs_switchml'], '.3f'):>9} "
                      f"{f(r['fp32_elements_per_s'], '.3g'):>10} {f(r['fp32_vs_switchml'], '.3f'):>9}")
@@ -458,6 +469,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", default="2,4,8", help="--summary: comma-separated rank counts (2..16)")
     ap.add_argument("--ring-elements", type=integer(1), default=16384,
                     help="--summary: int32 elements per rank for the switch against the ring")
+    ap.add_argument("--area-json", type=Path,
+                    help="--summary: the Fmax and BRAM of the builds from this file (bench_area.py --json's output) "
+                         "instead of bench_area's cache")
     args = ap.parse_args(argv)
     if args.summary:
         try:
@@ -467,7 +481,7 @@ def main(argv=None) -> int:
         if any(not 2 <= n <= 16 for n in ranks):
             ap.error(f"--ranks {args.ranks}: every count must be between 2 and 16")
         s = summary(args.seeds, args.ring_elements, ranks, args.chunks,
-                    log=(lambda *a: print(*a, file=sys.stderr, flush=True)))
+                    log=(lambda *a: print(*a, file=sys.stderr, flush=True)), area_json=args.area_json)
         print(json.dumps(s) if args.json else summary_table(s))
         return 0
     try:
