@@ -17,8 +17,8 @@ arrival order; they are then checked bit for bit against a numpy fold in rank or
 the exact reduction within a bound.
 
 `--jumbo` runs the jumbo build (cais.params.JUMBO: 1,024-byte payloads, 16 slots) with 1,024-byte chunks
-(unless `--config` sets a chunk_size other than the default): each rank's bytes come within 1% of the all-reduce limit N/(2(N-1))
-of a ring's, against 9.5% at the default 256-byte payloads.
+(unless `--config` sets a chunk_size other than the default): each rank's bytes come within 1% of the
+all-reduce limit N/(2(N-1)) of a ring's, against 9.5% at the default 256-byte payloads.
 
 `--topology leaf-spine` runs `--leaves` x `--ranks-per-leaf` ranks through an aggregation tree of
 reference-model switches (leaves and a spine, docs/protocol.md section 13; `--ranks` is then ignored), with
@@ -96,7 +96,8 @@ def parse_args(argv):
     args.dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
     params = SwitchParams(ports=args.ranks, **(JUMBO if args.jumbo else {}))
     if args.jumbo and args.topology == "leaf-spine":
-        ap.error("--jumbo: runs on one switch (--topology single); the leaf-spine tree is built of default switches")
+        ap.error("--jumbo: runs on one switch (--topology single); the leaf-spine tree is built of default "
+                 "switches")
     overrides = {"offload": args.offload} if args.offload else {}
     if args.float_mode:
         overrides["float_mode"] = args.float_mode
