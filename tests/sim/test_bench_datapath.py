@@ -102,3 +102,18 @@ def test_summary_figures_by_hand():
                                           (["--summary", "--seeds", "0"], "--seeds")])
 def test_summary_bad_arguments_are_refused(argv, needle, capsys):
     assert_refused(load_script("bench_datapath").main, argv, needle, capsys)
+
+
+def test_summary_takes_the_area_figures_from_a_bench_area_run(tmp_path):
+    """--area-json: the builds' rows from bench_area --json's output (its last line), none placed again; a
+    file that is not such output is refused naming it."""
+    bench = load_script("bench_datapath")
+    rows = {name: {"fmax_mhz": mhz, "seeds": {"1": mhz}, "bram": 100 + i, "lut4": 1}
+            for i, (name, mhz) in enumerate(zip(bench.SUMMARY_BUILDS, (78.7, 90.3, 77.0)))}
+    path = tmp_path / "area.json"
+    path.write_text("tools: ...\n" + json.dumps({"results": rows}) + "\n")
+    got = bench.area_fmax(list(bench.SUMMARY_BUILDS), 1, log=lambda *a: None, area_json=path)
+    assert got == rows
+    path.write_text("no json here\n")
+    with pytest.raises(SystemExit, match="area.json: not the output of bench_area.py --json"):
+        bench.area_fmax(list(bench.SUMMARY_BUILDS), 1, log=lambda *a: None, area_json=path)
