@@ -17,6 +17,8 @@ seeds (every seed's beside it), its utilisation and critical path the median see
   the defaults);
 * ``switch_int``: integer types only (``float_units=False``); ``switch`` minus this row is the cost of the
   float units;
+* ``switch_jumbo``: the jumbo build (``cais.params.JUMBO``: 1,024-byte payloads, 16 slots, float units):
+  the same bank bytes as ``switch``; the result queues hold two 1,054-byte results;
 * ``fold_chain``: the port-order fold of the switch's result path (``cais.hdl.alu.fold.FoldChain``,
   docs/core-design.md), 4 ports x 64 bits;
 * ``fold_reader_int``: the fold reader of the integer-only build (``fold_reader`` is the default's);
@@ -63,6 +65,7 @@ from typing import Callable
 
 from cais.cmdline import Parser, integer, number
 from cais.hdl.toolchain import find_tool
+from cais.params import JUMBO
 
 __all__ = ["DESIGNS", "Design", "FlowOptions", "build_parser", "parse_args", "find_tool", "tools_available",
            "run_design", "main"]
@@ -321,6 +324,9 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
                      "units)", _switch()),
     Design("switch_int", "SwitchTop(SwitchParams(float_units=False)): integer types only",
            _switch(float_units=False)),
+    Design("switch_jumbo", "SwitchTop(SwitchParams(**JUMBO)): the jumbo build (make sim --jumbo), 1,024-byte "
+                           "payloads and 16 slots; minus the switch row: the cost of the longer results",
+           _switch(**JUMBO)),
     Design("fold_chain", "FoldChain(4, 64): the result path's port-order fold (docs/core-design.md), "
                          "four SlotALU stages, registered in and out", _fold_chain()),
     Design("fold_chain_fadd6", "the same with 6-stage float adders (FloatAdder.CUTS[6])",

@@ -69,12 +69,17 @@ def link_rates(links: list[str], elements: int, slow_elements: int) -> dict:
     return rows
 
 
-def switch_vs_ring(ranks: list[int], elements: int) -> list[dict]:
+def switch_vs_ring(ranks: list[int], elements: int, extra: dict | None = None) -> list[dict]:
+    """Per N: the all-reduce forced onto the switch and onto the host ring, on the C++-driven link of
+    ``SwitchParams(ports=N, **extra)`` (chunks of its max_payload)."""
     out = []
     for n in ranks:
         runs = {}
+        params = SwitchParams(ports=n, **(extra or {}))
         for path in ("always", "never"):
-            s = run_backend("verilator", SwitchParams(ports=n), ENTRY, _job(n, elements, path))
+            job = _job(n, elements, path)
+            job["config"]["chunk_size"] = params.max_payload
+            s = run_backend("verilator", params, ENTRY, job)
             if not s["correct"]:
                 raise SystemExit(f"N={n}, offload {path}: wrong all-reduce result")
             runs[path] = s

@@ -33,7 +33,7 @@ from cais import protocol as proto
 from cais.hdl.sram.slots import state_entry_layout
 from cais.cmdline import Parser, integer
 from cais.hdl.control.tables import rule_layout
-from cais.params import ParamError, SwitchParams
+from cais.params import JUMBO, ParamError, SwitchParams
 from cais.registers import register_map
 from cais.sim.backends import run_backend, wait_idle
 from cais.sim.timing import documented_latency, frame_beats, measure_latency
@@ -319,6 +319,138 @@ def sizes(params: SwitchParams) -> list[tuple[str, int]]:
     ]
 
 
+# --- the summary table (--summary): one table of what the builds deliver ---------------------------------------
+
+#: The builds of the summary: bench_area's design (its Fmax) -> the parameters.
+SUMMARY_BUILDS = {"switch": SwitchParams(), "switch_int": SwitchParams(float_units=False),
+                  "switch_jumbo": SwitchParams(**JUMBO)}
+#: SwitchML on Tofino, 100 GbE ports (docs/core-design.md; /work/shared/REFERENCES.md): aggregated int32
+#: elements per second per job, flat from 4 to 16 workers.
+SWITCHML_ELEMENTS_PER_S = 2.8e9
+SWITCHML_HARDWARE = ("Tofino ASIC (6.5 Tb/s, 100 GbE ports, 32-bit adds in its match-action stages); CAIS is "
+                     "an ECP5 FPGA design out of context, ports of data_width bits at its Fmax")
+
+
+def area_fmax(designs: list[str], seeds: int, log=print, area_json: Path | None = None) -> dict[str, dict]:
+    """bench_area's rows for ``designs``: those in ``area_json`` (what ``bench_area.py --json`` printed)
+    from there, the others through its functions and its cache (the tools run only for designs not placed
+    yet, a whole switch taking tens of minutes), with ``seeds`` placement seeds from 1."""
+    import bench_area
+
+    out = {}
+    if area_json is not None:
+        try:
+            rows = json.loads(Path(area_json).read_text().strip().splitlines()[-1])["results"]
+        except (OSError, ValueError, KeyError, IndexError) as exc:
+            raise SystemExit(f"--area-json {area_json}: not the output of bench_area.py --json ({exc})")
+        out = {name: rows[name] for name in designs if name in rows}
+        for name in out:
+            log(f"  area {name}: from {area_json}")
+    missing = [name for name in designs if name not in out]
+    ok, versions = bench_area.tools_available()
+    if missing and not ok:
+        raise SystemExit(f"bench_area: {versions}")
+    opts = bench_area.FlowOptions(runs=seeds)
+    for name in missing:
+        job = bench_area.prepare(bench_area.DESIGNS[name], Path(__file__).resolve().parent.parent / "build" / "area")
+        out[name] = bench_area.run_design(job, opts)
+        log(f"  area {name}: {'cached' if out[name]['cached'] else 'placed and routed'}")
+    return out
+
+
+def fp32_beats_per_cycle(params: SwitchParams) -> float | None:
+    """fp32 SUM's ingress beats per cycle per port on a float build, from bench_numerics' throughput run
+    (full-capacity contributions from every port back to back, results checked)."""
+    if not params.float_units:
+        return None
+    import bench_numerics
+
+    row = bench_numerics.ROWS["fp32.sum.wire"]
+    result = bench_numerics.run_rows(params, [row], elements=2000, seed=1, load_chunks=24, jobs=1,
+                                     log=lambda *a: None)[0]
+    if result.get("problems"):
+        raise SystemExit(f"fp32 on {params.slug()}: " + "; ".join(result["problems"][:3]))
+    return result["beats_per_cycle"] / params.ports
+
+
+def build_figures(P: SwitchParams, fmax: float | None, per_port: float, fp32_per_port: float | None) -> dict:
+    """One build's row from its Fmax (MHz) and the measured ingress beats per cycle per port of int32 (and
+    fp32) all-reduce loads of full-size contributions: a port's line rate (data_width x Fmax), and the
+    result elements per second of one job: per_port / (beats of a full frame) chunks per cycle, each of
+    max_payload / 4 elements."""
+    beats = frame_beats(P, P.max_payload)
+
+    def per_s(bpc):
+        return bpc * (P.max_payload // 4) / beats * fmax * 1e6 if bpc is not None and fmax else None
+
+    row = {"params": P.as_dict(), "fmax_mhz": fmax, "port_gbps": P.data_width * fmax / 1e3 if fmax else None,
+           "frame_beats": beats, "allreduce_beats_per_cycle_per_port": per_port,
+           "fp32_beats_per_cycle_per_port": fp32_per_port,
+           "int32_elements_per_s": per_s(per_port), "fp32_elements_per_s": per_s(fp32_per_port)}
+    for kind in ("int32", "fp32"):
+        value = row[f"{kind}_elements_per_s"]
+        row[f"{kind}_vs_switchml"] = value / SWITCHML_ELEMENTS_PER_S if value else None
+    return row
+
+
+def summary(seeds: int, ring_elements: int, ranks: list[int], chunks: int, log=print,
+            area_json: Path | None = None) -> dict:
+    """The figures of the summary table; see :func:`summary_table`."""
+    import bench_cosim
+
+    areas = area_fmax(list(SUMMARY_BUILDS), seeds, log, area_json)
+    builds = {}
+    for name, P in SUMMARY_BUILDS.items():
+        count_log2 = min(5, P.slots.bit_length() - 1)
+        load = run_load(P, chunks, P.max_payload, count_log2, "verilator")
+        per_port = min(load["per_port_beats_per_cycle"])
+        row = build_figures(P, areas[name]["fmax_mhz"], per_port, fp32_beats_per_cycle(P))
+        builds[name] = {**row, "fmax_seeds": areas[name].get("seeds"), "bram": areas[name].get("bram"),
+                        "lut4": areas[name].get("lut4")}
+        log(f"  {name}: {per_port:.3f} beats/cycle per port")
+    ring = {}
+    for name in ("switch", "switch_jumbo"):
+        extra = {k: v for k, v in SUMMARY_BUILDS[name].as_dict().items() if v != getattr(SwitchParams(), k)}
+        ring[name] = bench_cosim.switch_vs_ring(ranks, ring_elements, extra=extra)
+        log(f"  switch against ring, {name}: done")
+    return {"builds": builds, "switch_vs_ring": ring, "ring_elements": ring_elements, "seeds": seeds,
+            "switchml_elements_per_s": SWITCHML_ELEMENTS_PER_S, "switchml_hardware": SWITCHML_HARDWARE}
+
+
+def summary_table(s: dict) -> str:
+    def f(x, spec):
+        return "-" if x is None else format(x, spec)
+
+    lines = [f"{'build':13} {'payload':>7} {'Fmax MHz':>8} {'BRAM':>5} {'port Gb/s':>9} {'beats/cyc':>9} "
+             f"{'int32 el/s':>10} {'/SwitchML':>9} {'fp32 el/s':>10} {'/SwitchML':>9}"]
+    for name, r in s["builds"].items():
+        lines.append(f"{name:13} {r['params']['max_payload']:>7} {f(r['fmax_mhz'], '.1f'):>8} {f(r['bram'], 'd'):>5} "
+                     f"{f(r['port_gbps'], '.2f'):>9} {r['allreduce_beats_per_cycle_per_port']:>9.3f} "
+                     f"{f(r['int32_elements_per_s'], '.3g'):>10} {f(r['int32_vs_switchml'], '.3f'):>9} "
+                     f"{f(r['fp32_elements_per_s'], '.3g'):>10} {f(r['fp32_vs_switchml'], '.3f'):>9}")
+    lines += ["", f"switch (INA) against the host ring on the same switch, {s['ring_elements']} int32 elements per "
+              "rank (bench_cosim.switch_vs_ring):",
+              f"{'build':13} {'N':>3} {'INA B/rank':>10} {'ring B/rank':>11} {'INA/ring':>8} {'limit':>6} "
+              f"{'INA cycles':>10} {'ring cycles':>11}"]
+    for name, rows in s["switch_vs_ring"].items():
+        by_n = {}
+        for r in rows:
+            by_n.setdefault(r["ranks"], {})[r["path"]] = r
+        for n, pair in by_n.items():
+            sw, ring = pair["switch"], pair["ring"]
+            lines.append(f"{name:13} {n:>3} {sw['bytes_per_rank']:>10.0f} {ring['bytes_per_rank']:>11.0f} "
+                         f"{sw['ratio']:>8.3f} {sw['limit']:>6.3f} {sw['cycles']:>10} {ring['cycles']:>11}")
+    lines += ["", "port Gb/s: data_width x Fmax (bench_area, median of the seeds' Fmax); beats/cyc: the all-reduce "
+              "load's ingress beats per cycle on the slowest port (every port sending full-size contributions "
+              "back to back, results checked; line rate 1.0); el/s: result elements per second per job at Fmax "
+              "(beats/cyc x elements per frame / beats per frame x Fmax; fp32 from bench_numerics' fp32.sum "
+              "run, float builds only).",
+              f"SwitchML: {s['switchml_elements_per_s']:.2g} int32 elements/s per job on a {s['switchml_hardware']}.",
+              "INA/ring: a rank's bytes on the switch over its bytes on the host ring (acknowledgements "
+              "included); limit N/(2(N-1))."]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = Parser(prog="bench/bench_datapath.py", description=__doc__.splitlines()[0])
     ap.add_argument("--ports", type=integer(), default=SwitchParams.ports)
@@ -328,7 +460,30 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object with the figures, no table")
     ap.add_argument("--age", type=integer(0), default=0,
                     help="AGING.age during the load runs, in AGE_UNIT cycles (0: aging off, the default)")
+    ap.add_argument("--summary", action="store_true",
+                    help="the summary table instead: per build (default, integer-only, jumbo) Fmax and per-port "
+                         "Gb/s (bench_area), int32/fp32 result elements per second against SwitchML's, and the "
+                         "switch against the host ring at --ranks (bench_cosim)")
+    ap.add_argument("--seeds", type=integer(1), default=3,
+                    help="--summary: bench_area placement seeds per build (the median Fmax; default 3)")
+    ap.add_argument("--ranks", default="2,4,8", help="--summary: comma-separated rank counts (2..16)")
+    ap.add_argument("--ring-elements", type=integer(1), default=16384,
+                    help="--summary: int32 elements per rank for the switch against the ring")
+    ap.add_argument("--area-json", type=Path,
+                    help="--summary: the Fmax and BRAM of the builds from this file (bench_area.py --json's output) "
+                         "instead of bench_area's cache")
     args = ap.parse_args(argv)
+    if args.summary:
+        try:
+            ranks = [int(r) for r in args.ranks.split(",")]
+        except ValueError:
+            ap.error(f"--ranks {args.ranks!r}: a comma-separated list of integers")
+        if any(not 2 <= n <= 16 for n in ranks):
+            ap.error(f"--ranks {args.ranks}: every count must be between 2 and 16")
+        s = summary(args.seeds, args.ring_elements, ranks, args.chunks,
+                    log=(lambda *a: print(*a, file=sys.stderr, flush=True)), area_json=args.area_json)
+        print(json.dumps(s) if args.json else summary_table(s))
+        return 0
     try:
         params = SwitchParams(ports=args.ports, data_width=args.data_width)
     except ParamError as e:

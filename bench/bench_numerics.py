@@ -80,6 +80,11 @@ GROUP = 5
 SWITCH_MAC = 0x02_5A_0F_00_00_01
 CHECK_COUNT_LOG2 = 3          # the check phase spreads chunks over 8 slots
 LOAD_COUNT_LOG2 = 5           # the throughput run: 32 slots, chunk c in set c % 64 (the default switch has 64)
+
+
+def load_count_log2(params: SwitchParams) -> int:
+    """The throughput run's quota: LOAD_COUNT_LOG2, or every slot of a build with fewer (the jumbo one's 16)."""
+    return min(LOAD_COUNT_LOG2, params.slots.bit_length() - 1)
 DEFAULT_ELEMENTS = 20_000
 DEFAULT_SEED = 1
 DEFAULT_LOAD_CHUNKS = 24
@@ -327,14 +332,14 @@ def plan_row(params: SwitchParams, row: Row, elements: int, seed: int, load_chun
         orders.append(order)
         sequence += [(p, frames[p]) for p in order]
     load_bits = random_operands(row, P, load_chunks * n, rng)
-    load = [_chunk_frames(row, c, LOAD_COUNT_LOG2, _values(row.dtype, load_bits[:, c * n:(c + 1) * n]))
+    load = [_chunk_frames(row, c, load_count_log2(params), _values(row.dtype, load_bits[:, c * n:(c + 1) * n]))
             for c in range(load_chunks)]
     lat_frames = _chunk_frames(row, 0, 0, _values(row.dtype, random_operands(row, P, n, rng)))
     return {
         "name": row.name, "capacity": row.capacity(params), "n": n,
         "random_chunks": n_random, "edge_chunks": len(chunks) - n_random, "edge_elements": edge.shape[1],
         "check": {"writes": _rule_writes(params, row, CHECK_COUNT_LOG2), "sequence": sequence, "orders": orders},
-        "load": {"writes": _rule_writes(params, row, LOAD_COUNT_LOG2), "frames": [[load[c][p] for c in range(load_chunks)]
+        "load": {"writes": _rule_writes(params, row, load_count_log2(params)), "frames": [[load[c][p] for c in range(load_chunks)]
                                                                     for p in range(P)]},
         "latency": {"writes": _rule_writes(params, row, 0), "frames": lat_frames},
     }

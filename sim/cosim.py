@@ -4,7 +4,7 @@
                              [--loss 0.0] [--seed 1] [--collectives 1] [--config cais.toml] [--waves]
                              [--float-mode native|quantize] [--accumulate fp32|wire] [--reproducible]
                              [--topology single|leaf-spine] [--leaves 2] [--ranks-per-leaf 4]
-                             [--leaf-backend model|verilator] [--spine-backend model|verilator]
+                              [--leaf-backend model|verilator] [--spine-backend model|verilator] [--jumbo]
 
 The default runs on the Verilated switch driven from C++ (cais.sim.links.verilator): 4 ranks, 256K int32
 elements each. `--backend cocotb` runs the same Verilog under cocotb (cycle-identical, slower), `--backend
@@ -15,6 +15,10 @@ float64 (always quantized) (docs/driver.md). `--accumulate fp32` (default) sums 
 rounds once; `wire` rounds after every addition. `--reproducible` makes float results independent of the
 arrival order; they are then checked bit for bit against a numpy fold in rank order, otherwise against
 the exact reduction within a bound.
+
+`--jumbo` runs the jumbo build (cais.params.JUMBO: 1,024-byte payloads, 16 slots) with 1,024-byte chunks
+(unless `--config` sets a chunk_size other than the default): each rank's bytes come within 1% of the
+all-reduce limit N/(2(N-1)) of a ring's, against 9.5% at the default 256-byte payloads.
 
 `--topology leaf-spine` runs `--leaves` x `--ranks-per-leaf` ranks through an aggregation tree of
 reference-model switches (leaves and a spine, docs/protocol.md section 13; `--ranks` is then ignored), with
@@ -35,7 +39,7 @@ from pathlib import Path
 from cais import protocol as proto
 from cais.cmdline import Parser, integer, number
 from cais.config import Config, ConfigError
-from cais.params import SwitchParams
+from cais.params import JUMBO, SwitchParams
 from cais.sim.workload import DTYPE_ALIASES, DTYPES
 
 BACKENDS = {"verilator": "verilator", "cocotb": "cocotb", "amaranth": "amaranth", "model": "model"}
@@ -74,6 +78,9 @@ def parse_args(argv):
     ap.add_argument("--config", type=Path, help="TOML file with a [cais] table of driver settings")
     ap.add_argument("--offload", choices=["auto", "always", "never"], help="override the offload decision")
     ap.add_argument("--waves", action="store_true", help="write a VCD (verilator and amaranth backends)")
+    ap.add_argument("--jumbo", action="store_true",
+                    help=f"the jumbo build ({', '.join(f'{k} {v}' for k, v in JUMBO.items())}), chunks of its "
+                         f"max_payload")
     args = ap.parse_args(argv)
     if args.loss + args.duplicate + args.reorder > 1.0:
         ap.error("--loss + --duplicate + --reorder must not exceed 1 (each frame suffers at most one fault)")
@@ -93,7 +100,10 @@ def parse_args(argv):
     if not 2 <= args.ranks <= 16:
         ap.error(f"--ranks {args.ranks}: must be between 2 and 16 (one rank per switch port)")
     args.dtype = DTYPE_ALIASES.get(args.dtype, args.dtype)
-    params = SwitchParams(ports=args.ranks)
+    params = SwitchParams(ports=args.ranks, **(JUMBO if args.jumbo else {}))
+    if args.jumbo and args.topology == "leaf-spine":
+        ap.error("--jumbo: runs on one switch (--topology single); the leaf-spine tree is built of default "
+                 "switches")
     overrides = {"offload": args.offload} if args.offload else {}
     if args.float_mode:
         overrides["float_mode"] = args.float_mode
@@ -102,6 +112,8 @@ def parse_args(argv):
     if args.reproducible:
         overrides["reproducible"] = True
     try:
+        if args.jumbo and Config.load(args.config).chunk_size == Config().chunk_size:
+            overrides["chunk_size"] = params.max_payload     # the file did not choose another chunk size
         config = Config.load(args.config, **overrides)
     except ConfigError as e:
         ap.error(str(e))
@@ -190,7 +202,10 @@ def report(params: SwitchParams, args, s: dict) -> None:
         ring = s["ring_bytes_per_rank"]
         print(f"{r:>4} {s['frames_sent'][r]:>11} {s['bytes_sent'][r]:>11} {s['retransmissions'][r]:>11}   "
               f"{ring:>15} {s['bytes_sent'][r] / ring if ring else 0:>6.3f}")
-    print(f"(limit of the ratio for large tensors: N/(2(N-1)) = {P / (2 * (P - 1)):.3f})")
+    limit = P / (2 * (P - 1))
+    worst = max(s["bytes_sent"]) / s["ring_bytes_per_rank"] if s["ring_bytes_per_rank"] else 0.0
+    print(f"(limit of the ratio for large tensors: N/(2(N-1)) = {limit:.3f}; the largest ratio here is "
+          f"{worst / limit:.3f} times it; max_payload {params.max_payload} bytes)")
     in_beats = sum(-(-b // params.beat_bytes) for b in c["RX_BYTES"])
     print()
     print(f"cycles to completion: {s['cycles']} ({s['cycles'] / s['clock_hz'] * 1e6:.1f} us at "

@@ -222,8 +222,10 @@ async def busy_register(link, seed: int) -> list[str]:
                 link.set_hold(hold, until=start + hold_cycles)
             link.send(port, make(seq).data, not_before=start)
             seq += 1
-            # long enough for the longest frame and a full-size result (docs/interface.md's latency)
-            await poll(link.cycle + params.max_frame_beats + documented_latency(params, params.max_payload) + 60)
+            # long enough for the longest frame in, a full-size result's latency (docs/interface.md) and
+            # the result's beats out (132 of them at a 1,024-byte max_payload)
+            await poll(link.cycle + params.max_frame_beats + documented_latency(params, params.max_payload)
+                       + params.result_frame_beats + 60)
             sent, out = link.take_sent(), link.take_stamped()
             if len(sent) != 1 or len(out) != outs:
                 problems.append(f"{name}, phase {phase}: {len(sent)} frames in, {len(out)} out "

@@ -25,6 +25,7 @@ It never sleeps or reads a clock: the caller passes ``now`` (seconds of simulate
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,9 @@ from .rto import RetransmitTimer
 __all__ = ["SwitchAllReduce", "CollectiveKind", "chunk_count", "chunk_payload", "SWITCH_RTO_FLOOR", "retry_horizon"]
 
 SWITCH_RTO_FLOOR = 0.1   # measured timeouts go down to a tenth of timeout_ms
+
+_HEADER = proto.HEADER_STRUCT
+_RESULT = int(proto.Flags.RESULT)        # its bit in the reserved word (flags are the low byte)
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,8 @@ class SwitchAllReduce:
         self._chunks = [_Chunk(i) for i in range(self.nchunks)]
         self._next = 0                # next chunk never sent
         self._in_flight: dict[int, _Chunk] = {}
+        self._deadlines: list[tuple[float, int]] = []   # heap of (deadline, chunk); stale entries skipped
+        self._backed_off: set[int] = set()      # chunks in flight whose backoff is not 0
         self._remaining = self.nchunks
         self.failed = False
         # figures for the caller and the controller
@@ -176,6 +182,15 @@ class SwitchAllReduce:
         self.duplicate_results = 0
         self.rtts: list[float] = []        # round trips of chunks sent once
         self.first_rtt: float | None = None  # of chunk 0: what the collective met when it started
+        # Per-frame work is what limits a co-simulation's speed: the payload bytes of every chunk are encoded
+        # once here, and the frames' fixed bytes (proto.build_frame of a CaisHeader) packed once.
+        self._wire = numerics.encode(self.dtype, self.data)
+        self._wire_np = proto.numpy_dtype(self.dtype)
+        self._eth = proto.EthHeader(proto.result_mac(group_id), mac, proto.ETHERTYPE).pack()
+        self._ethertype = proto.ETHERTYPE.to_bytes(2, "big")
+        self._reserved = {retransmit: int(proto.CaisHeader(dtype=self.dtype, red_op=self.op, flags=int(
+            proto.Flags.RETRANSMIT) if retransmit else 0).reserved) for retransmit in (False, True)}
+        self._result_reserved = proto.CaisHeader(dtype=self.dtype, red_op=self.op).reserved & 0xFF00
 
     # ---------------------------------------------------------------- state
     @property
@@ -194,31 +209,40 @@ class SwitchAllReduce:
     def next_deadline(self) -> float | None:
         if self.done or self.failed or not self._in_flight:
             return None
-        return min(c.deadline for c in self._in_flight.values())
+        heap, flight = self._deadlines, self._in_flight
+        while True:              # drop entries of chunks done or re-timed since (there is a valid one)
+            deadline, index = heap[0]
+            chunk = flight.get(index)
+            if chunk is not None and chunk.deadline == deadline:
+                return deadline
+            heapq.heappop(heap)
 
     # ---------------------------------------------------------------- frames
     def _frame(self, chunk: _Chunk, retransmit: bool) -> bytes:
-        lo = chunk.index * self.per_chunk
-        values = self.data[lo:lo + self.per_chunk]
-        hdr = proto.CaisHeader(
-            op_type=proto.OpType.ALL_REDUCE, group_id=self.group_id, layer_id=self.layer_id & 0xFFFF,
-            chunk_id=chunk.index & 0xFFFF, total_chunks=min(self.nchunks, 0xFFFF),
-            seq_num=(self.seq_base + chunk.index) & 0xFFFF_FFFF, payload_len=values.size * self.itemsize,
-            dtype=self.dtype, red_op=self.op,
-            flags=int(proto.Flags.RETRANSMIT) if retransmit else 0)
-        return proto.build_frame(hdr, numerics.encode(self.dtype, values), dst=proto.result_mac(self.group_id),
-                                 src=self.mac, pad=True)
+        """The chunk's frame: ``proto.build_frame`` of its header and payload, padded (byte for byte; a
+        test checks it), from the bytes packed in ``__init__``."""
+        lo = chunk.index * self.chunk_bytes
+        payload = self._wire[lo:lo + self.chunk_bytes]
+        frame = self._eth + _HEADER.pack(
+            int(proto.OpType.ALL_REDUCE), self.group_id, self.layer_id & 0xFFFF, chunk.index & 0xFFFF,
+            min(self.nchunks, 0xFFFF), (self.seq_base + chunk.index) & 0xFFFF_FFFF, len(payload),
+            self._reserved[retransmit]) + payload
+        if len(frame) < proto.MIN_FRAME_BYTES:
+            frame += bytes(proto.MIN_FRAME_BYTES - len(frame))
+        return frame
 
     def _send(self, chunk: _Chunk, now: float) -> bytes:
         retransmit = chunk.sent_at >= 0
         if retransmit:
             chunk.retries += 1
             chunk.backoff += 1
+            self._backed_off.add(chunk.index)
             self.retransmissions += 1
         else:
             chunk.first_sent = now
         chunk.sent_at = now
         chunk.deadline = now + self.timer.timeout(chunk.backoff)
+        heapq.heappush(self._deadlines, (chunk.deadline, chunk.index))
         frame = self._frame(chunk, retransmit)
         self.frames_sent += 1
         self.bytes_sent += len(frame)
@@ -234,7 +258,9 @@ class SwitchAllReduce:
         if self.failed:
             return []
         out = []
-        due = [chunk for chunk in self._in_flight.values() if now >= chunk.deadline]
+        earliest = self.next_deadline()
+        due = ([chunk for chunk in self._in_flight.values() if now >= chunk.deadline]
+               if earliest is not None and now >= earliest else [])
         for chunk in sorted(due, key=lambda c: c.index) if len(due) > 1 else due:
             if chunk.backoff >= self.retry_limit and now - self._progress_at >= self.horizon:
                 self.failed = True
@@ -250,11 +276,14 @@ class SwitchAllReduce:
 
     def receive(self, frame: bytes, now: float) -> bool:
         """Take a result frame of this collective; returns whether the frame belonged to it."""
-        f = proto.parse_frame(frame)
-        h = f.cais
-        if h is None or not (h.flags & proto.Flags.RESULT) or h.group_id != self.group_id:
+        # proto.parse_frame's fields, read in place (this runs for every result frame)
+        if len(frame) < proto.HEADERS_BYTES or frame[12:14] != self._ethertype:
             return False
-        index = (h.seq_num - self.seq_base) & 0xFFFF_FFFF
+        _op, group_id, _layer, _chunk, _total, seq_num, payload_len, reserved = _HEADER.unpack_from(
+            frame, proto.ETH_HEADER_BYTES)
+        if not reserved & _RESULT or group_id != self.group_id:
+            return False
+        index = (seq_num - self.seq_base) & 0xFFFF_FFFF
         if index >= self.nchunks:
             return False
         chunk = self._chunks[index]
@@ -263,23 +292,26 @@ class SwitchAllReduce:
             return True
         lo = index * self.per_chunk
         want = min(self.per_chunk, len(self.data) - lo)
-        if (h.dtype != self.dtype or h.red_op != self.op or h.payload_len != want * self.itemsize
-                or len(f.payload) < h.payload_len):
+        if (reserved & 0xFF00 != self._result_reserved or payload_len != want * self.itemsize
+                or len(frame) < proto.HEADERS_BYTES + payload_len):
             return False   # not a result of this chunk (a stale frame of another collective)
-        values = numerics.decode(self.dtype, f.payload[:h.payload_len])
-        self.result[lo:lo + len(values)] = values
+        self.result[lo:lo + want] = np.frombuffer(frame, self._wire_np, want, proto.HEADERS_BYTES)
         chunk.done = True
         self._progress_at = now
         self._in_flight.pop(index, None)
+        self._backed_off.discard(index)
         self._remaining -= 1
         # Progress: the path works. Like TCP after a new acknowledgement, chunks still waiting start their
         # backoff again, so a chunk that waited long for a slow peer is not left on a huge timer (and the
         # retry limit counts timeouts without any progress, not the waits behind a peer's loss).
         rto = self.timer.rto
-        for other in self._in_flight.values():
-            if other.backoff:
-                other.backoff = 0
-                other.deadline = min(other.deadline, now + rto)
+        for other_index in self._backed_off:
+            other = self._in_flight[other_index]
+            other.backoff = 0
+            if now + rto < other.deadline:
+                other.deadline = now + rto
+                heapq.heappush(self._deadlines, (other.deadline, other_index))
+        self._backed_off.clear()
         if chunk.retries == 0:   # Karn: a retransmitted chunk's round trip is ambiguous
             self.timer.sample(now - chunk.first_sent)
             self.rtts.append(now - chunk.first_sent)

@@ -24,7 +24,7 @@ __all__ = [
     "ETHERTYPE", "ETH_HEADER_BYTES", "CAIS_HEADER_BYTES", "HEADERS_BYTES", "MIN_FRAME_BYTES",
     "MAX_FRAME_BYTES", "BROADCAST_MAC", "SWITCH_MAC_DEFAULT",
     "OpType", "DType", "ReduceOp", "Flags", "DropReason", "CHECK_ORDER",
-    "HEADER_FIELDS", "RESERVED_FIELDS", "CaisHeader", "EthHeader", "Frame",
+    "HEADER_FIELDS", "RESERVED_FIELDS", "HEADER_STRUCT", "CaisHeader", "EthHeader", "Frame",
     "ELEMENT_BYTES", "INTEGER_DTYPES", "FLOAT_DTYPES", "SUPPORTED_DTYPES", "supported_dtypes", "SUPPORTED_OPS",
     "result_mac", "mac_to_bytes", "mac_to_str", "build_frame", "parse_frame",
     "numpy_dtype", "HOST_ETHERTYPE", "HostKind", "HOST_HEADER_FIELDS", "HOST_HEADER_BYTES", "HostHeader",
@@ -95,11 +95,18 @@ def supported_dtypes(float_units: bool) -> tuple[DType, ...]:
     return SUPPORTED_DTYPES if float_units else INTEGER_DTYPES
 
 
+_WIRE_TYPES = {DType.INT32: ">i4", DType.INT16: ">i2", DType.INT8: "i1", DType.FP32: ">f4", DType.FP16: ">f2",
+               DType.BF16: ">u2"}
+_NUMPY_DTYPES: dict = {}
+
+
 def numpy_dtype(dtype: DType):
     """The numpy dtype (big-endian, as on the wire) of a payload element; bf16 as its raw 16 bits."""
-    import numpy as np
-    return np.dtype({DType.INT32: ">i4", DType.INT16: ">i2", DType.INT8: "i1", DType.FP32: ">f4",
-                     DType.FP16: ">f2", DType.BF16: ">u2"}[DType(dtype)])
+    found = _NUMPY_DTYPES.get(dtype)
+    if found is None:            # once per type (every frame's payload asks)
+        import numpy as np
+        found = _NUMPY_DTYPES[dtype] = np.dtype(_WIRE_TYPES[DType(dtype)])
+    return found
 
 
 class DropReason(enum.IntEnum):
@@ -161,6 +168,9 @@ assert sum(b for _, b in RESERVED_FIELDS) == dict(HEADER_FIELDS)["reserved"]
 
 _HEADER_STRUCT = struct.Struct(">BBHHHIHH")
 assert _HEADER_STRUCT.size == CAIS_HEADER_BYTES
+#: The header's fields in wire order, as ``struct`` packs them (the reserved word whole); for code that packs
+#: or reads headers in place, once per frame, without a :class:`CaisHeader`.
+HEADER_STRUCT = _HEADER_STRUCT
 
 
 def _pack_reserved(dtype: int, red_op: int, flags: int) -> int:

@@ -79,3 +79,41 @@ def test_stagger_puts_the_ports_out_of_step():
                                           (["--ports", "99"], "ports"), (["--backend", "fpga"], "invalid choice")])
 def test_bad_arguments_are_refused(argv, needle, capsys):
     assert_refused(load_script("bench_datapath").main, argv, needle, capsys)
+
+
+def test_summary_figures_by_hand():
+    """--summary's per-build arithmetic: 64 x 90 MHz = 5.76 Gb/s a port; a 256-byte contribution is 36
+    beats (286 bytes at 8 a beat) of 64 int32, so at 1.0 beat per cycle a job gets 64/36 elements a cycle;
+    a 1,024-byte one 132 beats of 256."""
+    bench = load_script("bench_datapath")
+    row = bench.build_figures(SwitchParams(), 90.0, 1.0, 0.5)
+    assert row["port_gbps"] == pytest.approx(5.76)
+    assert row["int32_elements_per_s"] == pytest.approx(64 / 36 * 90e6)
+    assert row["fp32_elements_per_s"] == pytest.approx(0.5 * 64 / 36 * 90e6)
+    assert row["int32_vs_switchml"] == pytest.approx(64 / 36 * 90e6 / 2.8e9)
+    jumbo = bench.build_figures(SwitchParams(max_payload=1024, slots=16), 80.0, 0.99, None)
+    assert jumbo["int32_elements_per_s"] == pytest.approx(0.99 * 256 / 132 * 80e6)
+    assert jumbo["fp32_elements_per_s"] is None and jumbo["fp32_vs_switchml"] is None
+    assert bench.build_figures(SwitchParams(), None, 1.0, None)["int32_elements_per_s"] is None
+
+
+@pytest.mark.parametrize("argv, needle", [(["--summary", "--ranks", "2,x"], "--ranks '2,x'"),
+                                          (["--summary", "--ranks", "1,4"], "between 2 and 16"),
+                                          (["--summary", "--seeds", "0"], "--seeds")])
+def test_summary_bad_arguments_are_refused(argv, needle, capsys):
+    assert_refused(load_script("bench_datapath").main, argv, needle, capsys)
+
+
+def test_summary_takes_the_area_figures_from_a_bench_area_run(tmp_path):
+    """--area-json: the builds' rows from bench_area --json's output (its last line), none placed again; a
+    file that is not such output is refused naming it."""
+    bench = load_script("bench_datapath")
+    rows = {name: {"fmax_mhz": mhz, "seeds": {"1": mhz}, "bram": 100 + i, "lut4": 1}
+            for i, (name, mhz) in enumerate(zip(bench.SUMMARY_BUILDS, (78.7, 90.3, 77.0)))}
+    path = tmp_path / "area.json"
+    path.write_text("tools: ...\n" + json.dumps({"results": rows}) + "\n")
+    got = bench.area_fmax(list(bench.SUMMARY_BUILDS), 1, log=lambda *a: None, area_json=path)
+    assert got == rows
+    path.write_text("no json here\n")
+    with pytest.raises(SystemExit, match="area.json: not the output of bench_area.py --json"):
+        bench.area_fmax(list(bench.SUMMARY_BUILDS), 1, log=lambda *a: None, area_json=path)

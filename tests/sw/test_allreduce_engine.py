@@ -274,3 +274,84 @@ def test_timer_bounds():
     assert RetransmitTimer(1e-4).timeout(7) == pytest.approx(64e-4)   # 2**7 x, capped at 64 x
     with pytest.raises(ValueError, match="floor"):
         RetransmitTimer(1e-4, floor=2.0, ceiling=1.0)
+
+
+@pytest.mark.parametrize("dtype", list(proto.DType))
+def test_frames_are_build_frame_byte_for_byte(dtype):
+    """The engine packs its frames from bytes prepared once (the co-simulation's per-frame cost): they must
+    be exactly proto.build_frame of the documented header and numerics.encode of the chunk, short chunks
+    padded to 60 bytes, the RETRANSMIT flag on repeats."""
+    from cais import numerics
+
+    native = numerics.native_dtype(dtype)
+    rng = np.random.default_rng(int(dtype))
+    data = rng.integers(0, 1 << (8 * native.itemsize), 200, dtype=np.uint64).astype(native)
+    e = SwitchAllReduce(data=data, op=proto.ReduceOp.MIN, group_id=5, seq_base=0xFFFF_FFFE, slot_count=4, window=4,
+                        chunk_size=256, timeout_s=1.0, retry_limit=3, mac=0x02AB00000107, layer_id=0x1_2345,
+                        dtype=dtype)
+    per = 256 // native.itemsize
+    for now, flags in ((0.0, 0), (1.0, int(proto.Flags.RETRANSMIT))):
+        frames = e.poll(now)
+        assert len(frames) == e.nchunks
+        for i, frame in enumerate(frames):
+            values = data[i * per:(i + 1) * per]
+            hdr = proto.CaisHeader(group_id=5, layer_id=0x2345, chunk_id=i, total_chunks=e.nchunks,
+                                   seq_num=(0xFFFF_FFFE + i) & 0xFFFF_FFFF, payload_len=values.nbytes, dtype=dtype,
+                                   red_op=proto.ReduceOp.MIN, flags=flags)
+            assert frame == proto.build_frame(hdr, numerics.encode(dtype, values), dst=proto.result_mac(5),
+                                              src=0x02AB00000107, pad=True)
+
+
+def test_results_read_in_place_refuse_what_is_not_this_chunks_result():
+    e = SwitchAllReduce(data=np.arange(100, dtype=np.int32), op=proto.ReduceOp.SUM, group_id=3, seq_base=10,
+                        slot_count=4, window=4, chunk_size=256, timeout_s=1.0, retry_limit=3, mac=1)
+    e.poll(0.0)
+    good = proto.CaisHeader(group_id=3, seq_num=11, payload_len=144, flags=int(proto.Flags.RESULT))
+    payload = (np.arange(36, dtype=np.int32) * 7).astype(">i4").tobytes()
+    bad = [proto.build_frame(good.replace(flags=0), payload),                 # a contribution, not a result
+           proto.build_frame(good.replace(group_id=4), payload),              # another group
+           proto.build_frame(good.replace(seq_num=12), payload),              # past the last chunk
+           proto.build_frame(good.replace(dtype=proto.DType.FP32), payload),  # another type
+           proto.build_frame(good.replace(red_op=proto.ReduceOp.MAX), payload),
+           proto.build_frame(good.replace(payload_len=140), payload[:140]),   # not this chunk's length
+           proto.build_frame(good, payload)[:-4],                             # cut short
+           proto.build_frame(good, payload)[:29],                             # shorter than the headers
+           proto.EthHeader(proto.BROADCAST_MAC, 1, 0x0800).pack() + proto.build_frame(good, payload)[14:]]
+    for frame in bad:
+        assert not e.receive(frame, 0.5)
+    assert e.chunks_done == 0
+    assert e.receive(bytearray(proto.build_frame(good, payload)), 0.5) and e.chunks_done == 1
+    assert np.array_equal(e.result[64:], np.arange(36) * 7) and not e.result[:64].any()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_kept_deadline_is_the_earliest_in_flight(seed):
+    """next_deadline (kept up to date, not recomputed) equals the minimum over the chunks in flight at every
+    step of a lossy run, and the run still ends exact."""
+    params = SwitchParams(ports=3)
+    model = SwitchModel(params)
+    for a, v in rule_writes(register_map(params), 0, Rule.for_group(1, contributors=7, results=7, base=0,
+                                                                    count_log2=3)):
+        model.write(a, v)
+    rng = np.random.default_rng(seed)
+    arrays = [rng.integers(-2**31, 2**31, 3000, dtype=np.int64).astype(np.int32) for _ in range(3)]
+    engines = [SwitchAllReduce(data=arrays[r], op=proto.ReduceOp.SUM, group_id=1, seq_base=0, slot_count=8,
+                               window=8, chunk_size=256, timeout_s=TIMEOUT, retry_limit=30, mac=r)
+               for r in range(3)]
+    faults, now, checked = random.Random(seed), 0.0, 0
+    while not all(e.done for e in engines):
+        for r, e in enumerate(engines):
+            for frame in e.poll(now):
+                if faults.random() < 0.2:
+                    continue
+                for port, out in model.receive(r, frame):
+                    if faults.random() >= 0.2:
+                        engines[port].receive(out, now)
+        for e in engines:
+            want = min((c.deadline for c in e._in_flight.values()), default=None) if not e.done else None
+            assert e.next_deadline() == want
+            checked += want is not None
+        now += DT
+        assert now < 1.0
+    assert checked > 100 and sum(e.retransmissions for e in engines) > 10
+    assert all(np.array_equal(e.result, reference(arrays, proto.ReduceOp.SUM)) for e in engines)
