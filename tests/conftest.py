@@ -25,6 +25,7 @@ LONGEST_FIRST = (
     *(f"tests/sim/test_tb.py::test_testbench[{block}-" for block in ("alu", "egress", "sram", "uart", "ingress", "csr")),
     "tests/hdl/test_formal.py::test_every_property_is_proved_by_induction",
     "tests/sim/test_tree_rtl.py::test_the_rtl_reports_the_uplink_feature",     # the uplink build (a tree's leaf)
+    "tests/sim/test_jumbo.py::test_jumbo_rtl",                                  # the jumbo build
     "tests/sim/test_cosim.py::test_model_and_both_verilator_links_agree_with_five_percent_loss",
     "tests/sim/test_backends.py::test_verilator_matches_model",
     "tests/sim/test_links.py::test_verilator_link_all_reduce_stamps_and_reset",
