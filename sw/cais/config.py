@@ -77,8 +77,8 @@ class Config:
             if not ok:
                 raise ConfigError(f"{key}={getattr(self, key)!r}: {what}")
 
-        types = {"chunk_size": int, "retry_limit": int, "max_pending_chunks": int, "ring_window": int, "slots_per_group": int,
-                 "controller_port": int, "controller_address": str, "offload": str, "float_mode": str,
+        types = {"chunk_size": int, "retry_limit": int, "max_pending_chunks": int, "ring_window": int,
+                 "slots_per_group": int, "controller_port": int, "controller_address": str, "offload": str, "float_mode": str,
                  "accumulate": str, "reproducible": bool, "saturate": bool}
         names = {int: "an integer", float: "a finite number", str: "a string", bool: "true or false"}
         for f in fields(self):

@@ -29,6 +29,8 @@ def test_toml_then_keywords(tmp_path):
     ({"controller_port": 70000}, "controller_port=70000"),
     ({"offload": "sometimes"}, "offload='sometimes'"),
     ({"max_pending_chunks": True}, "max_pending_chunks=True"),
+    ({"ring_window": 0}, "ring_window=0: must be at least 1"),
+    ({"ring_window": 2.5}, "ring_window=2.5: must be an integer"),
     ({"float_mode": "fast"}, "float_mode='fast': must be \"native\" or \"quantize\""),
     ({"float_mode": 1}, "float_mode=1: must be a string"),
     ({"accumulate": "fp64"}, "accumulate='fp64': must be \"fp32\" or \"wire\""),
