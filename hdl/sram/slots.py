@@ -151,7 +151,13 @@ class SetUpdate(wiring.Component):
             self.new_other_bitmap.eq(Mux(mismatch | lmm | self.other_newer, self.other_bitmap,
                                          self.other_bitmap & ~me)),
         ]
-        with m.If(resend_case & leq):
+        self._outcome(m, resend_case & leq, first, mismatch, lmm, repeat)
+        return m
+
+
+    def _outcome(self, m, resend, first, mismatch, lmm, repeat):
+        """The outcome of section 7.3's cases, in their order of precedence (ADD when none holds)."""
+        with m.If(resend):
             m.d.comb += self.outcome.eq(SlotOutcome.RESEND)
         with m.Elif(first):
             m.d.comb += self.outcome.eq(SlotOutcome.FIRST)
@@ -163,8 +169,6 @@ class SetUpdate(wiring.Component):
             m.d.comb += self.outcome.eq(SlotOutcome.REPEAT)
         with m.Else():
             m.d.comb += self.outcome.eq(SlotOutcome.ADD)
-        return m
-
 
     def _elaborate_uplink(self):
         """The transition with the uplink action: the local frames' cases of section 7.3 with the sent state
@@ -201,18 +205,7 @@ class SetUpdate(wiring.Component):
             self.new_other_bitmap.eq(Mux(parent | mismatch | lmm | self.other_newer, self.other_bitmap,
                                          self.other_bitmap & ~me)),
         ]
-        with m.If(local & resend_case & leq):
-            m.d.comb += self.outcome.eq(SlotOutcome.RESEND)
-        with m.Elif(first):
-            m.d.comb += self.outcome.eq(SlotOutcome.FIRST)
-        with m.Elif(mismatch):
-            m.d.comb += self.outcome.eq(SlotOutcome.MISMATCH)
-        with m.Elif(lmm):
-            m.d.comb += self.outcome.eq(SlotOutcome.LENGTH_MISMATCH)
-        with m.Elif(Mux(parent, repeat_p, repeat_l)):
-            m.d.comb += self.outcome.eq(SlotOutcome.REPEAT)
-        with m.Else():
-            m.d.comb += self.outcome.eq(SlotOutcome.ADD)
+        self._outcome(m, local & resend_case & leq, first, mismatch, lmm, Mux(parent, repeat_p, repeat_l))
         return m
 
 
