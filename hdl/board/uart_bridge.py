@@ -19,13 +19,31 @@ __all__ = ["UartAxiLiteBridge", "crc8_step"]
 _ADDRESS_BYTES = 4
 
 
+def _crc8_columns() -> list[int]:
+    """Column j of the CRC-8 step as a matrix over GF(2): the register after eight shifts from bit j alone.
+    The step (shift left, XOR the polynomial when bit 7 falls out) is linear, so eight of them are too."""
+    columns = []
+    for j in range(8):
+        c = 1 << j
+        for _ in range(8):
+            c = ((c << 1) & 0xFF) ^ (CRC8_POLY if c & 0x80 else 0)
+        columns.append(c)
+    return columns
+
+
+_CRC8_COLUMNS = _crc8_columns()
+
+
 def crc8_step(crc, byte):
-    """The CRC-8 of :mod:`cais.uartproto` after one more byte, as logic (8 bits in, 8 out)."""
-    c = crc ^ byte
-    for _ in range(8):
-        shifted = Cat(Const(0, 1), c[:7])
-        c = Mux(c[7], shifted ^ CRC8_POLY, shifted)
-    return c
+    """The CRC-8 of :mod:`cais.uartproto` after one more byte, as logic (8 bits in, 8 out): each bit the XOR
+    of the bits of ``crc ^ byte`` its column names. (Eight chained muxes, each reading the last one's output
+    three times, made a tree of 3^8 copies: 6 MB of Verilog for this one byte.)"""
+    x = crc ^ byte
+    bits = []
+    for i in range(8):
+        taps = [x[j] for j in range(8) if _CRC8_COLUMNS[j] >> i & 1]
+        bits.append(Cat(*taps).xor() if taps else Const(0, 1))
+    return Cat(*bits)
 
 
 class UartAxiLiteBridge(wiring.Component):
