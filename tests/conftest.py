@@ -20,7 +20,7 @@ setup_verilator_env()
 #: only then the tests that reuse the default builds: a worker never waits on a build the other one is making.
 LONGEST_FIRST = (
     "tests/sim/test_switch_verilator.py::test_regression[p16_int]",
-    "tests/sim/test_switch_verilator.py::test_regression[p2_w512]",
+    "tests/sim/test_switch_verilator.py::test_regression[p2_w512_int]",
     "tests/sim/test_link_identity.py::test_cpp_link_and_cocotb_link_are_cycle_identical",
     *(f"tests/sim/test_tb.py::test_testbench[{block}-" for block in ("alu", "egress", "sram", "uart", "ingress", "csr")),
     "tests/hdl/test_formal.py::test_every_property_is_proved_by_induction",

@@ -1,6 +1,7 @@
 """Cycle-level promises of docs/interface.md, checked on the whole switch under amaranth.sim.
 
-Written from the document, run on the amaranth.sim link (cais.sim.links.amaranth): result latency
+Written from the document, run on the amaranth.sim link (cais.sim.links.amaranth; the default switch's
+latencies on the Verilator link, whose build the suite shares, see ``latency``): result latency
 (``beats + rows + F + RESULT_OVERHEAD`` cycles from the completing contribution's last beat to the result's
 first beat, F the fold chain's latency, for every kind of rule; the figures composed from the blocks' latencies
 in cais.hdl.latency, which tests/hdl/test_latency.py holds the docs to), forwarding latency, whole
@@ -17,6 +18,7 @@ from cais.params import SwitchParams
 from cais.registers import register_map
 from cais.sim.directed import accounting_problems
 from cais.sim.links.amaranth import run_amaranth
+from cais.sim.links.verilator import run_verilator
 from cais.sim.suite import LinkHarness
 from cais.sim.timing import (FORWARD_LATENCY, broadcast, contribution, documented_latency,
                              group_writes, held_port, measure_latency)
@@ -40,16 +42,21 @@ LATENCY_SETS = {
 
 def latency(params, payload_len, **kind):
     """All ports but the last contribute; then the last completes the set. Returns (latency, spread) of
-    the result's first beat on the ports, from the completing frame's last beat (cais.sim.timing)."""
-    got = run_amaranth(params, lambda link: measure_latency(link, payload_len, **kind))
+    the result's first beat on the ports, from the completing frame's last beat (cais.sim.timing).
+
+    The default switch (float units) runs on the Verilator link, its build the one make test shares
+    (buildsets.DEFAULT): under amaranth.sim it runs a few hundred cycles a second, a minute per case. The
+    integer builds run here under amaranth.sim."""
+    run = run_verilator if params == SwitchParams() else run_amaranth
+    got = run(params, lambda link: measure_latency(link, payload_len, **kind))
     assert not got["problems"], got["problems"]
     return got["latency"], got["spread"]
 
 
 # The Verilator link checks every payload size on its three builds (tests/sim/test_switch_verilator.py,
-# cais.sim.timing.result_latency); here each amaranth.sim build once or twice, the 147 and 109 of the docs
-# in test_documented_example_latencies.
-@pytest.mark.parametrize("pname, payload_len", [("p4_w64", 4), ("p4_w64_int", 64), ("p2_w512_int", 4),
+# cais.sim.timing.result_latency); here each integer amaranth.sim build once or twice, the 147 and 109 of the
+# docs in test_documented_example_latencies.
+@pytest.mark.parametrize("pname, payload_len", [("p4_w64_int", 64), ("p2_w512_int", 4),
                                                 ("p2_w512_int", 256), ("p3_w128_int", 64)])
 def test_result_latency(pname, payload_len):
     params = LATENCY_SETS[pname]
@@ -58,6 +65,7 @@ def test_result_latency(pname, payload_len):
     assert cycles == documented_latency(params, payload_len)
 
 
+@pytest.mark.verilator
 def test_documented_example_latencies():
     """docs/interface.md's worked figures for a 256-byte payload at 4 x 64 bits (36 beats, 32 rows):
     36 + 32 + 51 + 28 = 147 cycles with float units (F = 4 * 12 + 3), 36 + 32 + 13 + 28 = 109 without
@@ -67,7 +75,8 @@ def test_documented_example_latencies():
 
 
 @pytest.mark.parametrize("pname, payload_len, dtype, acc_fp32", [
-    ("p4_w64", 48, proto.DType.INT32, False), ("p4_w64", 16, proto.DType.FP16, True),
+    pytest.param("p4_w64", 48, proto.DType.INT32, False, marks=pytest.mark.verilator),
+    pytest.param("p4_w64", 16, proto.DType.FP16, True, marks=pytest.mark.verilator),
     ("p2_w512_int", 64, proto.DType.INT32, False),
 ])
 def test_reproducible_rules_take_no_longer(pname, payload_len, dtype, acc_fp32):
