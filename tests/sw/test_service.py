@@ -367,10 +367,10 @@ def test_sets_in_use_per_group_on_a_running_service(switch, tmp_path):
         assert f"cais_sets_in_use {sum(want.values())}.0" in metrics
         assert 'cais_group_sets_aged_total{group="1"} 0.0' in metrics and "cais_sets_aged_total 0.0" in metrics
     finally:
+        svc.close()             # first: its evaluation would wait for the stopped switch's answer (10 s)
         if loop is not None:
             daemon.stop()
             loop.join(5)
-        svc.close()
 
 
 def _until(fetch, cond, what, deadline_s=60.0):
