@@ -12,8 +12,9 @@ from buildsets import DEFAULT, WIDE
 # amaranth.sim runs the whole switch at a few thousand cycles per second, so this file is the slow tier's
 # pure-Python check of the whole switch, on the cheapest builds: every directed case on the 2 x 512 switch
 # without float units (its float frames are then BAD_CODE drops, on the model too), and two cases that
-# exercise the float lanes on switches with them. The Verilator regression (test_switch_verilator.py) runs
-# every case on the 4 x 64 and 2 x 512 switches with float units and on the 16 x 128 one without.
+# exercise the float lanes on switches with them (the 2 x 512 one is the only whole switch with wide float lanes
+# the suite runs). The Verilator regression (test_switch_verilator.py) runs every case on the 4 x 64 switch with
+# float units and on the 2 x 512 and 16 x 64 ones without.
 pytestmark = pytest.mark.slow
 
 PARAM_SETS = {
