@@ -17,7 +17,7 @@ INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 SPECIAL = np.array([INT32_MIN, INT32_MIN + 1, -65536, -2, -1, 0, 1, 2, 0x7FFF, 0x8000, 0x00FF_FF00,
                     0x1234_5678, INT32_MAX - 1, INT32_MAX], dtype=np.int64)
 WIDTHS = (64, 512)
-RANDOM_LANES_PER_OP = 20_000
+RANDOM_LANES_PER_OP = 8_000
 
 
 def beat_of(lanes) -> int:

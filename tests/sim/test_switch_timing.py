@@ -1,7 +1,7 @@
 """Cycle-level promises of docs/interface.md, checked on the whole switch under amaranth.sim.
 
-Written from the document, run on the amaranth.sim link (cais.sim.links.amaranth; the default switch's
-latencies on the Verilator link, whose build the suite shares, see ``latency``): result latency
+Written from the document, run on the amaranth.sim link (cais.sim.links.amaranth; the default and the 2 x 512
+integer switches on the Verilator link, whose builds the suite shares: ``VERILATED``): result latency
 (``beats + rows + F + RESULT_OVERHEAD`` cycles from the completing contribution's last beat to the result's
 first beat, F the fold chain's latency, for every kind of rule; the figures composed from the blocks' latencies
 in cais.hdl.latency, which tests/hdl/test_latency.py holds the docs to), forwarding latency, whole
@@ -25,30 +25,41 @@ from cais.sim.timing import (FORWARD_LATENCY, broadcast, contribution, documente
 from cais.sim.traffic import TxFrame, host_mac
 from cais.tables import Rule, rule_writes
 
+from buildsets import DEFAULT, WIDE_INT
+
 # the whole switch under amaranth.sim, a few thousand cycles per second: the slow tier
 pytestmark = pytest.mark.slow
 
 INT_4x64 = SwitchParams(float_units=False)
 
+#: Builds the suite makes anyway run on the Verilator link: a second a case, against a minute under amaranth.sim
+#: for the default switch (float units: a few hundred cycles a second). The others run under amaranth.sim.
+VERILATED = (DEFAULT, WIDE_INT)
+
+
+def runner(params):
+    """run_verilator for a build of VERILATED, else run_amaranth (the same link API)."""
+    return run_verilator if params in VERILATED else run_amaranth
+
 
 # ----------------------------------------------------------------------------- latency
 LATENCY_SETS = {
-    "p4_w64": SwitchParams(),
+    "p4_w64": DEFAULT,
     "p4_w64_int": INT_4x64,
-    "p2_w512_int": SwitchParams(ports=2, data_width=512, slots=16, float_units=False),
+    "p2_w512_int": WIDE_INT,
     "p3_w128_int": SwitchParams(ports=3, data_width=128, slots=5, max_frame=600, float_units=False),
 }
 
 
+def on(pname, *rest):
+    """A parametrize case of LATENCY_SETS[pname], marked verilator when it runs on that link."""
+    return pytest.param(pname, *rest, marks=[pytest.mark.verilator] if LATENCY_SETS[pname] in VERILATED else [])
+
+
 def latency(params, payload_len, **kind):
     """All ports but the last contribute; then the last completes the set. Returns (latency, spread) of
-    the result's first beat on the ports, from the completing frame's last beat (cais.sim.timing).
-
-    The default switch (float units) runs on the Verilator link, its build the one make test shares
-    (buildsets.DEFAULT): under amaranth.sim it runs a few hundred cycles a second, a minute per case. The
-    integer builds run here under amaranth.sim."""
-    run = run_verilator if params == SwitchParams() else run_amaranth
-    got = run(params, lambda link: measure_latency(link, payload_len, **kind))
+    the result's first beat on the ports, from the completing frame's last beat (cais.sim.timing)."""
+    got = runner(params)(params, lambda link: measure_latency(link, payload_len, **kind))
     assert not got["problems"], got["problems"]
     return got["latency"], got["spread"]
 
@@ -56,8 +67,8 @@ def latency(params, payload_len, **kind):
 # The Verilator link checks every payload size on its three builds (tests/sim/test_switch_verilator.py,
 # cais.sim.timing.result_latency); here each integer amaranth.sim build once or twice, the 147 and 109 of the
 # docs in test_documented_example_latencies.
-@pytest.mark.parametrize("pname, payload_len", [("p4_w64_int", 64), ("p2_w512_int", 4),
-                                                ("p2_w512_int", 256), ("p3_w128_int", 64)])
+@pytest.mark.parametrize("pname, payload_len", [on("p4_w64_int", 64), on("p2_w512_int", 4),
+                                                on("p2_w512_int", 256), on("p3_w128_int", 64)])
 def test_result_latency(pname, payload_len):
     params = LATENCY_SETS[pname]
     cycles, spread = latency(params, payload_len)
@@ -75,9 +86,8 @@ def test_documented_example_latencies():
 
 
 @pytest.mark.parametrize("pname, payload_len, dtype, acc_fp32", [
-    pytest.param("p4_w64", 48, proto.DType.INT32, False, marks=pytest.mark.verilator),
-    pytest.param("p4_w64", 16, proto.DType.FP16, True, marks=pytest.mark.verilator),
-    ("p2_w512_int", 64, proto.DType.INT32, False),
+    on("p4_w64", 48, proto.DType.INT32, False), on("p4_w64", 16, proto.DType.FP16, True),
+    on("p2_w512_int", 64, proto.DType.INT32, False),
 ])
 def test_reproducible_rules_take_no_longer(pname, payload_len, dtype, acc_fp32):
     """Every rule is folded in port order: asking for reproducible results adds nothing to the latency."""
@@ -86,7 +96,7 @@ def test_reproducible_rules_take_no_longer(pname, payload_len, dtype, acc_fp32):
     assert cycles == documented_latency(params, payload_len)
 
 
-@pytest.mark.parametrize("pname", ["p4_w64_int", "p2_w512_int", "p3_w128_int"])
+@pytest.mark.parametrize("pname", [on("p4_w64_int"), on("p2_w512_int"), on("p3_w128_int")])
 def test_forwarding_latency(pname):
     """A broadcast frame (one beat at 512 bits, several at 64) reaches every other port FORWARD_LATENCY
     cycles after its last beat, in the same cycle on each."""
@@ -103,7 +113,7 @@ def test_forwarding_latency(pname):
             sent, out = link.take_sent(), link.take_stamped()
             got[size] = sorted((r.port, r.first - sent[0].last) for r in out)
 
-    run_amaranth(params, scenario)
+    runner(params)(params, scenario)
     for size, stamps in got.items():
         assert stamps == [(p, FORWARD_LATENCY) for p in range(1, params.ports)], (size, stamps)
 
