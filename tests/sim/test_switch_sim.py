@@ -1,20 +1,20 @@
-"""The whole switch under amaranth.sim: the directed protocol cases and a random mix, each scored
-against the numpy reference model (frames out of every port, and every counter)."""
+"""The whole switch under amaranth.sim: a random mix and the directed cases that exercise the float lanes, each
+scored against the numpy reference model (frames out of every port, and every counter)."""
 
 import pytest
 
 from cais.params import SwitchParams
 from cais.sim.backends import run_backend
-from cais.sim.directed import directed_cases
 
 from buildsets import DEFAULT, WIDE
 
 # amaranth.sim runs the whole switch at a few thousand cycles per second, so this file is the slow tier's
-# pure-Python check of the whole switch, on the cheapest builds: every directed case on the 2 x 512 switch
-# without float units (its float frames are then BAD_CODE drops, on the model too), and two cases that
-# exercise the float lanes on switches with them (the 2 x 512 one is the only whole switch with wide float lanes
-# the suite runs). The Verilator regression (test_switch_verilator.py) runs every case on the 4 x 64 switch with
-# float units and on the 2 x 512 and 16 x 64 ones without.
+# pure-Python check of the whole switch, on the cheapest builds: a random mix on the 2 x 512 switch without float
+# units, and two directed cases that exercise the float lanes on switches with them (the 2 x 512 one is the only
+# whole switch with wide float lanes the suite runs). Every directed case runs on the exported Verilog of the
+# same source: the Verilator regression (test_switch_verilator.py) on the 4 x 64 switch with float units and on
+# the 2 x 512 and 16 x 64 ones without, and the cocotb link (test_link_identity.py) on the 4 x 64 one. Other
+# amaranth.sim runs of the whole switch: tests/sim/test_backends.py, test_switch_timing.py, test_mixed_egress.py.
 pytestmark = pytest.mark.slow
 
 PARAM_SETS = {
@@ -32,20 +32,6 @@ def run_parts(params, *parts, **link_kw):
     failed = [f"{r['name']}: " + "; ".join(r["problems"]) for r in records if r["problems"]]
     assert records and not failed, "\n".join(failed)
     return records
-
-
-CASES = [case.name for case in directed_cases(SwitchParams())]
-#: The directed cases in three runs (one elaboration and simulation each: a case alone spends most of its
-#: time building the simulation), balanced across the suite's workers.
-CASE_GROUPS = 3
-
-
-@pytest.mark.parametrize("pname", PARAM_SETS)
-@pytest.mark.parametrize("group", range(CASE_GROUPS))
-def test_directed(pname, group):
-    names = CASES[group::CASE_GROUPS]
-    records = run_parts(PARAM_SETS[pname], {"kind": "directed", "cases": names})
-    assert [r["name"] for r in records] == names           # every case of the group ran
 
 
 @pytest.mark.parametrize("pname, name", FLOAT_CASES)
