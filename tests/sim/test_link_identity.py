@@ -1,7 +1,7 @@
 """The C++-driven Verilator link and the cocotb link are cycle-identical.
 
-For the same stimulus (every directed case, plain and under idle and back-pressure, and a seeded random
-mix under per-port back-pressure) both must send the same frames out of the same ports with the same
+For the same stimulus (every directed case under idle and back-pressure, and a seeded random mix under
+per-port back-pressure) both must send the same frames out of the same ports with the same
 first and last beat cycles, and both must pass the regression against the reference model. One cocotb
 launch runs the whole job, on the default build (the switch testbench's too): the cocotb link moves whole
 beats whatever their width, and the other builds' cycles are checked on the C++ link against the model
@@ -20,8 +20,9 @@ PAUSED = [
     {"kind": "directed", "seed": 2, "idle": 0.2, "backpressure": 0.3},
     {"kind": "mix", "seed": 3, "idle": 0.25, "backpressure": "mix", "frames_per_port": 40},
 ]
-# Every directed case plain, then under idle and back-pressure, where the links' pause patterns must agree too.
-JOB = {"parts": [{"kind": "directed", "seed": 1}, *PAUSED]}
+# Every directed case under idle and back-pressure, where the links' pause patterns must agree too (the plain
+# run would add a third of the cocotb run and nothing the pauses do not also cover).
+JOB = {"parts": PAUSED}
 LINK_SEED = 9
 
 
