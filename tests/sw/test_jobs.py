@@ -9,6 +9,7 @@ import os
 import time
 
 import numpy as np
+import pytest
 
 from cais.cluster import Cluster, contribution
 from netns import require_root
@@ -97,6 +98,7 @@ def _wait_jobs_gone(cluster: Cluster, names: set, deadline_s=60.0) -> dict:
         time.sleep(0.05)
 
 
+@pytest.mark.slow               # 14 rank processes in namespaces: over ten seconds
 def test_three_jobs_at_once_then_three_one_after_another(tmp_path):
     require_root()
     (tmp_path / "cais.toml").write_text(CONFIG)

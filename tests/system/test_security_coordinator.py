@@ -159,6 +159,7 @@ def test_hostile_lines_each_get_an_error_and_the_coordinator_goes_on(tmp_path):
         assert rank(sock, 0).request("ping")["ok"]
 
 
+@pytest.mark.slow               # waits out AUTH_IDLE_S (10 s)
 def test_connection_cap_and_silence_before_the_token(tmp_path):
     """M5: connections past MAX_CONNECTIONS are closed at once; one that sends nothing is closed after
     AUTH_IDLE_S (10 s) instead of holding a thread for ever."""
