@@ -38,8 +38,8 @@ $(STAMP): pyproject.toml
 test: $(STAMP) ## Run all tests (amaranth.sim and cocotb + Verilator) on JOBS=2 pytest-xdist workers
 	$(VPY) -m pytest -n $(JOBS) --maxschedchunk 1 --durations=15 $(PYTEST_ARGS) tests/
 
-test-fast: $(STAMP) ## Run the unit and short amaranth.sim tests: no Verilator build, proof, place and route or slow run
-	$(VPY) -m pytest -n $(JOBS) --maxschedchunk 1 -m "not verilator and not formal and not pnr and not slow" $(PYTEST_ARGS) tests/
+test-fast: $(STAMP) ## Run the unit and short amaranth.sim tests: no Verilator build, proof, place and route, slow run or system test
+	$(VPY) -m pytest -n $(JOBS) --maxschedchunk 1 -m "not verilator and not formal and not pnr and not slow and not system" $(PYTEST_ARGS) tests/
 
 tb: $(STAMP) ## Run the cocotb testbenches of tb/ (TB=alu: one block; TESTCASE=fold: one test or case; WAVES=1: dump.vcd)
 	$(VPY) -m cais.tb.run $(if $(TB),--tb $(TB)) $(if $(TESTCASE),--testcase "$(TESTCASE)")

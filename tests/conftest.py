@@ -9,6 +9,8 @@ and overlap, and the many short tests fill the end of the run; in file order the
 and one worker ran it alone.
 """
 
+import pytest
+
 from cais.hdl.toolchain import setup_verilator_env
 
 setup_verilator_env()
@@ -32,6 +34,11 @@ LONGEST_FIRST = (
 )
 
 
+#: The files of tests/system/ that start no process (documentation and packaging checks): every other one there
+#: runs processes in network namespaces and is marked ``system`` (make test, not make test-fast).
+SYSTEM_CHECKS = {"test_docs.py", "test_readme.py", "test_packaging.py", "test_torch_example.py"}
+
+
 def _rank(item) -> int:
     for k, prefix in enumerate(LONGEST_FIRST):
         if item.nodeid.startswith(prefix):
@@ -40,6 +47,9 @@ def _rank(item) -> int:
 
 
 def pytest_collection_modifyitems(session, config, items):
+    for item in items:
+        if item.path.parent.name == "system" and item.path.name not in SYSTEM_CHECKS:
+            item.add_marker(pytest.mark.system)
     ranked = sorted(items, key=_rank)                   # stable: the rest keep their order
     leads = sum(_rank(i) < len(LONGEST_FIRST) for i in items)
     head, rest = ranked[:leads], ranked[leads:]
