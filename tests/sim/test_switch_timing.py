@@ -65,7 +65,7 @@ def latency(params, payload_len, **kind):
 
 
 # The Verilator link checks every payload size on its three builds (tests/sim/test_switch_verilator.py,
-# cais.sim.timing.result_latency); here each integer amaranth.sim build once or twice, the 147 and 109 of the
+# cais.sim.timing.result_latency); here each integer build once or twice, the 147 and 109 of the
 # docs in test_documented_example_latencies.
 @pytest.mark.parametrize("pname, payload_len", [on("p4_w64_int", 64), on("p2_w512_int", 4),
                                                 on("p2_w512_int", 256), on("p3_w128_int", 64)])
