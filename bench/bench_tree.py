@@ -6,8 +6,8 @@ one tree level, derived and measured.
 
 For each rank count N (4..16, a multiple of ``--leaves``) the tree has ``--leaves`` leaves (default 2) of
 N/leaves ranks under a spine (:class:`cais.controller.tree.TreeTopology`). Completion: the same all-reduce
-job (N ranks x ``elements`` int32) on the tree (:func:`cais.sim.tree.run_tree`), on one N-port switch and on the host ring crossing the
-tree. Latency: one 256-byte chunk, every rank sending at cycle 0, the cycle the first beat of the result
+job (N ranks x ``elements`` int32) on the tree (:func:`cais.sim.tree.run_tree`), on one N-port switch and
+on the host ring crossing the tree. Latency: one 256-byte chunk, every rank sending at cycle 0, the cycle the first beat of the result
 reaches the ranks, on one switch and on the tree; the derivation adds the links' documented latencies
 (:func:`cais.sim.timing.documented_latency`, per switch build) and the frames' beats, as the model's time
 model (:class:`cais.sim.links.model.ModelLink`) and the fabric (:class:`cais.sim.links.fabric.FabricLink`:
