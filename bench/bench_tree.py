@@ -5,17 +5,17 @@ one tree level, derived and measured.
     python bench/bench_tree.py [--ranks 8 16] [--leaves 2] [--elements 16384] [--seed 1] [--json]
 
 For each rank count N (4..16, a multiple of ``--leaves``) the tree has ``--leaves`` leaves (default 2) of
-N/leaves ranks under a spine (:class:`cais.controller.tree.TreeTopology`). Completion: the same all-reduce
-job (N ranks x ``elements`` int32) on the tree (:func:`cais.sim.tree.run_tree`), on one N-port switch and
-on the host ring crossing the tree. Latency: one 256-byte chunk, every rank sending at cycle 0, the cycle the first beat of the result
-reaches the ranks, on one switch and on the tree; the derivation adds the links' documented latencies
-(:func:`cais.sim.timing.documented_latency`, per switch build) and the frames' beats, as the model's time
-model (:class:`cais.sim.links.model.ModelLink`) and the fabric (:class:`cais.sim.links.fabric.FabricLink`:
-a frame crosses a switch-to-switch wire once it has left the sender, so each hop costs its beats) define
-them. ``--backend verilator`` measures the same on the Verilated RTL: every switch of the tree (leaves
-with the uplink action, N/leaves + 1 ports; the spine the default 4-port build, at least a port per leaf)
-and the one switch of N ports (a build per rank count: the first run builds them, minutes each). The
-derivation stays the model's.
+N/leaves ranks under a spine (:class:`cais.controller.tree.TreeTopology`). Completion: the same all-reduce job
+(N ranks x ``elements`` int32) on the tree (:func:`cais.sim.tree.run_tree`), on one N-port switch and on the
+host ring crossing the tree. Latency: one 256-byte chunk, every rank sending at cycle 0, the cycle the first
+beat of the result reaches the ranks, on one switch and on the tree; the derivation adds the links' documented
+latencies (:func:`cais.sim.timing.documented_latency`, per switch build) and the frames' beats, as the model's
+time model (:class:`cais.sim.links.model.ModelLink`) and the fabric
+(:class:`cais.sim.links.fabric.FabricLink`: a frame crosses a switch-to-switch wire once it has left the
+sender, so each hop costs its beats) define them. ``--backend verilator`` measures the same on the Verilated
+RTL: every switch of the tree (leaves with the uplink action, N/leaves + 1 ports; the spine the default 4-port
+build, at least a port per leaf) and the one switch of N ports (a build per rank count: the first run builds
+them, minutes each). The derivation stays the model's.
 """
 
 from __future__ import annotations
