@@ -2,19 +2,20 @@
 leaf-spine tree against one switch with the same ranks and against the host ring, and the extra latency of
 one tree level, derived and measured.
 
-    python bench/bench_tree.py [--ranks 8 16] [--elements 16384] [--seed 1] [--json]
+    python bench/bench_tree.py [--ranks 8 16] [--leaves 2] [--elements 16384] [--seed 1] [--json]
 
-For each rank count N (even, 4..16) the tree has 2 leaves of N/2 ranks under a spine
-(:class:`cais.controller.tree.TreeTopology`). Completion: the same all-reduce job (N ranks x ``elements``
-int32) on the tree (:func:`cais.sim.tree.run_tree`), on one N-port switch and on the host ring crossing the
-tree. Latency: one 256-byte chunk, every rank sending at cycle 0, the cycle the first beat of the result
-reaches the ranks, on one switch and on the tree; the derivation adds the links' documented latencies
-(:func:`cais.sim.timing.documented_latency`, per switch build) and the frames' beats, as the model's time
-model (:class:`cais.sim.links.model.ModelLink`) and the fabric (:class:`cais.sim.links.fabric.FabricLink`:
-a frame crosses a switch-to-switch wire once it has left the sender, so each hop costs its beats) define
-them. ``--backend verilator`` measures the same on the Verilated RTL: every switch of the tree (leaves
-with the uplink action, ranks/2 + 1 ports; the spine the default 4-port build) and the one switch of N
-ports (a build per rank count: the first run builds them, minutes each). The derivation stays the model's.
+For each rank count N (4..16, a multiple of ``--leaves``) the tree has ``--leaves`` leaves (default 2) of
+N/leaves ranks under a spine (:class:`cais.controller.tree.TreeTopology`). Completion: the same all-reduce job
+(N ranks x ``elements`` int32) on the tree (:func:`cais.sim.tree.run_tree`), on one N-port switch and on the
+host ring crossing the tree. Latency: one 256-byte chunk, every rank sending at cycle 0, the cycle the first
+beat of the result reaches the ranks, on one switch and on the tree; the derivation adds the links' documented
+latencies (:func:`cais.sim.timing.documented_latency`, per switch build) and the frames' beats, as the model's
+time model (:class:`cais.sim.links.model.ModelLink`) and the fabric
+(:class:`cais.sim.links.fabric.FabricLink`: a frame crosses a switch-to-switch wire once it has left the
+sender, so each hop costs its beats) define them. ``--backend verilator`` measures the same on the Verilated
+RTL: every switch of the tree (leaves with the uplink action, N/leaves + 1 ports; the spine the default 4-port
+build, at least a port per leaf) and the one switch of N ports (a build per rank count: the first run builds
+them, minutes each). The derivation stays the model's.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ PAYLOAD = 256           # bytes of the latency probe's chunk (64 int32)
 def parse_args(argv=None):
     ap = Parser(prog="bench/bench_tree.py", description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=integer(4), nargs="+", default=[8, 16],
-                    help="rank counts (even, 4..16): 2 leaves of N/2 ranks each")
+                    help="rank counts (4..16, multiples of --leaves): --leaves leaves of N/leaves ranks each")
+    ap.add_argument("--leaves", type=integer(2), default=2, help="leaf switches under the spine (default 2)")
     ap.add_argument("--elements", type=integer(1), default=16384, help="int32 elements per rank")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--backend", choices=["model", "verilator"], default="model",
@@ -53,8 +55,9 @@ def parse_args(argv=None):
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the tables")
     args = ap.parse_args(argv)
     for n in args.ranks:
-        if n % 2 or n > 16:
-            ap.error(f"--ranks {n}: must be even and at most 16 (2 leaves of N/2 ranks)")
+        if n % args.leaves or n > 16:
+            multiple = "even" if args.leaves == 2 else f"a multiple of --leaves {args.leaves}"
+            ap.error(f"--ranks {n}: must be {multiple} and at most 16 ({args.leaves} leaves of N/{args.leaves} ranks)")
     return args
 
 
@@ -122,13 +125,14 @@ def measured_latency(topology: TreeTopology, backend: str = "model") -> dict:
 def run(args) -> dict:
     rows = []
     for n in args.ranks:
-        job = {"leaves": 2, "ranks_per_leaf": n // 2, "elements": args.elements, "seed": args.seed}
+        job = {"leaves": args.leaves, "ranks_per_leaf": n // args.leaves, "elements": args.elements,
+               "seed": args.seed}
         if args.backend == "verilator":
             job.update(leaf_backend="verilator", spine_backend="verilator", single_backend="verilator")
         topology = topology_of(job)
         runs = compare(job)
         rows.append({
-            "ranks": n, "leaves": 2, "ranks_per_leaf": n // 2, "elements": args.elements,
+            "ranks": n, "leaves": args.leaves, "ranks_per_leaf": n // args.leaves, "elements": args.elements,
             "cycles": {name: r["cycles"] for name, r in runs.items()},
             "correct": {name: r["correct"] for name, r in runs.items()},
             "bytes_per_rank": {name: sum(r["bytes_sent"]) / len(r["bytes_sent"]) for name, r in runs.items()},
@@ -145,7 +149,7 @@ def main(argv=None) -> int:
         print(json.dumps(out))
         return 0
     kind = "reference-model switches" if args.backend == "model" else "the Verilated RTL"
-    print(f"Aggregation trees on {kind}: {args.elements} int32 elements per rank, 2 leaves")
+    print(f"Aggregation trees on {kind}: {args.elements} int32 elements per rank, {args.leaves} leaves")
     print()
     print(f"{'ranks':>5} {'tree cycles':>12} {'one switch':>11} {'ratio':>6} {'host ring':>10} {'ratio':>6}  all correct")
     for r in out["rows"]:

@@ -172,7 +172,7 @@ def run_jobs(ranks: int, epochs: int, backend: str, tags, log=print, offload: st
         cluster.create()
         log(f"namespaces: {cluster.switch_ns} (cais-switch, --backend {backend}), {cluster.rank_ns[0]} "
             f"({ranks} ranks, interfaces {cluster.tag}h0..h{ranks - 1})")
-        cluster.start_switch(["--backend", backend], wait_s=600.0)
+        cluster.start_switch([], wait_s=600.0, backend=backend)
         config = tmp / "cais.toml"
         config.write_text(f'[cais]\nreproducible = true\noffload = "{offload}"\n')
         for k, tag in enumerate(tags):

@@ -33,7 +33,9 @@ With ``--topology leaf-spine`` (``--leaves`` 2, ``--ranks-per-leaf`` 4) it runs 
 ``c<pid>l<k>``: its ranks' ``s`` ends, then the uplink ``c<pid>u<k>`` on port ``ranks-per-leaf``, built with
 the uplink action) and one for the spine (``c<pid>sw``: the other ends ``c<pid>d<k>`` of the uplinks, port k
 for leaf k), and cais-controller programs them as one switch (``--tree``); each rank's control endpoint is
-its leaf's. The rest is the same.
+its leaf's. The rest is the same. With ``--backend verilator`` every daemon runs the Verilated RTL: the
+leaves a build with the uplink action and ``ranks-per-leaf`` + 1 ports, the spine the default build
+(``TreeTopology.rtl_spine_params``); the ranks' retransmission timeout is then :data:`RTL_TIMEOUT_MS`.
 
 No traffic leaves the namespaces it made: the ranks and the switch only use the veth pairs and Unix
 sockets. The exit status is 0 only if every collective was CORRECT on every rank.
@@ -68,6 +70,12 @@ SUITE = ["all_reduce int32 sum", "all_reduce int32 max", "all_reduce fp16 sum", 
          "all_reduce fp32 avg", "broadcast fp32 (src last)", "all_gather int32", "reduce_scatter int32 sum",
          "barrier", LOSSY, RESTARTED, RESTARTED_PAIR]
 RESTART_WAIT_S = 60.0
+#: The ranks' retransmission timeout with Verilated switches (``Config.timeout_ms``; deployed, 50 ms). A
+#: cais-switch daemon steps the Verilated RTL far below line rate and answers the controller between its
+#: frames, so a round trip through a tree of three of them takes tens of ms and a rank waits up to about
+#: half a second on the controller while it programs them: at 50 ms the ranks' repeats (each one a partial
+#: re-sent up the tree and a result re-served down) would outnumber their contributions tenfold.
+RTL_TIMEOUT_MS = 200.0
 #: what make cluster asks cais-cli, in this order (the rule: an operator rule on a free index and slots)
 CLI_COMMANDS = [["add-rule", "7", "--group", "200", "--contributors", "0,1", "--base", "60", "--count-log2", "1",
                  "--dtype", "fp16", "--op", "max"],
@@ -308,19 +316,25 @@ class Cluster:
         self.procs.append(p)
         return p
 
-    def start_switch(self, extra: list[str], wait_s: float = 30.0) -> list[subprocess.Popen]:
-        """cais-switch on the switch ends (a tree: one per leaf and the spine); returns once every one
-        listens (`wait_s`: a Verilator backend is built first)."""
+    def start_switch(self, extra: list[str], wait_s: float = 30.0, backend: str = "model") -> list[subprocess.Popen]:
+        """cais-switch on the switch ends (a tree: one per leaf and the spine, built as
+        :class:`cais.controller.tree.TreeTopology` says for `backend`); returns once every one listens
+        (`wait_s`: a Verilator backend is built first). `extra`: more cais-switch options (not --backend)."""
+        extra = ["--backend", backend, *extra]
         if not self.tree:
             return [self._daemon(self.switch_ns, self.control, "switch", extra,
                                  [f"{self.tag}s{i}" for i in range(self.ranks)], wait_s)]
-        leaves, per_leaf = self.tree
+        from .controller.tree import TreeTopology
+        topology = TreeTopology(*self.tree)
+        leaf = topology.leaf_params
+        spine = topology.rtl_spine_params if backend == "verilator" else topology.spine_params
+        per_leaf = topology.ranks_per_leaf
         out = [self._daemon(self.switch_nss[k], self.controls[k], f"switch{k}",
-                            extra + ["--ports", str(per_leaf + 1), "--uplink", "true"],
+                            extra + ["--ports", str(leaf.ports), "--uplink", str(leaf.uplink).lower()],
                             [f"{self.tag}s{i}" for i in range(k * per_leaf, (k + 1) * per_leaf)] + [f"{self.tag}u{k}"],
-                            wait_s) for k in range(leaves)]
-        out.append(self._daemon(self.switch_ns, self.controls[-1], "switch", extra + ["--ports", str(max(2, leaves))],
-                                [f"{self.tag}d{k}" for k in range(leaves)], wait_s))
+                            wait_s) for k in range(topology.leaves)]
+        out.append(self._daemon(self.switch_ns, self.controls[-1], "switch", extra + ["--ports", str(spine.ports)],
+                                [f"{self.tag}d{k}" for k in range(topology.leaves)], wait_s))
         return out
 
     def _daemon(self, ns: str, control: str, name: str, extra: list[str], ifaces: list[str],
@@ -388,10 +402,18 @@ class Cluster:
             raise RuntimeError(f"scraping /metrics failed: {p.stderr.strip()[-500:]}")
         return p.stdout
 
-    def start_ranks(self, elements: int) -> list[subprocess.Popen]:
+    def start_ranks(self, elements: int, config: dict | None = None) -> list[subprocess.Popen]:
+        """One rank process per namespace; `config`: :class:`cais.config.Config` settings for every rank
+        (a TOML file in the temporary folder, ``CAIS_CONFIG``)."""
         out = []
+        extra = {}
+        if config:
+            path = self.tmp / "ranks.toml"
+            path.write_text("[cais]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in config.items()))
+            extra["CAIS_CONFIG"] = str(path)
         for i, ns in enumerate(self.rank_ns):
-            env = dict(os.environ, CAIS_RANK=str(i), CAIS_WORLD_SIZE=str(self.ranks), CAIS_IFACE=f"{self.tag}h{i}",
+            env = dict(os.environ, **extra, CAIS_RANK=str(i), CAIS_WORLD_SIZE=str(self.ranks),
+                       CAIS_IFACE=f"{self.tag}h{i}",
                        CAIS_SWITCH=self.controls[self.leaf_of(i)], CAIS_CONTROLLER=self.controller,
                        CAIS_REPORT=str(self.tmp / f"rank{i}.json"), CAIS_ELEMENTS=str(elements),
                        CAIS_TIMEOUT="60", CAIS_COORDINATOR="external", CAIS_TOKEN=self.token_file.read_text(),
@@ -502,9 +524,6 @@ def main(argv=None) -> int:
     tree = None
     if args.topology == "leaf-spine":
         from .controller.tree import TreeError, TreeTopology
-        if args.backend != "model":
-            p.error(f"--backend {args.backend}: --topology leaf-spine runs on the model only (the cluster's "
-                    f"switch daemons do not yet put a tree on the RTL; make sim --topology leaf-spine does)")
         try:
             args.ranks = TreeTopology(args.leaves, args.ranks_per_leaf).ranks
         except TreeError as e:
@@ -524,9 +543,10 @@ def main(argv=None) -> int:
     ok = False
     try:
         cluster.create()
-        cluster.start_switch(["--backend", args.backend], wait_s=30.0 if args.backend == "model" else 600.0)
+        cluster.start_switch([], wait_s=30.0 if args.backend == "model" else 600.0, backend=args.backend)
         controller = cluster.start_controller()
-        ranks = cluster.start_ranks(args.elements)
+        ranks = cluster.start_ranks(args.elements,
+                                    {"timeout_ms": RTL_TIMEOUT_MS} if args.backend == "verilator" else None)
         controller = cluster.restart_controller(controller, ranks)
         deadline = time.monotonic() + RANK_TIMEOUT_S
         while not all((tmp / f"done{i}").exists() for i in range(args.ranks)):

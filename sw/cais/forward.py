@@ -155,8 +155,13 @@ class ForwardGather:
                 next_round = entry[1] if next_round is None else min(next_round, entry[1])
                 out += self._frames(chunk, sorted(entry[0]), True)
                 self.retransmissions += 1
-            else:
-                entry[1] = next_round
+        if next_round is not None:
+            # every chunk still waiting waits for the next round, not only those due now: the window's
+            # chunks were sent as acknowledgements came, so their deadlines are spread; each one falling due
+            # alone would count as a round of its own, and a silence of one timeout (peers that start the
+            # collective late) would use up the retry limit in milliseconds instead of backing off
+            for entry in self._unacked.values():
+                entry[1] = max(entry[1], next_round)
         if self.sending:
             while self._next < self.chunks[self.rank] and len(self._unacked) < self.window:
                 chunk = self._next

@@ -229,14 +229,6 @@ def test_the_controller_service_refuses_a_bad_tree(argv, message, capsys, tmp_pa
     assert message in err and err.count("\n") == 1
 
 
-def test_make_cluster_refuses_a_tree_on_the_rtl(capsys):
-    from cais.cluster import main
-    with pytest.raises(SystemExit) as e:
-        main(["--topology", "leaf-spine", "--backend", "verilator"])
-    assert e.value.code == 2
-    assert "runs on the model only" in capsys.readouterr().err
-
-
 @pytest.mark.verilator
 def test_the_rtl_spine_under_faults_on_every_hop():
     """The spine on the Verilated RTL (the default build, buildsets.DEFAULT: a spine needs no uplink

@@ -109,3 +109,29 @@ def test_leaf_spine_cluster_every_collective_correct(tmp_path):
     assert "switch" in rows[0]                      # the world's first all-reduce went through the tree
     assert {f"switch{k}.log" for k in range(2)} | {"switch.log"} <= {f.name for f in tmp_path.iterdir()}
     assert not namespaces_with(f"c{p.pid}"), "namespaces left behind"
+
+
+@pytest.mark.verilator
+def test_leaf_spine_cluster_on_the_verilated_rtl(tmp_path):
+    """The leaf-spine cluster with every cais-switch daemon on the Verilated RTL: 2 leaves of 3 ranks, so the
+    leaves are the uplink build tests/sim/test_tree_rtl.py makes (4 ports, the uplink action) and the spine
+    the default build (TreeTopology.rtl_spine_params): no build of its own."""
+    from cais.controller.tree import TreeTopology
+    from cais.params import SwitchParams
+    topology = TreeTopology(2, 3)
+    assert topology.leaf_params == SwitchParams(uplink=True) and topology.rtl_spine_params == SwitchParams()
+    require_root()
+    p = subprocess.Popen([sys.executable, "-m", "cais.cluster", "--topology", "leaf-spine", "--leaves", "2",
+                          "--ranks-per-leaf", "3", "--elements", "300", "--backend", "verilator",
+                          "--keep-logs", str(tmp_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=1200)
+    assert p.returncode == 0, out + err
+    rows = [line for line in out.splitlines() if any(line.startswith(n) for n in SUITE) and "  CORRECT" in line]
+    assert len(rows) == len(SUITE), out
+    assert "6 rank processes, cais-switch (verilator; 2 leaves and a spine, 3 daemons): every collective CORRECT" in out
+    assert "switch" in rows[0]                      # the world's first all-reduce went through the tree
+    # every daemon ran the RTL: leaves of 4 ports (3 ranks and the uplink), the spine of 4 (2 wired)
+    logs = {name: (tmp_path / f"{name}.log").read_text() for name in ("switch0", "switch1", "switch")}
+    assert all("cais-switch: verilator backend, 4 ports" in text for text in logs.values()), logs
+    assert not namespaces_with(f"c{p.pid}"), "namespaces left behind"

@@ -114,6 +114,13 @@ class TreeTopology:
     def params(self, switch: int) -> SwitchParams:
         return self.spine_params if switch == self.spine else self.leaf_params
 
+    @property
+    def rtl_spine_params(self) -> SwitchParams:
+        """The spine's build on the Verilated RTL: ``spine_params`` with the base build's ports (at least a
+        port per leaf), so that a spine of the default base is the default switch's Verilator build, which
+        is there already (a build per port count costs minutes)."""
+        return replace(self.spine_params, ports=max(self.base.ports, self.leaves))
+
     def locate(self, rank: int) -> tuple[int, int]:
         """(leaf, port) of rank ``rank``."""
         if not 0 <= rank < self.ranks:
