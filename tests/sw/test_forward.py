@@ -115,6 +115,34 @@ def test_silent_receiver_fails_and_is_named():
     assert engines[1].result_ready
 
 
+def test_a_silence_is_counted_in_rounds_not_in_spread_deadlines():
+    """Chunks sent as acknowledgements came have deadlines spread across the window. When the receiver then
+    falls silent, a deadline falling due alone is not a round of repeats of its own: every chunk waiting
+    waits for the next round, and the rounds back off, so the sender gives up no sooner than retry_limit
+    initial timeouts after the silence. (Counting each spread deadline as a round gave up within three
+    timeouts here: make cluster's all_gather failed when a rank started late.)"""
+    timeout_s, limit = 0.001, 8
+    sizes = [100 * 64, 0]
+    macs = [host_mac(0), host_mac(1)]
+    root, rx = (ForwardGather(r, macs, GROUP, 80, sizes, [0], bytes(sizes[0]) if r == 0 else b"", chunk_bytes=100,
+                              timeout_s=timeout_s, retry_limit=limit, via_switch=False, window=8) for r in range(2))
+    now = 0.0
+    pending = root.poll(now)                       # the window's first 8 chunks
+    for _ in range(24):                            # one acknowledged every 0.1 ms: the window refills one by one
+        rx.receive(pending.pop(0), now)
+        for ack in rx.poll(now):
+            root.receive(ack, now)
+        now += timeout_s / 10
+        pending += root.poll(now)
+    assert root.retransmissions == 0 and len(pending) == 8
+    silence = now
+    while not root.failed:                         # from deadline to deadline, the receiver silent
+        now = root.next_deadline()
+        root.poll(now)
+        assert now - silence < 60, "never gave up"
+    assert now - silence >= limit * timeout_s, f"gave up {now - silence:.4f} s after the silence"
+
+
 def test_foreign_frames_are_ignored():
     sizes = [100, 100]
     engines, _ = gather_engines(sizes, range(2), True, proto.OpType.ALL_GATHER)
