@@ -93,22 +93,31 @@ def test_cluster_on_the_verilated_switch():
     assert len(rows) == len(SUITE), p.stdout
 
 
-@pytest.mark.slow
-def test_leaf_spine_cluster_every_collective_correct(tmp_path):
-    """`make cluster ARGS="--topology leaf-spine"`, small: 2 leaves of 2 ranks under a spine, three
-    cais-switch daemons wired by veth pairs, cais-controller programming them as one switch."""
+def leaf_spine_cluster(tmp_path, ranks_per_leaf: int, backend: str, timeout_s: float) -> str:
+    """`make cluster ARGS="--topology leaf-spine"` with 2 leaves of `ranks_per_leaf` ranks on `backend`: three
+    cais-switch daemons wired by veth pairs, cais-controller programming them as one switch. Checks that
+    every collective was CORRECT through the tree and that no namespace is left; returns the output."""
     require_root()
     p = subprocess.Popen([sys.executable, "-m", "cais.cluster", "--topology", "leaf-spine", "--leaves", "2",
-                          "--ranks-per-leaf", "2", "--elements", "300", "--keep-logs", str(tmp_path)],
+                          "--ranks-per-leaf", str(ranks_per_leaf), "--elements", "300", "--backend", backend,
+                          "--keep-logs", str(tmp_path)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = p.communicate(timeout=400)
+    out, err = p.communicate(timeout=timeout_s)
     assert p.returncode == 0, out + err
     rows = [line for line in out.splitlines() if any(line.startswith(n) for n in SUITE) and "  CORRECT" in line]
     assert len(rows) == len(SUITE), out
-    assert "4 rank processes, cais-switch (model; 2 leaves and a spine, 3 daemons): every collective CORRECT" in out
+    assert (f"{2 * ranks_per_leaf} rank processes, cais-switch ({backend}; 2 leaves and a spine, 3 daemons): "
+            "every collective CORRECT") in out
     assert "switch" in rows[0]                      # the world's first all-reduce went through the tree
     assert {f"switch{k}.log" for k in range(2)} | {"switch.log"} <= {f.name for f in tmp_path.iterdir()}
     assert not namespaces_with(f"c{p.pid}"), "namespaces left behind"
+    return out
+
+
+@pytest.mark.slow
+def test_leaf_spine_cluster_every_collective_correct(tmp_path):
+    """2 leaves of 2 ranks under a spine, on the reference model."""
+    leaf_spine_cluster(tmp_path, 2, "model", 400)
 
 
 @pytest.mark.verilator
@@ -120,18 +129,7 @@ def test_leaf_spine_cluster_on_the_verilated_rtl(tmp_path):
     from cais.params import SwitchParams
     topology = TreeTopology(2, 3)
     assert topology.leaf_params == SwitchParams(uplink=True) and topology.rtl_spine_params == SwitchParams()
-    require_root()
-    p = subprocess.Popen([sys.executable, "-m", "cais.cluster", "--topology", "leaf-spine", "--leaves", "2",
-                          "--ranks-per-leaf", "3", "--elements", "300", "--backend", "verilator",
-                          "--keep-logs", str(tmp_path)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = p.communicate(timeout=1200)
-    assert p.returncode == 0, out + err
-    rows = [line for line in out.splitlines() if any(line.startswith(n) for n in SUITE) and "  CORRECT" in line]
-    assert len(rows) == len(SUITE), out
-    assert "6 rank processes, cais-switch (verilator; 2 leaves and a spine, 3 daemons): every collective CORRECT" in out
-    assert "switch" in rows[0]                      # the world's first all-reduce went through the tree
+    leaf_spine_cluster(tmp_path, 3, "verilator", 1200)
     # every daemon ran the RTL: leaves of 4 ports (3 ranks and the uplink), the spine of 4 (2 wired)
     logs = {name: (tmp_path / f"{name}.log").read_text() for name in ("switch0", "switch1", "switch")}
     assert all("cais-switch: verilator backend, 4 ports" in text for text in logs.values()), logs
-    assert not namespaces_with(f"c{p.pid}"), "namespaces left behind"
