@@ -9,7 +9,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from cais.uartproto import (CRC8_POLY, REPLY_BYTES, REQUEST_BYTES, TIMEOUT_BYTE_TIMES, Command, Status)
+from cais.uartproto import (REPLY_BYTES, REQUEST_BYTES, TIMEOUT_BYTE_TIMES, Command, Status, crc8)
 
 from ..control.csr import AXI4LiteSignature, AxiResp
 from .uart import UartRx, UartTx, uart_divisor
@@ -20,15 +20,10 @@ _ADDRESS_BYTES = 4
 
 
 def _crc8_columns() -> list[int]:
-    """Column j of the CRC-8 step as a matrix over GF(2): the register after eight shifts from bit j alone.
-    The step (shift left, XOR the polynomial when bit 7 falls out) is linear, so eight of them are too."""
-    columns = []
-    for j in range(8):
-        c = 1 << j
-        for _ in range(8):
-            c = ((c << 1) & 0xFF) ^ (CRC8_POLY if c & 0x80 else 0)
-        columns.append(c)
-    return columns
+    """Column j of the CRC-8 step as a matrix over GF(2): the CRC (from 0) of a byte holding bit j alone. The
+    step (shift left, XOR the polynomial when bit 7 falls out) is linear, so each output bit of a step is the
+    XOR of the input bits whose columns hold it."""
+    return [crc8(bytes([1 << j])) for j in range(8)]
 
 
 _CRC8_COLUMNS = _crc8_columns()
