@@ -22,12 +22,11 @@ setup_verilator_env()
 #: only then the tests that reuse the default builds: a worker never waits on a build the other one is making.
 LONGEST_FIRST = (
     "tests/sim/test_switch_verilator.py::test_regression[p16_int]",
-    "tests/sim/test_switch_verilator.py::test_regression[p2_w512_int]",
+    "tests/sim/test_switch_verilator.py::test_regression[p2_w512_jumbo]",
     "tests/sim/test_link_identity.py::test_cpp_link_and_cocotb_link_are_cycle_identical",
     *(f"tests/sim/test_tb.py::test_testbench[{block}-" for block in ("alu", "egress", "sram", "uart", "ingress", "csr")),
     "tests/hdl/test_formal.py::test_every_property_is_proved_by_induction",
     "tests/sim/test_tree_rtl.py::test_the_rtl_reports_the_uplink_feature",     # the uplink build (a tree's leaf)
-    "tests/sim/test_jumbo.py::test_jumbo_rtl",                                  # the jumbo build
     "tests/sim/test_cosim.py::test_model_and_both_verilator_links_agree_with_five_percent_loss",
     "tests/sim/test_backends.py::test_verilator_matches_model",
     "tests/sim/test_links.py::test_verilator_link_all_reduce_stamps_and_reset",

@@ -4,18 +4,18 @@ Its reason: at the default 256-byte payload a rank sends 1.095 times the all-red
 a ring's bytes (30 header bytes on every 256); with 1,024-byte chunks it must be within 3% of it. The
 byte counts are derived here by hand (frames of 30 + 1024 bytes; the ring's 2(N-1) blocks in frames of
 at most 1484 payload bytes), not taken from the code under test. The model runs are cheap; the RTL one
-builds a small jumbo switch (2 ports, integer types only: the lengths, banks and queues that grow with
-max_payload do not depend on the port count or the float units) and runs the regression's directed
-cases, the all-port random payloads and the timing checks on it, against the model and numpy.
+runs on the wide regression's build, a jumbo switch (tests/buildsets.py ``WIDE_JUMBO``), whose directed
+cases, all-port random payloads and timing checks the regression runs (tests/sim/test_switch_verilator.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from cais import protocol as proto
 from cais.params import JUMBO, SwitchParams
 from cais.sim.backends import run_backend
+
+from buildsets import WIDE_JUMBO
 
 ENTRY = "cais.sim.workload:all_reduce_job"
 HEADERS = 30            # Ethernet 14 + CAIS 16 bytes, docs/protocol.md
@@ -90,26 +90,12 @@ def test_make_sim_jumbo_on_the_model(capsys):
     assert f"{78 * (HEADERS + 1024) + HEADERS + 128:>11}" in out
 
 
-SMALL_JUMBO = SwitchParams(ports=2, float_units=False, **JUMBO)
-
-
-@pytest.mark.slow
 @pytest.mark.verilator
 def test_jumbo_rtl():
-    """The Verilated jumbo switch: the regression's directed cases and all-port random payloads (full,
-    partial and one-element chunks up to 1,024 bytes, every result against numpy, every counter against the
-    model), the result latency at 1,024 bytes and BUSY, and an all-reduce on the byte bound."""
-    job = {"parts": [{"kind": "directed", "seed": 1}, {"kind": "payloads", "seed": 1}]}
-    records = run_backend("verilator", SMALL_JUMBO, "cais.sim.suite:suite_job", job, seed=1)
-    failed = [f"{r['name']}: " + "; ".join(r["problems"]) for r in records if r["problems"]]
-    assert not failed, "\n".join(failed)
-    payload_lens = {proto.CaisHeader.unpack(bytes.fromhex(e[1])[14:30]).payload_len
-                    for r in records if r["name"].startswith("all_ports") for e in r["log"]
-                    if e[0] != "in" and len(e[1]) >= 60}
-    assert 1024 in payload_lens and min(payload_lens) < 1024
-    timing = run_backend("verilator", SMALL_JUMBO, "cais.sim.timing:timing_job",
-                         {"seed": 1, "tests": ["result_latency", "busy_register"]}, seed=1)
-    assert timing == {"result_latency": [], "busy_register": []}
-    s = _all_reduce("verilator", SMALL_JUMBO, 2, 16384, 1024)
+    """The Verilated jumbo switch (the wide regression's build, tests/buildsets.py; the regression runs its
+    directed cases and all-port random payloads up to 1,024 bytes, and its timing job the result latency
+    and BUSY): an all-reduce on the byte bound."""
+    assert WIDE_JUMBO.max_payload == 1024 and WIDE_JUMBO.ports == 2
+    s = _all_reduce("verilator", WIDE_JUMBO, 2, 16384, 1024)
     assert s["correct"] and s["bytes_sent"] == [64 * (HEADERS + 1024)] * 2
     assert max(s["bytes_sent"]) / s["ring_bytes_per_rank"] <= 1.03 * 1.0

@@ -25,7 +25,7 @@ from cais.sim.timing import (FORWARD_LATENCY, broadcast, contribution, documente
 from cais.sim.traffic import TxFrame, host_mac
 from cais.tables import Rule, rule_writes
 
-from buildsets import DEFAULT, WIDE_INT
+from buildsets import DEFAULT, WIDE_JUMBO
 
 # the whole switch under amaranth.sim, a few thousand cycles per second: the slow tier
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ INT_4x64 = SwitchParams(float_units=False)
 
 #: Builds the suite makes anyway run on the Verilator link: a second a case, against a minute under amaranth.sim
 #: for the default switch (float units: a few hundred cycles a second). The others run under amaranth.sim.
-VERILATED = (DEFAULT, WIDE_INT)
+VERILATED = (DEFAULT, WIDE_JUMBO)
 
 
 def runner(params):
@@ -46,7 +46,7 @@ def runner(params):
 LATENCY_SETS = {
     "p4_w64": DEFAULT,
     "p4_w64_int": INT_4x64,
-    "p2_w512_int": WIDE_INT,
+    "p2_w512_jumbo": WIDE_JUMBO,
     "p3_w128_int": SwitchParams(ports=3, data_width=128, slots=5, max_frame=600, float_units=False),
 }
 
@@ -67,8 +67,8 @@ def latency(params, payload_len, **kind):
 # The Verilator link checks every payload size on its three builds (tests/sim/test_switch_verilator.py,
 # cais.sim.timing.result_latency); here each integer build once or twice, the 147 and 109 of the
 # docs in test_documented_example_latencies.
-@pytest.mark.parametrize("pname, payload_len", [on("p4_w64_int", 64), on("p2_w512_int", 4),
-                                                on("p2_w512_int", 256), on("p3_w128_int", 64)])
+@pytest.mark.parametrize("pname, payload_len", [on("p4_w64_int", 64), on("p2_w512_jumbo", 4),
+                                                on("p2_w512_jumbo", 1024), on("p3_w128_int", 64)])
 def test_result_latency(pname, payload_len):
     params = LATENCY_SETS[pname]
     cycles, spread = latency(params, payload_len)
@@ -87,7 +87,7 @@ def test_documented_example_latencies():
 
 @pytest.mark.parametrize("pname, payload_len, dtype, acc_fp32", [
     on("p4_w64", 48, proto.DType.INT32, False), on("p4_w64", 16, proto.DType.FP16, True),
-    on("p2_w512_int", 64, proto.DType.INT32, False),
+    on("p2_w512_jumbo", 64, proto.DType.INT32, False),
 ])
 def test_reproducible_rules_take_no_longer(pname, payload_len, dtype, acc_fp32):
     """Every rule is folded in port order: asking for reproducible results adds nothing to the latency."""
@@ -96,7 +96,7 @@ def test_reproducible_rules_take_no_longer(pname, payload_len, dtype, acc_fp32):
     assert cycles == documented_latency(params, payload_len)
 
 
-@pytest.mark.parametrize("pname", [on("p4_w64_int"), on("p2_w512_int"), on("p3_w128_int")])
+@pytest.mark.parametrize("pname", [on("p4_w64_int"), on("p2_w512_jumbo"), on("p3_w128_int")])
 def test_forwarding_latency(pname):
     """A broadcast frame (one beat at 512 bits, several at 64) reaches every other port FORWARD_LATENCY
     cycles after its last beat, in the same cycle on each."""

@@ -20,6 +20,7 @@ import os
 
 import pytest
 
+from cais import protocol as proto
 from cais.params import SwitchParams
 
 from buildsets import REGRESSION_SETS
@@ -53,6 +54,11 @@ def test_regression(pname):
     assert any(n.startswith("random_mix") for n in names) and any(n.startswith("all_ports") for n in names)
     frames_out = sum(1 for r in records for entry in r["log"] if entry[0] != "in")
     assert frames_out > 1000, frames_out
+    # the all-port payloads reached the build's largest payload and a partial one (1,024 bytes on the jumbo set)
+    payload_lens = {proto.CaisHeader.unpack(bytes.fromhex(entry[1])[14:30]).payload_len
+                    for r in records if r["name"].startswith("all_ports") for entry in r["log"]
+                    if entry[0] != "in" and len(entry[1]) >= 60}   # hex: 30 header bytes
+    assert max(payload_lens) == params.max_payload and min(payload_lens) < params.max_payload, sorted(payload_lens)
 
 
 @pytest.mark.verilator
