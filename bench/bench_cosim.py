@@ -10,7 +10,7 @@
    cycles to completion.
 
     python bench/bench_cosim.py [--elements 262144] [--slow-elements 16384] [--ranks 2,4,8] [--ring-elements 16384]
-                                [--links model,amaranth,cocotb,verilator_cpp,bare_cpp] [--json]
+                                [--links model,amaranth,cocotb,verilator_cpp,bare_cpp] [--bare-cycles 2000000] [--json]
 """
 
 from __future__ import annotations
@@ -49,12 +49,12 @@ def bare_cpp_rate(params: SwitchParams, cycles: int = BARE_CYCLES) -> float:
         link.close()
 
 
-def link_rates(links: list[str], elements: int, slow_elements: int) -> dict:
+def link_rates(links: list[str], elements: int, slow_elements: int, bare_cycles: int = BARE_CYCLES) -> dict:
     params = SwitchParams(ports=4)
     rows = {}
     for name in links:
         if name == "bare_cpp":
-            rows[name] = {"cycles_per_s": bare_cpp_rate(params), "elements": 0, "cycles": BARE_CYCLES,
+            rows[name] = {"cycles_per_s": bare_cpp_rate(params, bare_cycles), "elements": 0, "cycles": bare_cycles,
                           "wall_s": None, "correct": None}
             continue
         n = slow_elements if name in SLOW else elements
@@ -102,6 +102,8 @@ def parse_args(argv):
     ap.add_argument("--ranks", default="2,4,8", help="comma-separated rank counts for switch vs ring (2..16)")
     ap.add_argument("--ring-elements", type=integer(1), default=16384,
                     help="int32 elements per rank for switch vs ring")
+    ap.add_argument("--bare-cycles", type=integer(1000), default=BARE_CYCLES,
+                    help="cycles of the bare C++ clock loop (bare_cpp)")
     ap.add_argument("--links", default=",".join(LINKS), help=f"comma-separated subset of {', '.join(LINKS)}")
     ap.add_argument("--json", action="store_true", help="print one JSON object with the figures, no table")
     args = ap.parse_args(argv)
@@ -120,7 +122,7 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    rates = link_rates(args.links, args.elements, args.slow_elements)
+    rates = link_rates(args.links, args.elements, args.slow_elements, args.bare_cycles)
     ring = switch_vs_ring(args.ranks, args.ring_elements)
     cps = {name: row["cycles_per_s"] for name, row in rates.items()}
     ratios = {}

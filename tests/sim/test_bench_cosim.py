@@ -14,6 +14,7 @@ BAD = [
     (["--ranks", "1"], "every count must be between 2 and 16"),
     (["--ranks", "two"], "a comma-separated list of integers"),
     (["--elements", "0"], "--elements"),
+    (["--bare-cycles", "10"], "must be at least 1000"),
     (["--bogus"], "unrecognized arguments"),
 ]
 
@@ -26,9 +27,10 @@ def test_bad_arguments_are_refused(argv, needle, capsys):
 @pytest.mark.verilator
 def test_json_figures(capsys):
     assert bench.main(["--json", "--links", "model,verilator_cpp,bare_cpp", "--elements", "4096",
-                       "--ranks", "4", "--ring-elements", "4096"]) == 0
+                       "--ranks", "4", "--ring-elements", "4096", "--bare-cycles", "100000"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["cycles_per_s"]) == {"model", "verilator_cpp", "bare_cpp"}
+    assert out["links"]["bare_cpp"]["cycles"] == 100000
     assert all(rate > 0 for rate in out["cycles_per_s"].values())
     assert out["ratios"]["verilator_cpp/bare_cpp"] == pytest.approx(
         out["cycles_per_s"]["verilator_cpp"] / out["cycles_per_s"]["bare_cpp"])
