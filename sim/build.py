@@ -14,8 +14,12 @@ Builds live in ``build/sim/<params.slug()>[_waves]/`` (override the ``build`` ro
 ``build/export/<params.slug()>/`` and shared by its builds (the cocotb one, the C++-driven one, with and
 without waves): the export of the default switch takes about 18 s.  A build is reused when the hash of
 (parameters, every source file under ``hdl/`` and ``sw/cais/``, tool versions, build options) matches the stamp in its
-folder.  Concurrent callers (pytest-xdist workers) building the same folder serialise on an
-``fcntl`` lock in it: one builds, the others wait and then reuse the result.
+folder.  When the sources changed, the build's inputs are written again (the Verilog exported, the port
+control file, the harness's header) and, if their text and the options equal those it was last built from
+(a second stamp), the build is kept and only restamped: an edit of the host library or of a comment that
+leaves the Verilog as it was costs the export, not the C++ compile.  Concurrent callers (pytest-xdist
+workers) building the same folder serialise on an ``fcntl`` lock in it: one builds, the others wait and
+then reuse the result.
 
 Waves: ``build_switch(params, waves=True)`` (or ``WAVES=1`` in the environment) builds with VCD
 tracing in a separate ``..._waves`` folder; each test run then leaves ``dump.vcd`` in its run folder.
@@ -70,7 +74,8 @@ TIMESCALE = ("1ns", "1ps")
 #: Their runs spend their time in Python (cocotb), so the build's compile time is what counts (-O0: ~30% shorter).
 BLOCK_MAKE_VARS = ("OPT_FAST=-O0", "OPT_GLOBAL=-O0")
 
-_STAMP = ".cais-build-stamp"
+_STAMP = ".cais-build-stamp"            # the key of the sources and options a build was last checked against
+_INPUTS_STAMP = ".cais-inputs-stamp"    # the key of the inputs' text (the Verilog...) it was built from
 _LOCK = ".cais-build-lock"
 _LOG_TAIL_LINES = 60
 
@@ -203,23 +208,39 @@ def build_design(write_verilog: Callable[[Path, str], object], name: str, build_
     verilog = build_dir / f"{name}.v"
     info = dict(name=name, build_dir=build_dir, verilog=verilog, waves=waves, key=digest, params=params)
 
-    def make() -> None:
+    vlt = build_dir / f"{name}.vlt"
+
+    def inputs() -> str:
         _write_verilog(write_verilog, verilog, name)
-        vlt = _write_port_vlt(verilog, name)
+        _write_port_vlt(verilog, name)
+        return _cache_key(name=name, key=key, waves=waves, build_args=SIM_BUILD_ARGS + extra_args + make_vars,
+                          sources=[verilog, vlt])
+
+    def make() -> None:
         _verilator_build(build_dir, name, [vlt, verilog], waves, extra_args, build_dir / "build.log", make_vars)
 
-    return BuildInfo(cached=_cached_build(build_dir, digest, build_dir / name, make), **info)
+    return BuildInfo(cached=_cached_build(build_dir, digest, build_dir / name, make, inputs), **info)
 
 
-def _cached_build(build_dir: Path, digest: str, product: Path, make: Callable[[], None]) -> bool:
+def _cached_build(build_dir: Path, digest: str, product: Path, make: Callable[[], None],
+                  inputs: Callable[[], str] | None = None) -> bool:
     """Under the folder's lock: reuse ``product`` if the folder's stamp says it was built from ``digest``
-    (return True), else run ``make()`` and stamp the folder (return False)."""
+    (return True). Else ``inputs()`` (when given) writes the build's inputs and returns the key of their text
+    and options: if it is the one ``product`` was built from, restamp and reuse it (return True); else run
+    ``make()`` and stamp the folder (return False)."""
     with _locked(build_dir / _LOCK):
-        stamp = build_dir / _STAMP
+        stamp, built_from = build_dir / _STAMP, build_dir / _INPUTS_STAMP
         if _read(stamp) == digest and product.is_file():
             return True
         stamp.unlink(missing_ok=True)
+        content = inputs() if inputs is not None else None
+        if content is not None and _read(built_from) == content and product.is_file():
+            stamp.write_text(digest + "\n")
+            return True
+        built_from.unlink(missing_ok=True)
         make()
+        if content is not None:
+            built_from.write_text(content + "\n")
         stamp.write_text(digest + "\n")
         return False
 
@@ -330,10 +351,15 @@ def build_native(params: SwitchParams, *, waves: bool = False) -> NativeBuild:
                         sources=[*default_sources(), HARNESS])
     library = build_dir / NATIVE_LIBRARY
 
-    def make() -> None:
-        verilog = build_dir / f"{TOP}.v"
+    verilog, ports = build_dir / f"{TOP}.v", build_dir / "ports.h"
+
+    def inputs() -> str:
         _write_verilog(_copy_exported(params), verilog, TOP)
-        (build_dir / "ports.h").write_text(_ports_header(params))
+        ports.write_text(_ports_header(params))
+        return _cache_key(name=TOP, key=params.as_dict(), waves=waves, build_args=args,
+                          sources=[verilog, ports, HARNESS])
+
+    def make() -> None:
         log = build_dir / "build.log"
         env = dict(os.environ)
         env["MAKEFLAGS"] = " ".join(filter(None, [env.get("MAKEFLAGS", "").strip(), *_make_fixes()]))
@@ -347,7 +373,7 @@ def build_native(params: SwitchParams, *, waves: bool = False) -> NativeBuild:
             raise BuildError(f"Verilator build of {library} failed (status {done.returncode}); "
                              f"log {log}:\n{_tail(log)}")
 
-    cached = _cached_build(build_dir, digest, library, make)
+    cached = _cached_build(build_dir, digest, library, make, inputs)
     return NativeBuild(library, build_dir, params, waves, cached=cached)
 
 
