@@ -124,12 +124,12 @@ def test_forwarding_latency(pname):
 
 
 # ----------------------------------------------------------------------------- a slow port
-@pytest.mark.parametrize("params", [INT_4x64, SwitchParams(ports=3, data_width=128, slots=5, max_frame=600,
-                                                           float_units=False)], ids=["p4_w64", "p3_w128"])
-def test_slow_port_never_leaves_others_mid_frame(params):
+def test_slow_port_never_leaves_others_mid_frame():
     """Port 0's sink holds tready low: the other ports still receive every frame they get whole, beat after
     beat (a frame of b beats spans b cycles on an always-ready port); nothing is lost once port 0 takes
-    its frames again, and the counters match the model's (cais.sim.timing.held_port)."""
+    its frames again, and the counters match the model's (cais.sim.timing.held_port). On an odd port count
+    here; the Verilator regression's timing job runs the same check on its three builds (4, 2 and 16 ports)."""
+    params = SwitchParams(ports=3, data_width=128, slots=5, max_frame=600, float_units=False)
     problems = run_amaranth(params, lambda link: held_port(link, 3))
     assert not problems, problems
 
