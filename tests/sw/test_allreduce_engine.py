@@ -5,6 +5,7 @@ model (optionally dropped or duplicated on the way in and out), results come bac
 must be exact, and the switch must never see a chunk break the slot discipline.
 """
 
+import heapq
 import random
 
 import numpy as np
@@ -229,7 +230,7 @@ def test_retry_horizon_is_when_an_unanswered_chunk_gives_up():
 
 
 def test_a_rank_with_a_short_measured_timer_outwaits_the_initial_schedule():
-    """A rank whose measured timer fell to the floor (a tenth of timeout_ms) still gives up no earlier than
+    """A rank whose measured timer fell near the floor (a tenth of timeout_ms) still gives up no earlier than
     the retry horizon after its last new result: a peer it waits for may be repeating on the initial
     timer's schedule. Counted in its own short timeouts, retry_limit would run out ten times sooner."""
     timeout, limit = 1e-4, 8
@@ -242,7 +243,7 @@ def test_a_rank_with_a_short_measured_timer_outwaits_the_initial_schedule():
         hdr = proto.CaisHeader(group_id=1, seq_num=seq, payload_len=256, flags=int(proto.Flags.RESULT))
         assert eng.receive(proto.build_frame(hdr, bytes(256)), now)
     progress = now
-    assert eng.timer.rto == pytest.approx(timeout / 10)          # at the floor
+    assert eng.timer.rto < timeout / 4        # round trips of 1-4 us and the margin (a tenth): short
     assert len(eng.poll(now)) == 1                               # chunk 4, never answered
     sends = 1
     while not eng.failed:
@@ -274,6 +275,20 @@ def test_timer_bounds():
     assert RetransmitTimer(1e-4).timeout(7) == pytest.approx(64e-4)   # 2**7 x, capped at 64 x
     with pytest.raises(ValueError, match="floor"):
         RetransmitTimer(1e-4, floor=2.0, ceiling=1.0)
+    steady = RetransmitTimer(1e-4, floor=0.1, ceiling=1.0, margin=0.1)   # the switch engine's
+    for _ in range(200):
+        steady.sample(14.75e-6)               # a queue served at a fixed rate: RTTVAR falls to nothing
+    assert steady.rttvar < 1e-9
+    assert steady.rto == pytest.approx(14.75e-6 + 1e-5)          # SRTT + G, not SRTT
+    steady.back_off()                         # an expiry doubles it, up to the configured timeout
+    assert steady.rto == pytest.approx(2 * 24.75e-6)
+    steady.back_off()
+    steady.back_off()
+    assert steady.rto == pytest.approx(1e-4)
+    steady.sample(14.75e-6)                   # until a chunk sent once is answered (Karn)
+    assert steady.rto == pytest.approx(24.75e-6)
+    with pytest.raises(ValueError, match="margin"):
+        RetransmitTimer(1e-4, margin=-0.1)
 
 
 @pytest.mark.parametrize("dtype", list(proto.DType))
@@ -355,3 +370,68 @@ def test_kept_deadline_is_the_earliest_in_flight(seed):
         assert now < 1.0
     assert checked > 100 and sum(e.retransmissions for e in engines) > 10
     assert all(np.array_equal(e.result, reference(arrays, proto.ReduceOp.SUM)) for e in engines)
+
+
+def run_behind_one_result_generator(*, chunks: int, stall_s: float, service_s: float = 72 / 156.25e6,
+                                    ranks: int = 4, window: int = 32, timeout: float = 1e-4, job_limit: int):
+    """Event-driven run of ``ranks`` engines on a model switch whose results (and re-served results) leave
+    through one generator, ``service_s`` per job, in order (a tree leaf serves each chunk twice:
+    docs/protocol.md 13.7, 72 cycles at 156.25 MHz); once, early on, the generator stalls for ``stall_s``.
+    Returns the engines, their arrays, the switch's counters and the jobs served (stops past ``job_limit``)."""
+    params = SwitchParams(ports=ranks)
+    model = SwitchModel(params)
+    for a, v in rule_writes(register_map(params), 0, Rule.for_group(1, contributors=(1 << ranks) - 1,
+                                                                    results=(1 << ranks) - 1, base=0, count_log2=5)):
+        model.write(a, v)
+    rng = np.random.default_rng(3)
+    arrays = [rng.integers(-2**31, 2**31, chunks * 64, dtype=np.int64).astype(np.int32) for _ in range(ranks)]
+    engines = [SwitchAllReduce(data=arrays[r], op=proto.ReduceOp.SUM, group_id=1, seq_base=0, slot_count=32,
+                               window=window, chunk_size=256, timeout_s=timeout, retry_limit=8, mac=r)
+               for r in range(ranks)]
+    free_at, jobs, order, out, now = 0.0, 0, 0, [], 0.0
+    stall_at = 4 * window * service_s             # once the timer has measured the steady round trip
+    while not all(e.done or e.failed for e in engines) and jobs <= job_limit:
+        for r, e in enumerate(engines):
+            for frame in e.poll(now):
+                sent = model.receive(r, frame)
+                if sent:                          # a result or a re-served one: one job of the generator
+                    jobs += 1
+                    free_at = max(now, free_at) + service_s
+                    if stall_at is not None and free_at >= stall_at:
+                        free_at, stall_at = free_at + stall_s, None
+                    for port, f in sent:
+                        order += 1
+                        heapq.heappush(out, (free_at, order, port, f))
+        now = max(now, min([t for t in (e.next_deadline() for e in engines) if t is not None]
+                           + ([out[0][0]] if out else [])))
+        while out and out[0][0] <= now:
+            _, _, port, f = heapq.heappop(out)
+            engines[port].receive(f, now)
+    return engines, arrays, model.counters(), jobs
+
+
+def test_a_queue_longer_than_the_timer_is_learnt_not_fed_with_repeats():
+    """The collapse of a half-rate tree leaf at the default timeout (docs/protocol.md 13.7), on the model:
+    32 chunks in flight per rank behind one result generator make a steady round trip (14.7 us) that the
+    timer measures to within a cycle (RTTVAR falls to 0). A stall longer than the timer's margin times
+    out the chunks waiting; each repeat of a chunk whose result is queued is re-served, a job more in the
+    queue. The old engines repeated every waiting chunk once per RTO, which stayed at the round trip
+    (no sample under Karn's rule, no backoff): 1,164 re-served results for 256 chunks. Now the
+    timer keeps a margin above the round trip (a tenth of timeout_ms, as RFC 6298's clock granularity G)
+    and an expiry backs it off for the whole window (cais.allreduce.poll): one repeat per rank.
+    Counted, not timed: the run is deterministic."""
+    chunks = 256
+    engines, arrays, counters, jobs = run_behind_one_result_generator(chunks=chunks, stall_s=0.0,
+                                                                      job_limit=20 * chunks)
+    assert jobs == chunks and counters["DUPLICATES"] == 0      # the steady state alone never repeats
+    calm_end = max(e._progress_at for e in engines)
+    engines, arrays, counters, jobs = run_behind_one_result_generator(chunks=chunks, stall_s=20e-6,
+                                                                      job_limit=20 * chunks)
+    want = reference(arrays, proto.ReduceOp.SUM)
+    assert all(e.done and np.array_equal(e.result, want) for e in engines)
+    assert counters["CONTRIBUTIONS"] == 4 * chunks and counters["COMPLETED"] == chunks
+    # every repeat is a re-served result: a handful, not a multiple of the chunks
+    assert counters["DUPLICATES"] == sum(e.retransmissions for e in engines) == jobs - chunks
+    assert jobs - chunks <= 8
+    # and the run ends within the stall and a round trip or two of the calm one
+    assert max(e._progress_at for e in engines) < calm_end + 20e-6 + 2 * 32 * 72 / 156.25e6
