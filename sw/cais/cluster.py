@@ -35,7 +35,7 @@ the uplink action) and one for the spine (``c<pid>sw``: the other ends ``c<pid>d
 for leaf k), and cais-controller programs them as one switch (``--tree``); each rank's control endpoint is
 its leaf's. The rest is the same. With ``--backend verilator`` every daemon runs the Verilated RTL: the
 leaves a build with the uplink action and ``ranks-per-leaf`` + 1 ports, the spine the default build
-(``TreeTopology.rtl_spine_params``); the ranks' retransmission timeout is then :data:`RTL_TIMEOUT_MS`.
+(``TreeTopology.spine_params_on``); the ranks' retransmission timeout is then :data:`RTL_TIMEOUT_MS`.
 
 No traffic leaves the namespaces it made: the ranks and the switch only use the veth pairs and Unix
 sockets. The exit status is 0 only if every collective was CORRECT on every rank.
@@ -327,7 +327,7 @@ class Cluster:
         from .controller.tree import TreeTopology
         topology = TreeTopology(*self.tree)
         leaf = topology.leaf_params
-        spine = topology.rtl_spine_params if backend == "verilator" else topology.spine_params
+        spine = topology.spine_params_on(backend)
         per_leaf = topology.ranks_per_leaf
         out = [self._daemon(self.switch_nss[k], self.controls[k], f"switch{k}",
                             extra + ["--ports", str(leaf.ports), "--uplink", str(leaf.uplink).lower()],

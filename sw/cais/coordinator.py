@@ -219,11 +219,12 @@ class Coordinator:
     recovering : bool
         Started with ``recover`` and no job's world group rejoined yet: only ``rejoin`` is answered.
     switch_lock : threading.RLock
-        Held around every piece of work that may talk to the switch (a rank's request, the periodic pass,
-        an HTTP rule change), taken before the state lock: such work runs one at a time, and its register
-        writes never interleave with another's. While it waits for the switch it gives the state lock up
-        (:meth:`_io_unlocked`), so what only reads the controller's state (/metrics, the HTTP views, a
-        refusal's count) is not held up by a slow switch; it sees the state as it is between two accesses.
+        Held around every piece of work that may talk to the switch (a rank's request but those of
+        :attr:`STATE_OPS`, the periodic pass, an HTTP rule change), taken before the state lock: such work
+        runs one at a time, and its register writes never interleave with another's. While it waits for the
+        switch it gives the state lock up (:meth:`_io_unlocked`), so what only uses the controller's state
+        (/metrics, the HTTP views, a refusal's count, the STATE_OPS) is not held up by a slow switch; it
+        sees the state as it is between two accesses.
     """
 
     def __init__(self, switch, world_size: int, config: Config, *, rank_ports: list[int] | None = None,
