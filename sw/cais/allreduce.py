@@ -13,9 +13,8 @@ The engine turns an array into CAIS contributions and result frames back into th
   chunks are in flight, so switch memory cannot overflow and a set is never reused too early;
 - a chunk whose result is late is sent again after the retransmission timeout (``timeout_s`` at
   first, then what measured round trips say: :mod:`cais.rto`), doubling each retry until a new result
-  arrives; an expiry also backs off the timer itself (at most once per RTO, RFC 6298 5.5), and the
-  backed-off timer holds until a chunk sent once is answered (Karn's algorithm), so a queue that grew
-  past the measured round trip is learnt, not fed with repeats; after ``retry_limit`` timeouts in a row with no result arriving, and no earlier than
+  arrives (the timer keeps a margin above a steady round trip: :mod:`cais.rto`); after ``retry_limit``
+  timeouts in a row with no result arriving, and no earlier than
   :func:`retry_horizon` after the last new result (the same span at every rank, whatever its own timer
   measured: a rank that waits for a peer must outwait the peer's timer), the engine gives up
   (``failed``) and the caller falls back to the host ring;
@@ -36,9 +35,11 @@ from . import numerics
 from . import protocol as proto
 from .rto import RetransmitTimer
 
-__all__ = ["SwitchAllReduce", "CollectiveKind", "chunk_count", "chunk_payload", "SWITCH_RTO_FLOOR", "retry_horizon"]
+__all__ = ["SwitchAllReduce", "CollectiveKind", "chunk_count", "chunk_payload", "SWITCH_RTO_FLOOR", "SWITCH_RTO_MARGIN",
+           "retry_horizon"]
 
 SWITCH_RTO_FLOOR = 0.1   # measured timeouts go down to a tenth of timeout_ms
+SWITCH_RTO_MARGIN = 1 / 8   # and stay an eighth of the round trip above it (cais.rto: RFC 9002's 9/8)
 
 _HEADER = proto.HEADER_STRUCT
 _RESULT = int(proto.Flags.RESULT)        # its bit in the reserved word (flags are the low byte)
@@ -161,9 +162,9 @@ class SwitchAllReduce:
         # The switch's round trip is steady, so the timer may fall well below the configured one: a lost
         # chunk stalls its slot (and every peer's window) until it is resent. It never grows past it: the
         # round trips measured here include the peers' repeats (cais.rto). Steady also means RTTVAR falls
-        # to nothing: the margin keeps the timer a tenth of the configured one above the round trip.
+        # to nothing: the margin keeps the timer an eighth of the round trip above it.
         self.timer = RetransmitTimer(timeout_s, floor=SWITCH_RTO_FLOOR, warmup=self.window, ceiling=1.0,
-                                     margin=SWITCH_RTO_FLOOR)
+                                     margin=SWITCH_RTO_MARGIN)
         self.retry_limit, self.mac = retry_limit, mac
         # Giving up needs retry_limit timeouts in a row and this long without a new result: a rank whose
         # measured timer is short (down to SWITCH_RTO_FLOOR) must not give up on a peer still repeating
@@ -177,14 +178,12 @@ class SwitchAllReduce:
         self._in_flight: dict[int, _Chunk] = {}
         self._deadlines: list[tuple[float, int]] = []   # heap of (deadline, chunk); stale entries skipped
         self._backed_off: set[int] = set()      # chunks in flight whose backoff is not 0
-        self._timer_backed_off_until = -1.0     # the timer backs off at most once per RTO (poll)
         self._remaining = self.nchunks
         self.failed = False
         # figures for the caller and the controller
         self.frames_sent = 0
         self.bytes_sent = 0
         self.retransmissions = 0
-        self.timer_backoffs = 0            # expiries that backed off the timer (poll)
         self.duplicate_results = 0
         self.rtts: list[float] = []        # round trips of chunks sent once
         self.first_rtt: float | None = None  # of chunk 0: what the collective met when it started
@@ -267,20 +266,6 @@ class SwitchAllReduce:
         earliest = self.next_deadline()
         due = ([chunk for chunk in self._in_flight.values() if now >= chunk.deadline]
                if earliest is not None and now >= earliest else [])
-        if due and now >= self._timer_backed_off_until:
-            # RFC 6298 5.5: an expiry doubles the RTO itself, not only the repeated chunk's timeout, and
-            # (Karn) the doubled RTO stays until a chunk sent once is answered. Without it the timer never
-            # learns a queue longer than itself: every chunk waiting in it is repeated, none is answered
-            # after one transmission, and each repeat the switch re-serves lengthens the queue (a tree leaf
-            # serves each chunk twice, docs/protocol.md 13.7: 72x slower at the default timeout).
-            self.timer.back_off()
-            self._timer_backed_off_until = now + self.timer.rto
-            self.timer_backoffs += 1
-            for chunk in self._in_flight.values():   # the whole window waits on the backed-off timer
-                deadline = chunk.sent_at + self.timer.timeout(chunk.backoff)
-                if deadline > chunk.deadline and now < chunk.deadline:
-                    chunk.deadline = deadline
-                    heapq.heappush(self._deadlines, (deadline, chunk.index))
         for chunk in sorted(due, key=lambda c: c.index) if len(due) > 1 else due:
             if chunk.backoff >= self.retry_limit and now - self._progress_at >= self.horizon:
                 self.failed = True

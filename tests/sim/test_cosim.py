@@ -472,12 +472,7 @@ def test_a_rank_killed_mid_collective_the_survivors_redo_it_on_the_ring_in_bound
     dropped_after = s["dropped"][0][0] - s["killed_s"]
     assert s["age_s"] - s["timeout_s"] <= dropped_after <= s["bound_s"]
     assert max(s["finished_s"].values()) - s["killed_s"] <= s["bound_s"]
-    # every aged set lacks the victim's bit and no other (its "missing" is counted against the rule of the
-    # moment: [] for a set that ages after the drop; with loss, a live rank's repeat can fill a set later
-    # than its peers', since the survivors' timers back off while the victim's chunks go unanswered)
-    assert s["counters"]["AGED_TOTAL"] >= 1 and all(a["ports"] == 0b0111 for a in s["aged"])
-    assert all(a["missing"] == [3] for a in s["aged"] if a["time_s"] < s["dropped"][0][0])
-    assert [d[2] for d in s["dropped"]] == [3]
+    assert s["counters"]["AGED_TOTAL"] >= 1 and all(a["missing"] == [3] for a in s["aged"])
     assert victim_bits(model, 3) == []        # aging freed the dead rank's sets, SLOT_CLEAR the rest
     group = s["groups"][0]
     assert group["fell_back"] == 1 and group["sets_aged"] == s["counters"]["AGED"][0]
