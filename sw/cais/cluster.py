@@ -72,9 +72,11 @@ SUITE = ["all_reduce int32 sum", "all_reduce int32 max", "all_reduce fp16 sum", 
 RESTART_WAIT_S = 60.0
 #: The ranks' retransmission timeout with Verilated switches (``Config.timeout_ms``; deployed, 50 ms). A
 #: cais-switch daemon steps the Verilated RTL far below line rate and answers the controller between its
-#: frames, so a round trip through a tree of three of them takes tens of ms and a rank waits up to about
-#: half a second on the controller while it programs them: at 50 ms the ranks' repeats (each one a partial
-#: re-sent up the tree and a result re-served down) would outnumber their contributions tenfold.
+#: frames, so a round trip through a tree of three of them takes tens of ms: at 50 ms the ranks' repeats
+#: (each one a partial re-sent up the tree and a result re-served down) outnumbered their contributions
+#: tenfold. Still so once rank requests stopped waiting on the controller's switch programming
+#: (Coordinator.STATE_OPS) and the switch timer got its margin (cais.rto): at 50 ms, the lossy
+#: all-reduce (5% loss) did not complete within 60 s on any rank (3 runs, a busy machine); at 200 ms: 24 s.
 RTL_TIMEOUT_MS = 200.0
 #: what make cluster asks cais-cli, in this order (the rule: an operator rule on a free index and slots)
 CLI_COMMANDS = [["add-rule", "7", "--group", "200", "--contributors", "0,1", "--base", "60", "--count-log2", "1",
