@@ -56,8 +56,8 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     for n in args.ranks:
         if n % args.leaves or n > 16:
-            multiple = "even" if args.leaves == 2 else f"a multiple of --leaves {args.leaves}"
-            ap.error(f"--ranks {n}: must be {multiple} and at most 16 ({args.leaves} leaves of N/{args.leaves} ranks)")
+            ap.error(f"--ranks {n}: must be a multiple of --leaves {args.leaves} and at most 16 ({args.leaves} "
+                     f"leaves of N/{args.leaves} ranks)")
     return args
 
 

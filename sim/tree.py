@@ -4,7 +4,7 @@
 ``params``, SwitchParams fields; ``leaf_uplink`` False builds leaves without the uplink action, a tree
 that cannot aggregate; ``leaf_backend`` "verilator" puts every leaf on the Verilated RTL (a build with the
 uplink action, ranks_per_leaf + 1 ports); ``spine_backend`` "verilator" puts the spine on the Verilated RTL,
-``TreeTopology.rtl_spine_params``: the default build's) on
+``TreeTopology.spine_params_on``: the default build's) on
 :class:`cais.sim.links.fabric.FabricLink`, with the job's faults (``loss``,
 ``duplicate``, ``reorder``, ``seed``) on every hop: the ranks' wires (as in a single-switch job) and both
 directions of every switch-to-switch wire. It runs :func:`cais.sim.workload.all_reduce_job` there: the
@@ -48,9 +48,7 @@ def topology_of(job: dict) -> TreeTopology:
     base = SwitchParams(**job.get("params", {}))
     topology = TreeTopology(job["leaves"], job["ranks_per_leaf"], base=base)
     leaf = topology.leaf_params if job.get("leaf_uplink", True) else replace(topology.leaf_params, uplink=False)
-    spine = topology.spine_params
-    if job.get("spine_backend", "model") == "verilator":
-        spine = topology.rtl_spine_params
+    spine = topology.spine_params_on(job.get("spine_backend", "model"))
     return TreeTopology(job["leaves"], job["ranks_per_leaf"], base=base, leaf_params=leaf, spine_params=spine)
 
 

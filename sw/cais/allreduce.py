@@ -13,7 +13,8 @@ The engine turns an array into CAIS contributions and result frames back into th
   chunks are in flight, so switch memory cannot overflow and a set is never reused too early;
 - a chunk whose result is late is sent again after the retransmission timeout (``timeout_s`` at
   first, then what measured round trips say: :mod:`cais.rto`), doubling each retry until a new result
-  arrives; after ``retry_limit`` timeouts in a row with no result arriving, and no earlier than
+  arrives (the timer keeps a margin above a steady round trip: :mod:`cais.rto`); after ``retry_limit``
+  timeouts in a row with no result arriving, and no earlier than
   :func:`retry_horizon` after the last new result (the same span at every rank, whatever its own timer
   measured: a rank that waits for a peer must outwait the peer's timer), the engine gives up
   (``failed``) and the caller falls back to the host ring;
@@ -34,9 +35,11 @@ from . import numerics
 from . import protocol as proto
 from .rto import RetransmitTimer
 
-__all__ = ["SwitchAllReduce", "CollectiveKind", "chunk_count", "chunk_payload", "SWITCH_RTO_FLOOR", "retry_horizon"]
+__all__ = ["SwitchAllReduce", "CollectiveKind", "chunk_count", "chunk_payload", "SWITCH_RTO_FLOOR", "SWITCH_RTO_MARGIN",
+           "retry_horizon"]
 
 SWITCH_RTO_FLOOR = 0.1   # measured timeouts go down to a tenth of timeout_ms
+SWITCH_RTO_MARGIN = 1 / 8   # and stay an eighth of the round trip above it (cais.rto: RFC 9002's 9/8)
 
 _HEADER = proto.HEADER_STRUCT
 _RESULT = int(proto.Flags.RESULT)        # its bit in the reserved word (flags are the low byte)
@@ -158,8 +161,10 @@ class SwitchAllReduce:
         self.per_chunk = self.chunk_bytes // self.itemsize
         # The switch's round trip is steady, so the timer may fall well below the configured one: a lost
         # chunk stalls its slot (and every peer's window) until it is resent. It never grows past it: the
-        # round trips measured here include the peers' repeats (cais.rto).
-        self.timer = RetransmitTimer(timeout_s, floor=SWITCH_RTO_FLOOR, warmup=self.window, ceiling=1.0)
+        # round trips measured here include the peers' repeats (cais.rto). Steady also means RTTVAR falls
+        # to nothing: the margin keeps the timer an eighth of the round trip above it.
+        self.timer = RetransmitTimer(timeout_s, floor=SWITCH_RTO_FLOOR, warmup=self.window, ceiling=1.0,
+                                     margin=SWITCH_RTO_MARGIN)
         self.retry_limit, self.mac = retry_limit, mac
         # Giving up needs retry_limit timeouts in a row and this long without a new result: a rank whose
         # measured timer is short (down to SWITCH_RTO_FLOOR) must not give up on a peer still repeating

@@ -35,7 +35,7 @@ the uplink action) and one for the spine (``c<pid>sw``: the other ends ``c<pid>d
 for leaf k), and cais-controller programs them as one switch (``--tree``); each rank's control endpoint is
 its leaf's. The rest is the same. With ``--backend verilator`` every daemon runs the Verilated RTL: the
 leaves a build with the uplink action and ``ranks-per-leaf`` + 1 ports, the spine the default build
-(``TreeTopology.rtl_spine_params``); the ranks' retransmission timeout is then :data:`RTL_TIMEOUT_MS`.
+(``TreeTopology.spine_params_on``); the ranks' retransmission timeout is then :data:`RTL_TIMEOUT_MS`.
 
 No traffic leaves the namespaces it made: the ranks and the switch only use the veth pairs and Unix
 sockets. The exit status is 0 only if every collective was CORRECT on every rank.
@@ -72,9 +72,11 @@ SUITE = ["all_reduce int32 sum", "all_reduce int32 max", "all_reduce fp16 sum", 
 RESTART_WAIT_S = 60.0
 #: The ranks' retransmission timeout with Verilated switches (``Config.timeout_ms``; deployed, 50 ms). A
 #: cais-switch daemon steps the Verilated RTL far below line rate and answers the controller between its
-#: frames, so a round trip through a tree of three of them takes tens of ms and a rank waits up to about
-#: half a second on the controller while it programs them: at 50 ms the ranks' repeats (each one a partial
-#: re-sent up the tree and a result re-served down) would outnumber their contributions tenfold.
+#: frames, so a round trip through a tree of three of them takes tens of ms: at 50 ms the ranks' repeats
+#: (each one a partial re-sent up the tree and a result re-served down) outnumbered their contributions
+#: tenfold. Still so once rank requests stopped waiting on the controller's switch programming
+#: (Coordinator.STATE_OPS) and the switch timer got its margin (cais.rto): at 50 ms, the lossy
+#: all-reduce (5% loss) did not complete within 60 s on any rank (3 runs, a busy machine); at 200 ms: 24 s.
 RTL_TIMEOUT_MS = 200.0
 #: what make cluster asks cais-cli, in this order (the rule: an operator rule on a free index and slots)
 CLI_COMMANDS = [["add-rule", "7", "--group", "200", "--contributors", "0,1", "--base", "60", "--count-log2", "1",
@@ -327,7 +329,7 @@ class Cluster:
         from .controller.tree import TreeTopology
         topology = TreeTopology(*self.tree)
         leaf = topology.leaf_params
-        spine = topology.rtl_spine_params if backend == "verilator" else topology.spine_params
+        spine = topology.spine_params_on(backend)
         per_leaf = topology.ranks_per_leaf
         out = [self._daemon(self.switch_nss[k], self.controls[k], f"switch{k}",
                             extra + ["--ports", str(leaf.ports), "--uplink", str(leaf.uplink).lower()],

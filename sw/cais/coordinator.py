@@ -219,11 +219,12 @@ class Coordinator:
     recovering : bool
         Started with ``recover`` and no job's world group rejoined yet: only ``rejoin`` is answered.
     switch_lock : threading.RLock
-        Held around every piece of work that may talk to the switch (a rank's request, the periodic pass,
-        an HTTP rule change), taken before the state lock: such work runs one at a time, and its register
-        writes never interleave with another's. While it waits for the switch it gives the state lock up
-        (:meth:`_io_unlocked`), so what only reads the controller's state (/metrics, the HTTP views, a
-        refusal's count) is not held up by a slow switch; it sees the state as it is between two accesses.
+        Held around every piece of work that may talk to the switch (a rank's request but those of
+        :attr:`STATE_OPS`, the periodic pass, an HTTP rule change), taken before the state lock: such work
+        runs one at a time, and its register writes never interleave with another's. While it waits for the
+        switch it gives the state lock up (:meth:`_io_unlocked`), so what only uses the controller's state
+        (/metrics, the HTTP views, a refusal's count, the STATE_OPS) is not held up by a slow switch; it
+        sees the state as it is between two accesses.
     """
 
     def __init__(self, switch, world_size: int, config: Config, *, rank_ports: list[int] | None = None,
@@ -483,60 +484,86 @@ class Coordinator:
         self.switch_lock._acquire_restore(saved)
         self._lock._acquire_restore(state)
 
+    #: Rank requests that never talk to the switch: answered under the state lock alone, so a rank polling
+    #: mid-collective is not held up while other work programs a slow switch (``switch_lock``). ``finished``
+    #: is one too: its pending switch work is left to whoever holds the switch (:meth:`_service_if_free`).
+    STATE_OPS = frozenset({"ping", "attach", "status", "fallback", "finished"})
+
     def handle(self, req: dict, conn_state: dict) -> dict:
         op = req.get("op")
-        with self.switch_lock, self._lock:
-            if op == "ping":
-                return {}
-            if op == "rejoin":
-                return self._rejoin(req, conn_state)
-            if op == "attach":
-                return self._attach(req, conn_state)
-            if op == "bye":
-                self._bye(conn_state)
-                return {}
-            if self.recovering:
-                raise ValueError("the controller restarted and waits for the ranks to rejoin")
-            if op == "hello":
-                return self._hello(req, conn_state)
-            if op not in ("group", "decide", "finished", "fallback", "status"):
-                raise ValueError(f"unknown op {str(op)[:40]!r}")
-            job = self._bound(req, conn_state)
-            host = job.host(conn_state["rank"])
-            if op == "group":
-                ranks = req.get("ranks")
-                if not isinstance(ranks, list) or len(ranks) > len(job.hosts):
-                    raise ValueError("group: ranks must be a list of the job's ranks")
-                ranks = tuple(need_int({"rank": r}, "rank", 0, len(job.hosts) - 1) for r in ranks)
-                return self._group(job, conn_state["rank"], ranks, need_int(req, "call", 0, MAX_SEQ))
-            g, s = self._group_of(req, job), need_int(req, "op_seq", 0, MAX_SEQ)
-            if op == "decide":
-                run_sync(self.controller.service(self.now()))
-                d = self.controller.decide(g, s, need_int(req, "nbytes", 0, MAX_SEQ), self.now(),
-                                           kind_from_dict(req.get("kind")))
-                if d is None:
-                    return {"decision": None}
-                self._note(g, s)
-                return {"decision": d.as_dict(), **self._membership(job, g, s)}
+        if op in self.STATE_OPS:
+            with self._lock:
+                reply = self._handle(op, req, conn_state)
             if op == "finished":
-                epoch = self.controller.op_epoch(g, s)
-                if need_int(req, "epoch", 0, MAX_SEQ, default=epoch) != epoch:
-                    return {}                            # a run abandoned since (ranks dropped): it does not count
-                self.controller.tick(self.now())
-                rtt = req.get("rtt")
-                if rtt is not None:                      # the first chunk's round trip (switch path)
-                    if isinstance(rtt, bool) or not isinstance(rtt, (int, float)) or not 0 <= rtt < 3600:
-                        raise ValueError(f"rtt={str(rtt)[:40]}: a round trip in seconds (0 to 3600) or null")
-                    self.controller.report_rtts([float(rtt)])
-                self.controller.finished(host, g, s)
-                self._note(g, s, host)
+                self._service_if_free()
+            return reply
+        with self.switch_lock, self._lock:
+            return self._handle(op, req, conn_state)
+
+    def _service_if_free(self) -> None:
+        """The controller's pending switch work (a fall back's cleanup, a due evaluation) now, unless other
+        work holds the switch: then it is done by that work, by the next ``decide`` (which services first,
+        holding the switch) or by the periodic pass of cais.service."""
+        if not self.switch_lock.acquire(blocking=False):
+            return
+        try:
+            with self._lock:
                 run_sync(self.controller.service(self.now()))
-                return {}
-            if op == "fallback":
-                self.controller.request_fallback(g, s, host, self.now(), str(req.get("why", ""))[:200])
-                return {}
-            return {"fell_back": self.controller.fell_back(g, s), "all_finished": self.controller.all_finished(g, s),
-                    **self._membership(job, g, s)}
+        finally:
+            self.switch_lock.release()
+
+    def _handle(self, op, req: dict, conn_state: dict) -> dict:
+        """A request, under the state lock (and the switch lock, but for STATE_OPS)."""
+        if op == "ping":
+            return {}
+        if op == "rejoin":
+            return self._rejoin(req, conn_state)
+        if op == "attach":
+            return self._attach(req, conn_state)
+        if op == "bye":
+            self._bye(conn_state)
+            return {}
+        if self.recovering:
+            raise ValueError("the controller restarted and waits for the ranks to rejoin")
+        if op == "hello":
+            return self._hello(req, conn_state)
+        if op not in ("group", "decide", "finished", "fallback", "status"):
+            raise ValueError(f"unknown op {str(op)[:40]!r}")
+        job = self._bound(req, conn_state)
+        host = job.host(conn_state["rank"])
+        if op == "group":
+            ranks = req.get("ranks")
+            if not isinstance(ranks, list) or len(ranks) > len(job.hosts):
+                raise ValueError("group: ranks must be a list of the job's ranks")
+            ranks = tuple(need_int({"rank": r}, "rank", 0, len(job.hosts) - 1) for r in ranks)
+            return self._group(job, conn_state["rank"], ranks, need_int(req, "call", 0, MAX_SEQ))
+        g, s = self._group_of(req, job), need_int(req, "op_seq", 0, MAX_SEQ)
+        if op == "decide":
+            run_sync(self.controller.service(self.now()))
+            d = self.controller.decide(g, s, need_int(req, "nbytes", 0, MAX_SEQ), self.now(),
+                                       kind_from_dict(req.get("kind")))
+            if d is None:
+                return {"decision": None}
+            self._note(g, s)
+            return {"decision": d.as_dict(), **self._membership(job, g, s)}
+        if op == "finished":
+            epoch = self.controller.op_epoch(g, s)
+            if need_int(req, "epoch", 0, MAX_SEQ, default=epoch) != epoch:
+                return {}                            # a run abandoned since (ranks dropped): it does not count
+            self.controller.tick(self.now())
+            rtt = req.get("rtt")
+            if rtt is not None:                      # the first chunk's round trip (switch path)
+                if isinstance(rtt, bool) or not isinstance(rtt, (int, float)) or not 0 <= rtt < 3600:
+                    raise ValueError(f"rtt={str(rtt)[:40]}: a round trip in seconds (0 to 3600) or null")
+                self.controller.report_rtts([float(rtt)])
+            self.controller.finished(host, g, s)
+            self._note(g, s, host)
+            return {}                                # handle() services the switch if it is free
+        if op == "fallback":
+            self.controller.request_fallback(g, s, host, self.now(), str(req.get("why", ""))[:200])
+            return {}
+        return {"fell_back": self.controller.fell_back(g, s), "all_finished": self.controller.all_finished(g, s),
+                **self._membership(job, g, s)}
 
     def _bye(self, conn_state: dict) -> None:
         """The rank leaves now (on its hello connection): it is free to join again at once."""

@@ -5,19 +5,34 @@ fixed timer is wrong both ways: under load the round trip through the switch gro
 queue behind each other in the one pipeline) and a short timer repeats frames that were never lost,
 adding to the queue; when the switch is fast a long timer leaves a lost frame's window stalled for
 nothing. So, as TCP does (RFC 6298): SRTT and RTTVAR are smoothed from round trips of frames sent once
-(Karn's rule: a repeated frame's answer cannot be matched to one transmission), RTO = SRTT + 4 RTTVAR,
-never below ``initial * floor`` (``floor`` 1: the timer only ever grows past the configured one; and
-not below ``initial`` until ``warmup`` round trips were measured, since the first answers of a burst
-come back faster than its last) nor above ``initial * ceiling``, and a frame's timeout doubles with each
+(Karn's rule: a repeated frame's answer cannot be matched to one transmission), RTO = SRTT +
+max(G, 4 RTTVAR) with G = ``SRTT * margin`` (where RFC 6298 has the clock granularity; 0 by default),
+never below ``initial * floor`` (``floor`` 1: the timer only ever grows past the configured one; and not
+below ``initial`` until ``warmup`` round trips were measured, since the first answers of a burst come
+back faster than its last) nor above ``initial * ceiling``, and a frame's timeout doubles with each
 retry, up to ``cap`` times the RTO and never above ``cap`` times the configured timeout (RFC 6298's upper
-bound on the RTO).
+bound on the RTO); a backed-off RTO (below) is a frame's least timeout, not a factor of its doubling.
 
 A timer that expires backs off the RTO itself, not only the repeated frame's own timeout (RFC 6298 5.5,
 with Karn's algorithm: the backed-off RTO is kept until a frame sent once is answered). Without it, a
 sender whose frames all wait in a queue longer than the RTO repeats every one of them, and no frame is
 answered after one transmission, so no round trip is ever measured: the timer never learns the queue. The
-host ring (cais.ring) backs off at most once per RTO; the switch engine never does (its ``ceiling`` 1 would
-undo it).
+host ring (cais.ring) backs off at most once per RTO. The switch engine does not: its recovery from random
+loss is the timeout itself (a lost chunk holds its slot and every peer's window until it is repeated), and
+backing off on every expiry doubled the time of `make sim ARGS="--loss 0.05 --duplicate 0.05 --reorder
+0.05"` (1,164,436 -> 2,505,774 cycles with one doubling at most, 2,535,525 up to the ceiling).
+
+The margin G matters where the round trip is steady: a switch that serves a window of chunks at a fixed
+rate answers each one after the same time, RTTVAR falls to nothing and SRTT + 4 RTTVAR to the round trip
+itself, so any hiccup of the switch (a frame's worth) times out every chunk waiting; each repeat the
+switch re-serves lengthens the queue, no chunk is then answered after one transmission, and the timer,
+without a sample, stays where it was. The switch engine keeps an eighth of the round trip above it
+(cais.allreduce.SWITCH_RTO_MARGIN: RFC 9002's time threshold, 9/8 of the round trip, for the same
+reason). Measured on the Verilated leaf-spine tree (docs/protocol.md 13.7): a steady round trip of
+14.75 us with RTTVAR 0.01 us put the RTO 1.5 cycles above it, and the repeats made the default run 36
+times slower; with the margin (1.84 us) nothing is repeated. A stall longer than the margin still
+feeds the queue as before (a model switch behind one generator that stalls 20 us once: 1,164 re-served
+results for 256 chunks); a backoff on expiry would stop that (one repeat), at the lossy runs' cost above.
 
 The bounds matter to a group: a round trip through the switch ends when the group's last contribution
 arrives, so a rank's measured round trips include its peers' retransmission waits. With 10% loss on 8
@@ -36,10 +51,12 @@ ALPHA, BETA, K = 1 / 8, 1 / 4, 4   # RFC 6298's gains
 
 class RetransmitTimer:
     def __init__(self, initial_s: float, cap: int = 64, floor: float = 1.0, warmup: int = 0,
-                 ceiling: float | None = None):
+                 ceiling: float | None = None, margin: float = 0.0):
         if not initial_s > 0:
             raise ValueError(f"initial timeout {initial_s}: must be positive")
-        self.initial_s, self.cap, self.floor, self.warmup = initial_s, cap, floor, warmup
+        if not margin >= 0:
+            raise ValueError(f"RTO margin {margin}: must not be negative")
+        self.initial_s, self.cap, self.floor, self.warmup, self.margin = initial_s, cap, floor, warmup, margin
         self.ceiling_factor = float(cap if ceiling is None else ceiling)
         if not floor <= self.ceiling_factor:
             raise ValueError(f"RTO floor {floor} above its ceiling {self.ceiling_factor}")
@@ -64,13 +81,18 @@ class RetransmitTimer:
             self.backoffs += 1
 
     @property
-    def rto(self) -> float:
+    def measured(self) -> float:
+        """The RTO the round trips say, within the floor and the ceiling, without the backoff."""
         if self.srtt is None:
             base = self.initial_s
         else:
             floor = self.floor if self.samples >= self.warmup else 1.0
-            base = max(self.initial_s * floor, self.srtt + K * self.rttvar)
-        return min(self.initial_s * self.ceiling_factor, base * 2 ** self.backoffs)
+            base = max(self.initial_s * floor, self.srtt + max(self.srtt * self.margin, K * self.rttvar))
+        return min(self.initial_s * self.ceiling_factor, base)
+
+    @property
+    def rto(self) -> float:
+        return min(self.initial_s * self.ceiling_factor, self.measured * 2 ** self.backoffs)
 
     @property
     def longest(self) -> float:
@@ -78,5 +100,6 @@ class RetransmitTimer:
         return self.initial_s * self.cap
 
     def timeout(self, retries: int) -> float:
-        """How long to wait for the answer to a frame sent `retries` times before."""
-        return min(self.longest, self.rto * min(self.cap, 2 ** retries))
+        """How long to wait for the answer to a frame sent `retries` times before: the measured RTO doubled
+        per retry, or the backed-off RTO if that is longer (the two doublings do not compound)."""
+        return min(self.longest, max(self.rto, self.measured * min(self.cap, 2 ** retries)))

@@ -7,7 +7,7 @@ bench = load_script("bench_tree")
 
 
 def test_bad_rank_counts_are_refused(capsys):
-    assert_refused(bench.parse_args, ["--ranks", "7"], "--ranks 7: must be even", capsys)
+    assert_refused(bench.parse_args, ["--ranks", "7"], "--ranks 7: must be a multiple of --leaves 2", capsys)
     assert_refused(bench.parse_args, ["--ranks", "18"], "--ranks 18", capsys)
 
 

@@ -121,6 +121,11 @@ class TreeTopology:
         is there already (a build per port count costs minutes)."""
         return replace(self.spine_params, ports=max(self.base.ports, self.leaves))
 
+    def spine_params_on(self, backend: str) -> SwitchParams:
+        """The spine's build on ``backend``: :attr:`rtl_spine_params` on the Verilated RTL ("verilator"),
+        :attr:`spine_params` on any other (the model's time model has no build to reuse)."""
+        return self.rtl_spine_params if backend == "verilator" else self.spine_params
+
     def locate(self, rank: int) -> tuple[int, int]:
         """(leaf, port) of rank ``rank``."""
         if not 0 <= rank < self.ranks:
