@@ -80,15 +80,21 @@ class OutputRegisteredRAM(wiring.Component):
     rd_data : Out(width)
         The read row (the output register: in a DP16KD, the block's own).
 
-    ``mode`` is the DP16KD mode (data bits, rows) and ``blocks`` the DP16KD count on ECP5.
+    ``mode`` is the DP16KD mode (data bits, rows) and ``blocks`` the DP16KD count on ECP5; a RAM deeper
+    than one DP16KD (16,384 rows: no cascade is built) has neither and is the memory and a fabric register
+    on ECP5 too (the same behaviour, without the block's output register).
     """
 
     read_latency = OUTPUT_REGISTERED_READ
 
     def __init__(self, width: int, depth: int):
+        if width < 1 or depth < 1:
+            raise ValueError(f"a RAM of {width} bits x {depth} rows is empty")
         self.width, self.depth = width, depth
-        self.mode = dp16kd_mode(width, depth)
-        self.blocks = -(-width // self.mode[0])
+        # (data bits, rows) of the DP16KD tiling; None when deeper than one block (no cascade is built:
+        # such a RAM is the memory and a fabric register on ECP5 too, as in simulation)
+        self.mode = dp16kd_mode(width, depth) if depth <= DP16KD_MODES[-1][1] else None
+        self.blocks = -(-width // self.mode[0]) if self.mode else None
         abits = max(ceil_log2(depth), 1)
         super().__init__({
             "wr_addr": In(abits), "wr_data": In(width), "wr_en": In(1),
@@ -98,7 +104,7 @@ class OutputRegisteredRAM(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        if ecp5_target(platform):
+        if ecp5_target(platform) and self.mode is not None:
             self._dp16kd(m)
         else:
             m.submodules.mem = mem = Memory(shape=self.width, depth=self.depth, init=[])

@@ -35,10 +35,21 @@ def test_dp16kd_mode_is_the_fewest_blocks(width, depth):
     assert OutputRegisteredRAM(width, depth).blocks == -(-width // bits)
 
 
-@pytest.mark.parametrize("width, depth", [(0, 16), (8, 0), (8, 16385)])
+@pytest.mark.parametrize("width, depth", [(0, 16), (8, 0)])
 def test_bad_shapes_refused(width, depth):
     with pytest.raises(ValueError, match="rows"):
         OutputRegisteredRAM(width, depth)
+
+
+def test_deeper_than_one_block_is_the_fabric_form():
+    """More rows than one DP16KD holds (16,384): no tiling (no cascade is built), the memory and a register."""
+    with pytest.raises(ValueError, match="deeper than one DP16KD"):
+        dp16kd_mode(8, 16385)
+    ram = OutputRegisteredRAM(8, 65536)
+    assert (ram.mode, ram.blocks) == (None, None)
+    from amaranth.back import rtlil
+    text = rtlil.convert(ram, platform=ECP5_SYNTHESIS)
+    assert "DP16KD" not in text and "out_reg" in text
 
 
 def test_simulation_model_against_a_dict():
