@@ -31,6 +31,10 @@ the path timed for a combinational block is register -> logic -> register; the w
 included in the FF column and listed in the details. Rows of ``cais.hdl.alu.fpu`` are skipped, with the
 reason printed, when that module does not import.
 
+The Verilog is elaborated for an ECP5 target (``cais.hdl.common.bram.ECP5_SYNTHESIS``): block RAMs that
+want their output register (the contribution banks) are DP16KD instances with ``REGMODE_B = "OUTREG"``,
+where the Verilog the simulations use has a memory and a register.
+
 Flow: place and route is out of context (``--out-of-context``: no IO buffers, clock not promoted to a
 global net) for every row. The switch has ~700 port bits, more than any ECP5 package bonds out, so it can
 only be placed that way, and one flow for all rows keeps them comparable (on the ALU lane, placing with
@@ -517,13 +521,14 @@ def _run(cmd: list[str], cwd: Path, log: Path) -> float:
 
 def prepare(design: Design, out: Path) -> dict:
     """Elaborate *design* and write ``<out>/<name>/<name>.v``; returns what the run needs to know."""
+    from cais.hdl.common.bram import ECP5_SYNTHESIS
     from cais.hdl.export import write_verilog
 
     inner, wrapped = design.build()
     component = register_wrapper(inner) if wrapped else inner
     folder = out / design.name
     start = time.monotonic()
-    path = write_verilog(component, folder / f"{design.name}.v", design.name)
+    path = write_verilog(component, folder / f"{design.name}.v", design.name, platform=ECP5_SYNTHESIS)
     return {"design": design.name, "folder": folder, "verilog": path, "wrapped": wrapped,
             "wrapper_ffs": port_bits(inner) if wrapped else 0, "export_s": time.monotonic() - start}
 

@@ -46,8 +46,12 @@ LINT_WAIVERS: tuple[tuple[str, str], ...] = (
 )
 
 
-def write_verilog(component, path: str | os.PathLike, name: str = DEFAULT_NAME) -> Path:
+def write_verilog(component, path: str | os.PathLike, name: str = DEFAULT_NAME, platform=None) -> Path:
     """Convert an ``amaranth.lib.wiring.Component`` to Verilog with top module *name*, written to *path*.
+
+    *platform* is handed to every ``elaborate``: None (the default) for the Verilog simulations use,
+    :data:`cais.hdl.common.bram.ECP5_SYNTHESIS` for an ECP5 synthesis (block RAMs with their output register
+    become DP16KD instances, which only yosys' ECP5 flow knows).
 
     The file is written atomically (temporary file, then rename), so a concurrent reader never sees a
     half-written file.  Returns the path.
@@ -56,7 +60,7 @@ def write_verilog(component, path: str | os.PathLike, name: str = DEFAULT_NAME) 
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = verilog.convert(component, name=name)
+    text = verilog.convert(component, name=name, platform=platform)
     _atomic_write(path, text)
     return path
 

@@ -62,10 +62,11 @@ JOB_QUEUE = 1
 #: [FoldReader.start_latency] A job offered to an idle fold reader to its first row read (``rd_en``): the
 #: reader's ``active`` register.
 FOLD_READER_START = 1
-#: [ContributionBanks.read_latency] A bank read to its data: the block RAM's synchronous read.
-BANK_READ = 1
+#: [ContributionBanks.read_latency, OutputRegisteredRAM.read_latency] A bank read to its data: the block
+#: RAM's synchronous read, then its output register (on ECP5 the DP16KD's own, ``REGMODE_B = "OUTREG"``).
+BANK_READ = 2
 #: [cais.hdl.alu.completion.BANK_READ_REGISTERS] Register ranks between a bank's output and the fold chain.
-BANK_READ_REGISTERS = 2
+BANK_READ_REGISTERS = 1
 #: [ResultGenerator.request_latency] A result's rows all held (``rows_held``), the generator idle, to its
 #: request to the result fanout (``out.req``, a register).
 RESULT_REQUEST = 1
@@ -104,8 +105,8 @@ def result_terms() -> list[tuple[str, int]]:
         ("job queue: o.valid", JOB_QUEUE),
         ("fold reader: its start, the first read", FOLD_READER_START),
         ("fold reader: rows - 1 is counted in rows", -1),
-        ("bank: the synchronous read", BANK_READ),
-        ("bank: the output's two register ranks", BANK_READ_REGISTERS),
+        ("bank: the synchronous read and the RAM's output register", BANK_READ),
+        ("bank: the register behind the RAM, in the fold reader", BANK_READ_REGISTERS),
         ("row queue: written, counted in rows_held a cycle before its head shows", FRAME_FIFO - 1),
         ("result generator: the request", RESULT_REQUEST),
         ("result fanout: grant, first beat, output register", FRAME_GRANT),

@@ -15,7 +15,7 @@ import random
 import numpy as np
 
 from cais import protocol as proto
-from cais.registers import AGE_UNIT_LOG2, RegisterFile, read_counters, register_map
+from cais.registers import AGING_VISIT_CYCLES, AGE_UNIT_LOG2, RegisterFile, read_counters, register_map
 from cais.tables import Rule, rule_writes, slot_clear_writes
 
 from .directed import accounting_problems, counter_problems
@@ -26,8 +26,8 @@ from .traffic import host_mac
 __all__ = ["aging_job", "VISIT_CYCLES", "DECISION_CYCLES"]
 
 #: Cycles a scanner's visit may take after its age unit starts (the drain of the headers in flight and
-#: its own read, decision and write): the "+ 12" of the bound in docs/registers.md.
-VISIT_CYCLES = 12
+#: its own read, pick, decision and write): the "+ 13" of the bound in docs/registers.md.
+VISIT_CYCLES = AGING_VISIT_CYCLES
 #: Cycles from a frame's last beat into the switch to its decision (ingress checks, the decision pipeline);
 #: the bound is from the decision, the job measures from the last beat.
 DECISION_CYCLES = 16

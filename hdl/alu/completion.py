@@ -152,7 +152,8 @@ class FoldReader(wiring.Component):
     the generator keeps up, across jobs without a bubble.
 
     Timing: a row read (``rd_en``) in cycle ``t`` is written into the row queue in cycle ``t + 3 + F``
-    (the bank's read, its output's :data:`BANK_READ_REGISTERS` = 2 registers, then ``F`` =
+    (the bank's read and its output register, :data:`~cais.hdl.latency.BANK_READ` = 2, the
+    :data:`BANK_READ_REGISTERS` = 1 register here, then ``F`` =
     ``SwitchParams.fold_latency``: the chain and the rounding) and is offered on ``rows`` from cycle
     ``t + 3 + F +`` :data:`ROW_QUEUE_LATENCY`; it counts
     in ``rows_held`` one cycle before. ``rd_addr``, ``rows_held`` and the room check are registers;
@@ -264,9 +265,10 @@ class FoldReader(wiring.Component):
             m.d.sync += active.eq(0)
 
         # The banks' read data is registered twice: a block RAM's output is slow (5.6-5.8 ns) and the banks
-        # sit apart on the die, so the first register stays beside its RAM and the second carries the row
-        # to the chain (with one, the whole switch measured 4.8 ns of routing behind the RAM). The chain
-        # takes the row with the job's kind as it was at the read.
+        # sit apart on the die, so the first register is the RAM's own output register (the DP16KD's,
+        # OutputRegisteredRAM) and the second, here, carries the row to the chain (with only a fabric
+        # register behind a bare RAM, the whole switch measured 4.4-5.0 ns of routing after its 5.8 ns).
+        # The chain takes the row with the job's kind as it was at the read.
         m.submodules.chain = chain = self.chain
         read_kind = delay_line(m, kind, BANK_READ + BANK_READ_REGISTERS, "read_kind")
         read_valid = delay_line(m, issue, BANK_READ + BANK_READ_REGISTERS, "read_valid", reset_less=False)

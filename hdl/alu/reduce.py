@@ -6,10 +6,15 @@ from amaranth.lib.wiring import In, Out
 
 from cais import protocol as proto
 
-__all__ = ["ReduceALU", "byteswap", "INTEGER_TYPES"]
+__all__ = ["ReduceALU", "byteswap", "INTEGER_TYPES", "SPLIT_ABOVE"]
 
 # Integer element types and their widths in bytes, from the protocol's one definition.
 INTEGER_TYPES = {dt: proto.ELEMENT_BYTES[dt] for dt in (proto.DType.INT32, proto.DType.INT16, proto.DType.INT8)}
+
+
+#: Elements wider than this many bits have their sum and compare split in two halves (carry chains of half
+#: the length before the register rank; the fold reader's int32 compare was its limit).
+SPLIT_ABOVE = 16
 
 
 def byteswap(value, nbytes: int):
@@ -30,8 +35,9 @@ class ReduceALU(wiring.Component):
     on the sequence 7 - 5 + 5 + 5 - 3 - 7.
 
     ``stages=0``: combinational. ``stages=1``: a register rank after the sums and compares (carry
-    chains), before the choice of the result (op, saturation, dtype: a few LUT levels); ``result`` is
-    then that of the inputs presented one clock edge earlier, and a new beat may enter every cycle.
+    chains; an int32's in two halves of 16 bits), before the choice of the result (the high half's sum by
+    the low half's carry, op, saturation, dtype: a few LUT levels); ``result`` is then that of the inputs
+    presented one clock edge earlier, and a new beat may enter every cycle.
 
     Members
     -------
@@ -83,8 +89,7 @@ class ReduceALU(wiring.Component):
                 b = byteswap(self.b[sl], nbytes).as_signed()
                 # Before the rank: the sum (one more bit than the type) and the order of a and b (one
                 # compare serves MAX and MIN: equal operands make either choice right).
-                total = cut(a + b, f"{dt.name.lower()}_sum{lane}")
-                a_gt_b = cut(a > b, f"{dt.name.lower()}_gt{lane}")
+                total, a_gt_b = self._sum_and_order(m, cut, a, b, bits, f"{dt.name.lower()}_{{}}{lane}")
                 a_, b_ = byteswap(a_r[sl], nbytes), byteswap(b_r[sl], nbytes)
                 # After it: the sum is above hi (below lo) when its two top bits read 01 (10).
                 top = total[bits - 1:bits + 1]
@@ -104,3 +109,25 @@ class ReduceALU(wiring.Component):
                 with m.Case(dt):
                     m.d.comb += self.result.eq(out)
         return m
+
+    @staticmethod
+    def _sum_and_order(m, cut, a, b, bits, name):
+        """``a + b`` (``bits + 1`` bits, signed) and ``a > b`` (signed) of two ``bits``-bit signed values,
+        through ``cut``. Elements wider than :data:`SPLIT_ABOVE` bits are split in two halves so that no carry
+        chain before the cut is longer than a half: the low halves' sum (with its carry out) and the high
+        halves' sum for either carry in (a carry-select adder), the high halves' order and equality and the
+        low halves' unsigned order; after the cut the carry picks the high sum and the high halves decide
+        the order unless they are equal (one LUT level each)."""
+        if bits <= SPLIT_ABOVE:
+            return cut(a + b, name.format("sum")), cut(a > b, name.format("gt"))
+        h = bits // 2
+        k = bits - h
+        a_lo, b_lo, a_hi, b_hi = a[:h], b[:h], a[h:].as_signed(), b[h:].as_signed()
+        lo = cut(a_lo + b_lo, name.format("sum_lo"))                       # h + 1 bits: the carry on top
+        hi0 = cut((a_hi + b_hi)[:k + 1], name.format("sum_hi0"))           # k + 1 bits, signed
+        hi1 = cut((a_hi + b_hi + 1)[:k + 1], name.format("sum_hi1"))
+        gt_hi, eq_hi = cut(a_hi > b_hi, name.format("gt_hi")), cut(a_hi == b_hi, name.format("eq_hi"))
+        gt_lo = cut(a_lo > b_lo, name.format("gt_lo"))
+        total = Signal(bits + 1, name=name.format("sum"))
+        m.d.comb += total.eq(Cat(lo[:h], Mux(lo[h], hi1, hi0)))
+        return total, gt_hi | (eq_hi & gt_lo)

@@ -34,8 +34,8 @@ class Maintenance(wiring.Component):
     A SLOT_CLEAR waits until no all-reduce header is in the pipeline (``drained``), then reads the slot (for
     the counters) and writes it empty. While ``AGING.age`` is not 0, a scanner visits one set per age unit
     (``age_unit_log2`` cycles), every set in turn, through the same machinery: it waits for the headers in
-    flight, reads the slot, decides (a cycle of its own, from the registered read) and writes the set
-    freed or marked aged, so it adds nothing to the slot-state loop and no new header reads the slot
+    flight, reads the slot, picks the visited set from the registered read (a cycle of its own), decides
+    whether it ages (a cycle of its own, from the picked set) and writes the set freed or marked aged, so it adds nothing to the slot-state loop and no new header reads the slot
     before the write. Each set keeps the age unit of its last accepted contribution (``stamp``, modulo
     2**stamp bits) and an ``aged`` bit; the aged sets are queued as events (AGED_EVENT, AGED_PORTS).
 
@@ -50,7 +50,7 @@ class Maintenance(wiring.Component):
     blocked : Out(1)
         A register: hold all-reduce headers back in this cycle (the sweep, a clear waiting, a visit due or
         starting). One granted in the cycle after a clear starts reads the slot state (S0) after the
-        clear's write; the scanner writes a cycle later, so it blocks the cycle after its start too.
+        clear's write; the scanner writes two cycles later, so it blocks the two cycles after its start too.
     state : Out(SlotStatePort(read_en=True))
         Its reads and writes of the slot-state memory (the pipeline's writes go before its own).
     now : Out(age stamp bits)
@@ -65,13 +65,15 @@ class Maintenance(wiring.Component):
     aged_event : Out(32); aged_ports : Out(32)
         The AGED_EVENT and AGED_PORTS words of the oldest queued event (``program.aged_pop_stb`` pops it).
 
-    ``latency`` (4): a SLOT_CLEAR strobed in cycle t while ``drained`` writes its slot in cycle t + 4; a
-    visit due in cycle t writes in t + 4 (the write comes only if the set aged). ``age_due`` decides
+    ``latency`` (4): a SLOT_CLEAR strobed in cycle t while ``drained`` writes its slot in cycle t + 4;
+    ``visit_latency`` (5): a visit due in cycle t while ``drained`` writes in t + 5 (the write comes only if
+    the set aged; it decides in t + 4 from the age clock and ``AGING`` of that cycle). ``age_due`` decides
     whether a visited set ages (the formal harness's mutant comes in through it). The age clock
     (``age_clock``, in cycles; its upper bits count age units) is read by the formal harness.
     """
 
     latency = 4
+    visit_latency = 5
 
     def __init__(self, params: SwitchParams, regmap: RegisterMap, *, age_unit_log2: int = AGE_UNIT_LOG2,
                  age_due=age_due):
@@ -107,12 +109,14 @@ class Maintenance(wiring.Component):
         clear_slot = Signal(16)
         clr_read, clr_wait, clr_write = Signal(), Signal(), Signal()
         clr_cur = Signal(sb)
-        # The aging scanner's visit (one set per age unit while aging is on): due, then read, wait, decide
-        # (from the registered read) and write; it starts when no clear waits (a clear goes first).
-        scan_due, sc_read, sc_wait, sc_decide, sc_write = Signal(), Signal(), Signal(), Signal(), Signal()
+        # The aging scanner's visit (one set per age unit while aging is on): due, then read, wait, pick (the
+        # visited set from the registered read), decide (from the picked set) and write; it starts when no
+        # clear waits (a clear goes first).
+        scan_due, sc_read, sc_wait, sc_pick, sc_decide, sc_write = (Signal(), Signal(), Signal(), Signal(),
+                                                                    Signal(), Signal())
         scan_pos = Signal(sb + 1)                 # the next set to visit: slot, set
         sc_set = Signal()
-        clearing = clr_read | clr_wait | clr_write | sc_read | sc_wait | sc_decide | sc_write
+        clearing = clr_read | clr_wait | clr_write | sc_read | sc_wait | sc_pick | sc_decide | sc_write
         start_clear = clear_pending & ~clearing & ~sweeping & self.drained
         start_scan = scan_due & ~clear_pending & ~clearing & ~sweeping & self.drained
         next_pending = self.program.slot_clear_stb | (clear_pending & ~start_clear)
@@ -128,13 +132,13 @@ class Maintenance(wiring.Component):
                          scan_pos.eq(Mux(scan_pos == 2 * prm.slots - 1, 0, scan_pos + 1))]
         m.d.sync += [clear_pending.eq(next_pending), clr_read.eq(next_read), clr_wait.eq(clr_read),
                      clr_write.eq(clr_wait), scan_due.eq(next_due), sc_read.eq(start_scan), sc_wait.eq(sc_read),
-                     sc_decide.eq(sc_wait), sc_write.eq(sc_decide)]
+                     sc_pick.eq(sc_wait), sc_decide.eq(sc_pick), sc_write.eq(sc_decide)]
         blocked = Signal(init=1)
-        m.d.sync += blocked.eq((sweeping & ~self.sweep_last) | next_pending | next_due | start_scan)
+        m.d.sync += blocked.eq((sweeping & ~self.sweep_last) | next_pending | next_due | start_scan | sc_read)
         m.d.comb += [self.blocked.eq(blocked), self.cleared.eq(clr_write),
                      self.state.read_en.eq(clr_read | sc_read), self.state.read_addr.eq(clr_cur)]
 
-        sc_go, sc_entry = self._visit(m, clr_cur, sc_set, sc_decide, sc_write, aging_on)
+        sc_go, sc_entry = self._visit(m, clr_cur, sc_set, sc_pick, sc_decide, sc_write, aging_on)
         st = self.state
         with m.If(clr_write):                    # (read_data holds the slot clr_read read)
             m.d.comb += [st.write_en.eq(1), st.write_addr.eq(clr_cur), st.write_data.eq(0)]
@@ -142,9 +146,10 @@ class Maintenance(wiring.Component):
             m.d.comb += [st.write_en.eq(1), st.write_addr.eq(clr_cur), st.write_data.eq(sc_entry)]
         return m
 
-    def _visit(self, m, clr_cur, sc_set, sc_decide, sc_write, aging_on):
-        """The scanner's decision (from ``state.read_data``: the slot) and the aged events' queue; returns
-        the aged pulse (the write of the visited set) and the entry it writes."""
+    def _visit(self, m, clr_cur, sc_set, sc_pick, sc_decide, sc_write, aging_on):
+        """The scanner's pick (the visited set and the entry to write, from ``state.read_data``: the slot),
+        its decision (from the picked set) and the aged events' queue; returns the aged pulse (the write of
+        the visited set) and the entry it writes."""
         prm = self.params
         P, ent, setl = prm.ports, state_entry_layout(prm), state_set_layout(prm)
         rule_bits = rule_index_bits(prm)
@@ -160,12 +165,14 @@ class Maintenance(wiring.Component):
         freed, marked = Signal(setl), Signal(setl)
         m.d.comb += [freed.eq(0), marked.eq(vis), marked.aged.eq(1)]
         new_set = Mux(age_free, freed, marked)
-        with m.If(sc_decide):
+        picked = Signal(setl, reset_less=True)     # the visited set, registered in the pick cycle
+        with m.If(sc_pick):
             m.d.sync += [
-                sc_due.eq(self.age_due(vis, self.now, age) & aging_on), sc_free.eq(age_free), sc_rule.eq(vis.rule),
-                sc_bitmap.eq(vis.bitmap),
+                picked.eq(vis), sc_free.eq(age_free), sc_rule.eq(vis.rule), sc_bitmap.eq(vis.bitmap),
                 sc_entry.eq(Mux(sc_set, Cat(seen[0], new_set), Cat(new_set, seen[1]))),
             ]
+        with m.If(sc_decide):
+            m.d.sync += sc_due.eq(self.age_due(picked, self.now, age) & aging_on)
         m.d.comb += [self.visit_aged.eq(sc_go), self.visit_free.eq(sc_free), self.visit_rule.eq(sc_rule)]
         # The event queue (AGED_EVENT, AGED_PORTS), pushed with the write; AGED_POP pops it.
         ev_l = data.StructLayout({"slot": slot_bits(prm), "set": 1, "rule": rule_bits, "ports": P})

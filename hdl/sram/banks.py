@@ -7,18 +7,19 @@ An all-reduce payload row is written once, into the bank of the port it came fro
 
 from amaranth.hdl import Module
 from amaranth.lib import wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from cais.params import SwitchParams
 
+from ..common.bram import OutputRegisteredRAM
 from ..latency import BANK_READ
 
 __all__ = ["ContributionBanks", "BANK_READ_LATENCY", "bank_depth", "bank_addr_bits"]
 
 #: Clock edges from a read address (with ``rd_en``) to its data on ``rd_data``: the block RAM's
-#: synchronous read port, whose output is a register (:data:`cais.hdl.latency.BANK_READ`).
+#: synchronous read, then its output register, the RAM block's own on ECP5
+#: (:class:`~cais.hdl.common.bram.OutputRegisteredRAM`; :data:`cais.hdl.latency.BANK_READ`).
 BANK_READ_LATENCY = BANK_READ
 
 
@@ -37,9 +38,12 @@ class ContributionBanks(wiring.Component):
 
     Each bank has its own write port and one read port; the read ports of all banks share one address.
     A write in cycle ``t`` is visible to a read issued in cycle ``t + 1`` or later (a read of the row being
-    written in the same cycle returns the old row: the read port is not transparent). A read with
-    ``rd_en`` in cycle ``t`` presents every bank's row in ``rd_data`` from cycle ``t + 1``
-    (:data:`BANK_READ_LATENCY`) and holds it until the next enabled read. The rows have no reset value.
+    written in the same cycle is not defined on the FPGA, and the switch never issues one: a job is read
+    only after its frames finished writing). A read with ``rd_en`` in cycle ``t`` presents every bank's
+    row in ``rd_data`` from cycle ``t + 2`` (:data:`BANK_READ_LATENCY`: the synchronous read and the
+    output register, inside the block RAM on ECP5) and holds it until the next enabled read's data
+    replaces it. The rows have no reset value. Each bank is an
+    :class:`~cais.hdl.common.bram.OutputRegisteredRAM` (``banks[p]``).
 
     Members
     -------
@@ -48,7 +52,7 @@ class ContributionBanks(wiring.Component):
     rd_addr : In(bank_addr_bits); rd_en : In(1)
         The read address of every bank.
     rd_data[p] : Out(data_width)
-        Bank p's row at the last enabled read address (a register).
+        Bank p's row at the last enabled read address (the RAM's output register).
     """
 
     def __init__(self, params: SwitchParams):
@@ -60,7 +64,8 @@ class ContributionBanks(wiring.Component):
             "rd_data": Out(W).array(P),
         })
         # Created here so tests can inspect them.
-        self.banks = [Memory(shape=W, depth=bank_depth(params), init=[]) for _ in range(P)]
+        self.banks = [OutputRegisteredRAM(W, bank_depth(params)) for _ in range(P)]
+        assert all(bank.read_latency == BANK_READ_LATENCY for bank in self.banks)
 
     @property
     def read_latency(self) -> int:
@@ -70,9 +75,8 @@ class ContributionBanks(wiring.Component):
         m = Module()
         for p, bank in enumerate(self.banks):
             m.submodules[f"bank{p}"] = bank
-            wr, rd = bank.write_port(), bank.read_port()
             m.d.comb += [
-                wr.addr.eq(self.wr_addr[p]), wr.data.eq(self.wr_data[p]), wr.en.eq(self.wr_en[p]),
-                rd.addr.eq(self.rd_addr), rd.en.eq(self.rd_en), self.rd_data[p].eq(rd.data),
+                bank.wr_addr.eq(self.wr_addr[p]), bank.wr_data.eq(self.wr_data[p]), bank.wr_en.eq(self.wr_en[p]),
+                bank.rd_addr.eq(self.rd_addr), bank.rd_en.eq(self.rd_en), self.rd_data[p].eq(bank.rd_data),
             ]
         return m

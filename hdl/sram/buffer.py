@@ -39,7 +39,7 @@ class SramBuffer(wiring.Component):
 
     The contracts and latencies are the parts': :class:`~cais.hdl.sram.state.SlotStateMemory` (reads
     ``state_read_latency`` = 2 cycles, writes in the order sweep, pipeline, maintenance) and
-    :class:`~cais.hdl.sram.banks.ContributionBanks` (reads ``bank_read_latency`` = 1 cycle, not transparent).
+    :class:`~cais.hdl.sram.banks.ContributionBanks` (reads ``bank_read_latency`` = 2 cycles: the RAM's read and its output register).
     ``state_memory`` and ``banks`` are the parts themselves (the formal harness and tests look inside).
     """
 

