@@ -18,12 +18,9 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-__all__ = ["OutputRegisteredRAM", "ECP5Synthesis", "ECP5_SYNTHESIS", "ecp5_target", "DP16KD_MODES",
-           "dp16kd_mode", "OUTPUT_REGISTERED_READ"]
+from ..latency import BANK_READ
 
-#: Clock edges from a read (address with ``rd_en``) to its data on ``rd_data``: the RAM's synchronous read,
-#: then its output register.
-OUTPUT_REGISTERED_READ = 2
+__all__ = ["OutputRegisteredRAM", "ECP5Synthesis", "ECP5_SYNTHESIS", "ecp5_target", "DP16KD_MODES", "dp16kd_mode"]
 
 #: The DP16KD's aspect ratios, as (data bits, rows) of one block (Lattice TN1264; yosys' brams_16kd.txt).
 DP16KD_MODES = ((18, 1024), (9, 2048), (4, 4096), (2, 8192), (1, 16384))
@@ -85,7 +82,7 @@ class OutputRegisteredRAM(wiring.Component):
     on ECP5 too (the same behaviour, without the block's output register).
     """
 
-    read_latency = OUTPUT_REGISTERED_READ
+    read_latency = BANK_READ        # the synchronous read, then the output register (cais.hdl.latency)
 
     def __init__(self, width: int, depth: int):
         if width < 1 or depth < 1:

@@ -65,7 +65,6 @@ class ContributionBanks(wiring.Component):
         })
         # Created here so tests can inspect them.
         self.banks = [OutputRegisteredRAM(W, bank_depth(params)) for _ in range(P)]
-        assert all(bank.read_latency == BANK_READ_LATENCY for bank in self.banks)
 
     @property
     def read_latency(self) -> int:
