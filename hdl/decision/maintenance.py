@@ -35,9 +35,10 @@ class Maintenance(wiring.Component):
     the counters) and writes it empty. While ``AGING.age`` is not 0, a scanner visits one set per age unit
     (``age_unit_log2`` cycles), every set in turn, through the same machinery: it waits for the headers in
     flight, reads the slot, picks the visited set from the registered read (a cycle of its own), decides
-    whether it ages (a cycle of its own, from the picked set) and writes the set freed or marked aged, so it adds nothing to the slot-state loop and no new header reads the slot
-    before the write. Each set keeps the age unit of its last accepted contribution (``stamp``, modulo
-    2**stamp bits) and an ``aged`` bit; the aged sets are queued as events (AGED_EVENT, AGED_PORTS).
+    whether it ages (a cycle of its own, from the picked set) and writes the set freed or marked aged, so
+    it adds nothing to the slot-state loop and no new header reads the slot before the write. Each set
+    keeps the age unit of its last accepted contribution (``stamp``, modulo 2**stamp bits) and an ``aged``
+    bit; the aged sets are queued as events (AGED_EVENT, AGED_PORTS).
 
     Members
     -------
