@@ -211,15 +211,17 @@ class FloatAdder(wiring.Component):
         Z = N + 1           # the sum, with a carry position on top
         p = _Stages(m, self.CUTS[self.stages])
 
-        # swap: |x| >= |y| (magnitude order is the integer order of the bits below the sign).
+        # swap: |x| >= |y| (magnitude order is the integer order of the bits below the sign). Both
+        # operands' fields and both exponent differences are found beside the compare, which then only
+        # selects: no unpacking or subtraction behind it.
         ua, ub = _unpack(fmt, self.a), _unpack(fmt, self.b)
         a_ge = ua.mag >= ub.mag
-        x = _unpack(fmt, Mux(a_ge, self.a, self.b))
-        y = _unpack(fmt, Mux(a_ge, self.b, self.a))
+        d_ab, d_ba = (ua.eff_exp - ub.eff_exp)[:E], (ub.eff_exp - ua.eff_exp)[:E]
         sub = ua.sign ^ ub.sign
         s1 = p.cut(
-            "swap", valid=self.i_valid, sig_x=x.sig, sig_y=y.sig, ex=x.eff_exp,
-            d=(x.eff_exp - y.eff_exp)[:E], sub=sub, sign=x.sign, zero_sign=ua.sign & ub.sign,
+            "swap", valid=self.i_valid, sig_x=Mux(a_ge, ua.sig, ub.sig), sig_y=Mux(a_ge, ub.sig, ua.sig),
+            ex=Mux(a_ge, ua.eff_exp, ub.eff_exp), d=Mux(a_ge, d_ab, d_ba), sub=sub,
+            sign=Mux(a_ge, ua.sign, ub.sign), zero_sign=ua.sign & ub.sign,
             nan=ua.nan | ub.nan | (ua.inf & ub.inf & sub), inf=ua.inf | ub.inf)
 
         # align: y_al = (sig_y << 3) >> d, with every shifted-out bit ORed into the sticky position (bit 0).
