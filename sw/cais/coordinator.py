@@ -79,6 +79,7 @@ from .endpoint import (AUTH_IDLE_S, EndpointError, Gate, LineBuffer, accept_back
                        need_int, open_private, printable, private_dir, parse_address, read_token, trusted_uid,
                        WarningLimiter)
 from .link import run_sync
+from .locks import ReentrantLock
 
 __all__ = ["ControlLink", "Coordinator", "Job", "DEFAULT_JOB", "token_file_for", "make_token", "read_made_token",
            "group_to_dict", "group_from_dict", "kind_to_dict",
@@ -218,7 +219,7 @@ class Coordinator:
         The latest jobs that ended (``ended``, ``failed`` or ``replaced``), oldest first.
     recovering : bool
         Started with ``recover`` and no job's world group rejoined yet: only ``rejoin`` is answered.
-    switch_lock : threading.RLock
+    switch_lock : cais.locks.ReentrantLock
         Held around every piece of work that may talk to the switch (a rank's request but those of
         :attr:`STATE_OPS`, the periodic pass, an HTTP rule change), taken before the state lock: such work
         runs one at a time, and its register writes never interleave with another's. While it waits for the
@@ -243,8 +244,8 @@ class Coordinator:
         self.controller = Controller(self.link, config, ports, [host_mac(r) for r in range(world_size)],
                                      drop_dead=False)
         self._running: dict[int, tuple[int, set]] = {}   # group -> (latest collective, hosts that finished it)
-        self._lock = threading.Condition()     # the state lock (an RLock: re-entered by _left and the like)
-        self.switch_lock = threading.RLock()
+        self._lock = ReentrantLock()           # the state lock (re-entered by _left and the like), a condition
+        self.switch_lock = ReentrantLock()
         self.link.around_io = self._io_unlocked
         self._t0 = time.monotonic()
         if not token:
@@ -466,23 +467,23 @@ class Coordinator:
     def _io_unlocked(self):
         """Around one switch access: the state lock given up meanwhile, when this thread holds it and the
         switch lock (work that holds the state lock alone keeps it: it may not interleave with other work)."""
-        if not (self._lock._is_owned() and self.switch_lock._is_owned()):
+        if not (self._lock.held() and self.switch_lock.held()):
             yield
             return
-        saved = self._lock._release_save()
+        depth = self._lock.release_fully()
         try:
             yield
         finally:
-            self._lock._acquire_restore(saved)
+            self._lock.restore(depth)
 
     def _wait(self, timeout: float) -> None:
         """Wait on the state lock's condition inside a request: the switch lock is given up too (the other
         ranks' requests need it), then taken back before the state lock (the order every thread takes them)."""
-        saved = self.switch_lock._release_save()
+        switch = self.switch_lock.release_fully()
         self._lock.wait(timeout)
-        state = self._lock._release_save()
-        self.switch_lock._acquire_restore(saved)
-        self._lock._acquire_restore(state)
+        state = self._lock.release_fully()
+        self.switch_lock.restore(switch)
+        self._lock.restore(state)
 
     #: Rank requests that never talk to the switch: answered under the state lock alone, so a rank polling
     #: mid-collective is not held up while other work programs a slow switch (``switch_lock``). ``finished``

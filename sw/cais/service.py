@@ -236,12 +236,12 @@ class ControllerService:
     coordinator : Coordinator
         The ranks' endpoint and the controller behind it.
     controller : cais.controller.Controller
-    lock : threading.Condition
+    lock : cais.locks.ReentrantLock
         Held around every use of the controller's state (the coordinator's), but never while the switch is
         asked something: work that talks to the switch holds ``switch_lock`` first and gives ``lock`` up
         while it waits for each answer (:attr:`cais.coordinator.Coordinator.switch_lock`). /metrics and the
         HTTP views take ``lock`` alone, so a slow switch holds them up by one Python step at most.
-    switch_lock : threading.RLock
+    switch_lock : cais.locks.ReentrantLock
         The coordinator's: serializes the work that may talk to the switch.
     evaluation_errors : int
         Periodic evaluations that failed (logged; the loop goes on).
