@@ -9,6 +9,10 @@
    host ring (whose frames the same switch forwards), on the C++-driven link: bytes sent per rank and
    cycles to completion.
 
+Each rate is given per wall second and per CPU second of the process (its own threads only: a loaded
+machine slows the first but hardly the second, so the CPU ratio link / bare is the one to compare across runs
+on a shared machine).
+
     python bench/bench_cosim.py [--elements 262144] [--slow-elements 16384] [--ranks 2,4,8] [--ring-elements 16384]
                                 [--links model,amaranth,cocotb,verilator_cpp,bare_cpp] [--bare-cycles 2000000] [--json]
 """
@@ -35,16 +39,16 @@ def _job(ranks: int, elements: int, offload: str = "auto") -> dict:
     return {"ranks": ranks, "elements": elements, "op": "sum", "seed": 1, "config": {"offload": offload}}
 
 
-def bare_cpp_rate(params: SwitchParams, cycles: int = BARE_CYCLES) -> float:
-    """Cycles per second of the Verilated model with only its clock toggled, from C++."""
+def bare_cpp_rate(params: SwitchParams, cycles: int = BARE_CYCLES) -> tuple[float, float]:
+    """Cycles per wall second and per CPU second of the Verilated model with only its clock toggled, from C++."""
     from cais.sim.links.verilator import VerilatorLink
 
     link = VerilatorLink(params)
     try:
         link.bare_clock(1000)                       # warm up
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         link.bare_clock(cycles)
-        return cycles / (time.perf_counter() - t0)
+        return cycles / (time.perf_counter() - t0), cycles / (time.process_time() - c0)
     finally:
         link.close()
 
@@ -54,8 +58,9 @@ def link_rates(links: list[str], elements: int, slow_elements: int, bare_cycles:
     rows = {}
     for name in links:
         if name == "bare_cpp":
-            rows[name] = {"cycles_per_s": bare_cpp_rate(params, bare_cycles), "elements": 0, "cycles": bare_cycles,
-                          "wall_s": None, "correct": None}
+            wall_rate, cpu_rate = bare_cpp_rate(params, bare_cycles)
+            rows[name] = {"cycles_per_s": wall_rate, "cycles_per_cpu_s": cpu_rate, "elements": 0,
+                          "cycles": bare_cycles, "wall_s": None, "correct": None}
             continue
         n = slow_elements if name in SLOW else elements
         t0 = time.perf_counter()
@@ -64,8 +69,9 @@ def link_rates(links: list[str], elements: int, slow_elements: int, bare_cycles:
         if not s["correct"]:
             raise SystemExit(f"{name}: wrong all-reduce result")
         # the job's own wall clock covers the collective only (not building or starting a simulator)
-        rows[name] = {"cycles_per_s": s["cycles"] / s["wall_s"], "elements": n, "cycles": s["cycles"],
-                      "wall_s": wall, "correct": True}
+        rows[name] = {"cycles_per_s": s["cycles"] / s["wall_s"],
+                      "cycles_per_cpu_s": s["cycles"] / s["cpu_s"] if s.get("cpu_s") else None,
+                      "elements": n, "cycles": s["cycles"], "wall_s": wall, "correct": True}
     return rows
 
 
@@ -130,20 +136,27 @@ def main(argv=None) -> int:
         for base in ("cocotb", "amaranth", "bare_cpp"):
             if base in cps:
                 ratios[f"verilator_cpp/{base}"] = cps["verilator_cpp"] / cps[base]
+    cpu_ratios = {}
+    if "verilator_cpp" in rates and "bare_cpp" in rates and rates["verilator_cpp"]["cycles_per_cpu_s"]:
+        cpu_ratios["verilator_cpp/bare_cpp"] = (rates["verilator_cpp"]["cycles_per_cpu_s"]
+                                                / rates["bare_cpp"]["cycles_per_cpu_s"])
     if args.json:
-        print(json.dumps({"cycles_per_s": cps, "ratios": ratios, "links": rates, "switch_vs_ring": ring,
+        print(json.dumps({"cycles_per_s": cps, "ratios": ratios, "cpu_ratios": cpu_ratios, "links": rates,
+                          "switch_vs_ring": ring,
                           "elements": args.elements, "slow_elements": args.slow_elements,
                           "ring_elements": args.ring_elements}))
         return 0
     print(f"CAIS co-simulation benchmark: 4 ranks all-reduce int32 ({args.elements} elements per rank; "
           f"{args.slow_elements} on {', '.join(SLOW)})")
     print()
-    print(f"{'link':>14} {'elements':>9} {'cycles':>9} {'wall s':>7} {'cycles/s':>10}")
+    print(f"{'link':>14} {'elements':>9} {'cycles':>9} {'wall s':>7} {'cycles/s':>10} {'cycles/CPU s':>12}")
     for name, row in rates.items():
         wall = f"{row['wall_s']:.1f}" if row["wall_s"] is not None else "-"
-        print(f"{name:>14} {row['elements'] or '-':>9} {row['cycles']:>9} {wall:>7} {row['cycles_per_s']:>10.0f}")
+        cpu = f"{row['cycles_per_cpu_s']:.0f}" if row["cycles_per_cpu_s"] else "-"
+        print(f"{name:>14} {row['elements'] or '-':>9} {row['cycles']:>9} {wall:>7} {row['cycles_per_s']:>10.0f} "
+              f"{cpu:>12}")
     for key, value in ratios.items():
-        print(f"  {key}: {value:.2f}")
+        print(f"  {key}: {value:.2f}" + (f" (per CPU second: {cpu_ratios[key]:.2f})" if key in cpu_ratios else ""))
     if ring:
         print()
         print(f"switch against host ring, {args.ring_elements} int32 elements per rank, C++-driven link:")

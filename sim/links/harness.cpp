@@ -2,7 +2,10 @@
 //
 // Python hands whole frames and register accesses across a C ABI (ctypes) and takes back whole frames
 // with their cycle stamps; the clock loop, the per-port frame queues, the idle and back-pressure
-// patterns and the AXI4-Lite master run here, so nothing crosses the boundary per cycle.
+// patterns and the AXI4-Lite master run here, so nothing crosses the boundary per cycle. Nor per frame:
+// frames go in as a batch with the call that runs the clock (cais_run) and come out in two contiguous
+// buffers (bytes, and four words of stamps per frame) that Python reads in place, through a status block
+// of 64-bit words (STATUS_FIELDS) that every entry point leaves up to date, with no call of its own.
 //
 // Every per-cycle rule below mirrors cais.sim.links.wires (the Python engine the cocotb and amaranth.sim
 // links run): the same stimulus gives the same frames in the same cycles on every link, and a test
@@ -15,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -54,22 +58,11 @@ inline bool pause(uint64_t key, uint64_t threshold, uint64_t cycle) {
     return threshold && (splitmix64(key + cycle) >> 11) < threshold;
 }
 
-struct RxFrame {
-    int port;
-    uint64_t first, last;
-    std::vector<uint8_t> data;
-};
-
 struct TxFrame {
     std::vector<uint8_t> data;
     bool bad_keep;                            // last beat's tkeep moved up a lane (a framing error)
     bool bad_fcs;                             // tuser high on the last beat (the MAC saw a bad FCS)
     uint64_t not_before;                      // its first beat is not shown before this cycle
-};
-
-struct TxStamp {
-    int port;
-    uint64_t first, last;
 };
 
 struct Port {
@@ -88,6 +81,27 @@ struct Port {
 
 enum class Bus { IDLE, WRITE_ADDR_DATA, WRITE_RESP, READ_ADDR, READ_DATA, DONE };
 
+// The status block Python reads in place (cais.sim.links.verilator builds its view from STATUS_FIELDS):
+// one 64-bit word each, in this order. Python writes only the two *_taken words.
+#define CAIS_STATUS(X)                                                                                     \
+    X(cycle)         /* the link's cycle count */                                                         \
+    X(sending)       /* frames queued for, or on the way into, an ingress port */                         \
+    X(error)         /* 1: a protocol violation was seen on an egress (cais_error says which) */          \
+    X(read_accepted) /* cycle of the last read's address handshake */                                     \
+    X(rx_frames)     /* frames that left the switch, oldest first, not yet dropped */                     \
+    X(rx_bytes)      /* their bytes, back to back at rx_data */                                           \
+    X(rx_data)       /* address of those bytes */                                                         \
+    X(rx_meta)       /* address of four words per frame: port, first beat's cycle, last's, length */      \
+    X(rx_taken)      /* (Python) the first rx_taken frames are read: dropped before the next cycle */     \
+    X(tx_frames)     /* frames the ingress took, oldest first */                                          \
+    X(tx_meta)       /* address of three words per frame: port, first beat's cycle, last's */            \
+    X(tx_taken)      /* (Python) the first tx_taken of them are read */
+#define CAIS_FIELD_INDEX(name) S_##name,
+#define CAIS_FIELD_NAME(name) #name " "
+enum StatusField { CAIS_STATUS(CAIS_FIELD_INDEX) STATUS_WORDS };
+const char STATUS_FIELDS[] = CAIS_STATUS(CAIS_FIELD_NAME);
+constexpr size_t RX_META = 4, TX_META = 3;    // words per frame in rx_meta / tx_meta
+
 struct Harness {
     VerilatedContext* context;
     Vswitch* top;
@@ -96,8 +110,11 @@ struct Harness {
     uint64_t seed = 0;
     uint64_t cycle = 0;                       // the link's cycle count (0 after reset and the sweep)
     uint64_t time = 0;                        // half-periods simulated, for the waveform
-    std::deque<RxFrame> received;
-    std::deque<TxStamp> sent;                 // frames the ingress took, with their first and last beat
+    uint64_t sending = 0;                     // frames queued or partly sent, all ports
+    std::vector<uint8_t> rx_data;             // frames that left the switch, back to back
+    std::vector<uint64_t> rx_meta;            // RX_META words per frame (see CAIS_STATUS)
+    std::vector<uint64_t> tx_meta;            // TX_META words per frame the ingress took
+    uint64_t* status;                         // the status block (STATUS_WORDS words, the caller's memory)
     std::string error;                        // the first protocol violation seen on an egress
     // AXI4-Lite master
     Bus bus = Bus::IDLE;
@@ -108,7 +125,8 @@ struct Harness {
     VerilatedVcdC* trace = nullptr;
 #endif
 
-    explicit Harness(uint64_t seed_) : seed(seed_) {
+    Harness(uint64_t seed_, uint64_t* status_) : seed(seed_), status(status_) {
+        std::memset(status, 0, STATUS_WORDS * sizeof(uint64_t));
         context = new VerilatedContext;
         top = new Vswitch{context};
         bind_ports(top, wires);
@@ -165,9 +183,10 @@ struct Harness {
                 if (port.offset == 0) port.tx_first = cycle;
                 port.offset += B;
                 if (port.offset >= port.frame.size()) {
-                    sent.push_back(TxStamp{p, port.tx_first, cycle});
+                    tx_meta.insert(tx_meta.end(), {static_cast<uint64_t>(p), port.tx_first, cycle});
                     port.frame.clear();
                     port.offset = 0;
+                    --sending;
                 }
             }
         }
@@ -225,9 +244,43 @@ struct Harness {
         const uint8_t* data = static_cast<const uint8_t*>(w.m_tdata);
         port.rx.insert(port.rx.end(), data, data + (n < B ? n : B));
         if (last) {
-            received.push_back(RxFrame{p, port.rx_first, cycle, std::move(port.rx)});
+            rx_data.insert(rx_data.end(), port.rx.begin(), port.rx.end());
+            rx_meta.insert(rx_meta.end(), {static_cast<uint64_t>(p), port.rx_first, cycle, port.rx.size()});
             port.rx.clear();
         }
+    }
+
+    void queue_frame(int p, const uint8_t* data, uint64_t len, uint64_t flags, uint64_t not_before) {
+        ports[p].queue.push_back(TxFrame{std::vector<uint8_t>(data, data + len), (flags & 1) != 0,
+                                         (flags & 2) != 0, not_before});
+        ++sending;
+    }
+
+    // Entry: drop the frames Python has read. Exit: publish the state in the status block.
+    void begin() {
+        if (uint64_t n = status[S_rx_taken]) {
+            uint64_t bytes = 0;
+            for (uint64_t i = 0; i < n; ++i) bytes += rx_meta[i * RX_META + 3];
+            rx_data.erase(rx_data.begin(), rx_data.begin() + bytes);
+            rx_meta.erase(rx_meta.begin(), rx_meta.begin() + n * RX_META);
+            status[S_rx_taken] = 0;
+        }
+        if (uint64_t n = status[S_tx_taken]) {
+            tx_meta.erase(tx_meta.begin(), tx_meta.begin() + n * TX_META);
+            status[S_tx_taken] = 0;
+        }
+    }
+    void publish() {
+        status[S_cycle] = cycle;
+        status[S_sending] = sending;
+        status[S_error] = !error.empty();
+        status[S_read_accepted] = read_accepted;
+        status[S_rx_frames] = rx_meta.size() / RX_META;
+        status[S_rx_bytes] = rx_data.size();
+        status[S_rx_data] = reinterpret_cast<uint64_t>(rx_data.data());
+        status[S_rx_meta] = reinterpret_cast<uint64_t>(rx_meta.data());
+        status[S_tx_frames] = tx_meta.size() / TX_META;
+        status[S_tx_meta] = reinterpret_cast<uint64_t>(tx_meta.data());
     }
 
     static std::string hex(uint64_t v) {
@@ -276,14 +329,21 @@ extern "C" {
 
 int cais_ports() { return P; }
 int cais_beat_bytes() { return static_cast<int>(B); }
+const char* cais_status_fields() { return STATUS_FIELDS; }
 
-void* cais_new(uint64_t seed) { return new Harness(seed); }
+// `status`: the caller's memory for the status block (STATUS_WORDS words), written until cais_free.
+void* cais_new(uint64_t seed, uint64_t* status) {
+    Harness* h = new Harness(seed, status);
+    h->publish();
+    return h;
+}
 void cais_free(void* h) { delete static_cast<Harness*>(h); }
 
 // Forget every queued and partial frame, hold reset for `reset_cycles`, release it, run
 // `settle_cycles` (the slot-state sweep); cycle := 0.
 void cais_reset(void* hv, uint64_t reset_cycles, uint64_t settle_cycles) {
     Harness* h = static_cast<Harness*>(hv);
+    h->begin();
     for (int p = 0; p < P; ++p) {
         Port& port = h->ports[p];
         port.queue.clear();
@@ -292,16 +352,19 @@ void cais_reset(void* hv, uint64_t reset_cycles, uint64_t settle_cycles) {
         port.showing = false;
         *h->wires[p].s_tvalid = 0;
     }
-    h->sent.clear();
+    h->sending = 0;
+    h->tx_meta.clear();
     h->top->rst = 1;
     for (uint64_t i = 0; i < reset_cycles; ++i) h->step();
     // The egress registers still show their beat in the first reset cycle and a ready sink takes it: the
     // head of a frame reset cut short, forgotten with every frame received before (as wires.py's _reset).
     for (int p = 0; p < P; ++p) h->ports[p].rx.clear();
-    h->received.clear();
+    h->rx_data.clear();
+    h->rx_meta.clear();
     h->top->rst = 0;
     for (uint64_t i = 0; i < settle_cycles; ++i) h->step();
     h->cycle = 0;
+    h->publish();
 }
 
 // Thresholds: pause when the 53-bit draw is below them (probability * 2**53); 0 never pauses.
@@ -311,23 +374,34 @@ void cais_set_pattern(void* hv, int port, uint64_t idle_threshold, uint64_t bp_t
 // Hold port's sink tready low until cycle `until` (0: release now; ~0: until released).
 void cais_set_hold(void* hv, int port, uint64_t until) { static_cast<Harness*>(hv)->ports[port].hold_until = until; }
 
-void cais_send(void* hv, int port, const uint8_t* data, uint64_t len, int bad_keep, int bad_fcs,
-               uint64_t not_before) {
+// Queue `n` frames, in order, behind each port's earlier ones: their bytes back to back in `data`, and four
+// words each in `meta`: port, length, flags (1: bad_keep, the last beat's tkeep moved up a lane; 2: bad_fcs,
+// tuser high on the last beat), not_before (the first beat is not shown before this cycle).
+void cais_send(void* hv, const uint8_t* data, const uint64_t* meta, uint64_t n) {
     Harness* h = static_cast<Harness*>(hv);
-    Port& p = h->ports[port];
-    p.queue.push_back(TxFrame{std::vector<uint8_t>(data, data + len), bad_keep != 0, bad_fcs != 0, not_before});
+    h->begin();
+    for (uint64_t i = 0; i < n; ++i, meta += 4) {
+        h->queue_frame(static_cast<int>(meta[0]), data, meta[1], meta[2], meta[3]);
+        data += meta[1];
+    }
+    h->publish();
 }
 
-// Run `cycles` cycles, or (stop_on_frame) until the end of the first cycle in which a frame finished
-// leaving the switch; return the cycles run.
-uint64_t cais_run(void* hv, uint64_t cycles, int stop_on_frame) {
+// Queue `n` frames (as cais_send), then run `cycles` cycles, or (stop_on_frame) until the end of the first
+// cycle in which a frame finished leaving the switch; return the cycles run.
+uint64_t cais_run(void* hv, uint64_t cycles, int stop_on_frame, const uint8_t* data, const uint64_t* meta,
+                  uint64_t n) {
     Harness* h = static_cast<Harness*>(hv);
-    size_t before = h->received.size();
+    h->begin();
+    if (n) cais_send(hv, data, meta, n);
+    size_t before = h->rx_meta.size();
+    uint64_t ran = cycles;
     for (uint64_t i = 1; i <= cycles; ++i) {
         h->step();
-        if (stop_on_frame && h->received.size() != before) return i;
+        if (stop_on_frame && h->rx_meta.size() != before) { ran = i; break; }
     }
-    return cycles;
+    h->publish();
+    return ran;
 }
 
 // The bare clock loop of the same model (no wire touched), for the benchmark's comparison.
@@ -341,61 +415,28 @@ void cais_bare_clock(void* hv, uint64_t cycles) {
     }
 }
 
-uint64_t cais_cycle(void* hv) { return static_cast<Harness*>(hv)->cycle; }
-uint64_t cais_read_accepted(void* hv) { return static_cast<Harness*>(hv)->read_accepted; }
-// A frame is queued for, or on the way into, an ingress port.
-int cais_sending(void* hv) {
-    Harness* h = static_cast<Harness*>(hv);
-    for (const Port& port : h->ports)
-        if (!port.queue.empty() || !port.frame.empty()) return 1;
-    return 0;
-}
 const char* cais_error(void* hv) { return static_cast<Harness*>(hv)->error.c_str(); }
-
-// The oldest received frame: its size (0: none), port and stamps; its bytes are copied to `out` and the
-// frame is popped when it fits in `capacity` (else the caller retries with a larger buffer).
-uint64_t cais_rx_pop(void* hv, uint8_t* out, uint64_t capacity, int* port, uint64_t* first, uint64_t* last) {
-    Harness* h = static_cast<Harness*>(hv);
-    if (h->received.empty()) return 0;
-    const RxFrame& f = h->received.front();
-    uint64_t n = f.data.size();
-    *port = f.port;
-    *first = f.first;
-    *last = f.last;
-    if (n <= capacity) {
-        std::memcpy(out, f.data.data(), n);
-        h->received.pop_front();
-    }
-    return n;
-}
-
-// Frames the ingress took, oldest first: pop one (port and stamps); returns 0 when there is none.
-int cais_tx_pop(void* hv, int* port, uint64_t* first, uint64_t* last) {
-    Harness* h = static_cast<Harness*>(hv);
-    if (h->sent.empty()) return 0;
-    *port = h->sent.front().port;
-    *first = h->sent.front().first;
-    *last = h->sent.front().last;
-    h->sent.pop_front();
-    return 1;
-}
 
 // Register accesses: run the AXI4-Lite master to the end of the access (traffic keeps moving).
 uint32_t cais_write(void* hv, uint32_t addr, uint32_t value) {
     Harness* h = static_cast<Harness*>(hv);
+    h->begin();
     h->top->s_axil_awaddr = addr;
     h->top->s_axil_wdata = value;
     h->top->s_axil_wstrb = 0xF;
     h->aw_done = h->w_done = false;
     h->bus = Bus::WRITE_ADDR_DATA;
     h->finish_access();
+    h->publish();
     return h->bus_resp;
 }
 uint32_t cais_read(void* hv, uint32_t addr, uint32_t* resp) {
     Harness* h = static_cast<Harness*>(hv);
+    h->begin();
     h->top->s_axil_araddr = addr;
     h->bus = Bus::READ_ADDR;
     h->finish_access();
+    h->publish();
     *resp = h->bus_resp;
     return h->bus_data;
 }

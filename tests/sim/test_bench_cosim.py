@@ -34,6 +34,10 @@ def test_json_figures(capsys):
     assert all(rate > 0 for rate in out["cycles_per_s"].values())
     assert out["ratios"]["verilator_cpp/bare_cpp"] == pytest.approx(
         out["cycles_per_s"]["verilator_cpp"] / out["cycles_per_s"]["bare_cpp"])
+    links = out["links"]
+    assert all(links[name]["cycles_per_cpu_s"] > 0 for name in ("verilator_cpp", "bare_cpp"))
+    assert out["cpu_ratios"]["verilator_cpp/bare_cpp"] == pytest.approx(
+        links["verilator_cpp"]["cycles_per_cpu_s"] / links["bare_cpp"]["cycles_per_cpu_s"])
     # the model and the RTL take (nearly) the same cycles for the same job: the model's timing is close
     model, rtl = out["links"]["model"]["cycles"], out["links"]["verilator_cpp"]["cycles"]
     assert abs(model - rtl) / rtl < 0.05

@@ -198,6 +198,45 @@ def test_reset_forgets_the_beat_a_sink_took_during_reset_verilator():
     _check_reset_mid_frame(PARAMS, frame, got)
 
 
+@pytest.mark.verilator
+def test_verilator_link_hands_frames_over_in_batches_and_each_once():
+    """Frames sent go to the harness with the next call that runs the clock: until then they are pending,
+    and a reset drops them; frames out and ingress stamps are read in place, each exactly once, however
+    many advances they waited through."""
+    from cais.sim.links.verilator import VerilatorLink
+
+    busy = register_map(PARAMS)["BUSY"].address()
+    frame = proto.EthHeader(proto.BROADCAST_MAC, host_mac(1), 0x0800).pack() + bytes(range(100))
+    beats = -(-len(frame) // PARAMS.beat_bytes)
+    link = VerilatorLink(PARAMS, seed=3)
+
+    async def main():
+        link.send(1, frame)
+        assert link.pending
+        await link.reset()                       # before any advance: the batch is forgotten
+        assert not link.pending and link.cycle == 0
+        await link.advance(300)
+        assert link.take_received() == [] and link.take_sent() == []
+        start = link.cycle
+        link.send(1, frame)
+        link.send(1, frame)
+        while await link.read(busy):
+            await link.advance(3)                # many calls, nothing taken in between
+        return start, link.take_stamped(), link.take_stamped(), link.take_sent(), link.take_sent()
+
+    try:
+        start, got, again, sent, sent_again = run_sync(main())
+    finally:
+        link.close()
+    assert again == [] and sent_again == []
+    expected = sorted(SwitchModel(PARAMS).receive(1, frame)) * 2          # flooded to every other port, twice
+    assert sorted((r.port, r.data) for r in got) == sorted(expected)
+    assert all(r.last - r.first == beats - 1 and r.first > start for r in got)
+    assert [s.port for s in sent] == [1, 1]
+    assert sent[0].first == start and sent[0].last - sent[0].first == beats - 1   # taken at once, back to back
+    assert sent[1].first == sent[0].last + 1
+
+
 def _imports(path):
     """The absolute module names a source file imports (relative imports resolved against its package)."""
     import ast
