@@ -20,7 +20,16 @@ answered after one transmission, so no round trip is ever measured: the timer ne
 host ring (cais.ring) backs off at most once per RTO. The switch engine does not: its recovery from random
 loss is the timeout itself (a lost chunk holds its slot and every peer's window until it is repeated), and
 backing off on every expiry doubled the time of `make sim ARGS="--loss 0.05 --duplicate 0.05 --reorder
-0.05"` (1,164,436 -> 2,505,774 cycles with one doubling at most, 2,535,525 up to the ceiling).
+0.05"` (1,164,436 -> 2,505,774 cycles with one doubling at most, 2,535,525 up to the ceiling). It backs
+off per chunk instead: a chunk's timeout doubles with each of its repeats and stays doubled until its own
+result arrives (few chunks are lost twice, so random loss costs what it did), and it learns a queue from
+upper bounds (:meth:`RetransmitTimer.bound`): once a whole window of results came only for repeated
+chunks, each such result's time since the chunk's first transmission is taken as a sample (at most the
+round trip plus the repeats' timeouts; under random loss a window of repeated chunks in a row does not
+happen: at 10% loss on 8 ranks six chunks in ten are repeated, 0.6 ** 32 = 1e-7), and the RTO may from
+then on grow past the configured timeout up to ``cap`` times it: the configured one is shown to be
+shorter than the path. A rank's next collective on the same path starts from the last one's timer
+(:meth:`RetransmitTimer.adopt`; RFC 9040's temporal sharing), not from the configured timeout again.
 
 The margin G matters where the round trip is steady: a switch that serves a window of chunks at a fixed
 rate answers each one after the same time, RTTVAR falls to nothing and SRTT + 4 RTTVAR to the round trip
@@ -30,9 +39,12 @@ without a sample, stays where it was. The switch engine keeps an eighth of the r
 (cais.allreduce.SWITCH_RTO_MARGIN: RFC 9002's time threshold, 9/8 of the round trip, for the same
 reason). Measured on the Verilated leaf-spine tree (docs/protocol.md 13.7): a steady round trip of
 14.75 us with RTTVAR 0.01 us put the RTO 1.5 cycles above it, and the repeats made the default run 36
-times slower; with the margin (1.84 us) nothing is repeated. A stall longer than the margin still
-feeds the queue as before (a model switch behind one generator that stalls 20 us once: 1,164 re-served
-results for 256 chunks); a backoff on expiry would stop that (one repeat), at the lossy runs' cost above.
+times slower; with the margin (1.84 us) nothing is repeated. A stall longer than the margin times the waiting
+chunks out all the same. Measured on a model switch behind one result generator (tests/sw/
+test_allreduce_engine.py: 4 ranks, 256 chunks, a window of 32): while every new result restarted the
+waiting chunks' backoff and Karn's rule kept every sample out, one stall of 20 us made 1,164 re-served
+results (5 us: 3,084, a chunk repeated 19 times, the run 9 times as long); with the per-chunk backoff and
+the upper bounds, 256 and 344, no chunk repeated more than twice.
 
 The bounds matter to a group: a round trip through the switch ends when the group's last contribution
 arrives, so a rank's measured round trips include its peers' retransmission waits. With 10% loss on 8
@@ -64,6 +76,7 @@ class RetransmitTimer:
         self.srtt: float | None = None
         self.rttvar = 0.0
         self.backoffs = 0                  # doublings of the RTO since the last sample
+        self.bounds = 0                    # upper-bound samples taken (bound)
 
     def sample(self, rtt: float) -> None:
         """A round trip of a frame that was sent once."""
@@ -74,6 +87,25 @@ class RetransmitTimer:
         else:
             self.rttvar = (1 - BETA) * self.rttvar + BETA * abs(self.srtt - rtt)
             self.srtt = (1 - ALPHA) * self.srtt + ALPHA * rtt
+
+    def bound(self, rtt: float) -> None:
+        """An upper bound of the round trip: a repeated frame's answer timed from its first transmission,
+        taken when no frame sent once was answered for a whole window (Karn's rule then leaves the timer
+        nothing to learn from, and the answers show the path is slower than the timer, not lossy). Taken as
+        a sample, and the ceiling is lifted to the cap (RFC 6298's upper bound) from then on."""
+        self.bounds += 1
+        self.ceiling_factor = float(self.cap)
+        self.sample(rtt)
+
+    def adopt(self, other: "RetransmitTimer") -> None:
+        """Start from what `other` measured on the same path (its last collective's timer): SRTT, RTTVAR,
+        the samples' count and a lifted ceiling, as TCP starts a connection from the round trips cached for
+        its destination (RFC 9040's temporal sharing)."""
+        if other.srtt is not None:
+            self.srtt, self.rttvar, self.samples = other.srtt, other.rttvar, other.samples
+        self.bounds = other.bounds
+        if other.bounds:
+            self.ceiling_factor = float(self.cap)
 
     def back_off(self) -> None:
         """A timer expired: double the RTO until the next sample (never past the ceiling)."""

@@ -291,6 +291,12 @@ def test_timer_bounds():
     assert steady.rto == pytest.approx(14.75e-6 * 9 / 8)
     with pytest.raises(ValueError, match="margin"):
         RetransmitTimer(1e-4, margin=-0.1)
+    slow = RetransmitTimer(1e-4, floor=0.1, ceiling=1.0, margin=1 / 8)
+    slow.bound(5e-3)                          # an upper bound (a window answered only after repeats):
+    assert slow.bounds == 1 and slow.rto == pytest.approx(64e-4)  # the ceiling lifted to the cap
+    for _ in range(200):
+        slow.sample(2e-3)                     # from then on the round trips set the RTO past the
+    assert slow.rto == pytest.approx(2e-3 * 9 / 8)              # configured timeout, within the cap
 
 
 @pytest.mark.parametrize("dtype", list(proto.DType))
@@ -435,3 +441,26 @@ def test_a_hiccup_of_a_steady_switch_is_not_taken_for_loss():
     # every repeat would be a re-served result, a job of the generator: none
     assert counters["DUPLICATES"] == sum(e.retransmissions for e in engines) == jobs - chunks == 0
     assert max(e._progress_at for e in engines) == pytest.approx(calm_end + 1e-6)   # the stall, no more
+
+
+@pytest.mark.parametrize("stall_us,before", [(5, 3084), (20, 1164)])
+def test_a_long_stall_is_repeated_a_few_times_per_chunk(stall_us, before):
+    """A stall longer than the margin (5 and 20 us against the steady 14.75 us round trip and its 16.6 us
+    RTO) times out the chunks waiting, and the repeat of a chunk whose result is queued is re-served, one
+    more job in the queue. Before, every new result restarted the waiting chunks' backoff and no chunk was
+    answered after one transmission, so the timer never learned the queue: ``before`` re-served results for
+    256 chunks (a chunk repeated up to 19 times after the 5 us stall). Now each chunk keeps its backoff until
+    its result arrives, and once a whole window was answered only after repeats the timer takes those
+    answers' round trips as upper bounds (cais.rto): 344 and 256, no chunk repeated more than twice. Counted,
+    not timed: the run is deterministic."""
+    chunks = 256
+    engines, arrays, counters, jobs = run_behind_one_result_generator(chunks=chunks, stall_s=stall_us * 1e-6,
+                                                                      job_limit=20 * chunks)
+    want = reference(arrays, proto.ReduceOp.SUM)
+    assert all(e.done and np.array_equal(e.result, want) for e in engines)
+    assert counters["CONTRIBUTIONS"] == 4 * chunks and counters["COMPLETED"] == chunks
+    repeats = [c.retries for e in engines for c in e._chunks]
+    assert counters["DUPLICATES"] == sum(repeats) == jobs - chunks      # every repeat re-served
+    assert max(repeats) <= 2
+    assert sum(repeats) <= 1.5 * chunks < before / 2
+    assert any(e.timer.bounds for e in engines)
