@@ -12,10 +12,10 @@ The engine turns an array into CAIS contributions and result frames back into th
   slot's other set is then free again: SwitchML's self-clocking), and never more than ``window``
   chunks are in flight, so switch memory cannot overflow and a set is never reused too early;
 - a chunk whose result is late is sent again after the retransmission timeout (``timeout_s`` at
-  first, then what measured round trips say: :mod:`cais.rto`), doubling each retry until its own result
-  arrives (the timer keeps a margin above a steady round trip, learns from upper bounds when a whole
-  window was answered only after repeats, and may start from the rank's previous collective's timer:
-  :mod:`cais.rto`); after ``retry_limit`` timeouts in a row with no result arriving, and no earlier than
+  first, then what measured round trips say: :mod:`cais.rto`), doubling each retry until a new result
+  arrives (the timer keeps a margin above a steady round trip, takes upper bounds when a whole window was
+  answered only after repeats, and may start from the rank's previous collective's timer: :mod:`cais.rto`);
+  after ``retry_limit`` timeouts in a row with no result arriving, and no earlier than
   :func:`retry_horizon` after the last new result (the same span at every rank, whatever its own timer
   measured: a rank that waits for a peer must outwait the peer's timer), the engine gives up
   (``failed``) and the caller falls back to the host ring;
@@ -116,8 +116,8 @@ class _Chunk:
     index: int
     sent_at: float = -1.0       # last transmission; -1 before the first
     first_sent: float = -1.0
-    retries: int = 0            # its timeout doubles with each (kept until its result arrives)
-    backoff: int = 0            # timeouts since this rank last received any new result (the retry limit's)
+    retries: int = 0
+    backoff: int = 0            # timeouts since this rank last received any new result
     deadline: float = 0.0
     done: bool = False
 
@@ -253,7 +253,7 @@ class SwitchAllReduce:
         else:
             chunk.first_sent = now
         chunk.sent_at = now
-        chunk.deadline = now + self.timer.timeout(chunk.retries)
+        chunk.deadline = now + self.timer.timeout(chunk.backoff)
         heapq.heappush(self._deadlines, (chunk.deadline, chunk.index))
         frame = self._frame(chunk, retransmit)
         self.frames_sent += 1
@@ -313,11 +313,16 @@ class SwitchAllReduce:
         self._in_flight.pop(index, None)
         self._backed_off.discard(index)
         self._remaining -= 1
-        # Progress: the path works. Like TCP after a new acknowledgement, the retry limit counts timeouts
-        # without any progress again (not the waits behind a peer's loss); each chunk keeps its own backoff
-        # until its result arrives (RFC 6298 5.5 per chunk: cais.rto).
+        # Progress: the path works. Like TCP after a new acknowledgement, chunks still waiting start their
+        # backoff again, so a chunk that waited long for a slow peer is not left on a huge timer (and the
+        # retry limit counts timeouts without any progress, not the waits behind a peer's loss).
+        rto = self.timer.rto
         for other_index in self._backed_off:
-            self._in_flight[other_index].backoff = 0
+            other = self._in_flight[other_index]
+            other.backoff = 0
+            if now + rto < other.deadline:
+                other.deadline = now + rto
+                heapq.heappush(self._deadlines, (other.deadline, other_index))
         self._backed_off.clear()
         if chunk.retries == 0:   # Karn: a retransmitted chunk's round trip is ambiguous
             self._unsampled = 0

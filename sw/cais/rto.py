@@ -20,38 +20,39 @@ answered after one transmission, so no round trip is ever measured: the timer ne
 host ring (cais.ring) backs off at most once per RTO. The switch engine does not: its recovery from random
 loss is the timeout itself (a lost chunk holds its slot and every peer's window until it is repeated), and
 backing off on every expiry doubled the time of `make sim ARGS="--loss 0.05 --duplicate 0.05 --reorder
-0.05"` (1,164,436 -> 2,505,774 cycles with one doubling at most, 2,535,525 up to the ceiling). It backs
-off per chunk instead: a chunk's timeout doubles with each of its repeats and stays doubled until its own
-result arrives (few chunks are lost twice, so random loss costs what it did), and it learns a queue from
-upper bounds (:meth:`RetransmitTimer.bound`): once a whole window of results came only for repeated
-chunks, each such result's time since the chunk's first transmission is taken as a sample (at most the
-round trip plus the repeats' timeouts; under random loss a window of repeated chunks in a row does not
-happen: at 10% loss on 8 ranks six chunks in ten are repeated, 0.6 ** 32 = 1e-7), and the RTO may from
-then on grow past the configured timeout up to ``cap`` times it: the configured one is shown to be
-shorter than the path. A rank's next collective on the same path starts from the last one's timer
-(:meth:`RetransmitTimer.adopt`; RFC 9040's temporal sharing), not from the configured timeout again.
+0.05"` (1,164,436 -> 2,505,774 cycles with one doubling at most, 2,535,525 up to the ceiling). Nor does it
+keep a chunk's own backoff until that chunk's result (tried: a chunk's repeats mostly wait for a peer's
+loss, not its own, and one rank's long timer then stalls every peer's window: 4 ranks with 5% loss and
+duplication took 4 to 8 times as long in tests/sw/test_allreduce_engine.py's loop). It learns a queue from
+upper bounds instead (:meth:`RetransmitTimer.bound`): once a whole window of results came only for repeated
+chunks, each such result's time since its chunk's first transmission is taken as a sample (at most the
+round trip plus the repeats' timeouts). If no round trip had been measured at all, the configured timeout
+is shorter than the path's first round trip, and the RTO may from then on grow past it, up to ``cap`` times
+it (the configured 50 ms against the 0.1-1 s round trips of Verilated switches: docs/protocol.md 13.7). A
+rank's next collective on the same path starts from the last one's timer (:meth:`RetransmitTimer.adopt`;
+RFC 9040's temporal sharing), not from the configured timeout again.
 
 The margin G matters where the round trip is steady: a switch that serves a window of chunks at a fixed
 rate answers each one after the same time, RTTVAR falls to nothing and SRTT + 4 RTTVAR to the round trip
-itself, so any hiccup of the switch (a frame's worth) times out every chunk waiting; each repeat the
-switch re-serves lengthens the queue, no chunk is then answered after one transmission, and the timer,
-without a sample, stays where it was. The switch engine keeps an eighth of the round trip above it
-(cais.allreduce.SWITCH_RTO_MARGIN: RFC 9002's time threshold, 9/8 of the round trip, for the same
-reason). Measured on the Verilated leaf-spine tree (docs/protocol.md 13.7): a steady round trip of
-14.75 us with RTTVAR 0.01 us put the RTO 1.5 cycles above it, and the repeats made the default run 36
-times slower; with the margin (1.84 us) nothing is repeated. A stall longer than the margin times the waiting
-chunks out all the same. Measured on a model switch behind one result generator (tests/sw/
-test_allreduce_engine.py: 4 ranks, 256 chunks, a window of 32): while every new result restarted the
-waiting chunks' backoff and Karn's rule kept every sample out, one stall of 20 us made 1,164 re-served
-results (5 us: 3,084, a chunk repeated 19 times, the run 9 times as long); with the per-chunk backoff and
-the upper bounds, 256 and 344, no chunk repeated more than twice.
+itself, so any hiccup of the switch (a frame's worth) times out every chunk waiting; each repeat the switch
+re-serves lengthens the queue, no chunk is then answered after one transmission, and the timer, without a
+sample, stays where it was. The switch engine keeps an eighth of the round trip above it
+(cais.allreduce.SWITCH_RTO_MARGIN: RFC 9002's time threshold, 9/8 of the round trip, for the same reason).
+Measured on the Verilated leaf-spine tree (docs/protocol.md 13.7): a steady round trip of 14.75 us with
+RTTVAR 0.01 us put the RTO 1.5 cycles above it, and the repeats made the default run 36 times slower; with
+the margin (1.84 us) nothing is repeated. A stall longer than the margin times the waiting chunks out all
+the same. Measured on a model switch behind one result generator (tests/sw/test_allreduce_engine.py: 4
+ranks, 256 chunks, a window of 32): while Karn's rule kept every sample out, one stall of 20 us made 1,164
+re-served results (5 us: 3,084, a chunk repeated 19 times, the run 9 times as long); with the upper bounds
+256 and 472, no chunk repeated more than twice.
 
 The bounds matter to a group: a round trip through the switch ends when the group's last contribution
 arrives, so a rank's measured round trips include its peers' retransmission waits. With 10% loss on 8
 ranks most chunks wait for some peer's repeat, every rank's samples hold the others' timeouts, and the
 timers feed each other until they reach the bound (without one: seconds, while the peers that wait for
 a silent rank give up). The switch engine (cais.allreduce) therefore uses ``ceiling`` 1: measured round
-trips only shorten its timer, the configured timeout is the longest one a lossy group repeats at.
+trips only shorten its timer, the configured timeout is the longest one a lossy group repeats at (unless
+no round trip was measured at all: above).
 """
 
 from __future__ import annotations
@@ -91,10 +92,12 @@ class RetransmitTimer:
     def bound(self, rtt: float) -> None:
         """An upper bound of the round trip: a repeated frame's answer timed from its first transmission,
         taken when no frame sent once was answered for a whole window (Karn's rule then leaves the timer
-        nothing to learn from, and the answers show the path is slower than the timer, not lossy). Taken as
-        a sample, and the ceiling is lifted to the cap (RFC 6298's upper bound) from then on."""
+        nothing to learn from). Taken as a sample. If no round trip had been measured before, the configured
+        timeout is shorter than the path's first round trip: the ceiling is lifted to the cap (RFC 6298's
+        upper bound) from then on."""
         self.bounds += 1
-        self.ceiling_factor = float(self.cap)
+        if self.srtt is None:
+            self.ceiling_factor = float(self.cap)
         self.sample(rtt)
 
     def adopt(self, other: "RetransmitTimer") -> None:
@@ -104,8 +107,7 @@ class RetransmitTimer:
         if other.srtt is not None:
             self.srtt, self.rttvar, self.samples = other.srtt, other.rttvar, other.samples
         self.bounds = other.bounds
-        if other.bounds:
-            self.ceiling_factor = float(self.cap)
+        self.ceiling_factor = max(self.ceiling_factor, other.ceiling_factor)
 
     def back_off(self) -> None:
         """A timer expired: double the RTO until the next sample (never past the ceiling)."""
