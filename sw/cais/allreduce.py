@@ -331,9 +331,10 @@ class SwitchAllReduce:
             if index == 0:
                 self.first_rtt = now - chunk.first_sent
         else:
-            # ... unless a whole window was answered only after repeats: the timer is shorter than the path,
-            # and Karn's rule alone would leave it nothing to learn from (cais.rto)
+            # ... but if a whole window was answered only after repeats before any round trip was measured,
+            # the configured timeout is shorter than the path and Karn's rule alone would leave the timer
+            # nothing to learn from (cais.rto)
             self._unsampled += 1
-            if self._unsampled >= self.window:
+            if self._unsampled >= self.window and self.timer.srtt is None:
                 self.timer.bound(now - chunk.first_sent)
         return True

@@ -23,14 +23,15 @@ backing off on every expiry doubled the time of `make sim ARGS="--loss 0.05 --du
 0.05"` (1,164,436 -> 2,505,774 cycles with one doubling at most, 2,535,525 up to the ceiling). Nor does it
 keep a chunk's own backoff until that chunk's result (tried: a chunk's repeats mostly wait for a peer's
 loss, not its own, and one rank's long timer then stalls every peer's window: 4 ranks with 5% loss and
-duplication took 4 to 8 times as long in tests/sw/test_allreduce_engine.py's loop). It learns a queue from
-upper bounds instead (:meth:`RetransmitTimer.bound`): once a whole window of results came only for repeated
-chunks, each such result's time since its chunk's first transmission is taken as a sample (at most the
-round trip plus the repeats' timeouts). If no round trip had been measured at all, the configured timeout
-is shorter than the path's first round trip, and the RTO may from then on grow past it, up to ``cap`` times
-it (the configured 50 ms against the 0.1-1 s round trips of Verilated switches: docs/protocol.md 13.7). A
-rank's next collective on the same path starts from the last one's timer (:meth:`RetransmitTimer.adopt`;
-RFC 9040's temporal sharing), not from the configured timeout again.
+duplication took 4 to 8 times as long in tests/sw/test_allreduce_engine.py's loop). One case needs more
+than Karn's rule: a path slower than the configured timeout from the start, where every chunk is repeated
+before its answer and no round trip is ever measured (Verilated switches: round trips of 0.1-1 s against
+the deployed 50 ms, docs/protocol.md 13.7). Once a whole window of results came only for repeated chunks
+with no round trip measured yet, each such result's time since its chunk's first transmission is taken as a
+sample (:meth:`RetransmitTimer.bound`: an upper bound, the round trip plus at most the repeats' timeouts),
+and the RTO may from then on grow past the configured timeout, up to ``cap`` times it. A rank's next
+collective on the same path starts from the last one's timer (:meth:`RetransmitTimer.adopt`; RFC 9040's
+temporal sharing), not from the configured timeout again.
 
 The margin G matters where the round trip is steady: a switch that serves a window of chunks at a fixed
 rate answers each one after the same time, RTTVAR falls to nothing and SRTT + 4 RTTVAR to the round trip
@@ -40,11 +41,14 @@ sample, stays where it was. The switch engine keeps an eighth of the round trip 
 (cais.allreduce.SWITCH_RTO_MARGIN: RFC 9002's time threshold, 9/8 of the round trip, for the same reason).
 Measured on the Verilated leaf-spine tree (docs/protocol.md 13.7): a steady round trip of 14.75 us with
 RTTVAR 0.01 us put the RTO 1.5 cycles above it, and the repeats made the default run 36 times slower; with
-the margin (1.84 us) nothing is repeated. A stall longer than the margin times the waiting chunks out all
-the same. Measured on a model switch behind one result generator (tests/sw/test_allreduce_engine.py: 4
-ranks, 256 chunks, a window of 32): while Karn's rule kept every sample out, one stall of 20 us made 1,164
-re-served results (5 us: 3,084, a chunk repeated 19 times, the run 9 times as long); with the upper bounds
-256 and 472, no chunk repeated more than twice.
+the margin (1.84 us) nothing is repeated. A stall longer than the margin still feeds the queue (a model
+switch behind one generator that stalls 20 us once: 1,164 re-served results for 256 chunks; 5 us: 3,084, a
+chunk repeated 19 times, the run 9 times as long), and what stops it costs the lossy runs more, measured on
+`make sim ARGS="--loss 0.05 --duplicate 0.05 --reorder 0.05"` (1,173,835 cycles): upper bounds taken after
+any window answered only after repeats (20 us: 256 re-served) made it 1,794,072; a duplicate result for a
+repeated chunk taken as that chunk's round trip (RFC 3522's spurious-timeout detection; 20 us: 384)
+2,213,947; the per-chunk backoff above, 4-8 times as long. So upper bounds are taken only while no round
+trip was measured.
 
 The bounds matter to a group: a round trip through the switch ends when the group's last contribution
 arrives, so a rank's measured round trips include its peers' retransmission waits. With 10% loss on 8
@@ -52,7 +56,7 @@ ranks most chunks wait for some peer's repeat, every rank's samples hold the oth
 timers feed each other until they reach the bound (without one: seconds, while the peers that wait for
 a silent rank give up). The switch engine (cais.allreduce) therefore uses ``ceiling`` 1: measured round
 trips only shorten its timer, the configured timeout is the longest one a lossy group repeats at (unless
-no round trip was measured at all: above).
+no round trip could be measured at all: above).
 """
 
 from __future__ import annotations
