@@ -74,7 +74,7 @@ RESTART_WAIT_S = 60.0
 #: defaults): every all-reduce through the switches. Its offload score weighs the round trips the ranks
 #: measure, in wall-clock time, and a cais-switch daemon steps the Verilated RTL some thousand times slower
 #: than the hardware (round trips of 0.1-1 s through a tree of three, docs/protocol.md 13.7): on "auto" it
-#: sent 7 of the 11 later all-reduces, the lossy one too, to the host ring. The ranks keep the deployed
+#: sent 6-7 of the world group's 11 all-reduces, the lossy one too, to the host ring. The ranks keep the deployed
 #: ``timeout_ms`` (50 ms): their timer learns the slow round trips (cais.rto).
 RTL_CONTROLLER = {"offload": "always"}
 #: what make cluster asks cais-cli, in this order (the rule: an operator rule on a free index and slots)
