@@ -13,8 +13,9 @@ The engine turns an array into CAIS contributions and result frames back into th
   chunks are in flight, so switch memory cannot overflow and a set is never reused too early;
 - a chunk whose result is late is sent again after the retransmission timeout (``timeout_s`` at
   first, then what measured round trips say: :mod:`cais.rto`), doubling each retry until a new result
-  arrives (the timer keeps a margin above a steady round trip: :mod:`cais.rto`); after ``retry_limit``
-  timeouts in a row with no result arriving, and no earlier than
+  arrives (the timer keeps a margin above a steady round trip, takes upper bounds when a whole window was
+  answered only after repeats, and may start from the rank's previous collective's timer: :mod:`cais.rto`);
+  after ``retry_limit`` timeouts in a row with no result arriving, and no earlier than
   :func:`retry_horizon` after the last new result (the same span at every rank, whatever its own timer
   measured: a rank that waits for a peer must outwait the peer's timer), the engine gives up
   (``failed``) and the caller falls back to the host ring;
@@ -129,13 +130,16 @@ class SwitchAllReduce:
     `slot_count` is the group's quota (a power of two) and `window` the largest number of chunks in
     flight (at most `slot_count`). A chunk carries :func:`chunk_payload` bytes: `chunk_size` cut to the
     rule's set `capacity` (default: no limit) and to a multiple of the element size. `mac` is the rank's
-    address, used as the source of its frames.
+    address, used as the source of its frames. `history`: the timer of this rank's previous collective
+    through the same switch, with the same `timeout_s` (its round trips start this one's:
+    :meth:`cais.rto.RetransmitTimer.adopt`).
     :attr:`result` is in the values' type (:func:`cais.numerics.native_dtype`).
     """
 
     def __init__(self, *, data: np.ndarray, op: proto.ReduceOp, group_id: int, seq_base: int, slot_count: int,
                  window: int, chunk_size: int, timeout_s: float, retry_limit: int, mac: int, layer_id: int = 0,
-                 now: float = 0.0, dtype: proto.DType | None = None, capacity: int | None = None):
+                 now: float = 0.0, dtype: proto.DType | None = None, capacity: int | None = None,
+                 history: RetransmitTimer | None = None):
         data = np.asarray(data)
         if dtype is None:
             dtype = numerics.wire_dtype(data.dtype)
@@ -165,6 +169,8 @@ class SwitchAllReduce:
         # to nothing: the margin keeps the timer an eighth of the round trip above it.
         self.timer = RetransmitTimer(timeout_s, floor=SWITCH_RTO_FLOOR, warmup=self.window, ceiling=1.0,
                                      margin=SWITCH_RTO_MARGIN)
+        if history is not None:
+            self.timer.adopt(history)
         self.retry_limit, self.mac = retry_limit, mac
         # Giving up needs retry_limit timeouts in a row and this long without a new result: a rank whose
         # measured timer is short (down to SWITCH_RTO_FLOOR) must not give up on a peer still repeating
@@ -179,6 +185,7 @@ class SwitchAllReduce:
         self._deadlines: list[tuple[float, int]] = []   # heap of (deadline, chunk); stale entries skipped
         self._backed_off: set[int] = set()      # chunks in flight whose backoff is not 0
         self._remaining = self.nchunks
+        self._unsampled = 0           # results in a row of repeated chunks (no round trip sample)
         self.failed = False
         # figures for the caller and the controller
         self.frames_sent = 0
@@ -318,8 +325,16 @@ class SwitchAllReduce:
                 heapq.heappush(self._deadlines, (other.deadline, other_index))
         self._backed_off.clear()
         if chunk.retries == 0:   # Karn: a retransmitted chunk's round trip is ambiguous
+            self._unsampled = 0
             self.timer.sample(now - chunk.first_sent)
             self.rtts.append(now - chunk.first_sent)
             if index == 0:
                 self.first_rtt = now - chunk.first_sent
+        else:
+            # ... but if a whole window was answered only after repeats before any round trip was measured,
+            # the configured timeout is shorter than the path and Karn's rule alone would leave the timer
+            # nothing to learn from (cais.rto)
+            self._unsampled += 1
+            if self._unsampled >= self.window and self.timer.srtt is None:
+                self.timer.bound(now - chunk.first_sent)
         return True

@@ -187,6 +187,9 @@ class ProcessGroup:
         # a controller of its own (cais-controller) may restart and be rejoined; rank 0's ends with rank 0
         self._rejoinable = os.environ.get("CAIS_COORDINATOR") == "external"
         self._next_op: dict[int, int] = {}     # group -> op_seq after the last decision this rank got
+        # group -> the retransmission timer of its last all-reduce through the switch: the next one starts
+        # from its round trips (cais.rto), not from timeout_ms again
+        self._switch_timers: dict = {}
         self.rejoins = 0                        # controller restarts this rank went through
         self.params = SwitchParams(**hello["params"])
         # where frames may come from (_admit): the controller leaves SWITCH_MAC at its reset value
@@ -323,13 +326,14 @@ class ProcessGroup:
                         if now >= next_status and current.kind != "all_reduce":
                             next_status = now + STATUS_S
                             self._check_peers(current)
-                        if self._step(current, now):
+                        if self._step(current, time.monotonic()):    # after _check_peers' request
                             current = None
                             continue
                     except (CollectiveError, EndpointError, ValueError) as e:
                         self._fail(current, e)
                         current = None
                         continue
+                now = time.monotonic()          # after the step's requests to the coordinator
                 self._send(self._poll_background(now))
                 self._wait(current, now)
         except BaseException as e:   # noqa: BLE001 - reported to every waiter
@@ -529,6 +533,10 @@ class ProcessGroup:
             if now < op.next_poll:
                 return False
             reply = self._rpc("decide", group=g, op_seq=ar, nbytes=int(op.data.nbytes), kind=kind_to_dict(op.ckind))
+            # a request can take seconds (a controller programming slow switches, other ranks' requests
+            # first): an engine started with the time from before it would stamp its first frames that much
+            # in the past, and repeat the whole window the moment it is sent. After every request: now.
+            now = time.monotonic()
             d = reply["decision"]
             if d is None:
                 op.next_poll = now + POLL_S
@@ -543,7 +551,8 @@ class ProcessGroup:
                 op.engine = SwitchAllReduce(
                     data=op.data, op=op.ckind.op, group_id=g, seq_base=d["seq_base"], slot_count=op.group.slot_count,
                     window=self.config.max_pending_chunks, chunk_size=d["chunk_bytes"], timeout_s=self.config.timeout_s,
-                    retry_limit=self.config.retry_limit, mac=self.mac, layer_id=op.seq, now=now, dtype=op.ckind.dtype)
+                    retry_limit=self.config.retry_limit, mac=self.mac, layer_id=op.seq, now=now, dtype=op.ckind.dtype,
+                    history=self._switch_timers.get(g))
                 op.state, op.work.path, op.contributors = "switch", "switch", tuple(op.group.ranks)
             else:
                 self._start_ring(op, now)
@@ -552,13 +561,17 @@ class ProcessGroup:
             if e.failed:
                 self._rpc("fallback", rank=self.rank, group=g, op_seq=ar,
                           why=f"a chunk ran out of {self.config.retry_limit} retries")
+                now = time.monotonic()
                 self._start_ring(op, now)
             elif e.done:
+                self._switch_timers[g] = e.timer
                 self._rpc("finished", rank=self.rank, group=g, op_seq=ar, rtt=e.first_rtt, epoch=op.epoch)
+                now = time.monotonic()
                 op.reported, op.state, op.next_poll = True, "settle", now
             elif now >= op.next_poll:
                 op.next_poll = now + STATUS_S
                 status = self._rpc("status", group=g, op_seq=ar)
+                now = time.monotonic()
                 if self._follow(op, status) or status["fell_back"]:
                     self._start_ring(op, now)
         if op.state == "settle":
@@ -567,6 +580,7 @@ class ProcessGroup:
             if now < op.next_poll:
                 return False
             status = self._rpc("status", group=g, op_seq=ar)
+            now = time.monotonic()
             if self._follow(op, status) or (status["fell_back"] and not op.on_ring):
                 self._start_ring(op, now)
             elif status["all_finished"]:
@@ -585,7 +599,9 @@ class ProcessGroup:
                 return False
             if now >= op.next_poll:                          # a peer that died stalls the ring: redo
                 op.next_poll = now + STATUS_S
-                if self._follow(op, self._rpc("status", group=g, op_seq=ar)):
+                status = self._rpc("status", group=g, op_seq=ar)
+                now = time.monotonic()
+                if self._follow(op, status):
                     self._start_ring(op, now)
         elif op.state == "ring":
             if op.engine.result_ready:

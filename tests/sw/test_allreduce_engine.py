@@ -291,6 +291,22 @@ def test_timer_bounds():
     assert steady.rto == pytest.approx(14.75e-6 * 9 / 8)
     with pytest.raises(ValueError, match="margin"):
         RetransmitTimer(1e-4, margin=-0.1)
+    queued = RetransmitTimer(1e-4, floor=0.1, ceiling=1.0, margin=1 / 8)
+    queued.sample(1e-5)
+    queued.bound(5e-3)                        # an upper bound after round trips were measured: a sample,
+    assert queued.bounds == 1 and queued.rto == pytest.approx(1e-4)   # within the ceiling
+    slow = RetransmitTimer(1e-4, floor=0.1, ceiling=1.0, margin=1 / 8)
+    slow.bound(5e-3)                          # before any: the configured timeout is shorter than the
+    assert slow.rto == pytest.approx(64e-4)   # path, the ceiling lifted to the cap
+    for _ in range(200):
+        slow.sample(2e-3)                     # from then on the round trips set the RTO past the
+    assert slow.rto == pytest.approx(2e-3 * 9 / 8)              # configured timeout, within the cap
+    carried = RetransmitTimer(1e-4, floor=0.1, ceiling=1.0, margin=1 / 8)
+    carried.adopt(slow)                       # the next collective starts where the last one ended
+    assert (carried.srtt, carried.rttvar, carried.rto) == (slow.srtt, slow.rttvar, slow.rto)
+    fresh = RetransmitTimer(1e-4, floor=0.1, ceiling=1.0, margin=1 / 8)
+    fresh.adopt(RetransmitTimer(1e-4))        # nothing measured: nothing taken
+    assert fresh.srtt is None and fresh.rto == pytest.approx(1e-4)
 
 
 @pytest.mark.parametrize("dtype", list(proto.DType))
@@ -435,3 +451,44 @@ def test_a_hiccup_of_a_steady_switch_is_not_taken_for_loss():
     # every repeat would be a re-served result, a job of the generator: none
     assert counters["DUPLICATES"] == sum(e.retransmissions for e in engines) == jobs - chunks == 0
     assert max(e._progress_at for e in engines) == pytest.approx(calm_end + 1e-6)   # the stall, no more
+
+
+def run_on_a_slow_path(delay: float, timeout: float, chunks: int, history=None) -> SwitchAllReduce:
+    """One rank (a rule of one contributor on a model switch) whose every frame is answered ``delay`` after
+    it was sent, the repeats of a completed chunk too (re-served): a path slower than the configured
+    timeout, as Verilated switches are (docs/protocol.md 13.7). Event-driven; returns the engine, done."""
+    params = SwitchParams(ports=2)
+    model = SwitchModel(params)
+    for a, v in rule_writes(register_map(params), 0, Rule.for_group(1, contributors=1, results=1, base=0,
+                                                                    count_log2=5)):
+        model.write(a, v)
+    data = np.arange(chunks * 64, dtype=np.int32)
+    engine = SwitchAllReduce(data=data, op=proto.ReduceOp.SUM, group_id=1, seq_base=0, slot_count=32, window=32,
+                             chunk_size=256, timeout_s=timeout, retry_limit=30, mac=0, history=history)
+    out, order, now = [], 0, 0.0
+    while not engine.done:
+        for frame in engine.poll(now):
+            for _port, result in model.receive(0, frame):
+                order += 1
+                heapq.heappush(out, (now + delay, order, result))
+        now = min([engine.next_deadline()] + ([out[0][0]] if out else []))
+        while out and out[0][0] <= now:
+            assert engine.receive(heapq.heappop(out)[2], now)
+    assert np.array_equal(engine.result, data)
+    return engine
+
+
+def test_a_path_slower_than_the_configured_timeout_is_learned():
+    """The Verilated make cluster (docs/protocol.md 13.7): round trips of 0.1-1 s against the deployed 50 ms.
+    Here 0.5 s: every chunk of the first window goes three times (50, 100, 200 ms) before its answer, and
+    Karn's rule leaves the timer no sample: the old engine repeated every chunk of every window so (96 per
+    window of 32) and stayed at 50 ms. Now, a whole window answered only after repeats with no round trip
+    measured yet, the timer takes those answers as upper bounds and may grow past the configured timeout:
+    the later windows go once; and the group's next collective, started from this one's timer
+    (``history``), repeats nothing."""
+    first = run_on_a_slow_path(0.5, 0.05, 128)
+    per_window = [sum(c.retries for c in first._chunks[k:k + 32]) for k in range(0, 128, 32)]
+    assert per_window == [96, 0, 0, 0]
+    assert first.timer.bounds >= 1 and 0.5 < first.timer.rto < 64 * 0.05
+    second = run_on_a_slow_path(0.5, 0.05, 128, history=first.timer)
+    assert second.retransmissions == 0 and second.timer.samples > first.timer.samples
