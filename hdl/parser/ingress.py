@@ -266,14 +266,9 @@ class HeaderQueue(wiring.Component):
     checks are done), and the pointer moves on only with ``commit`` (the verdict, a few LUT levels later),
     so the verdict drives a few pointer bits, not the write enable of every LUT-RAM cell (the whole
     switch measured 11.4 ns of routing from the verdict into a FIFO's level that way). The caller
-    guarantees room: at most ``depth - 1`` entries are queued when it writes. Read side: an entry committed
-    in cycle ``t`` is at the head in cycle ``t + 2`` (``r_valid`` a register); ``r_en`` takes it and the next
-    one is at the head in the next cycle.
-
-    The head is not a register of its own: ``r_data`` is the memory read at the head pointer (a LUT-RAM's
-    asynchronous read port), so ``r_en`` (the decision's take, a register) loads only the pointer and
-    ``r_valid``, not a clock enable on every bit of the header (the whole switch measured 9.6 ns of routing
-    from the take into the rule pick while it fanned out to the header register's enables).
+    guarantees room: at most ``depth - 1`` entries are queued when it writes. Read side as
+    ``SyncFIFOBuffered``'s: an entry committed in cycle ``t`` is at the head (``r_valid``, ``r_data``,
+    both registers) in cycle ``t + 2``.
 
     ``latency`` (:data:`cais.hdl.latency.HEADER_QUEUE`, 2): committed in cycle t, at the head in t + 2.
 
@@ -298,18 +293,19 @@ class HeaderQueue(wiring.Component):
         m = Module()
         abits = (self.depth - 1).bit_length()
         m.submodules.mem = mem = Memory(shape=self.width, depth=self.depth, init=[])
-        wr, rd = mem.write_port(), mem.read_port(domain="comb")     # rd: asynchronous, at the head
+        wr, rd = mem.write_port(), mem.read_port()          # rd: synchronous, its data a register
         wp, rp = Signal(abits + 1), Signal(abits + 1)       # one extra bit: full and empty differ
         out_valid = Signal()
         m.d.comb += [wr.addr.eq(wp[:abits]), wr.data.eq(self.w_data), wr.en.eq(self.w_en)]
         with m.If(self.w_en & self.commit):
             m.d.sync += wp.eq(wp + 1)
-        # The head moves on when read; the entry there is at the head in the next cycle if it was kept
-        # before this cycle (this cycle's commit counts from the next: t + 2).
-        rp_next = Signal.like(rp)
-        m.d.comb += rp_next.eq(rp + (out_valid & self.r_en))
-        m.d.sync += [rp.eq(rp_next), out_valid.eq(rp_next != wp)]
-        m.d.comb += rd.addr.eq(rp[:abits])
+        # The head register takes the next entry when it is empty or being read.
+        fetch = (rp != wp) & (~out_valid | self.r_en)
+        m.d.comb += [rd.addr.eq(rp[:abits]), rd.en.eq(fetch)]
+        with m.If(fetch):
+            m.d.sync += [rp.eq(rp + 1), out_valid.eq(1)]
+        with m.Elif(self.r_en):
+            m.d.sync += out_valid.eq(0)
         m.d.comb += [self.r_data.eq(rd.data), self.r_valid.eq(out_valid)]
         return m
 

@@ -555,7 +555,7 @@ def test_drop_and_busy_timing_of_one_bad_frame(params):
 def test_header_queue_keeps_only_committed_entries(seed):
     """HeaderQueue against a model of its docstring: every write fills the tail slot, only a committed one
     is kept (the next write replaces one that is not), an entry committed in cycle t is at the head from
-    t + 2 when the queue is empty, the next entry is at the head in the cycle after the head is read, and
+    t + 2 when the queue is empty, the head register takes the next entry in the cycle it is read, and
     the caller never writes with ``depth`` entries queued."""
     from cais.hdl.parser.ingress import HeaderQueue
 
