@@ -377,13 +377,17 @@ void cais_set_hold(void* hv, int port, uint64_t until) { static_cast<Harness*>(h
 // Queue `n` frames, in order, behind each port's earlier ones: their bytes back to back in `data`, and four
 // words each in `meta`: port, length, flags (1: bad_keep, the last beat's tkeep moved up a lane; 2: bad_fcs,
 // tuser high on the last beat), not_before (the first beat is not shown before this cycle).
-void cais_send(void* hv, const uint8_t* data, const uint64_t* meta, uint64_t n) {
-    Harness* h = static_cast<Harness*>(hv);
-    h->begin();
+static void queue_batch(Harness* h, const uint8_t* data, const uint64_t* meta, uint64_t n) {
     for (uint64_t i = 0; i < n; ++i, meta += 4) {
         h->queue_frame(static_cast<int>(meta[0]), data, meta[1], meta[2], meta[3]);
         data += meta[1];
     }
+}
+
+void cais_send(void* hv, const uint8_t* data, const uint64_t* meta, uint64_t n) {
+    Harness* h = static_cast<Harness*>(hv);
+    h->begin();
+    queue_batch(h, data, meta, n);
     h->publish();
 }
 
@@ -393,7 +397,7 @@ uint64_t cais_run(void* hv, uint64_t cycles, int stop_on_frame, const uint8_t* d
                   uint64_t n) {
     Harness* h = static_cast<Harness*>(hv);
     h->begin();
-    if (n) cais_send(hv, data, meta, n);
+    queue_batch(h, data, meta, n);
     size_t before = h->rx_meta.size();
     uint64_t ran = cycles;
     for (uint64_t i = 1; i <= cycles; ++i) {

@@ -128,12 +128,21 @@ class VerilatorLink(LinkBase):
         self._out_meta.extend((port, len(frame), (1 if bad_keep else 0) | (2 if bad_fcs else 0),
                                max(0, int(not_before))))
 
+    def _batch(self) -> tuple:
+        """The frames sent since the last call into the harness, as its batch arguments (bytes back to back,
+        the four-word records, the count; ``None, None, 0`` for none), and forgotten here."""
+        out = self._out
+        if not out:
+            return None, None, 0
+        batch = b"".join(out), self._out_meta.tobytes(), len(out)
+        out.clear()
+        del self._out_meta[:]
+        return batch
+
     def _flush(self) -> None:
         """Hand the frames sent since the last call to the harness."""
         if self._out:
-            self._lib.cais_send(self._h, b"".join(self._out), self._out_meta.tobytes(), len(self._out))
-            self._out.clear()
-            del self._out_meta[:]
+            self._lib.cais_send(self._h, *self._batch())
 
     def _take(self, stamped: bool) -> list:
         """The frames that left the switch since the last call, read from the harness's buffers."""
@@ -166,14 +175,7 @@ class VerilatorLink(LinkBase):
         return [Sent(port, first, last) for port, first, last in zip(words, words, words)]
 
     def _run(self, cycles: int, stop_on_frame: int) -> int:
-        out = self._out
-        if out:
-            ran = self._lib.cais_run(self._h, cycles, stop_on_frame, b"".join(out), self._out_meta.tobytes(),
-                                     len(out))
-            out.clear()
-            del self._out_meta[:]
-        else:
-            ran = self._lib.cais_run(self._h, cycles, stop_on_frame, None, None, 0)
+        ran = self._lib.cais_run(self._h, cycles, stop_on_frame, *self._batch())
         self._check()
         return ran
 
@@ -205,8 +207,7 @@ class VerilatorLink(LinkBase):
     async def reset(self, settle: int | None = None) -> None:
         """Forget queued and partial frames, reset the switch and wait for its sweep: cycle 0 again
         (``settle``: cycle 0 that many cycles after reset instead; 0: the first cycle with ``rst`` low)."""
-        self._out.clear()
-        del self._out_meta[:]
+        self._batch()                        # forgotten, not sent
         self._lib.cais_reset(self._h, RESET_CYCLES, self.params.slots + 2 if settle is None else int(settle))
 
     def set_patterns(self, idle: float | list[float] = 0.0, backpressure: float | list[float] = 0.0) -> None:

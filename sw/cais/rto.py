@@ -110,7 +110,6 @@ class RetransmitTimer:
         its destination (RFC 9040's temporal sharing)."""
         if other.srtt is not None:
             self.srtt, self.rttvar, self.samples = other.srtt, other.rttvar, other.samples
-        self.bounds = other.bounds
         self.ceiling_factor = max(self.ceiling_factor, other.ceiling_factor)
 
     def back_off(self) -> None:
