@@ -109,7 +109,8 @@ def test_rank_requests_are_answered_while_the_switch_is_being_programmed(gated):
     b0 = rank()
     hello_done, hello = in_thread(lambda: b0.request("hello", rank=0, world_size=2, job="b", hosts=[2, 3]))
     assert switch.waiting.wait(SAFETY_S), "job b's hello never reached the switch"
-    assert not hello_done.is_set() and not coord.switch_lock.held()   # held by another thread
+    assert not hello_done.is_set()
+    assert not coord.switch_lock.acquire(blocking=False), "the hello's thread holds the switch lock"
     accesses = switch.accesses
     # meanwhile job a's ranks are answered: a ping, the collective's status, its finish, a fall back's word
     assert a1.request("ping") == {"ok": True, "dead": []}
