@@ -2,7 +2,13 @@
 
 :class:`AmaranthLink` runs the per-cycle rules of :mod:`cais.sim.links.wires` in one amaranth.sim
 testbench: its methods tick the clock themselves, so only the testbench that owns the link may call
-them. :func:`run_amaranth` builds the simulator and runs ``await main(link)``.
+them. :func:`run_amaranth` runs ``await main(link)`` on a simulator of the switch.
+
+Building that simulator (elaborating the switch and compiling it to Python) costs 4-22 CPU-seconds, more
+than most runs on it, so each process keeps the simulators it built (:class:`SwitchBench`, the last
+:data:`KEPT_BENCHES` parameter sets) and resets one for the next run: ``Simulator.reset`` puts every
+signal and memory back to its initial value and restarts the clock and the testbench, so a run on a
+reused simulator is the run on a new one.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from cais.params import SwitchParams
 
 from .wires import AXIL_INPUTS, RESET_CYCLES, WireLink
 
-__all__ = ["AmaranthLink", "run_amaranth", "amaranth_vcd_path"]
+__all__ = ["AmaranthLink", "SwitchBench", "run_amaranth", "amaranth_vcd_path", "KEPT_BENCHES"]
 
 
 class AmaranthLink(WireLink):
@@ -92,6 +98,69 @@ def amaranth_vcd_path(params: SwitchParams) -> Path:
     return build_root() / "sim" / f"{params.slug()}_amaranth" / "dump.vcd"
 
 
+#: Simulators a process keeps for reuse, the most recently used parameter sets (tests/sim's seven sets ran in
+#: one process of 0.3 GB at most with four kept).
+KEPT_BENCHES = 4
+_benches: dict[tuple, "SwitchBench"] = {}
+
+
+class SwitchBench:
+    """:class:`cais.hdl.switch.Switch` elaborated and compiled for amaranth.sim once, run many times.
+
+    The simulator has a ``sync`` clock of ``clock_hz`` and one testbench, which runs the job of the
+    current :meth:`run`; every run after the first starts from ``Simulator.reset``.
+    """
+
+    def __init__(self, params: SwitchParams, clock_hz: float):
+        from amaranth.hdl import ClockDomain, Module
+        from amaranth.sim import Simulator
+
+        from cais.hdl.switch import Switch
+
+        self.params = params
+        self.dut = Switch(params)
+        top = Module()
+        top.domains.sync = sync = ClockDomain("sync")
+        top.submodules.switch = self.dut
+        self.rst = sync.rst
+        self.sim = Simulator(top)
+        self.sim.add_clock(1 / clock_hz)
+        self.sim.add_testbench(self._testbench)
+        self._job: Callable[[Any], Awaitable] | None = None
+        self._fresh = True
+
+    async def _testbench(self, ctx) -> None:
+        await self._job(ctx)
+
+    def run(self, job: Callable[[Any], Awaitable], vcd: str | os.PathLike | None = None) -> None:
+        """Simulate until ``await job(ctx)`` returns, from the initial state."""
+        if not self._fresh:
+            self.sim.reset()
+        self._fresh = False
+        self._job = job
+        try:
+            if vcd:
+                with self.sim.write_vcd(str(vcd)):
+                    self.sim.run()
+            else:
+                self.sim.run()
+        finally:
+            self._job = None
+
+
+def _bench(params: SwitchParams, clock_hz: float) -> SwitchBench:
+    """This process's simulator for ``params`` (taken out of the kept ones: a run that fails leaves the
+    simulator mid-cycle, so it goes back only once its run has returned)."""
+    bench = _benches.pop((params, clock_hz), None)
+    return bench if bench is not None else SwitchBench(params, clock_hz)
+
+
+def _keep(bench: SwitchBench, clock_hz: float) -> None:
+    _benches[(bench.params, clock_hz)] = bench
+    while len(_benches) > KEPT_BENCHES:
+        del _benches[next(iter(_benches))]           # the least recently used
+
+
 def run_amaranth(params: SwitchParams, main: Callable[[AmaranthLink], Awaitable], *, seed: int = 0,
                  vcd: str | os.PathLike | None = None, waves: bool = False, idle: float | list[float] = 0.0,
                  backpressure: float | list[float] = 0.0, clock_hz: float = DEFAULT_CLOCK_HZ,
@@ -104,26 +173,17 @@ def run_amaranth(params: SwitchParams, main: Callable[[AmaranthLink], Awaitable]
     of every cycle in ``link.busy_trace``; ``settle`` (default ``slots + 2``, the slot-state sweep) is the
     number of cycles after reset before the link's cycle 0 (0: the driver starts during the sweep).
     """
-    from amaranth.hdl import ClockDomain, Module
-    from amaranth.sim import Simulator
-
-    from cais.hdl.switch import Switch
-
     if waves and vcd is None:
         vcd = amaranth_vcd_path(params)
         vcd.parent.mkdir(parents=True, exist_ok=True)
-    dut = Switch(params)
-    top = Module()
-    top.domains.sync = sync = ClockDomain("sync")
-    top.submodules.switch = dut
+    bench = _bench(params, clock_hz)
+    dut = bench.dut
     link = AmaranthLink(params, dut, clock_hz=clock_hz, seed=seed, idle=idle, backpressure=backpressure,
-                        trace_busy=trace_busy, rst=sync.rst)
+                        trace_busy=trace_busy, rst=bench.rst)
     settle = params.slots + 2 if settle is None else int(settle)
-    sim = Simulator(top)
-    sim.add_clock(1 / clock_hz)
     outcome = {}
 
-    async def testbench(ctx):
+    async def job(ctx):
         link.ctx = ctx
         for p in range(params.ports):
             ctx.set(dut.m_axis[p].tready, 1)
@@ -131,11 +191,6 @@ def run_amaranth(params: SwitchParams, main: Callable[[AmaranthLink], Awaitable]
         link.start_cycle = RESET_CYCLES + settle
         outcome["result"] = await main(link)
 
-    sim.add_testbench(testbench)
-    if vcd:
-        with sim.write_vcd(str(vcd)):
-            sim.run()
-    else:
-        sim.run()
+    bench.run(job, vcd)
+    _keep(bench, clock_hz)
     return outcome["result"]
-

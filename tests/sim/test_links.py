@@ -182,12 +182,44 @@ def _check_reset_mid_frame(params, frame, got):
 def test_reset_forgets_the_beat_a_sink_took_during_reset_amaranth():
     """The egress shows a beat in the cycle reset rises; a ready sink takes it, the head of a frame the
     reset cuts short. The link forgets it: it does not lead the port's next frame (before, a result frame
-    of the regression's payload part gained the mix part's stranded beat)."""
-    from cais.sim.links.amaranth import run_amaranth
+    of the regression's payload part gained the mix part's stranded beat).
+
+    The same case again on the simulator the first run left behind (run_amaranth keeps it), after a run
+    that ends with a frame held inside and counted: the reused simulator starts from the initial state,
+    so the second run is the first, cycle for cycle. A run that fails gives its simulator up."""
+    from cais.link import DEFAULT_CLOCK_HZ
+    from cais.sim.links import amaranth
 
     params = SwitchParams(ports=2, data_width=512, slots=16, float_units=False)   # the cheapest to simulate
-    frame, got = run_amaranth(params, _reset_mid_frame)
+    rx_frames = register_map(params)["RX_FRAMES"].address(1)                # port 1's
+
+    async def counted(link):
+        frame, got = await _reset_mid_frame(link)
+        return frame, got, await link.read(rx_frames), link.cycle
+
+    async def leave_a_frame_inside(link):
+        link.set_hold(0)
+        link.send(1, proto.EthHeader(proto.BROADCAST_MAC, host_mac(1), 0x0800).pack() + bytes(100))
+        await link.advance(200)
+        return await link.read(rx_frames)
+
+    async def fail(link):
+        await link.advance(10)
+        raise ZeroDivisionError("the job's own error")
+
+    key = (params, DEFAULT_CLOCK_HZ)
+    amaranth._benches.pop(key, None)
+    first = amaranth.run_amaranth(params, counted)
+    frame, got, rx, _ = first
     _check_reset_mid_frame(params, frame, got)
+    assert rx == 1                               # the frame sent after the reset, counted from 0
+    bench = amaranth._benches[key]
+    assert amaranth.run_amaranth(params, leave_a_frame_inside) == 1
+    assert amaranth.run_amaranth(params, counted) == first
+    assert amaranth._benches[key] is bench
+    with pytest.raises(ZeroDivisionError, match="own error"):
+        amaranth.run_amaranth(params, fail)
+    assert key not in amaranth._benches
 
 
 @pytest.mark.verilator
