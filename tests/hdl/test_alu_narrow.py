@@ -8,6 +8,7 @@ from cais.hdl.alu.reduce import ReduceALU
 from cais.protocol import DType, ReduceOp
 
 from blocksim import run
+from tiers import sweep
 
 TYPES = {DType.INT16: (">i2", 16), DType.INT8: ("i1", 8)}
 
@@ -55,10 +56,14 @@ def evaluate(width, dtype, op, saturate, pairs, stages=0):
     return out
 
 
-@pytest.mark.parametrize("width", [64, 512])
-@pytest.mark.parametrize("dtype", list(TYPES))
-@pytest.mark.parametrize("op,saturate", [(ReduceOp.SUM, False), (ReduceOp.SUM, True), (ReduceOp.MAX, False),
-                                         (ReduceOp.MIN, False)])
+OPS = [(ReduceOp.SUM, False), (ReduceOp.SUM, True), (ReduceOp.MAX, False), (ReduceOp.MIN, False)]
+
+
+# make test-fast: every operator on int8 lanes at 64 bits, and int16 wrapping sums at 512
+@pytest.mark.parametrize("width,dtype,op,saturate", sweep(
+    [(w, t, op, sat) for op, sat in OPS for t in TYPES for w in (64, 512)],
+    fast=lambda w, t, op, sat: (w, t) == (64, DType.INT8) or (w, t, op, sat) == (512, DType.INT16, ReduceOp.SUM, False),
+    ids=lambda w, t, op, sat: f"{op.name}{'_sat' if sat else ''}-{t.name}-{w}"))
 def test_random_and_extremes(width, dtype, op, saturate):
     be, bits = TYPES[dtype]
     n = width // bits

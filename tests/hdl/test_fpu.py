@@ -28,6 +28,8 @@ from cais.hdl.alu.fpu import (BF16, FP16, FP32, NUMPY_ZERO_TIE, FloatAdder, Floa
 from cais.sim.operands import (UINT, all_pairs, catalogue, directed_add_pairs, maxmin_catalogue, maxmin_random,
                                random_pairs)
 
+from tiers import sweep
+
 # Random operand pairs per format (amaranth.sim, about 10k a second); CAIS_FPU_VECTORS=1000000 for a deeper run.
 VECTORS = int(os.environ.get("CAIS_FPU_VECTORS", "30000"))
 NARROW_VECTORS = max(20_000, VECTORS)
@@ -352,7 +354,8 @@ def test_adder_random(fmt):
     assert ((want.astype(np.uint64) & ((1 << (fmt.width - 1)) - 1)) == fmt.inf).sum() > 0
 
 
-@pytest.mark.parametrize("stages", sorted(FloatAdder.CUTS))
+# make test-fast: the combinational adder and the most registers
+@pytest.mark.parametrize("stages", sweep(sorted(FloatAdder.CUTS), fast=lambda s: s in (0, max(FloatAdder.CUTS))))
 def test_adder_every_stage_count(stages):
     """Every register placement computes the same function with latency ``stages``."""
     for fmt in (FP16, BF16):

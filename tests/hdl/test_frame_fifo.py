@@ -20,6 +20,7 @@ import pytest
 from cais.hdl.common.frame_fifo import FrameFifo
 
 from blocksim import run
+from tiers import sweep
 
 
 REGISTERED_LATENCY = 3     # commit in cycle t: the beat can be at the head in cycle t + 3
@@ -229,8 +230,11 @@ def test_long_committed_burst_no_bubble_after_wrap():
 
 
 # ----------------------------------------------------------------------------- random
-@pytest.mark.parametrize("registered", [False, True], ids=["ram_out", "reg_out"])
-@pytest.mark.parametrize("width,depth,seed", [(8, 2, 4), (8, 4, 1), (32, 16, 2), (64, 8, 3)])
+# make test-fast: the shallowest and the deepest FIFO, each output kind once
+@pytest.mark.parametrize("width,depth,seed,registered", sweep(
+    [(w, d, s, r) for r in (False, True) for w, d, s in [(8, 2, 4), (8, 4, 1), (32, 16, 2), (64, 8, 3)]],
+    fast=lambda w, d, s, r: (d, r) in ((2, True), (16, False)),
+    ids=lambda w, d, s, r: f"{w}-{d}-{s}-{'reg_out' if r else 'ram_out'}"))
 def test_random_against_model(width, depth, seed, registered):
     rng = random.Random(seed)
     cycles = 4000

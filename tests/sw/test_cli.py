@@ -1,7 +1,10 @@
 """Command-line entry points refuse bad arguments with a message and exit status 2, never a traceback."""
 
+import runpy
 import subprocess
 import sys
+import warnings
+from pathlib import Path
 
 import pytest
 
@@ -36,8 +39,39 @@ CASES = [
 ]
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_in_process(argv, capsys):
+    """What ``python *argv`` does with its arguments, run in this process (a second Python for each of
+    the cases costs more than the case): its exit status and standard error. An exception other than
+    SystemExit propagates, failing the test with the traceback the command would have printed."""
+    module = argv[0] == "-m"
+    target, args = (argv[1], argv[2:]) if module else (str(REPO / argv[0]), argv[1:])
+    saved = sys.argv
+    sys.argv = [target, *args]
+    try:
+        with pytest.raises(SystemExit) as exited, warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # "found in sys.modules": imported by other tests
+            if module:
+                runpy.run_module(target, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(target, run_name="__main__")
+    finally:
+        sys.argv = saved
+    return exited.value.code, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,needle", CASES)
-def test_bad_arguments_refused(argv, needle):
+def test_bad_arguments_refused(argv, needle, capsys):
+    status, err = run_in_process(argv, capsys)
+    assert status == 2, err
+    assert needle in err
+
+
+@pytest.mark.parametrize("argv,needle", [CASES[0], CASES[-1]])
+def test_bad_arguments_refused_by_the_command(argv, needle):
+    """The same, as the separate command a user runs (its exit status and output, no traceback)."""
     proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert needle in proc.stderr
