@@ -70,7 +70,8 @@ class SlotStateMemory(wiring.Component):
     sweep_last : Out(1)
         The sweep writes its last slot in this cycle.
 
-    ``ram`` is the RAM (:class:`~cais.hdl.common.bram.OutputRegisteredRAM`) and ``mem`` its simulation
+    ``ram`` is the RAM (:class:`~cais.hdl.common.bram.OutputRegisteredRAM`, or one given: a test's with
+    another simulation form of the colliding reads) and ``mem`` its simulation
     form's memory (``ram.mem``: the formal harness adds read ports to it, tests read it; it is not part of
     an ECP5 synthesis). ``read_latency`` (:data:`STATE_READ_LATENCY`) is the read's latency.
     """
@@ -82,9 +83,9 @@ class SlotStateMemory(wiring.Component):
         """The RAM's simulation-form memory (``ram.mem``)."""
         return self.ram.mem
 
-    def __init__(self, params: SwitchParams):
+    def __init__(self, params: SwitchParams, *, ram: OutputRegisteredRAM | None = None):
         self.params = params
-        self.ram = OutputRegisteredRAM(state_entry_layout(params), params.slots)
+        self.ram = OutputRegisteredRAM(state_entry_layout(params), params.slots) if ram is None else ram
         super().__init__({
             "pipe": In(SlotStatePort(params, read_en=False)), "maint": In(SlotStatePort(params, read_en=True)),
             "sweeping": Out(1, init=1), "sweep_last": Out(1),
