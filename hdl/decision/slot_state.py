@@ -118,6 +118,7 @@ class SlotState(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         s = self._registers()
+        m.d.comb += s.w_new.eq(Mux(s.w_set, Cat(s.w_oth, s.w_cur), Cat(s.w_cur, s.w_oth)))
         self._read(m, s)
         self._forward(m, s)
         self._update(m, s)
@@ -148,8 +149,11 @@ class SlotState(wiring.Component):
                                                                Signal(), Signal(reset_less=True))
         s.u_eq_prev_tag, s.u_eq_prev_len = Signal(reset_less=True), Signal(reset_less=True)
         s.u_other_next, s.u_prev_next = Signal(reset_less=True), Signal(reset_less=True)
-        s.w_agg, s.w_slot, s.w_new, s.w_first = (Signal(), Signal(sb, reset_less=True), Signal(ent, reset_less=True),
-                                                 Signal())
+        # W's new state as the header's set and the other one (``w_cur``, ``w_oth``, unswapped: U drives them
+        # without the swap by the set bit, ``w_set``); ``w_new`` is the entry, swapped after the registers
+        s.w_agg, s.w_slot, s.w_first = Signal(), Signal(sb, reset_less=True), Signal()
+        s.w_cur, s.w_oth, s.w_set = Signal(setl, reset_less=True), Signal(setl, reset_less=True), Signal(reset_less=True)
+        s.w_new = Signal(ent)
         s.w_old = Signal(2 * P, reset_less=True)
         s.w_rule, s.w_old_rule = Signal(rb, reset_less=True), Signal(2 * rb, reset_less=True)
         s.h1_agg, s.h1_slot, s.h1_new = Signal(), Signal(sb, reset_less=True), Signal(ent, reset_less=True)
@@ -198,9 +202,16 @@ class SlotState(wiring.Component):
 
     def _forward(self, m, s):
         """S2: the state forwarded from the newer writes, the compares."""
-        fwd = Signal(state_entry_layout(self.params))
-        m.d.comb += fwd.eq(or_tree(Mux(s.f_sel[k], src, 0) for k, src in enumerate((s.w_new, s.h1_new, s.f_mem))))
-        cur, other = fwd[s.f_c.set], fwd[~s.f_c.set]
+        setl = state_set_layout(self.params)
+        cur, other = Signal(setl), Signal(setl)
+        # (W's sets picked by whether the header's set is W's: no swap of W's entry on the way)
+        w_same = s.w_set == s.f_c.set
+        m.d.comb += [
+            cur.eq(or_tree(Mux(s.f_sel[k], src, 0) for k, src in enumerate(
+                (Mux(w_same, s.w_cur, s.w_oth), s.h1_new[s.f_c.set], s.f_mem[s.f_c.set])))),
+            other.eq(or_tree(Mux(s.f_sel[k], src, 0) for k, src in enumerate(
+                (Mux(w_same, s.w_oth, s.w_cur), s.h1_new[~s.f_c.set], s.f_mem[~s.f_c.set])))),
+        ]
         m.d.sync += [
             s.u_valid.eq(s.f_valid), s.u_agg.eq(s.f_agg), s.u_action.eq(s.f_action), s.u_reason.eq(s.f_reason),
             s.u_mask.eq(s.f_mask), s.u_c.eq(s.f_c), s.u_cur.eq(cur), s.u_other.eq(other),
@@ -218,8 +229,9 @@ class SlotState(wiring.Component):
         u_c = s.u_c
         prev = s.u_prev_same
         s_cur, s_other = Signal(setl), Signal(setl)
-        m.d.comb += [s_cur.eq(Mux(prev, s.w_new[u_c.set], s.u_cur)),
-                     s_other.eq(Mux(prev, s.w_new[~u_c.set], s.u_other))]
+        # (W's sets picked by whether the header's set is W's, a register: u_same_set)
+        m.d.comb += [s_cur.eq(Mux(prev, Mux(s.u_same_set, s.w_cur, s.w_oth), s.u_cur)),
+                     s_other.eq(Mux(prev, Mux(s.u_same_set, s.w_oth, s.w_cur), s.u_other))]
         # The header ahead changed this set's tag and length only if it was its FIRST.
         took_set = prev & s.u_same_set & s.w_first
         took_other = prev & ~s.u_same_set & s.w_first           # ... and the other set's
@@ -253,7 +265,7 @@ class SlotState(wiring.Component):
         # Every contribution writes its slot back (unchanged when refused), so every one is forwarded.
         m.d.sync += [
             s.w_agg.eq(agg), s.w_slot.eq(u_c.slot), s.w_first.eq(agg & upd.first),
-            s.w_new.eq(Mux(u_c.set, Cat(new_other, new_cur), Cat(new_cur, new_other))),
+            s.w_cur.eq(new_cur), s.w_oth.eq(new_other), s.w_set.eq(u_c.set),
             s.w_old.eq(Cat(s_cur.bitmap, s_other.bitmap)),
             s.w_rule.eq(u_c.rule), s.w_old_rule.eq(Cat(s_cur.rule, s_other.rule)),
             s.h1_agg.eq(s.w_agg), s.h1_slot.eq(s.w_slot), s.h1_new.eq(s.w_new),
