@@ -148,6 +148,9 @@ class SlotState(wiring.Component):
         s.u_tag_eq, s.u_len_eq, s.u_prev_same, s.u_same_set = (Signal(reset_less=True), Signal(reset_less=True),
                                                                Signal(), Signal(reset_less=True))
         s.u_eq_prev_tag, s.u_eq_prev_len = Signal(reset_less=True), Signal(reset_less=True)
+        # copies of u_prev_same and u_same_set for the wide fields (tag, length, stamp, rule, aged), so that
+        # the select of the few bits SetUpdate reads drives only those
+        s.u_prev_wide, s.u_same_wide = Signal(), Signal(reset_less=True)
         s.u_other_next, s.u_prev_next = Signal(reset_less=True), Signal(reset_less=True)
         # W's new state as the header's set and the other one (``w_cur``, ``w_oth``, unswapped: U drives them
         # without the swap by the set bit, ``w_set``); ``w_new`` is the entry, swapped after the registers
@@ -219,6 +222,10 @@ class SlotState(wiring.Component):
             s.u_other_next.eq(other.tag == s.f_c.next_tag),
             # the header one ahead (in U now, in W when this one is in U)
             s.u_prev_same.eq(s.u_agg & (s.u_c.slot == s.f_c.slot)), s.u_same_set.eq(s.u_c.set == s.f_c.set),
+            # (the copies differ from the originals only for a header that writes nothing, f_agg 0: the
+            # difference keeps yosys from merging them into one register)
+            s.u_prev_wide.eq(s.u_agg & (s.u_c.slot == s.f_c.slot) & s.f_agg),
+            s.u_same_wide.eq((s.u_c.set == s.f_c.set) & s.f_agg),
             s.u_eq_prev_tag.eq(s.u_c.tag == s.f_c.tag), s.u_eq_prev_len.eq(s.u_c.plen == s.f_c.plen),
             s.u_prev_next.eq(s.u_c.tag == s.f_c.next_tag),
         ]
@@ -229,9 +236,13 @@ class SlotState(wiring.Component):
         u_c = s.u_c
         prev = s.u_prev_same
         s_cur, s_other = Signal(setl), Signal(setl)
-        # (W's sets picked by whether the header's set is W's, a register: u_same_set)
-        m.d.comb += [s_cur.eq(Mux(prev, Mux(s.u_same_set, s.w_cur, s.w_oth), s.u_cur)),
-                     s_other.eq(Mux(prev, Mux(s.u_same_set, s.w_oth, s.w_cur), s.u_other))]
+        # (W's sets picked by whether the header's set is W's, a register: u_same_set; the fields SetUpdate
+        # reads by the originals, the others by the copies)
+        for name in setl.members:
+            p_sel, same = ((prev, s.u_same_set) if name in ("bitmap", "done", "sent")
+                           else (s.u_prev_wide, s.u_same_wide))
+            m.d.comb += [s_cur[name].eq(Mux(p_sel, Mux(same, s.w_cur[name], s.w_oth[name]), s.u_cur[name])),
+                         s_other[name].eq(Mux(p_sel, Mux(same, s.w_oth[name], s.w_cur[name]), s.u_other[name]))]
         # The header ahead changed this set's tag and length only if it was its FIRST.
         took_set = prev & s.u_same_set & s.w_first
         took_other = prev & ~s.u_same_set & s.w_first           # ... and the other set's
