@@ -144,6 +144,7 @@ class SlotState(wiring.Component):
             setattr(s, f"{k}_c", Signal(carry_l, reset_less=True, name=f"{k}_c"))
         s.r_sel = Signal(3, reset_less=True)
         s.f_mem, s.f_sel = Signal(ent, reset_less=True), Signal(3, reset_less=True)
+        s.f_w_same = Signal(reset_less=True, name="f_w_same")   # the header in W (when this one is in S2) has its set
         s.u_cur, s.u_other = Signal(setl, reset_less=True), Signal(setl, reset_less=True)
         s.u_tag_eq, s.u_len_eq, s.u_prev_same, s.u_same_set = (Signal(reset_less=True), Signal(reset_less=True),
                                                                Signal(), Signal(reset_less=True))
@@ -201,14 +202,14 @@ class SlotState(wiring.Component):
         # Of the rest, the ones now in U and W are in W and h1 when this one is in S2.
         hit_w = s.u_agg & (s.u_c.slot == s.r_c.slot)
         hit_h1 = s.w_agg & (s.w_slot == s.r_c.slot)
-        m.d.sync += s.f_sel.eq(Cat(hit_w, ~hit_w & hit_h1, ~hit_w & ~hit_h1))
+        m.d.sync += [s.f_sel.eq(Cat(hit_w, ~hit_w & hit_h1, ~hit_w & ~hit_h1)), s.f_w_same.eq(s.u_c.set == s.r_c.set)]
 
     def _forward(self, m, s):
         """S2: the state forwarded from the newer writes, the compares."""
         setl = state_set_layout(self.params)
         cur, other = Signal(setl), Signal(setl)
         # (W's sets picked by whether the header's set is W's: no swap of W's entry on the way)
-        w_same = s.w_set == s.f_c.set
+        w_same = s.f_w_same
         m.d.comb += [
             cur.eq(or_tree(Mux(s.f_sel[k], src, 0) for k, src in enumerate(
                 (Mux(w_same, s.w_cur, s.w_oth), s.h1_new[s.f_c.set], s.f_mem[s.f_c.set])))),
