@@ -233,6 +233,40 @@ def _decision_stage(P, regmap):
     return Decision(P, regmap)
 
 
+def _decision_state_stage(P, regmap):
+    """The decision with its slot-state memory (``attach_state_memory``, as the SRAM buffer connects them): the
+    decision's ports but the memory's, so that the memory's block RAM and its output register are in the
+    design (in ``decision`` the wrapper's registers stand for them)."""
+    from amaranth.hdl import Const, Module
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In
+
+    from cais.hdl.decision import Decision, attach_state_memory
+
+    inner = {"state", "maint", "sweeping", "sweep_last"}
+
+    class DecisionWithState(wiring.Component):
+        def __init__(self):
+            self.decision = Decision(P, regmap)
+            super().__init__({name: member for name, member in self.decision.signature.members.items()
+                              if name not in inner})
+
+        def elaborate(self, platform):
+            m = Module()
+            attach_state_memory(m, self.decision)
+            mine = {path: value for path, _member, value in self.signature.flatten(self)}
+            for path, member, value in self.decision.signature.flatten(self.decision):
+                if path[0] in inner or isinstance(value, Const):
+                    continue
+                if member.flow == In:
+                    m.d.comb += value.eq(mine[path])
+                else:
+                    m.d.comb += mine[path].eq(value)
+            return m
+
+    return DecisionWithState()
+
+
 def _lane_stage(P, regmap):
     from cais.hdl.alu.lane import IngressLane
     return IngressLane(P)
@@ -346,6 +380,8 @@ DESIGNS: dict[str, Design] = {d.name: d for d in (
     Design("decision", "Decision: arbiter, rule and MAC tables, slot-state pipeline, maintenance, counters "
                        "(default build; the slot-state memory is the SRAM buffer's), registered in and out",
            _stage(_decision_stage)),
+    Design("decision_state", "the decision with its slot-state memory (the SRAM buffer's block RAM and its "
+                             "output register), registered in and out", _stage(_decision_state_stage)),
     Design("lane", "IngressLane: one port's lane (default build), registered in and out", _stage(_lane_stage)),
     Design("crossbar", "EgressCrossbar: the lanes to the egress FIFOs (default build), "
                        "registered in and out", _stage(_crossbar_stage)),

@@ -12,7 +12,7 @@ with its synchronous read port followed by one register, which behaves the same 
 
 from __future__ import annotations
 
-from amaranth.hdl import ClockSignal, Const, Instance, Module, Signal
+from amaranth.hdl import ClockSignal, Const, Instance, Module, Shape, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -61,7 +61,8 @@ def dp16kd_mode(width: int, depth: int) -> tuple[int, int]:
 
 
 class OutputRegisteredRAM(wiring.Component):
-    """``depth`` rows of ``width`` bits; one write port, one read port, one clock (``sync``).
+    """``depth`` rows of ``shape`` (a width in bits, or any shape-castable, e.g. a struct layout: ``width``
+    is its bits); one write port, one read port, one clock (``sync``).
 
     A write (``wr_en``) in cycle ``t`` is visible to a read issued in cycle ``t + 1`` or later; a read
     of the row written in the same cycle has no defined result on the FPGA (the DP16KD's two ports
@@ -79,15 +80,18 @@ class OutputRegisteredRAM(wiring.Component):
 
     ``mode`` is the DP16KD mode (data bits, rows) and ``blocks`` the DP16KD count on ECP5; a RAM deeper
     than one DP16KD (16,384 rows: no cascade is built) has neither and is the memory and a fabric register
-    on ECP5 too (the same behaviour, without the block's output register).
+    on ECP5 too (the same behaviour, without the block's output register). ``mem`` is the
+    ``amaranth.lib.memory.Memory`` of the simulation form (rows of ``shape``): tests and the formal harness
+    read it or add read ports to it; it is not part of the ECP5 form.
     """
 
     read_latency = BANK_READ        # the synchronous read, then the output register (cais.hdl.latency)
 
-    def __init__(self, width: int, depth: int):
+    def __init__(self, shape, depth: int):
+        width = Shape.cast(shape).width
         if width < 1 or depth < 1:
             raise ValueError(f"a RAM of {width} bits x {depth} rows is empty")
-        self.width, self.depth = width, depth
+        self.shape, self.width, self.depth = shape, width, depth
         # (data bits, rows) of the DP16KD tiling; None when deeper than one block (no cascade is built:
         # such a RAM is the memory and a fabric register on ECP5 too, as in simulation)
         self.mode = dp16kd_mode(width, depth) if depth <= DP16KD_MODES[-1][1] else None
@@ -98,13 +102,21 @@ class OutputRegisteredRAM(wiring.Component):
             "rd_addr": In(abits), "rd_en": In(1),
             "rd_data": Out(width),
         })
+        self._mem = None
+
+    @property
+    def mem(self) -> Memory:
+        """The simulation form's memory, made on first use (an ECP5 form never makes it)."""
+        if self._mem is None:
+            self._mem = Memory(shape=self.shape, depth=self.depth, init=[])
+        return self._mem
 
     def elaborate(self, platform):
         m = Module()
         if ecp5_target(platform) and self.mode is not None:
             self._dp16kd(m)
         else:
-            m.submodules.mem = mem = Memory(shape=self.width, depth=self.depth, init=[])
+            m.submodules.mem = mem = self.mem
             wr, rd = mem.write_port(), mem.read_port()
             out = Signal(self.width, reset_less=True, name="out_reg")
             m.d.comb += [wr.addr.eq(self.wr_addr), wr.data.eq(self.wr_data), wr.en.eq(self.wr_en),

@@ -118,6 +118,7 @@ class SlotState(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         s = self._registers()
+        m.d.comb += s.w_new.eq(Mux(s.w_set, Cat(s.w_oth, s.w_cur), Cat(s.w_cur, s.w_oth)))
         self._read(m, s)
         self._forward(m, s)
         self._update(m, s)
@@ -141,22 +142,33 @@ class SlotState(wiring.Component):
             setattr(s, f"{k}_reason", Signal(DropReason, name=f"{k}_reason"))
             setattr(s, f"{k}_mask", Signal(P, name=f"{k}_mask"))
             setattr(s, f"{k}_c", Signal(carry_l, reset_less=True, name=f"{k}_c"))
-        s.r_sel = Signal(3, reset_less=True)
-        s.f_mem, s.f_sel = Signal(ent, reset_less=True), Signal(3, reset_less=True)
-        s.u_cur, s.u_other = Signal(setl, reset_less=True), Signal(setl, reset_less=True)
-        s.u_tag_eq, s.u_len_eq, s.u_prev_same, s.u_same_set = (Signal(reset_less=True), Signal(reset_less=True),
-                                                               Signal(), Signal(reset_less=True))
-        s.u_eq_prev_tag, s.u_eq_prev_len = Signal(reset_less=True), Signal(reset_less=True)
-        s.u_other_next, s.u_prev_next = Signal(reset_less=True), Signal(reset_less=True)
-        s.w_agg, s.w_slot, s.w_new, s.w_first = (Signal(), Signal(sb, reset_less=True), Signal(ent, reset_less=True),
-                                                 Signal())
-        s.w_old = Signal(2 * P, reset_less=True)
-        s.w_rule, s.w_old_rule = Signal(rb, reset_less=True), Signal(2 * rb, reset_less=True)
-        s.h1_agg, s.h1_slot, s.h1_new = Signal(), Signal(sb, reset_less=True), Signal(ent, reset_less=True)
-        s.h2_agg, s.h2_slot, s.h2_new = Signal(), Signal(sb, reset_less=True), Signal(ent, reset_less=True)
-        s.v_outcome, s.v_accepted, s.v_complete = Signal(SlotOutcome), Signal(), Signal()
+        def reg(name, shape=1, reset_less=True):
+            return Signal(shape, reset_less=reset_less, name=name)
+        s.r_sel = reg("r_sel", 3)
+        s.f_mem, s.f_sel = reg("f_mem", ent), reg("f_sel", 3)
+        s.f_w_same = reg("f_w_same")        # the header in W (when this one is in S2) has its set
+        s.u_cur, s.u_other = reg("u_cur", setl), reg("u_other", setl)
+        s.u_tag_eq, s.u_len_eq, s.u_prev_same, s.u_same_set = (reg("u_tag_eq"), reg("u_len_eq"),
+                                                               reg("u_prev_same", reset_less=False), reg("u_same_set"))
+        s.u_eq_prev_tag, s.u_eq_prev_len = reg("u_eq_prev_tag"), reg("u_eq_prev_len")
+        # copies of u_prev_same and u_same_set for the wide fields (tag, length, stamp, rule, aged), so that
+        # the select of the few bits SetUpdate reads drives only those
+        s.u_prev_wide, s.u_same_wide = reg("u_prev_wide", reset_less=False), reg("u_same_wide")
+        s.u_other_next, s.u_prev_next = reg("u_other_next"), reg("u_prev_next")
+        # W's new state as the header's set and the other one (``w_cur``, ``w_oth``, unswapped: U drives them
+        # without the swap by the set bit, ``w_set``); ``w_new`` is the entry, swapped after the registers
+        s.w_agg, s.w_slot, s.w_first = reg("w_agg", reset_less=False), reg("w_slot", sb), reg("w_first", reset_less=False)
+        s.w_cur, s.w_oth, s.w_set = reg("w_cur", setl), reg("w_oth", setl), reg("w_set")
+        s.w_new = Signal(ent, name="w_new")
+        s.w_old = reg("w_old", 2 * P)
+        s.w_rule, s.w_old_rule = reg("w_rule", rb), reg("w_old_rule", 2 * rb)
+        s.h1_agg, s.h1_slot, s.h1_new = reg("h1_agg", reset_less=False), reg("h1_slot", sb), reg("h1_new", ent)
+        s.h2_agg, s.h2_slot, s.h2_new = reg("h2_agg", reset_less=False), reg("h2_slot", sb), reg("h2_new", ent)
+        s.v_outcome, s.v_accepted, s.v_complete = (reg("v_outcome", SlotOutcome, reset_less=False),
+                                                   reg("v_accepted", reset_less=False),
+                                                   reg("v_complete", reset_less=False))
         if prm.uplink:
-            s.v_up_resend, s.v_parent_done = Signal(), Signal()
+            s.v_up_resend, s.v_parent_done = reg("v_up_resend", reset_less=False), reg("v_parent_done", reset_less=False)
         return s
 
     def _read(self, m, s):
@@ -194,13 +206,20 @@ class SlotState(wiring.Component):
         # Of the rest, the ones now in U and W are in W and h1 when this one is in S2.
         hit_w = s.u_agg & (s.u_c.slot == s.r_c.slot)
         hit_h1 = s.w_agg & (s.w_slot == s.r_c.slot)
-        m.d.sync += s.f_sel.eq(Cat(hit_w, ~hit_w & hit_h1, ~hit_w & ~hit_h1))
+        m.d.sync += [s.f_sel.eq(Cat(hit_w, ~hit_w & hit_h1, ~hit_w & ~hit_h1)), s.f_w_same.eq(s.u_c.set == s.r_c.set)]
 
     def _forward(self, m, s):
         """S2: the state forwarded from the newer writes, the compares."""
-        fwd = Signal(state_entry_layout(self.params))
-        m.d.comb += fwd.eq(or_tree(Mux(s.f_sel[k], src, 0) for k, src in enumerate((s.w_new, s.h1_new, s.f_mem))))
-        cur, other = fwd[s.f_c.set], fwd[~s.f_c.set]
+        setl = state_set_layout(self.params)
+        cur, other = Signal(setl, name="fwd_cur"), Signal(setl, name="fwd_other")
+        # (W's sets picked by whether the header's set is W's: no swap of W's entry on the way)
+        w_same = s.f_w_same
+        m.d.comb += [
+            cur.eq(or_tree(Mux(s.f_sel[k], src, 0) for k, src in enumerate(
+                (Mux(w_same, s.w_cur, s.w_oth), s.h1_new[s.f_c.set], s.f_mem[s.f_c.set])))),
+            other.eq(or_tree(Mux(s.f_sel[k], src, 0) for k, src in enumerate(
+                (Mux(w_same, s.w_oth, s.w_cur), s.h1_new[~s.f_c.set], s.f_mem[~s.f_c.set])))),
+        ]
         m.d.sync += [
             s.u_valid.eq(s.f_valid), s.u_agg.eq(s.f_agg), s.u_action.eq(s.f_action), s.u_reason.eq(s.f_reason),
             s.u_mask.eq(s.f_mask), s.u_c.eq(s.f_c), s.u_cur.eq(cur), s.u_other.eq(other),
@@ -208,6 +227,10 @@ class SlotState(wiring.Component):
             s.u_other_next.eq(other.tag == s.f_c.next_tag),
             # the header one ahead (in U now, in W when this one is in U)
             s.u_prev_same.eq(s.u_agg & (s.u_c.slot == s.f_c.slot)), s.u_same_set.eq(s.u_c.set == s.f_c.set),
+            # (the copies differ from the originals only for a header that writes nothing, f_agg 0: the
+            # difference keeps yosys from merging them into one register)
+            s.u_prev_wide.eq(s.u_agg & (s.u_c.slot == s.f_c.slot) & s.f_agg),
+            s.u_same_wide.eq((s.u_c.set == s.f_c.set) & s.f_agg),
             s.u_eq_prev_tag.eq(s.u_c.tag == s.f_c.tag), s.u_eq_prev_len.eq(s.u_c.plen == s.f_c.plen),
             s.u_prev_next.eq(s.u_c.tag == s.f_c.next_tag),
         ]
@@ -217,9 +240,14 @@ class SlotState(wiring.Component):
         setl = state_set_layout(self.params)
         u_c = s.u_c
         prev = s.u_prev_same
-        s_cur, s_other = Signal(setl), Signal(setl)
-        m.d.comb += [s_cur.eq(Mux(prev, s.w_new[u_c.set], s.u_cur)),
-                     s_other.eq(Mux(prev, s.w_new[~u_c.set], s.u_other))]
+        s_cur, s_other = Signal(setl, name="s_cur"), Signal(setl, name="s_other")
+        # (W's sets picked by whether the header's set is W's, a register: u_same_set; the fields SetUpdate
+        # reads by the originals, the others by the copies)
+        for name in setl.members:
+            p_sel, same = ((prev, s.u_same_set) if name in ("bitmap", "done", "sent")
+                           else (s.u_prev_wide, s.u_same_wide))
+            m.d.comb += [s_cur[name].eq(Mux(p_sel, Mux(same, s.w_cur[name], s.w_oth[name]), s.u_cur[name])),
+                         s_other[name].eq(Mux(p_sel, Mux(same, s.w_oth[name], s.w_cur[name]), s.u_other[name]))]
         # The header ahead changed this set's tag and length only if it was its FIRST.
         took_set = prev & s.u_same_set & s.w_first
         took_other = prev & ~s.u_same_set & s.w_first           # ... and the other set's
@@ -233,7 +261,7 @@ class SlotState(wiring.Component):
             upd.other_newer.eq(Mux(took_other, s.u_prev_next, s.u_other_next)),
             upd.me.eq(u_c.me), upd.contributors.eq(u_c.contributors),
         ]
-        new_cur, new_other = Signal(setl), Signal(setl)
+        new_cur, new_other = Signal(setl, name="new_cur"), Signal(setl, name="new_other")
         m.d.comb += [
             new_cur.bitmap.eq(upd.new_cur_bitmap), new_cur.done.eq(upd.new_cur_done),
             new_cur.tag.eq(Mux(upd.first, u_c.tag, s_cur.tag)), new_cur.length.eq(Mux(upd.first, u_c.plen, s_cur.length)),
@@ -253,7 +281,7 @@ class SlotState(wiring.Component):
         # Every contribution writes its slot back (unchanged when refused), so every one is forwarded.
         m.d.sync += [
             s.w_agg.eq(agg), s.w_slot.eq(u_c.slot), s.w_first.eq(agg & upd.first),
-            s.w_new.eq(Mux(u_c.set, Cat(new_other, new_cur), Cat(new_cur, new_other))),
+            s.w_cur.eq(new_cur), s.w_oth.eq(new_other), s.w_set.eq(u_c.set),
             s.w_old.eq(Cat(s_cur.bitmap, s_other.bitmap)),
             s.w_rule.eq(u_c.rule), s.w_old_rule.eq(Cat(s_cur.rule, s_other.rule)),
             s.h1_agg.eq(s.w_agg), s.h1_slot.eq(s.w_slot), s.h1_new.eq(s.w_new),

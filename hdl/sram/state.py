@@ -3,19 +3,20 @@ the decision's pipeline and its maintenance, and the reset sweep that empties it
 
 from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import wiring
-from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from cais.params import SwitchParams
 
+from ..common.bram import OutputRegisteredRAM
 from .slots import state_entry_layout
 
 __all__ = ["SlotStateMemory", "SlotStatePort", "STATE_READ_LATENCY", "slot_bits"]
 
 #: Clock edges from a read address to its entry on ``read_data``: the block RAM's synchronous read, then
-#: the register its output goes through before any logic.
-STATE_READ_LATENCY = 2
+#: the register its output goes through before any logic (the RAM's own on ECP5:
+#: :class:`cais.hdl.common.bram.OutputRegisteredRAM`).
+STATE_READ_LATENCY = OutputRegisteredRAM.read_latency
 
 
 def slot_bits(params: SwitchParams) -> int:
@@ -42,9 +43,16 @@ class SlotStateMemory(wiring.Component):
     write port, shared by the decision's slot-state pipeline and its maintenance.
 
     Reads: the memory reads ``pipe.read_addr`` in every cycle, or ``maint.read_addr`` while
-    ``maint.read_en``. The read is synchronous and not transparent (a write in the cycle of the read is
-    missed) and its output is registered: the entry read in cycle t is on ``read_data`` (both ports show the
-    same register) in cycle t + :data:`STATE_READ_LATENCY`.
+    ``maint.read_en``. The read is synchronous and its output is registered: the entry read in cycle t is on
+    ``read_data`` (both ports show the same register) in cycle t + :data:`STATE_READ_LATENCY`. A read of
+    the slot written in the same cycle has no defined result (on ECP5 the RAM is a DP16KD with its output
+    register, :class:`cais.hdl.common.bram.OutputRegisteredRAM`, whose two ports then collide; the
+    simulation model returns the old entry): a user must not use such a read's entry. The decision never
+    does: its pipeline forwards the write its read collides with (``SlotState``: the write then in W is
+    in ``h1`` when the header is in B2, and ``hit5`` takes ``h1``'s entry instead of the read's), and the
+    maintenance reads and writes only while no all-reduce header is in flight and holds new ones back
+    (``Maintenance``). tests/hdl/test_state_collisions.py runs the decision with every colliding read
+    replaced by garbage.
 
     Writes, one per cycle, in this order: the reset sweep's, the pipeline's, the maintenance's (the others
     are dropped: the decision keeps all-reduce headers back during the sweep, and the maintenance writes
@@ -62,15 +70,22 @@ class SlotStateMemory(wiring.Component):
     sweep_last : Out(1)
         The sweep writes its last slot in this cycle.
 
-    ``mem`` is the memory itself (the formal harness adds read ports to it). ``read_latency``
-    (:data:`STATE_READ_LATENCY`) is the read's latency.
+    ``ram`` is the RAM (:class:`~cais.hdl.common.bram.OutputRegisteredRAM`, or one given: a test's with
+    another simulation form of the colliding reads) and ``mem`` its simulation
+    form's memory (``ram.mem``: the formal harness adds read ports to it, tests read it; it is not part of
+    an ECP5 synthesis). ``read_latency`` (:data:`STATE_READ_LATENCY`) is the read's latency.
     """
 
     read_latency = STATE_READ_LATENCY
 
-    def __init__(self, params: SwitchParams):
+    @property
+    def mem(self):
+        """The RAM's simulation-form memory (``ram.mem``)."""
+        return self.ram.mem
+
+    def __init__(self, params: SwitchParams, *, ram: OutputRegisteredRAM | None = None):
         self.params = params
-        self.mem = Memory(shape=state_entry_layout(params), depth=params.slots, init=[])
+        self.ram = OutputRegisteredRAM(state_entry_layout(params), params.slots) if ram is None else ram
         super().__init__({
             "pipe": In(SlotStatePort(params, read_en=False)), "maint": In(SlotStatePort(params, read_en=True)),
             "sweeping": Out(1, init=1), "sweep_last": Out(1),
@@ -78,26 +93,22 @@ class SlotStateMemory(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.mem = mem = self.mem
+        m.submodules.ram = ram = self.ram
         pipe, mt = self.pipe, self.maint
         slots = self.params.slots
-        # One read port: the maintenance's read takes it for the cycle. Its output has a register of its
-        # own before any logic (block RAM output timing).
-        rd = mem.read_port()
-        read_data = Signal(state_entry_layout(self.params), reset_less=True)
-        m.d.comb += [rd.addr.eq(Mux(mt.read_en, mt.read_addr, pipe.read_addr)),
-                     pipe.read_data.eq(read_data), mt.read_data.eq(read_data)]
-        m.d.sync += read_data.eq(rd.data)
+        # One read port: the maintenance's read takes it for the cycle. Its output is the RAM's register
+        # (block RAM output timing), shared by both users.
+        m.d.comb += [ram.rd_addr.eq(Mux(mt.read_en, mt.read_addr, pipe.read_addr)), ram.rd_en.eq(1),
+                     pipe.read_data.eq(ram.rd_data), mt.read_data.eq(ram.rd_data)]
         # The reset sweep: slot s in cycle s after reset.
         sweep = Signal(range(max(2, slots)))
         with m.If(self.sweeping):
             m.d.sync += [sweep.eq(sweep + 1), self.sweeping.eq(sweep != slots - 1)]
         m.d.comb += self.sweep_last.eq(self.sweeping & (sweep == slots - 1))
-        wr = mem.write_port()
         with m.If(self.sweeping):
-            m.d.comb += [wr.addr.eq(sweep), wr.data.eq(0), wr.en.eq(1)]
+            m.d.comb += [ram.wr_addr.eq(sweep), ram.wr_data.eq(0), ram.wr_en.eq(1)]
         with m.Elif(pipe.write_en):
-            m.d.comb += [wr.addr.eq(pipe.write_addr), wr.data.eq(pipe.write_data), wr.en.eq(1)]
+            m.d.comb += [ram.wr_addr.eq(pipe.write_addr), ram.wr_data.eq(pipe.write_data), ram.wr_en.eq(1)]
         with m.Elif(mt.write_en):
-            m.d.comb += [wr.addr.eq(mt.write_addr), wr.data.eq(mt.write_data), wr.en.eq(1)]
+            m.d.comb += [ram.wr_addr.eq(mt.write_addr), ram.wr_data.eq(mt.write_data), ram.wr_en.eq(1)]
         return m
