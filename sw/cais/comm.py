@@ -607,10 +607,12 @@ class World:
                         self._start_ring(s, c)
                     c.work.path = c.path
             if c is not None and c.path == "switch":
-                if c.engine.failed and not ctl.fell_back(c.group.group_id, c.op_seq):
+                fell_back = ctl.fell_back(c.group.group_id, c.op_seq)
+                if c.engine.failed and not fell_back:
                     ctl.request_fallback(c.group.group_id, c.op_seq, s.rank, now,
                                          f"a chunk ran out of {self.config.retry_limit} retries")
-                if ctl.fell_back(c.group.group_id, c.op_seq):
+                    fell_back = ctl.fell_back(c.group.group_id, c.op_seq)
+                if fell_back:
                     self._account(s, c.engine)
                     self._start_ring(s, c)
                     c.work.path = "ring"
@@ -646,6 +648,8 @@ class World:
         moved on): a rank dropped itself fails it; a rank left redoes it on the host ring among the ranks
         left, from its own input, and its result is held until every one of them has finished."""
         ctl = self.controller
+        if not ctl.dropped:      # no rank was ever dropped: every group is whole, every collective at epoch 0
+            return
         running = ([s.current] if s.current is not None else []) + s.lingering + [
             b for b in s.background if not b.delivered]
         for c in running:
