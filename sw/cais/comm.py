@@ -548,11 +548,13 @@ class World:
         return "; ".join(lines + self.controller.pending_work())
 
     @staticmethod
-    def _engines(state: _RankState):
-        if state.current is not None and state.current.engine is not None:
-            yield state.current.engine
-        for c in state.background:
-            yield c.engine
+    def _engines(state: _RankState) -> list:
+        """The rank's engines: its current collective's, then the background ones (a new list)."""
+        c = state.current
+        engines = [c.engine] if c is not None and c.engine is not None else []
+        if state.background:
+            engines += [b.engine for b in state.background]
+        return engines
 
     # ---------------------------------------------------------------- per step
     def _start_ring(self, state: _RankState, c: _Collective) -> None:
@@ -616,7 +618,7 @@ class World:
                     self._account(s, c.engine)
                     self._start_ring(s, c)
                     c.work.path = "ring"
-            for engine in list(self._engines(s)):
+            for engine in self._engines(s):
                 for frame in engine.poll(now):
                     self.link.send(s.port, frame)
                     sent += 1
