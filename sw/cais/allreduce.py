@@ -178,7 +178,10 @@ class SwitchAllReduce:
         self.horizon = retry_horizon(timeout_s, retry_limit)
         self._progress_at = now       # the last new result (or the start)
         self.nchunks = chunk_count(len(self.data), self.itemsize, self.chunk_bytes)
-        self.result = np.zeros(len(self.data), dtype=native)
+        self._native = native
+        # the result frames' payloads, kept as they came (wire order): decoded once, when asked (result)
+        self._result_wire = bytearray(len(self.data) * self.itemsize)
+        self._result: np.ndarray | None = None
         self._chunks = [_Chunk(i) for i in range(self.nchunks)]
         self._next = 0                # next chunk never sent
         self._in_flight: dict[int, _Chunk] = {}
@@ -199,6 +202,9 @@ class SwitchAllReduce:
         self._wire = numerics.encode(self.dtype, self.data)
         self._wire_np = proto.numpy_dtype(self.dtype)
         self._eth = proto.EthHeader(proto.result_mac(group_id), mac, proto.ETHERTYPE).pack()
+        # the header fields every chunk of this collective has in common
+        self._fixed = (int(proto.OpType.ALL_REDUCE), self.group_id, self.layer_id & 0xFFFF)
+        self._total = min(self.nchunks, 0xFFFF)
         self._ethertype = proto.ETHERTYPE.to_bytes(2, "big")
         self._reserved = {retransmit: int(proto.CaisHeader(dtype=self.dtype, red_op=self.op, flags=int(
             proto.Flags.RETRANSMIT) if retransmit else 0).reserved) for retransmit in (False, True)}
@@ -208,6 +214,14 @@ class SwitchAllReduce:
     @property
     def done(self) -> bool:
         return self._remaining == 0
+
+    @property
+    def result(self) -> np.ndarray:
+        """The reduced values (zeros where no result came yet), in the values' type: the result payloads
+        decoded at once, on the first read after a result arrived."""
+        if self._result is None:
+            self._result = np.frombuffer(self._result_wire, self._wire_np).astype(self._native)
+        return self._result
 
     @property
     def chunks_done(self) -> int:
@@ -236,9 +250,8 @@ class SwitchAllReduce:
         lo = chunk.index * self.chunk_bytes
         payload = self._wire[lo:lo + self.chunk_bytes]
         frame = self._eth + _HEADER.pack(
-            int(proto.OpType.ALL_REDUCE), self.group_id, self.layer_id & 0xFFFF, chunk.index & 0xFFFF,
-            min(self.nchunks, 0xFFFF), (self.seq_base + chunk.index) & 0xFFFF_FFFF, len(payload),
-            self._reserved[retransmit]) + payload
+            *self._fixed, chunk.index & 0xFFFF, self._total, (self.seq_base + chunk.index) & 0xFFFF_FFFF,
+            len(payload), self._reserved[retransmit]) + payload
         if len(frame) < proto.MIN_FRAME_BYTES:
             frame += bytes(proto.MIN_FRAME_BYTES - len(frame))
         return frame
@@ -270,9 +283,13 @@ class SwitchAllReduce:
         if self.failed:
             return []
         out = []
-        earliest = self.next_deadline()
-        due = ([chunk for chunk in self._in_flight.values() if now >= chunk.deadline]
-               if earliest is not None and now >= earliest else [])
+        heap = self._deadlines
+        if not heap or now < heap[0][0]:
+            due = []             # every deadline, even a stale one, is later
+        else:
+            earliest = self.next_deadline()
+            due = ([chunk for chunk in self._in_flight.values() if now >= chunk.deadline]
+                   if earliest is not None and now >= earliest else [])
         for chunk in sorted(due, key=lambda c: c.index) if len(due) > 1 else due:
             if chunk.backoff >= self.retry_limit and now - self._progress_at >= self.horizon:
                 self.failed = True
@@ -307,7 +324,9 @@ class SwitchAllReduce:
         if (reserved & 0xFF00 != self._result_reserved or payload_len != want * self.itemsize
                 or len(frame) < proto.HEADERS_BYTES + payload_len):
             return False   # not a result of this chunk (a stale frame of another collective)
-        self.result[lo:lo + want] = np.frombuffer(frame, self._wire_np, want, proto.HEADERS_BYTES)
+        at, start = lo * self.itemsize, proto.HEADERS_BYTES
+        self._result_wire[at:at + payload_len] = frame[start:start + payload_len]
+        self._result = None
         chunk.done = True
         self._progress_at = now
         self._in_flight.pop(index, None)

@@ -548,11 +548,13 @@ class World:
         return "; ".join(lines + self.controller.pending_work())
 
     @staticmethod
-    def _engines(state: _RankState):
-        if state.current is not None and state.current.engine is not None:
-            yield state.current.engine
-        for c in state.background:
-            yield c.engine
+    def _engines(state: _RankState) -> list:
+        """The rank's engines: its current collective's, then the background ones (a new list)."""
+        c = state.current
+        engines = [c.engine] if c is not None and c.engine is not None else []
+        if state.background:
+            engines += [b.engine for b in state.background]
+        return engines
 
     # ---------------------------------------------------------------- per step
     def _start_ring(self, state: _RankState, c: _Collective) -> None:
@@ -607,14 +609,16 @@ class World:
                         self._start_ring(s, c)
                     c.work.path = c.path
             if c is not None and c.path == "switch":
-                if c.engine.failed and not ctl.fell_back(c.group.group_id, c.op_seq):
+                fell_back = ctl.fell_back(c.group.group_id, c.op_seq)
+                if c.engine.failed and not fell_back:
                     ctl.request_fallback(c.group.group_id, c.op_seq, s.rank, now,
                                          f"a chunk ran out of {self.config.retry_limit} retries")
-                if ctl.fell_back(c.group.group_id, c.op_seq):
+                    fell_back = ctl.fell_back(c.group.group_id, c.op_seq)
+                if fell_back:
                     self._account(s, c.engine)
                     self._start_ring(s, c)
                     c.work.path = "ring"
-            for engine in list(self._engines(s)):
+            for engine in self._engines(s):
                 for frame in engine.poll(now):
                     self.link.send(s.port, frame)
                     sent += 1
@@ -646,6 +650,8 @@ class World:
         moved on): a rank dropped itself fails it; a rank left redoes it on the host ring among the ranks
         left, from its own input, and its result is held until every one of them has finished."""
         ctl = self.controller
+        if not ctl.dropped:      # no rank was ever dropped: every group is whole, every collective at epoch 0
+            return
         running = ([s.current] if s.current is not None else []) + s.lingering + [
             b for b in s.background if not b.delivered]
         for c in running:

@@ -82,6 +82,7 @@ class RetransmitTimer:
         self.rttvar = 0.0
         self.backoffs = 0                  # doublings of the RTO since the last sample
         self.bounds = 0                    # upper-bound samples taken (bound)
+        self._update()
 
     def sample(self, rtt: float) -> None:
         """A round trip of a frame that was sent once."""
@@ -92,6 +93,7 @@ class RetransmitTimer:
         else:
             self.rttvar = (1 - BETA) * self.rttvar + BETA * abs(self.srtt - rtt)
             self.srtt = (1 - ALPHA) * self.srtt + ALPHA * rtt
+        self._update()
 
     def bound(self, rtt: float) -> None:
         """An upper bound of the round trip: a repeated frame's answer timed from its first transmission,
@@ -111,25 +113,27 @@ class RetransmitTimer:
         if other.srtt is not None:
             self.srtt, self.rttvar, self.samples = other.srtt, other.rttvar, other.samples
         self.ceiling_factor = max(self.ceiling_factor, other.ceiling_factor)
+        self._update()
 
     def back_off(self) -> None:
         """A timer expired: double the RTO until the next sample (never past the ceiling)."""
         if self.rto < self.initial_s * self.ceiling_factor:
             self.backoffs += 1
+            self._update()
 
-    @property
-    def measured(self) -> float:
-        """The RTO the round trips say, within the floor and the ceiling, without the backoff."""
+    def _update(self) -> None:
+        """Recompute :attr:`measured` and :attr:`rto` from the state (called by every method that changes
+        it: the engines read them for every frame, the state changes far less often)."""
         if self.srtt is None:
             base = self.initial_s
         else:
             floor = self.floor if self.samples >= self.warmup else 1.0
             base = max(self.initial_s * floor, self.srtt + max(self.srtt * self.margin, K * self.rttvar))
-        return min(self.initial_s * self.ceiling_factor, base)
-
-    @property
-    def rto(self) -> float:
-        return min(self.initial_s * self.ceiling_factor, self.measured * 2 ** self.backoffs)
+        ceiling = self.initial_s * self.ceiling_factor
+        #: The RTO the round trips say, within the floor and the ceiling, without the backoff.
+        self.measured = min(ceiling, base)
+        #: The RTO: :attr:`measured` doubled per backoff, never past the ceiling.
+        self.rto = min(ceiling, self.measured * 2 ** self.backoffs)
 
     @property
     def longest(self) -> float:
@@ -139,4 +143,6 @@ class RetransmitTimer:
     def timeout(self, retries: int) -> float:
         """How long to wait for the answer to a frame sent `retries` times before: the measured RTO doubled
         per retry, or the backed-off RTO if that is longer (the two doublings do not compound)."""
+        if retries == 0:
+            return min(self.longest, self.rto)       # the RTO is at least the measured one
         return min(self.longest, max(self.rto, self.measured * min(self.cap, 2 ** retries)))

@@ -357,6 +357,22 @@ def test_results_read_in_place_refuse_what_is_not_this_chunks_result():
     assert np.array_equal(e.result[64:], np.arange(36) * 7) and not e.result[:64].any()
 
 
+def test_result_read_between_results_follows_every_new_result():
+    """The result is decoded from the payloads when read: a read before the last result must not stick."""
+    e = SwitchAllReduce(data=np.zeros(100, dtype=np.int16), op=proto.ReduceOp.SUM, group_id=3, seq_base=10,
+                        slot_count=4, window=4, chunk_size=128, timeout_s=1.0, retry_limit=3, mac=1)
+    e.poll(0.0)
+    want = np.arange(-50, 50, dtype=np.int16) * 311          # negative values: the byte order matters
+    for index, (lo, hi) in enumerate([(64, 100), (0, 64)]):
+        hdr = proto.CaisHeader(group_id=3, seq_num=10 + (lo // 64), payload_len=2 * (hi - lo),
+                               dtype=proto.DType.INT16, flags=int(proto.Flags.RESULT))
+        assert e.receive(proto.build_frame(hdr, want[lo:hi].astype(">i2").tobytes()), 0.5)
+        seen = e.result
+        assert seen.dtype == np.int16 and np.array_equal(seen[lo:hi], want[lo:hi])
+        assert not seen[:lo].any() if index == 0 else np.array_equal(seen, want)
+    assert e.done
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_kept_deadline_is_the_earliest_in_flight(seed):
     """next_deadline (kept up to date, not recomputed) equals the minimum over the chunks in flight at every
@@ -492,3 +508,40 @@ def test_a_path_slower_than_the_configured_timeout_is_learned():
     assert first.timer.bounds >= 1 and 0.5 < first.timer.rto < 64 * 0.05
     second = run_on_a_slow_path(0.5, 0.05, 128, history=first.timer)
     assert second.retransmissions == 0 and second.timer.samples > first.timer.samples
+
+
+def test_timer_values_follow_every_change():
+    """RetransmitTimer keeps measured and rto as values: after every sample, bound, backoff and adopt they
+    equal RFC 6298's formulas computed here (SRTT + max(G, 4 RTTVAR), floor, ceiling, doubling)."""
+    from cais.rto import RetransmitTimer
+    initial, floor, cap, margin = 1e-3, 0.1, 64, 1 / 8
+    t = RetransmitTimer(initial, floor=floor, warmup=2, ceiling=1.0, margin=margin)
+    srtt = rttvar = None
+    samples, backoffs, ceiling = 0, 0, 1.0
+
+    def check():
+        if srtt is None:
+            base = initial
+        else:
+            base = max(initial * (floor if samples >= 2 else 1.0), srtt + max(srtt * margin, 4 * rttvar))
+        measured = min(initial * ceiling, base)
+        rto = min(initial * ceiling, measured * 2 ** backoffs)
+        assert t.measured == pytest.approx(measured, rel=1e-12) and t.rto == pytest.approx(rto, rel=1e-12)
+        assert t.timeout(0) == pytest.approx(min(initial * cap, rto), rel=1e-12)
+        assert t.timeout(3) == pytest.approx(min(initial * cap, max(rto, measured * 8)), rel=1e-12)
+
+    check()
+    t.back_off(); check()                         # at the ceiling already: no doubling
+    t.bound(5e-3); samples, ceiling, srtt, rttvar = 1, float(cap), 5e-3, 2.5e-3; check()
+    for rtt in (2e-4, 3e-4, 2.5e-4):
+        t.sample(rtt)
+        samples += 1
+        rttvar = 0.75 * rttvar + 0.25 * abs(srtt - rtt)
+        srtt = 0.875 * srtt + 0.125 * rtt
+        check()
+    t.back_off(); backoffs = 1; check()
+    t.back_off(); backoffs = 2; check()
+    fresh = RetransmitTimer(initial, floor=floor, warmup=2, ceiling=1.0, margin=margin)
+    fresh.adopt(t)
+    t, backoffs = fresh, 0
+    check()
