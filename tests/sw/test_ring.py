@@ -19,6 +19,8 @@ from cais.protocol import (ETHERTYPE, HOST_ETHERTYPE, MIN_FRAME_BYTES, CaisHeade
                            HostKind, ReduceOp, build_frame, build_host_frame)
 from cais.ring import MAX_BACKOFF, RingAllReduce, block_bounds
 
+from tiers import sweep
+
 LATENCY = 2e-6
 JITTER = 10e-6            # the largest extra delay of a reordered frame
 TIMEOUT = 50e-6           # above the worst round trip 2 * (LATENCY + JITTER): no spurious retransmissions
@@ -130,7 +132,10 @@ CASES = [(n, length, op, prof) for n in (2, 3, 4, 8) for length in lengths_for(n
          for prof in PROFILES]
 
 
-@pytest.mark.parametrize("n,length,op,prof", CASES, ids=lambda v: getattr(v, "name", str(v)))
+# make test-fast: every size and length as a clean and a lossy sum, every operator and profile on 3 ranks x 1000
+@pytest.mark.parametrize("n,length,op,prof", sweep(
+    CASES, fast=lambda n, length, op, prof: (op == ReduceOp.SUM and prof in ("clean", "drop20"))
+    or (n, length) == (3, 1000), ids=lambda n, length, op, prof: f"{n}-{length}-{op.name}-{prof}"))
 def test_allreduce_matches_numpy(n, length, op, prof):
     drop, dup, reorder = PROFILES[prof]
     engines, inputs, net = run_ring(n, length, op, seed_of(n, length, int(op), prof), drop, dup, reorder)
