@@ -18,6 +18,7 @@ import pytest
 from cais.hdl.egress.ports import EgressCrossbar
 
 from blocksim import run
+from tiers import sweep
 
 W = 64
 
@@ -412,8 +413,10 @@ def make_frames(rng, source, count, lengths):
     return [[(source << 48) | (k << 16) | b for b in range(rng.choice(lengths))] for k in range(count)]
 
 
-@pytest.mark.parametrize("seed, ready, gap", [(1, 1.0, 0.3), (2, 0.5, 0.3), (3, 0.8, 0.0), (4, 0.3, 0.6),
-                                              (5, 0.7, (0.95, 0.05)), (6, 1.0, (0.05, 0.95)), (7, 0.5, (0.9, 0.2))])
+# make test-fast: an always-ready sink and a mostly stalled one
+@pytest.mark.parametrize("seed, ready, gap", sweep(
+    [(1, 1.0, 0.3), (2, 0.5, 0.3), (3, 0.8, 0.0), (4, 0.3, 0.6), (5, 0.7, (0.95, 0.05)), (6, 1.0, (0.05, 0.95)),
+     (7, 0.5, (0.9, 0.2))], fast=lambda seed, ready, gap: seed in (1, 4)))
 def test_merge_sends_whole_frames_in_order_per_source(seed, ready, gap):
     """Random frames into both FIFOs (one source bursty, the other rare, or both), a sink that stalls."""
     rng = random.Random(seed)

@@ -7,9 +7,13 @@ from cais.params import SwitchParams
 from cais.sim.refmodel import SwitchModel
 from cais.sim.traffic import random_mix, replay
 
+from tiers import sweep
 
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("params", [SwitchParams(), SwitchParams(ports=2, data_width=512, slots=16)])
+
+# make test-fast: two seeds of each build
+@pytest.mark.parametrize("params,seed", sweep(
+    [(params, seed) for params in (SwitchParams(), SwitchParams(ports=2, data_width=512, slots=16)) for seed in range(6)],
+    fast=lambda params, seed: seed < 2, ids=lambda params, seed: f"{params.slug()}-{seed}"))
 def test_only_the_chunks_are_contributions(seed, params):
     real = {f.data for frames in random_mix(params, seed, frames_per_port=0).frames for f in frames}
     scen = random_mix(params, seed, frames_per_port=120)
