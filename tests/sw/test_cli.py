@@ -1,12 +1,11 @@
 """Command-line entry points refuse bad arguments with a message and exit status 2, never a traceback."""
 
-import runpy
 import subprocess
 import sys
-import warnings
-from pathlib import Path
 
 import pytest
+
+from inprocess import run_main
 
 CASES = [
     (["-m", "cais.sim.cosim", "--ranks", "1"], "--ranks 1"),
@@ -39,34 +38,12 @@ CASES = [
 ]
 
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def run_in_process(argv, capsys):
-    """What ``python *argv`` does with its arguments, run in this process (a second Python for each of
-    the cases costs more than the case): its exit status and standard error. An exception other than
-    SystemExit propagates, failing the test with the traceback the command would have printed."""
-    module = argv[0] == "-m"
-    target, args = (argv[1], argv[2:]) if module else (str(REPO / argv[0]), argv[1:])
-    saved = sys.argv
-    sys.argv = [target, *args]
-    try:
-        with pytest.raises(SystemExit) as exited, warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)   # "found in sys.modules": imported by other tests
-            if module:
-                runpy.run_module(target, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(target, run_name="__main__")
-    finally:
-        sys.argv = saved
-    return exited.value.code, capsys.readouterr().err
-
-
 @pytest.mark.parametrize("argv,needle", CASES)
-def test_bad_arguments_refused(argv, needle, capsys):
-    status, err = run_in_process(argv, capsys)
-    assert status == 2, err
-    assert needle in err
+def test_bad_arguments_refused(argv, needle):
+    """Each command's main in this process (tests/inprocess.py): exit status 2 and the message."""
+    proc = run_main(argv)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr
 
 
 @pytest.mark.parametrize("argv,needle", [CASES[0], CASES[-1]])

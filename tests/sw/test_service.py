@@ -3,8 +3,6 @@ Unix socket in a thread, the service in this process, rank clients over the JSON
 as a subprocess. The token, the HTTP API, the metrics, a restart that loses no group, and a catalogue of
 bad requests and arguments that are refused and change nothing."""
 
-import contextlib
-import io
 import json
 import os
 import re
@@ -14,11 +12,9 @@ import sys
 import threading
 import time
 import urllib.request
-from unittest import mock
 
 import pytest
 
-import cais.cli
 from cais.cli import Client, ServiceError
 from cais.config import Config
 from cais.coordinator import kind_to_dict
@@ -28,6 +24,7 @@ from cais.params import SwitchParams
 from cais.service import ControllerService
 
 from daemons import in_process_switch
+from inprocess import run_main
 
 TOKEN = "s3cret-token"
 PARAMS = SwitchParams(ports=4)
@@ -54,18 +51,12 @@ def cli(svc, *args, token=TOKEN):
 
 
 def cli_here(svc, *args, token=TOKEN):
-    """cais-cli's ``main`` in this process, with :func:`cli`'s environment for the CAIS variables: for the
-    catalogue's many calls (a process each took 0.4 s); :func:`cli` runs the installed command."""
+    """cais-cli in this process (tests/inprocess.py), with :func:`cli`'s environment for the CAIS variables:
+    for the catalogue's many calls; :func:`cli` runs the installed command."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CAIS_")}
     if token:
         env["CAIS_TOKEN"] = token
-    out, err = io.StringIO(), io.StringIO()
-    with mock.patch.dict(os.environ, env, clear=True), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = cais.cli.main(["--controller", f"127.0.0.1:{svc.http_port}", *args])
-        except SystemExit as e:
-            code = e.code
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+    return run_main(["-m", "cais.cli", "--controller", f"127.0.0.1:{svc.http_port}", *args], env=env)
 
 
 def rank_clients(svc, tmp_path, name="ctl"):
