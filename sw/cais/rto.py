@@ -143,6 +143,4 @@ class RetransmitTimer:
     def timeout(self, retries: int) -> float:
         """How long to wait for the answer to a frame sent `retries` times before: the measured RTO doubled
         per retry, or the backed-off RTO if that is longer (the two doublings do not compound)."""
-        if retries == 0:
-            return min(self.longest, self.rto)       # the RTO is at least the measured one
         return min(self.longest, max(self.rto, self.measured * min(self.cap, 2 ** retries)))
