@@ -178,6 +178,8 @@ class SwitchAllReduce:
         self.horizon = retry_horizon(timeout_s, retry_limit)
         self._progress_at = now       # the last new result (or the start)
         self.nchunks = chunk_count(len(self.data), self.itemsize, self.chunk_bytes)
+        # payload bytes of the last chunk (the others carry chunk_bytes)
+        self._last_bytes = len(self.data) * self.itemsize - (self.nchunks - 1) * self.chunk_bytes
         self._native = native
         # the result frames' payloads, kept as they came (wire order): decoded once, when asked (result)
         self._result_wire = bytearray(len(self.data) * self.itemsize)
@@ -266,17 +268,13 @@ class SwitchAllReduce:
         else:
             chunk.first_sent = now
         chunk.sent_at = now
-        chunk.deadline = now + self.timer.timeout(chunk.backoff)
+        # timeout(0) is the RTO itself: a chunk without backoff (nearly every one) reads it directly
+        chunk.deadline = now + (self.timer.timeout(chunk.backoff) if chunk.backoff else self.timer.rto)
         heapq.heappush(self._deadlines, (chunk.deadline, chunk.index))
         frame = self._frame(chunk, retransmit)
         self.frames_sent += 1
         self.bytes_sent += len(frame)
         return frame
-
-    def _slot_free(self, index: int) -> bool:
-        """The chunk that used this chunk's slot before it (in either set) has its result."""
-        before = index - self.slot_count
-        return before < 0 or self._chunks[before].done
 
     def poll(self, now: float) -> list[bytes]:
         """Frames to transmit now: retransmissions that are due, then new chunks the window allows."""
@@ -295,10 +293,14 @@ class SwitchAllReduce:
                 self.failed = True
                 return out
             out.append(self._send(chunk, now))
-        while (self._next < self.nchunks and len(self._in_flight) < self.window
-               and self._slot_free(self._next)):
-            chunk = self._chunks[self._next]
-            self._in_flight[chunk.index] = chunk
+        flight, chunks = self._in_flight, self._chunks
+        while self._next < self.nchunks and len(flight) < self.window:
+            # the chunk that used this chunk's slot before it (in either set) must have its result
+            before = self._next - self.slot_count
+            if before >= 0 and not chunks[before].done:
+                break
+            chunk = chunks[self._next]
+            flight[chunk.index] = chunk
             out.append(self._send(chunk, now))
             self._next += 1
         return out
@@ -319,36 +321,37 @@ class SwitchAllReduce:
         if chunk.done:
             self.duplicate_results += 1
             return True
-        lo = index * self.per_chunk
-        want = min(self.per_chunk, len(self.data) - lo)
-        if (reserved & 0xFF00 != self._result_reserved or payload_len != want * self.itemsize
+        want = self.chunk_bytes if index != self.nchunks - 1 else self._last_bytes
+        if (reserved & 0xFF00 != self._result_reserved or payload_len != want
                 or len(frame) < proto.HEADERS_BYTES + payload_len):
             return False   # not a result of this chunk (a stale frame of another collective)
-        at, start = lo * self.itemsize, proto.HEADERS_BYTES
+        at, start = index * self.chunk_bytes, proto.HEADERS_BYTES
         self._result_wire[at:at + payload_len] = frame[start:start + payload_len]
         self._result = None
         chunk.done = True
         self._progress_at = now
         self._in_flight.pop(index, None)
-        self._backed_off.discard(index)
         self._remaining -= 1
-        # Progress: the path works. Like TCP after a new acknowledgement, chunks still waiting start their
-        # backoff again, so a chunk that waited long for a slow peer is not left on a huge timer (and the
-        # retry limit counts timeouts without any progress, not the waits behind a peer's loss).
-        rto = self.timer.rto
-        for other_index in self._backed_off:
-            other = self._in_flight[other_index]
-            other.backoff = 0
-            if now + rto < other.deadline:
-                other.deadline = now + rto
-                heapq.heappush(self._deadlines, (other.deadline, other_index))
-        self._backed_off.clear()
+        if self._backed_off:
+            # Progress: the path works. Like TCP after a new acknowledgement, chunks still waiting start their
+            # backoff again, so a chunk that waited long for a slow peer is not left on a huge timer (and the
+            # retry limit counts timeouts without any progress, not the waits behind a peer's loss).
+            self._backed_off.discard(index)
+            rto = self.timer.rto
+            for other_index in self._backed_off:
+                other = self._in_flight[other_index]
+                other.backoff = 0
+                if now + rto < other.deadline:
+                    other.deadline = now + rto
+                    heapq.heappush(self._deadlines, (other.deadline, other_index))
+            self._backed_off.clear()
         if chunk.retries == 0:   # Karn: a retransmitted chunk's round trip is ambiguous
+            rtt = now - chunk.first_sent
             self._unsampled = 0
-            self.timer.sample(now - chunk.first_sent)
-            self.rtts.append(now - chunk.first_sent)
+            self.timer.sample(rtt)
+            self.rtts.append(rtt)
             if index == 0:
-                self.first_rtt = now - chunk.first_sent
+                self.first_rtt = rtt
         else:
             # ... but if a whole window was answered only after repeats before any round trip was measured,
             # the configured timeout is shorter than the path and Karn's rule alone would leave the timer
