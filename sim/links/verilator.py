@@ -129,7 +129,7 @@ class VerilatorLink(LinkBase):
             frame = check_frame(frame, self.params.beat_bytes, bad_keep)
         self._out.append(frame)
         self._out_meta.extend((port, len(frame), (1 if bad_keep else 0) | (2 if bad_fcs else 0),
-                               max(0, int(not_before))))
+                               max(0, int(not_before)) if not_before else 0))
 
     def _batch(self) -> tuple:
         """The frames sent since the last call into the harness, as its batch arguments (bytes back to back,

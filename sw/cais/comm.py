@@ -459,9 +459,10 @@ class World:
                 await self._serve_groups()
             sent = self._step_engines()
             await self.controller.service(self.now)
-            state = self._progress_state()
-            if state != last_state:          # a collective moved on without a frame: not quiet
-                quiet, last_state = 0, state
+            if not sent:     # (a step that sends frames ends with quiet 0 whatever the state did)
+                state = self._progress_state()
+                if state != last_state:          # a collective moved on without a frame: not quiet
+                    quiet, last_state = 0, state
             step, to_frame = ACTIVE_STEP, False
             if (not sent and quiet >= IDLE_CHECK and self._nothing_in_flight()
                     and await self.link.read(self.regs["BUSY"].address()) == 0):
@@ -509,12 +510,12 @@ class World:
 
     def _cycles_to_timer(self, limit: int) -> int:
         """Cycles until the next engine timer or controller evaluation is due (1 to ``limit``)."""
-        deadlines = [self.controller.next_evaluation]
+        earliest = self.controller.next_evaluation
         deadline = self._next_deadline()
-        if deadline is not None:
-            deadlines.append(deadline)
-        cycles = int((min(deadlines) - self.now) * self.link.clock_hz) + 1
-        return max(1, min(limit, cycles))
+        if deadline is not None and deadline < earliest:
+            earliest = deadline
+        cycles = int((earliest - self.now) * self.link.clock_hz) + 1
+        return limit if cycles > limit else cycles if cycles > 1 else 1      # (min and max cost more, per step)
 
     def _next_deadline(self) -> float | None:
         deadlines = []
@@ -532,7 +533,7 @@ class World:
                     deadlines.append(d)
         timer = self.controller.next_timer()     # dead-rank checks while a collective waits
         if timer is not None:
-            deadlines.append(max(timer, self.now))
+            deadlines.append(timer if timer > self.now else self.now)
         return min(deadlines) if deadlines else None
 
     async def _stuck(self) -> bool:
