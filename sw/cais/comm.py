@@ -582,6 +582,7 @@ class World:
     def _step_engines(self) -> int:
         """Decide, start, poll and finish collectives on every rank; returns frames sent."""
         now, ctl, sent, send = self.now, self.controller, 0, self.link.send
+        ctl_fell_back = ctl.fell_back
         for s in self._states:
             if s.dead:
                 continue
@@ -591,7 +592,7 @@ class World:
             # A withheld switch result is handed out once every rank finished on the switch; if a peer fell
             # back instead, this rank takes the ring's result, so every rank gets the same bits.
             for c in list(s.lingering) if s.lingering else ():
-                if ctl.fell_back(c.group.group_id, c.op_seq):
+                if ctl_fell_back(c.group.group_id, c.op_seq):
                     s.lingering.remove(c)
                     self._start_ring(s, c)
                     s.background.append(c)
@@ -618,17 +619,23 @@ class World:
                         self._start_ring(s, c)
                     c.work.path = c.path
             if c is not None and c.path == "switch":
-                fell_back = ctl.fell_back(c.group.group_id, c.op_seq)
+                fell_back = ctl_fell_back(c.group.group_id, c.op_seq)
                 if c.engine.failed and not fell_back:
                     ctl.request_fallback(c.group.group_id, c.op_seq, s.rank, now,
                                          f"a chunk ran out of {self.config.retry_limit} retries")
-                    fell_back = ctl.fell_back(c.group.group_id, c.op_seq)
+                    fell_back = ctl_fell_back(c.group.group_id, c.op_seq)
                 if fell_back:
                     self._account(s, c.engine)
                     self._start_ring(s, c)
                     c.work.path = "ring"
-            for engine in self._engines(s):
-                frames = engine.poll(now)
+            # the rank's engines in the order of _engines (the current collective's, then the background ones)
+            if c is not None and c.engine is not None:
+                frames = c.engine.poll(now)
+                for frame in frames:
+                    send(s.port, frame)
+                sent += len(frames)
+            for b in s.background:
+                frames = b.engine.poll(now)
                 for frame in frames:
                     send(s.port, frame)
                 sent += len(frames)
