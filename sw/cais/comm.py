@@ -555,15 +555,6 @@ class World:
                              f"({c.path or 'undecided'})")
         return "; ".join(lines + self.controller.pending_work())
 
-    @staticmethod
-    def _engines(state: _RankState) -> list:
-        """The rank's engines: its current collective's, then the background ones (a new list)."""
-        c = state.current
-        engines = [c.engine] if c is not None and c.engine is not None else []
-        if state.background:
-            engines += [b.engine for b in state.background]
-        return engines
-
     # ---------------------------------------------------------------- per step
     def _start_ring(self, state: _RankState, c: _Collective) -> None:
         from .ring import RingAllReduce
@@ -628,7 +619,7 @@ class World:
                     self._account(s, c.engine)
                     self._start_ring(s, c)
                     c.work.path = "ring"
-            # the rank's engines in the order of _engines (the current collective's, then the background ones)
+            # the rank's engines: its current collective's, then the background ones (no list built per step)
             if c is not None and c.engine is not None:
                 frames = c.engine.poll(now)
                 for frame in frames:
@@ -738,7 +729,7 @@ class World:
             s = self._by_port.get(port)
             if s is None or s.dead:
                 continue
-            # the rank's engines in the order of _engines, without building its list for every frame
+            # the rank's engines, its current collective's first, then the background ones (no list per frame)
             c = s.current
             if c is not None and c.engine is not None and c.engine.receive(frame, now):
                 continue
