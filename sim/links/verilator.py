@@ -84,6 +84,7 @@ class VerilatorLink(LinkBase):
                  idle: float | list[float] = 0.0, backpressure: float | list[float] = 0.0,
                  vcd: str | os.PathLike | None = None):
         super().__init__(params, clock_hz)
+        self._ports = params.ports
         self._lib = load_library(params, waves=vcd is not None)
         # the harness writes its state here (this memory outlives it: the last values stay readable)
         self._status = status_type(self._lib)()
@@ -122,11 +123,13 @@ class VerilatorLink(LinkBase):
              not_before: int = 0) -> None:
         """Queue a frame (see :meth:`cais.sim.links.wires.WireLink.send`); it goes to the harness with the
         next call that runs the clock, before its first cycle."""
-        self.check_port(port)
-        frame = check_frame(frame, self.params.beat_bytes, bad_keep)
+        if type(frame) is not bytes or not frame or bad_keep or type(port) is not int or not 0 <= port < self._ports:
+            # anything but the common case (a non-empty bytes frame to a port in range) gets the full checks
+            self.check_port(port)
+            frame = check_frame(frame, self.params.beat_bytes, bad_keep)
         self._out.append(frame)
         self._out_meta.extend((port, len(frame), (1 if bad_keep else 0) | (2 if bad_fcs else 0),
-                               max(0, int(not_before))))
+                               max(0, int(not_before)) if not_before else 0))
 
     def _batch(self) -> tuple:
         """The frames sent since the last call into the harness, as its batch arguments (bytes back to back,

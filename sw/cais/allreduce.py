@@ -178,6 +178,8 @@ class SwitchAllReduce:
         self.horizon = retry_horizon(timeout_s, retry_limit)
         self._progress_at = now       # the last new result (or the start)
         self.nchunks = chunk_count(len(self.data), self.itemsize, self.chunk_bytes)
+        # payload bytes of the last chunk (the others carry chunk_bytes)
+        self._last_bytes = len(self.data) * self.itemsize - (self.nchunks - 1) * self.chunk_bytes
         self._native = native
         # the result frames' payloads, kept as they came (wire order): decoded once, when asked (result)
         self._result_wire = bytearray(len(self.data) * self.itemsize)
@@ -197,9 +199,6 @@ class SwitchAllReduce:
         self.duplicate_results = 0
         self.rtts: list[float] = []        # round trips of chunks sent once
         self.first_rtt: float | None = None  # of chunk 0: what the collective met when it started
-        # Per-frame work is what limits a co-simulation's speed: the payload bytes of every chunk are encoded
-        # once here, and the frames' fixed bytes (proto.build_frame of a CaisHeader) packed once.
-        self._wire = numerics.encode(self.dtype, self.data)
         self._wire_np = proto.numpy_dtype(self.dtype)
         self._eth = proto.EthHeader(proto.result_mac(group_id), mac, proto.ETHERTYPE).pack()
         # the header fields every chunk of this collective has in common
@@ -209,6 +208,35 @@ class SwitchAllReduce:
         self._reserved = {retransmit: int(proto.CaisHeader(dtype=self.dtype, red_op=self.op, flags=int(
             proto.Flags.RETRANSMIT) if retransmit else 0).reserved) for retransmit in (False, True)}
         self._result_reserved = proto.CaisHeader(dtype=self.dtype, red_op=self.op).reserved & 0xFF00
+        # Per-frame work is what limits a co-simulation's speed: every chunk's frame for its first transmission
+        # (proto.build_frame of its CaisHeader and payload, padded) is built here, all at once with numpy, and
+        # sending it is a slice: frame i starts at i * _stride, and is _stride bytes long but for the last
+        # chunk's (_last_frame bytes). Repeats are packed when sent (_frame), with their payload from here.
+        self._stride = max(proto.HEADERS_BYTES + self.chunk_bytes, proto.MIN_FRAME_BYTES)
+        self._last_frame = max(proto.HEADERS_BYTES + self._last_bytes, proto.MIN_FRAME_BYTES)
+        self._frames = self._first_frames(numerics.encode(self.dtype, self.data))
+
+    def _first_frames(self, wire: bytes) -> bytes:
+        """Every chunk's frame for its first transmission, back to back, each in a row of _stride bytes
+        (zeros after a frame shorter than the row: the last chunk's padding)."""
+        n, eth, start = self.nchunks, proto.ETH_HEADER_BYTES, proto.HEADERS_BYTES
+        rows = np.zeros((n, self._stride), np.uint8)
+        rows[:, :eth] = np.frombuffer(self._eth, np.uint8)
+        header = np.zeros(n, proto.header_dtype())
+        index = np.arange(n, dtype=np.int64)
+        header["op_type"], header["group_id"], header["layer_id"] = self._fixed
+        header["chunk_id"] = index & 0xFFFF
+        header["total_chunks"] = self._total
+        header["seq_num"] = (self.seq_base + index) & 0xFFFF_FFFF
+        header["payload_len"] = self.chunk_bytes
+        if n:
+            header["payload_len"][-1] = self._last_bytes
+        header["reserved"] = self._reserved[False]
+        rows[:, eth:start] = header.view(np.uint8).reshape(n, proto.CAIS_HEADER_BYTES)
+        payloads = np.zeros(n * self.chunk_bytes, np.uint8)
+        payloads[:len(wire)] = np.frombuffer(wire, np.uint8)
+        rows[:, start:start + self.chunk_bytes] = payloads.reshape(n, self.chunk_bytes)
+        return rows.tobytes()
 
     # ---------------------------------------------------------------- state
     @property
@@ -233,7 +261,7 @@ class SwitchAllReduce:
         return self.seq_base + self.nchunks
 
     def next_deadline(self) -> float | None:
-        if self.done or self.failed or not self._in_flight:
+        if self.failed or not self._in_flight:      # (done: nothing is in flight)
             return None
         heap, flight = self._deadlines, self._in_flight
         while True:              # drop entries of chunks done or re-timed since (there is a valid one)
@@ -247,8 +275,11 @@ class SwitchAllReduce:
     def _frame(self, chunk: _Chunk, retransmit: bool) -> bytes:
         """The chunk's frame: ``proto.build_frame`` of its header and payload, padded (byte for byte; a
         test checks it), from the bytes packed in ``__init__``."""
-        lo = chunk.index * self.chunk_bytes
-        payload = self._wire[lo:lo + self.chunk_bytes]
+        at = chunk.index * self._stride
+        if not retransmit:
+            return self._frames[at:at + (self._stride if chunk.index != self.nchunks - 1 else self._last_frame)]
+        at += proto.HEADERS_BYTES
+        payload = self._frames[at:at + (self.chunk_bytes if chunk.index != self.nchunks - 1 else self._last_bytes)]
         frame = self._eth + _HEADER.pack(
             *self._fixed, chunk.index & 0xFFFF, self._total, (self.seq_base + chunk.index) & 0xFFFF_FFFF,
             len(payload), self._reserved[retransmit]) + payload
@@ -266,17 +297,13 @@ class SwitchAllReduce:
         else:
             chunk.first_sent = now
         chunk.sent_at = now
-        chunk.deadline = now + self.timer.timeout(chunk.backoff)
+        # timeout(0) is the RTO itself: a chunk without backoff (nearly every one) reads it directly
+        chunk.deadline = now + (self.timer.timeout(chunk.backoff) if chunk.backoff else self.timer.rto)
         heapq.heappush(self._deadlines, (chunk.deadline, chunk.index))
         frame = self._frame(chunk, retransmit)
         self.frames_sent += 1
         self.bytes_sent += len(frame)
         return frame
-
-    def _slot_free(self, index: int) -> bool:
-        """The chunk that used this chunk's slot before it (in either set) has its result."""
-        before = index - self.slot_count
-        return before < 0 or self._chunks[before].done
 
     def poll(self, now: float) -> list[bytes]:
         """Frames to transmit now: retransmissions that are due, then new chunks the window allows."""
@@ -284,21 +311,23 @@ class SwitchAllReduce:
             return []
         out = []
         heap = self._deadlines
-        if not heap or now < heap[0][0]:
-            due = []             # every deadline, even a stale one, is later
-        else:
+        if heap and now >= heap[0][0]:      # else every deadline, even a stale one, is later
             earliest = self.next_deadline()
-            due = ([chunk for chunk in self._in_flight.values() if now >= chunk.deadline]
-                   if earliest is not None and now >= earliest else [])
-        for chunk in sorted(due, key=lambda c: c.index) if len(due) > 1 else due:
-            if chunk.backoff >= self.retry_limit and now - self._progress_at >= self.horizon:
-                self.failed = True
-                return out
-            out.append(self._send(chunk, now))
-        while (self._next < self.nchunks and len(self._in_flight) < self.window
-               and self._slot_free(self._next)):
-            chunk = self._chunks[self._next]
-            self._in_flight[chunk.index] = chunk
+            if earliest is not None and now >= earliest:
+                due = [chunk for chunk in self._in_flight.values() if now >= chunk.deadline]
+                for chunk in sorted(due, key=lambda c: c.index):
+                    if chunk.backoff >= self.retry_limit and now - self._progress_at >= self.horizon:
+                        self.failed = True
+                        return out
+                    out.append(self._send(chunk, now))
+        flight, chunks = self._in_flight, self._chunks
+        while self._next < self.nchunks and len(flight) < self.window:
+            # the chunk that used this chunk's slot before it (in either set) must have its result
+            before = self._next - self.slot_count
+            if before >= 0 and not chunks[before].done:
+                break
+            chunk = chunks[self._next]
+            flight[chunk.index] = chunk
             out.append(self._send(chunk, now))
             self._next += 1
         return out
@@ -319,36 +348,37 @@ class SwitchAllReduce:
         if chunk.done:
             self.duplicate_results += 1
             return True
-        lo = index * self.per_chunk
-        want = min(self.per_chunk, len(self.data) - lo)
-        if (reserved & 0xFF00 != self._result_reserved or payload_len != want * self.itemsize
+        want = self.chunk_bytes if index != self.nchunks - 1 else self._last_bytes
+        if (reserved & 0xFF00 != self._result_reserved or payload_len != want
                 or len(frame) < proto.HEADERS_BYTES + payload_len):
             return False   # not a result of this chunk (a stale frame of another collective)
-        at, start = lo * self.itemsize, proto.HEADERS_BYTES
+        at, start = index * self.chunk_bytes, proto.HEADERS_BYTES
         self._result_wire[at:at + payload_len] = frame[start:start + payload_len]
         self._result = None
         chunk.done = True
         self._progress_at = now
         self._in_flight.pop(index, None)
-        self._backed_off.discard(index)
         self._remaining -= 1
-        # Progress: the path works. Like TCP after a new acknowledgement, chunks still waiting start their
-        # backoff again, so a chunk that waited long for a slow peer is not left on a huge timer (and the
-        # retry limit counts timeouts without any progress, not the waits behind a peer's loss).
-        rto = self.timer.rto
-        for other_index in self._backed_off:
-            other = self._in_flight[other_index]
-            other.backoff = 0
-            if now + rto < other.deadline:
-                other.deadline = now + rto
-                heapq.heappush(self._deadlines, (other.deadline, other_index))
-        self._backed_off.clear()
+        if self._backed_off:
+            # Progress: the path works. Like TCP after a new acknowledgement, chunks still waiting start their
+            # backoff again, so a chunk that waited long for a slow peer is not left on a huge timer (and the
+            # retry limit counts timeouts without any progress, not the waits behind a peer's loss).
+            self._backed_off.discard(index)
+            rto = self.timer.rto
+            for other_index in self._backed_off:
+                other = self._in_flight[other_index]
+                other.backoff = 0
+                if now + rto < other.deadline:
+                    other.deadline = now + rto
+                    heapq.heappush(self._deadlines, (other.deadline, other_index))
+            self._backed_off.clear()
         if chunk.retries == 0:   # Karn: a retransmitted chunk's round trip is ambiguous
+            rtt = now - chunk.first_sent
             self._unsampled = 0
-            self.timer.sample(now - chunk.first_sent)
-            self.rtts.append(now - chunk.first_sent)
+            self.timer.sample(rtt)
+            self.rtts.append(rtt)
             if index == 0:
-                self.first_rtt = now - chunk.first_sent
+                self.first_rtt = rtt
         else:
             # ... but if a whole window was answered only after repeats before any round trip was measured,
             # the configured timeout is shorter than the path and Karn's rule alone would leave the timer

@@ -439,6 +439,7 @@ class World:
             t.start()
         quiet = steps = 0
         last_state = None
+        to_frames = hasattr(self.link, "advance_to_frame")
         while True:
             steps += 1
             if self.progress_hook is not None and steps % 256 == 0:
@@ -449,16 +450,19 @@ class World:
                 if self._errors:
                     raise self._errors[0]
                 all_done = all(finished)
+                requests = bool(self._group_requests)      # every rank thread is blocked: none comes later
             if all_done and not any(s.background or s.current or s.queue
                                     or any(c.held and not c.delivered for c in s.lingering)
                                     for s in self._states):
                 break
-            await self._serve_groups()
+            if requests:
+                await self._serve_groups()
             sent = self._step_engines()
             await self.controller.service(self.now)
-            state = self._progress_state()
-            if state != last_state:          # a collective moved on without a frame: not quiet
-                quiet, last_state = 0, state
+            if not sent:     # (a step that sends frames ends with quiet 0 whatever the state did)
+                state = self._progress_state()
+                if state != last_state:          # a collective moved on without a frame: not quiet
+                    quiet, last_state = 0, state
             step, to_frame = ACTIVE_STEP, False
             if (not sent and quiet >= IDLE_CHECK and self._nothing_in_flight()
                     and await self.link.read(self.regs["BUSY"].address()) == 0):
@@ -468,7 +472,7 @@ class World:
                     step = max(ACTIVE_STEP, int((deadline - self.now) * self.link.clock_hz) + 1)
                 elif await self._stuck():
                     raise CollectiveError(self._stuck_report())
-            elif not self.controller.pending and hasattr(self.link, "advance_to_frame"):
+            elif not self.controller.pending and to_frames:
                 # Frames are moving: nothing changes for the driver until one comes out or a timer fires.
                 step, to_frame = self._cycles_to_timer(IDLE_CHECK), True
             if to_frame:
@@ -506,12 +510,12 @@ class World:
 
     def _cycles_to_timer(self, limit: int) -> int:
         """Cycles until the next engine timer or controller evaluation is due (1 to ``limit``)."""
-        deadlines = [self.controller.next_evaluation]
+        earliest = self.controller.next_evaluation
         deadline = self._next_deadline()
-        if deadline is not None:
-            deadlines.append(deadline)
-        cycles = int((min(deadlines) - self.now) * self.link.clock_hz) + 1
-        return max(1, min(limit, cycles))
+        if deadline is not None and deadline < earliest:
+            earliest = deadline
+        cycles = int((earliest - self.now) * self.link.clock_hz) + 1
+        return limit if cycles > limit else cycles if cycles > 1 else 1      # (min and max cost more, per step)
 
     def _next_deadline(self) -> float | None:
         deadlines = []
@@ -519,13 +523,17 @@ class World:
             c = s.current
             if c is not None and c.path == "switch" and c.engine.failed:
                 return self.now          # moves to the ring at the next step
-            for engine in self._engines(s):
-                d = engine.next_deadline()
+            if c is not None and c.engine is not None:
+                d = c.engine.next_deadline()
+                if d is not None:
+                    deadlines.append(d)
+            for b in s.background:
+                d = b.engine.next_deadline()
                 if d is not None:
                     deadlines.append(d)
         timer = self.controller.next_timer()     # dead-rank checks while a collective waits
         if timer is not None:
-            deadlines.append(max(timer, self.now))
+            deadlines.append(timer if timer > self.now else self.now)
         return min(deadlines) if deadlines else None
 
     async def _stuck(self) -> bool:
@@ -547,15 +555,6 @@ class World:
                              f"({c.path or 'undecided'})")
         return "; ".join(lines + self.controller.pending_work())
 
-    @staticmethod
-    def _engines(state: _RankState) -> list:
-        """The rank's engines: its current collective's, then the background ones (a new list)."""
-        c = state.current
-        engines = [c.engine] if c is not None and c.engine is not None else []
-        if state.background:
-            engines += [b.engine for b in state.background]
-        return engines
-
     # ---------------------------------------------------------------- per step
     def _start_ring(self, state: _RankState, c: _Collective) -> None:
         from .ring import RingAllReduce
@@ -573,16 +572,18 @@ class World:
 
     def _step_engines(self) -> int:
         """Decide, start, poll and finish collectives on every rank; returns frames sent."""
-        now, ctl, sent = self.now, self.controller, 0
+        now, ctl, sent, send = self.now, self.controller, 0, self.link.send
+        ctl_fell_back = ctl.fell_back
         for s in self._states:
             if s.dead:
                 continue
-            self._follow_drops(s)
+            if ctl.dropped:
+                self._follow_drops(s)
             # Collectives this rank finished on the switch that a peer moved to the ring: join the ring.
             # A withheld switch result is handed out once every rank finished on the switch; if a peer fell
             # back instead, this rank takes the ring's result, so every rank gets the same bits.
-            for c in list(s.lingering):
-                if ctl.fell_back(c.group.group_id, c.op_seq):
+            for c in list(s.lingering) if s.lingering else ():
+                if ctl_fell_back(c.group.group_id, c.op_seq):
                     s.lingering.remove(c)
                     self._start_ring(s, c)
                     s.background.append(c)
@@ -609,24 +610,31 @@ class World:
                         self._start_ring(s, c)
                     c.work.path = c.path
             if c is not None and c.path == "switch":
-                fell_back = ctl.fell_back(c.group.group_id, c.op_seq)
+                fell_back = ctl_fell_back(c.group.group_id, c.op_seq)
                 if c.engine.failed and not fell_back:
                     ctl.request_fallback(c.group.group_id, c.op_seq, s.rank, now,
                                          f"a chunk ran out of {self.config.retry_limit} retries")
-                    fell_back = ctl.fell_back(c.group.group_id, c.op_seq)
+                    fell_back = ctl_fell_back(c.group.group_id, c.op_seq)
                 if fell_back:
                     self._account(s, c.engine)
                     self._start_ring(s, c)
                     c.work.path = "ring"
-            for engine in self._engines(s):
-                for frame in engine.poll(now):
-                    self.link.send(s.port, frame)
-                    sent += 1
+            # the rank's engines: its current collective's, then the background ones (no list built per step)
+            if c is not None and c.engine is not None:
+                frames = c.engine.poll(now)
+                for frame in frames:
+                    send(s.port, frame)
+                sent += len(frames)
+            for b in s.background:
+                frames = b.engine.poll(now)
+                for frame in frames:
+                    send(s.port, frame)
+                sent += len(frames)
             if c is not None and c.engine is not None:
                 ready = c.engine.done if c.path == "switch" else c.engine.result_ready
                 if ready:
                     self._finish(s, c)
-            for b in list(s.background):
+            for b in list(s.background) if s.background else ():
                 if not b.reported and b.engine.result_ready:      # a redo this rank ran in the background
                     ctl.finished(s.rank, b.group.group_id, b.op_seq)
                     b.reported = True
@@ -639,7 +647,7 @@ class World:
         # A finished ring engine keeps answering its predecessor (whose last acknowledgement may have been
         # lost) until every rank's engine of that collective is done.
         for s in self._states:
-            for b in list(s.background):
+            for b in list(s.background) if s.background else ():
                 if self._ring_done.get((b.group.group_id, b.op_seq, b.epoch), set()) >= set(b.group.ranks):
                     s.background.remove(b)
                     self._account(s, b.engine)
@@ -721,6 +729,10 @@ class World:
             s = self._by_port.get(port)
             if s is None or s.dead:
                 continue
-            for engine in self._engines(s):
-                if engine.receive(frame, now):
+            # the rank's engines, its current collective's first, then the background ones (no list per frame)
+            c = s.current
+            if c is not None and c.engine is not None and c.engine.receive(frame, now):
+                continue
+            for b in s.background:
+                if b.engine.receive(frame, now):
                     break

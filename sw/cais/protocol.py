@@ -24,7 +24,7 @@ __all__ = [
     "ETHERTYPE", "ETH_HEADER_BYTES", "CAIS_HEADER_BYTES", "HEADERS_BYTES", "MIN_FRAME_BYTES",
     "MAX_FRAME_BYTES", "BROADCAST_MAC", "SWITCH_MAC_DEFAULT",
     "OpType", "DType", "ReduceOp", "Flags", "DropReason", "CHECK_ORDER",
-    "HEADER_FIELDS", "RESERVED_FIELDS", "HEADER_STRUCT", "CaisHeader", "EthHeader", "Frame",
+    "HEADER_FIELDS", "RESERVED_FIELDS", "HEADER_STRUCT", "header_dtype", "CaisHeader", "EthHeader", "Frame",
     "ELEMENT_BYTES", "INTEGER_DTYPES", "FLOAT_DTYPES", "SUPPORTED_DTYPES", "supported_dtypes", "SUPPORTED_OPS",
     "result_mac", "mac_to_bytes", "mac_to_str", "build_frame", "parse_frame",
     "numpy_dtype", "HOST_ETHERTYPE", "HostKind", "HOST_HEADER_FIELDS", "HOST_HEADER_BYTES", "HostHeader",
@@ -171,6 +171,13 @@ assert _HEADER_STRUCT.size == CAIS_HEADER_BYTES
 #: The header's fields in wire order, as ``struct`` packs them (the reserved word whole); for code that packs
 #: or reads headers in place, once per frame, without a :class:`CaisHeader`.
 HEADER_STRUCT = _HEADER_STRUCT
+
+
+def header_dtype():
+    """The header as a numpy structured dtype (big-endian fields of :data:`HEADER_FIELDS`, 16 bytes): for
+    code that packs the headers of many frames at once."""
+    import numpy as np
+    return np.dtype([(name, f">u{bits // 8}") for name, bits in HEADER_FIELDS])
 
 
 def _pack_reserved(dtype: int, red_op: int, flags: int) -> int:

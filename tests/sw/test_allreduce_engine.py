@@ -335,6 +335,26 @@ def test_frames_are_build_frame_byte_for_byte(dtype):
                                               src=0x02AB00000107, pad=True)
 
 
+@pytest.mark.parametrize("elements, chunk_size", [(70, 256), (1, 256), (64, 256), (9, 8), (3, 4)])
+def test_frames_of_short_and_tiny_chunks_are_build_frame_byte_for_byte(elements, chunk_size):
+    """The frames built at once in __init__ (rows of the longer of a full chunk's frame and 60 bytes): a last
+    chunk under 30 bytes, a single short chunk, chunks that fill their rows exactly, and chunks so small that
+    every frame is padded, first transmissions and repeats alike."""
+    data = np.arange(1, elements + 1, dtype=np.int32) * -7919
+    e = SwitchAllReduce(data=data, op=proto.ReduceOp.SUM, group_id=2, seq_base=7, slot_count=64, window=64,
+                        chunk_size=chunk_size, timeout_s=1.0, retry_limit=3, mac=0x02AB00000101)
+    per = chunk_size // 4
+    for now, flags in ((0.0, 0), (1.0, int(proto.Flags.RETRANSMIT))):
+        frames = e.poll(now)
+        assert len(frames) == -(-elements // per)
+        for i, frame in enumerate(frames):
+            values = data[i * per:(i + 1) * per]
+            hdr = proto.CaisHeader(group_id=2, chunk_id=i, total_chunks=len(frames), seq_num=7 + i,
+                                   payload_len=values.nbytes, flags=flags)
+            assert frame == proto.build_frame(hdr, values.astype(">i4").tobytes(), dst=proto.result_mac(2),
+                                              src=0x02AB00000101, pad=True)
+
+
 def test_results_read_in_place_refuse_what_is_not_this_chunks_result():
     e = SwitchAllReduce(data=np.arange(100, dtype=np.int32), op=proto.ReduceOp.SUM, group_id=3, seq_base=10,
                         slot_count=4, window=4, chunk_size=256, timeout_s=1.0, retry_limit=3, mac=1)

@@ -145,10 +145,13 @@ class AgingWatcher:
         check (an offloaded collective whose group `held(group)` does not hold), or a finish-age deadline."""
         if not self.config.set_age_ms or not self.drop_dead:
             return None
-        times = []
+        earliest = None          # (the world asks once per step: comparisons, no list and min)
         for group_id, _, op in self.registry.running():
             if op.decision.offload and not held(group_id):
-                times.append(self.next_check)     # its sets may age
+                if earliest is None or self.next_check < earliest:
+                    earliest = self.next_check    # its sets may age
             if op.since is not None:
-                times.append(op.since + self.config.set_age_s + 1e-9)
-        return min(times) if times else None
+                due = op.since + self.config.set_age_s + 1e-9
+                if earliest is None or due < earliest:
+                    earliest = due
+        return earliest

@@ -155,7 +155,11 @@ class Controller:
 
     def next_timer(self) -> float | None:
         """When dead-rank work is next due while a collective waits (None: nothing waits)."""
-        return self.aging.next_timer(lambda g: g in self._retypes or g in self.registry.blocked)
+        return self.aging.next_timer(self._held)
+
+    def _held(self, group_id: int) -> bool:
+        """The group's rule waits to be retyped or its slots to be emptied."""
+        return group_id in self._retypes or group_id in self.registry.blocked
 
     @property
     def pending(self) -> bool:
