@@ -1,14 +1,18 @@
+# amaranth: UnusedElaboratable=no
 """cais.hdl.common.bram.OutputRegisteredRAM: the simulation model against a Python dict with the documented
 read latency (2: the read, then the output register), and the ECP5 form (DP16KD instances with the output
 register) against yosys' own ECP5 mapping of the same memory without it: every DP16KD pin that carries an
 address, write-data or read-data bit must carry the same bit as in yosys' inferred RAM (yosys' brams_map_16kd.v
 is the independent reference for which pin is which in each aspect ratio)."""
 
+import gc
 import json
 import random
 import subprocess
+import warnings
 
 import pytest
+from amaranth.hdl import UnusedElaboratable
 
 from cais.hdl.common.bram import ECP5_SYNTHESIS, OutputRegisteredRAM, dp16kd_mode
 from cais.hdl.latency import BANK_READ
@@ -23,7 +27,12 @@ READ_LATENCY = 2
 
 def test_latency_attributes():
     assert OutputRegisteredRAM.read_latency == READ_LATENCY == BANK_READ
-    assert ContributionBanks(SwitchParams()).read_latency == READ_LATENCY
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)   # its RAMs, made and never elaborated here
+        banks = ContributionBanks(SwitchParams())
+        assert banks.read_latency == READ_LATENCY
+        del banks
+        gc.collect()
 
 
 @pytest.mark.parametrize("width, depth", [(8, 4096), (64, 64), (20, 1000)])
