@@ -482,9 +482,13 @@ class FloatNarrow(wiring.Component):
         sig, nan, inf, sign = u.sig, u.nan, u.inf, u.sign
         if self.stages >= 2:
             # the first rank: the shift distance and the exponent field found, the shift not begun
+            # (a constant ``under``, no underflow range, stays a constant)
             regs = []
             for value, name in ((under, "under"), (sig, "sig"), (base, "base"), (nan, "nan"), (inf, "inf"),
                                 (sign, "sign")):
+                if isinstance(value, Const):
+                    regs.append(value)
+                    continue
                 r_ = Signal(len(value), name=f"{name}_r0", reset_less=True)
                 m.d.sync += r_.eq(value)
                 regs.append(r_)
