@@ -17,7 +17,7 @@ from ..common.enums import DType, ReduceOp
 from ..common.pipeline import delay_line
 from .fpu import BF16, FP16, FP32, FloatNarrow
 from .reduce import byteswap
-from .slot_alu import FADD_STAGES, SlotALU, slot_alu_latency
+from .slot_alu import FADD_STAGES, NARROW_STAGES, SlotALU, slot_alu_latency
 
 __all__ = ["FoldChain", "ResultRow", "result_row_latency"]
 
@@ -107,9 +107,10 @@ class ResultRow(wiring.Component):
 
     In the wire format the row is the word's low ``data_width`` bits; fp16/bf16 accumulated in fp32 fill
     the whole word with W/16 float32 accumulators, which are rounded to the wire format here, once, as the
-    result leaves (docs/numerics.md). With float units the rounding takes :attr:`latency` = 2 clock edges
-    (the alignment, registered; then the rounding and the choice of the row, into the output register),
-    and every row takes them, whatever its kind; without float units the row is the word's low bits,
+    result leaves (docs/numerics.md). With float units the rounding takes :attr:`latency` = 3 clock edges
+    (the narrowing's :data:`~cais.hdl.alu.slot_alu.NARROW_STAGES` = 2 register ranks: the shift distance,
+    then the alignment; then the rounding and the choice of the row, into the output register), and every
+    row takes them, whatever its kind; without float units the row is the word's low bits,
     combinational (latency 0). A new word may enter every cycle.
 
     Members
@@ -139,19 +140,21 @@ class ResultRow(wiring.Component):
         if not self.float_units:
             m.d.comb += self.row.eq(wire)
             return m
-        # Stage 1 (inside FloatNarrow(stages=1)): the alignment; the controls and the wire row beside it.
+        # Stages 1 .. NARROW_STAGES (inside FloatNarrow): the shift distance, the alignment; the controls
+        # and the wire row beside them.
         narrowed = {}
         for dtype, fmt in ((proto.DType.FP16, FP16), (proto.DType.BF16, BF16)):
             out = Signal(W, name=f"narrow_{dtype.name.lower()}")
             for i in range(W // 16):
-                unit = m.submodules[f"narrow_{dtype.name.lower()}{i}"] = FloatNarrow(FP32, fmt, stages=1)
+                unit = m.submodules[f"narrow_{dtype.name.lower()}{i}"] = FloatNarrow(FP32, fmt, stages=NARROW_STAGES)
                 m.d.comb += [unit.a.eq(byteswap(self.word[32 * i:32 * i + 32], 4)),
                              out[16 * i:16 * i + 16].eq(byteswap(unit.result, 2))]
             narrowed[dtype] = out
         # Data only (the caller's valid bits travel beside it): no register here needs a reset.
-        wire_r, acc_r, bf16_r = Signal(W, reset_less=True), Signal(reset_less=True), Signal(reset_less=True)
-        m.d.sync += [wire_r.eq(wire), acc_r.eq(self.acc_fp32), bf16_r.eq(self.dtype == proto.DType.BF16)]
-        # Stage 2: the rounding and the choice, into the output register.
+        wire_r = delay_line(m, wire, NARROW_STAGES, "wire")
+        acc_r = delay_line(m, self.acc_fp32, NARROW_STAGES, "acc_fp32")
+        bf16_r = delay_line(m, self.dtype == proto.DType.BF16, NARROW_STAGES, "bf16")
+        # The last stage: the rounding and the choice, into the output register.
         row = Signal(W, reset_less=True)
         m.d.sync += row.eq(Mux(acc_r, Mux(bf16_r, narrowed[proto.DType.BF16], narrowed[proto.DType.FP16]),
                                wire_r))
@@ -161,4 +164,4 @@ class ResultRow(wiring.Component):
 
 def result_row_latency(float_units: bool) -> int:
     """:attr:`ResultRow.latency` of a ResultRow so built, without building it."""
-    return 2 if float_units else 0
+    return NARROW_STAGES + 1 if float_units else 0

@@ -370,8 +370,8 @@ class FloatWiden(wiring.Component):
             raise ValueError(f"{dst_fmt} cannot hold every {src_fmt} value")
         if dst_fmt.exp_bits != src_fmt.exp_bits and dst_fmt.bias - src_fmt.bias - src_fmt.man_bits < 0:
             raise ValueError(f"{src_fmt} subnormals would not be {dst_fmt} normals")
-        if stages not in (0, 1):
-            raise ValueError(f"stages must be 0 or 1, not {stages}")
+        if stages not in (0, 1, 2):
+            raise ValueError(f"stages must be 0, 1 or 2, not {stages}")
         self.src_fmt, self.dst_fmt, self.stages = src_fmt, dst_fmt, stages
         super().__init__({"a": In(src_fmt.width), "result": Out(dst_fmt.width)})
 
@@ -426,7 +426,10 @@ class FloatNarrow(wiring.Component):
     Values beyond the destination's largest finite value round to infinity, tiny values to subnormals or
     signed zeros (gradual underflow, a single rounding), NaN gives the canonical quiet NaN of ``dst_fmt``.
     Combinational with ``stages=0``; with ``stages=1`` a register rank sits between the alignment shift
-    and the rounding (``result`` one clock edge after ``a``).
+    and the rounding (``result`` one clock edge after ``a``); with ``stages=2`` another one sits before
+    the shift, after the shift distance (``under``: the exponent's compares and difference, carry chains)
+    and the exponent field are found, so neither carry chain nor the shifter share a cycle
+    (``result`` two clock edges after ``a``). :attr:`latency` is ``stages``.
 
     Members
     -------
@@ -437,10 +440,15 @@ class FloatNarrow(wiring.Component):
     def __init__(self, src_fmt: FloatFormat, dst_fmt: FloatFormat, stages: int = 0):
         if dst_fmt.man_bits > src_fmt.man_bits or dst_fmt.exp_bits > src_fmt.exp_bits:
             raise ValueError(f"{dst_fmt} is not narrower than {src_fmt}")
-        if stages not in (0, 1):
-            raise ValueError(f"stages must be 0 or 1, not {stages}")
+        if stages not in (0, 1, 2):
+            raise ValueError(f"stages must be 0, 1 or 2, not {stages}")
         self.src_fmt, self.dst_fmt, self.stages = src_fmt, dst_fmt, stages
         super().__init__({"a": In(src_fmt.width), "result": Out(dst_fmt.width)})
+
+    @property
+    def latency(self) -> int:
+        """Clock edges from ``a`` to its ``result``: the register ranks inside."""
+        return self.stages
 
     def elaborate(self, platform):
         m = Module()
@@ -467,20 +475,33 @@ class FloatNarrow(wiring.Component):
                 m.d.comb += under.eq((Const(K % (1 << ub), ub) - e[:ub])[:ub])
         else:
             under = Const(0, 1)
-        shifted = Cat(Const(0, R), u.sig)[d:] >> under
-        kept, guard = shifted[R:R + Md + 1], shifted[R - 1]
-        sticky_bits = []
-        for i in range(len(u.sig)):
-            if i < d - 1:
-                sticky_bits.append(u.sig[i])
-            elif i - (d - 1) < umax:
-                sticky_bits.append(u.sig[i] & (under > i - (d - 1)))
-        sticky = Cat(*sticky_bits).any()
         # The exponent field of the result before rounding: t for a normal (t >= 1 and the source normal),
         # 0 for a subnormal (kept's hidden bit is then 0).
         tw = S.exp_bits + 2
         base = Mux(~u.sub & (u.exp >= K), u.exp - (K - 1), 0)[:tw]
-        nan, inf, sign = u.nan, u.inf, u.sign
+        sig, nan, inf, sign = u.sig, u.nan, u.inf, u.sign
+        if self.stages >= 2:
+            # the first rank: the shift distance and the exponent field found, the shift not begun
+            # (a constant ``under``, no underflow range, stays a constant)
+            regs = []
+            for value, name in ((under, "under"), (sig, "sig"), (base, "base"), (nan, "nan"), (inf, "inf"),
+                                (sign, "sign")):
+                if isinstance(value, Const):
+                    regs.append(value)
+                    continue
+                r_ = Signal(len(value), name=f"{name}_r0", reset_less=True)
+                m.d.sync += r_.eq(value)
+                regs.append(r_)
+            under, sig, base, nan, inf, sign = regs
+        shifted = Cat(Const(0, R), sig)[d:] >> under
+        kept, guard = shifted[R:R + Md + 1], shifted[R - 1]
+        sticky_bits = []
+        for i in range(len(sig)):
+            if i < d - 1:
+                sticky_bits.append(sig[i])
+            elif i - (d - 1) < umax:
+                sticky_bits.append(sig[i] & (under > i - (d - 1)))
+        sticky = Cat(*sticky_bits).any()
         if self.stages:
             regs = []
             for value, name in ((kept, "kept"), (guard, "guard"), (sticky, "sticky"), (base, "base"),

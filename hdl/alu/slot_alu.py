@@ -13,11 +13,16 @@ from ..common.pipeline import delay_line
 from .fpu import BF16, FP16, FP32, NUMPY_ZERO_TIE, FloatAdder, FloatMaxMin, FloatNarrow, FloatWiden, MaxMinOp
 from .reduce import ReduceALU, byteswap
 
-__all__ = ["SlotALU", "slot_alu_latency", "FADD_STAGES"]
+__all__ = ["SlotALU", "slot_alu_latency", "FADD_STAGES", "NARROW_STAGES"]
 
 #: Pipeline stages of the slot ALU's float adders (FloatAdder.CUTS) unless told otherwise: the most, for
 #: the clock (the fold chain builds these).
 FADD_STAGES = 6
+
+#: Register ranks inside the narrowing of float32 results to fp16/bf16 (FloatNarrow's ``stages``): one
+#: before the alignment shift (after the shift distance's carry chains), one after it. The slot ALU's and
+#: the result row's narrowings are built with it, and their latencies count it.
+NARROW_STAGES = 2
 
 
 class SlotALU(wiring.Component):
@@ -49,8 +54,9 @@ class SlotALU(wiring.Component):
     cycle. With float units the pipeline is: the inputs registered; the widening's classification and
     leading-zero count (and the integer ALU's sums) registered; the operands, widened and formatted,
     registered; the adder's ``fadd_stages`` (max/min and the integer result beside it); the lane results
-    registered; the narrowing to the wire format in two stages (alignment, then rounding and packing into
-    the output register): ``latency = fadd_stages + 6``. No input reaches an output or the adder without
+    registered; the narrowing to the wire format in :data:`NARROW_STAGES` + 1 = 3 stages (the shift
+    distance, the alignment, then the rounding and the packing into the output register):
+    ``latency = fadd_stages + 5 + NARROW_STAGES``. No input reaches an output or the adder without
     a register rank between. Without float units only the integer ALU is built, in three stages (the
     inputs registered, the sums and compares registered, then the result chosen into the output register:
     ``latency = 3``), and float dtypes give don't-care results.
@@ -256,17 +262,19 @@ class SlotALU(wiring.Component):
         s.out_valid = reg(d_valid, "out_valid", reset_less=False)
 
     def _narrow_and_pack(self, m, s):
-        """Stages L+4 and L+5: narrowed to the wire format (the narrowing has a register rank of its own,
-        which the rest meets) and packed back in the wire or accumulator layout, into the output register."""
+        """Stages L+4 .. L+4+NARROW_STAGES: narrowed to the wire format (the narrowing has register ranks of
+        its own, which the rest meets) and packed back in the wire or accumulator layout, into the output
+        register."""
         reg = functools.partial(self._reg, m)
         W = self.data_width
         lane_form_r, acc32_r, fp32_r, bf16_r, we_r, valid_r, wire_row = (
-            reg(v, f"narrow_{k}", reset_less=k != 5)
+            reg(v, f"narrow_{k}", reset_less=k != 5, cycles=NARROW_STAGES)
             for k, v in enumerate((*s.out, s.out_valid, s.wire_row)))
         word32, row16, rowbf = [], [], []
         for i, lane in enumerate(s.lanes):
-            word32.append(byteswap(reg(lane, f"lane{i}_wide"), 4))
-            n16, nbf = FloatNarrow(FP32, FP16, stages=1), FloatNarrow(FP32, BF16, stages=1)
+            word32.append(byteswap(reg(lane, f"lane{i}_wide", cycles=NARROW_STAGES), 4))
+            n16 = FloatNarrow(FP32, FP16, stages=NARROW_STAGES)
+            nbf = FloatNarrow(FP32, BF16, stages=NARROW_STAGES)
             m.submodules[f"lane{i}_narrow16"] = n16
             m.submodules[f"lane{i}_narrowbf"] = nbf
             m.d.comb += [n16.a.eq(lane), nbf.a.eq(lane)]
@@ -292,4 +300,4 @@ class SlotALU(wiring.Component):
 
 def slot_alu_latency(float_units: bool, fadd_stages: int = FADD_STAGES) -> int:
     """:attr:`SlotALU.latency` of a slot ALU so built, without building it."""
-    return fadd_stages + 6 if float_units else 3
+    return fadd_stages + 5 + NARROW_STAGES if float_units else 3

@@ -25,7 +25,11 @@ class FrameFifo(wiring.Component):
       pipeline, RAM output then output register, each stage advancing when the next is free), so no
       logic follows the RAM's slow output and the reader sees registers; a beat committed in cycle ``t``
       is at the head in cycle ``t + 3``, and the reader still takes one beat per cycle. The RAM is read
-      only at committed addresses, so it needs no bypass.
+      only at committed addresses, so it needs no bypass. ``w_rdy`` is a flip-flop too, so the RAM's
+      write side (address, data, enable) is fed by registers and the writer's logic, not by a compare of
+      the read pointer: it counts the writes, commits and rollbacks up to the last clock edge exactly and
+      the RAM's reads one cycle late (a beat read out of the RAM in cycle ``t`` frees its room for
+      ``w_rdy`` from ``t + 2``).
 
     Members
     -------
@@ -33,7 +37,8 @@ class FrameFifo(wiring.Component):
     w_en : In(1)
         Write ``w_data`` after the beats of the frame being written. Only when ``w_rdy``.
     w_rdy : Out(1)
-        There is room for one more beat.
+        There is room for one more beat (with ``registered_output``, as of the RAM reads of the cycle
+        before; a flip-flop).
     level : Out(range(depth + 1))
         Beats held in the RAM, committed or not (``depth - level`` beats can still be written); with a
         registered output, up to two more beats are on their way to the reader outside the RAM.
@@ -80,8 +85,18 @@ class FrameFifo(wiring.Component):
         rp = Signal(abits + 1)          # the next beat the RAM is read for
 
         m.d.comb += self.level.eq((wp - rp)[:abits + 1])
-        # full: the pointers differ by exactly depth (an equality compare, not the subtraction of level)
-        m.d.comb += self.w_rdy.eq(~((wp[:abits] == rp[:abits]) & (wp[abits] != rp[abits])))
+
+        def full(w):
+            # the pointers differ by exactly depth (an equality compare, not the subtraction of level)
+            return (w[:abits] == rp[:abits]) & (w[abits] != rp[abits])
+
+        if self.registered_output:
+            # Registered: the room after this edge's write, commit or rollback, against this cycle's read
+            # pointer (each candidate compared from registers, then chosen).
+            w_rdy = Signal(init=1)
+            m.d.comb += self.w_rdy.eq(w_rdy)
+        else:
+            m.d.comb += self.w_rdy.eq(~full(wp))
         write = self.w_en & self.w_rdy
         m.d.comb += [wr.addr.eq(wp[:abits]), wr.data.eq(self.w_data), wr.en.eq(write)]
         wp_next = Mux(write, wp + 1, wp)          # the increment off the path from write
@@ -91,6 +106,8 @@ class FrameFifo(wiring.Component):
             m.d.sync += wp.eq(wp_next)
             with m.If(self.commit):
                 m.d.sync += wp_commit.eq(wp_next)
+        if self.registered_output:
+            m.d.sync += w_rdy.eq(~Mux(self.rollback, full(wp_commit), Mux(write, full(wp + 1), full(wp))))
 
         if not self.registered_output:
             rd = mem.read_port(transparent_for=(wr,))

@@ -194,8 +194,7 @@ class RuleLookup(wiring.Component):
             return [s_action.eq(Action.DROP), s_reason.eq(reason)]
 
         def forward(dest):
-            return [s_action.eq(Mux(dest == 0, Action.DROP, Action.FORWARD)), s_reason.eq(DropReason.NO_ROUTE),
-                    s_mask.eq(dest)]
+            return [s_action.eq(Mux(dest == 0, Action.DROP, Action.FORWARD)), s_reason.eq(DropReason.NO_ROUTE)]
 
         if prm.uplink:
             # the rule's uplink port, one-hot, while its uplink action is in force (UPLINK.enable, a port
@@ -209,6 +208,10 @@ class RuleLookup(wiring.Component):
             dests = rule.results | up
         else:
             sources, dests = rule.contributors, rule.results
+        # The mask means something only for FORWARD (the lanes read it with the action): it is the
+        # rule's destinations whatever the checks say, so none of them drives its register (the lookup's
+        # limit was that chain into the mask's reset).
+        m.d.comb += s_mask.eq(dests & ~m_me)
         with m.If(spoofed):
             m.d.comb += drop(DropReason.SPOOFED_SOURCE)
         with m.Elif(~hdr.is_cais):

@@ -76,13 +76,13 @@ class SwitchParams:
     @property
     def fold_latency(self) -> int:
         """F of docs/interface.md: clock edges from a result row's registered bank data to its folded row.
-        The fold chain has one slot ALU per port, each 12 cycles with float units (inputs registered, the
-        widening in two stages, the adder's 6 stages, the lane results registered, the narrowing's two
-        stages into the output register) and 3 without (the inputs registered, the integer ALU in two
-        stages), and an output
-        register; with float units the final rounding of fp32 accumulators (``ResultRow``) adds 2. (The
-        RTL checks its own latency against this.)"""
-        return self.ports * (12 if self.float_units else 3) + 1 + (2 if self.float_units else 0)
+        The fold chain has one slot ALU per port, each 13 cycles with float units (inputs registered, the
+        widening in two stages, the adder's 6 stages, the lane results registered, the narrowing's three
+        stages into the output register: the shift distance, the alignment, the rounding) and 3 without
+        (the inputs registered, the integer ALU in two stages), and an output register; with float units
+        the final rounding of fp32 accumulators (``ResultRow``, the same three stages) adds 3. (The RTL
+        checks its own latency against this.)"""
+        return self.ports * (13 if self.float_units else 3) + 1 + (3 if self.float_units else 0)
 
     @property
     def max_frame_beats(self) -> int:

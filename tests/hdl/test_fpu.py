@@ -484,14 +484,19 @@ def test_widen_exhaustive(src):
 @pytest.mark.slow
 @pytest.mark.parametrize("src", (FP16, BF16), ids=str)
 def test_widen_and_narrow_registered(src):
-    """stages=1 (a register rank inside): the same conversions, one clock edge later, one per cycle."""
+    """stages=1 (a register rank inside): the same conversions, one clock edge later, one per cycle; the
+    narrowing with stages=2 (a rank before the alignment shift too) two clock edges later."""
     x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
     wide = simulate(Lanes(lambda: FloatWiden(src, FP32, stages=1), 16, ("a",)), (x,), {}, latency=1, clock=True)
     assert not len(mismatches(FP32, wide, run_convert(FloatWiden, src, FP32, x)))
     y = np.random.default_rng(5).integers(0, 2**32, 20_000, dtype=np.uint64).astype(np.uint32)
     y = np.concatenate([narrow_catalogue(src), y])
-    narrow = simulate(Lanes(lambda: FloatNarrow(FP32, src, stages=1), 16, ("a",)), (y,), {}, latency=1, clock=True)
-    assert not len(mismatches(src, narrow, run_convert(FloatNarrow, FP32, src, y)))
+    want = run_convert(FloatNarrow, FP32, src, y)
+    for stages in (1, 2):
+        assert FloatNarrow(FP32, src, stages=stages).latency == stages
+        narrow = simulate(Lanes(lambda: FloatNarrow(FP32, src, stages=stages), 16, ("a",)), (y,), {},
+                          latency=stages, clock=True)
+        assert not len(mismatches(src, narrow, want)), stages
 
 
 def narrow_catalogue(dst: FloatFormat) -> np.ndarray:

@@ -41,9 +41,9 @@ def test_hand_derived_sums():
     (counted in beats and rows) = 28; and the worked examples."""
     assert latency.FORWARD_LATENCY == 20
     assert latency.RESULT_OVERHEAD == 28
-    assert latency.result_latency(P4, 256) == 36 + 32 + (4 * 12 + 3) + 28 == 147
+    assert latency.result_latency(P4, 256) == 36 + 32 + (4 * 13 + 4) + 28 == 152
     assert latency.result_latency(P4_INT, 256) == 36 + 32 + (4 * 3 + 1) + 28 == 109
-    assert latency.result_latency(P2_W512, 4) == 1 + 1 + (2 * 12 + 3) + 28 + 1 == 58
+    assert latency.result_latency(P2_W512, 4) == 1 + 1 + (2 * 13 + 4) + 28 + 1 == 61
 
 
 def test_interface_md_quotes_the_derived_figures():

@@ -250,10 +250,11 @@ def test_reference_zero_ties():
 # ============================================================================ construction
 def test_latency_attribute():
     # inputs registered, widening split in two (classification and count, then the operands registered),
-    # the adder's stages, lane results registered, narrowing (2 stages, the output register)
-    assert SlotALU(64).latency == 12                            # FADD_STAGES = 6
-    assert SlotALU(64, fadd_stages=0).latency == 6
-    assert SlotALU(128, fadd_stages=5).latency == 11
+    # the adder's stages, lane results registered, narrowing (the shift distance, the alignment, then the
+    # rounding into the output register)
+    assert SlotALU(64).latency == 13                            # FADD_STAGES = 6
+    assert SlotALU(64, fadd_stages=0).latency == 7
+    assert SlotALU(128, fadd_stages=5).latency == 12
     assert SlotALU(64, float_units=False).latency == 3          # inputs registered, the integer ALU's two stages
     assert SlotALU(512, float_units=False, fadd_stages=6).latency == 3
     with pytest.raises(ValueError):
@@ -350,7 +351,7 @@ def test_random_w128():
 def test_random_fadd_stages(fadd_stages):
     """Other adder depths: the whole ALU follows (plus its output register)."""
     dut = SlotALU(64, fadd_stages=fadd_stages)
-    assert dut.latency == fadd_stages + 6
+    assert dut.latency == fadd_stages + 7
     check(dut, random_rows(64, list(DType), max(60, VECTORS // 3), seed=20 + fadd_stages))
 
 
