@@ -370,8 +370,8 @@ class FloatWiden(wiring.Component):
             raise ValueError(f"{dst_fmt} cannot hold every {src_fmt} value")
         if dst_fmt.exp_bits != src_fmt.exp_bits and dst_fmt.bias - src_fmt.bias - src_fmt.man_bits < 0:
             raise ValueError(f"{src_fmt} subnormals would not be {dst_fmt} normals")
-        if stages not in (0, 1, 2):
-            raise ValueError(f"stages must be 0, 1 or 2, not {stages}")
+        if stages not in (0, 1):
+            raise ValueError(f"stages must be 0 or 1, not {stages}")
         self.src_fmt, self.dst_fmt, self.stages = src_fmt, dst_fmt, stages
         super().__init__({"a": In(src_fmt.width), "result": Out(dst_fmt.width)})
 
@@ -480,19 +480,23 @@ class FloatNarrow(wiring.Component):
         tw = S.exp_bits + 2
         base = Mux(~u.sub & (u.exp >= K), u.exp - (K - 1), 0)[:tw]
         sig, nan, inf, sign = u.sig, u.nan, u.inf, u.sign
-        if self.stages >= 2:
-            # the first rank: the shift distance and the exponent field found, the shift not begun
-            # (a constant ``under``, no underflow range, stays a constant)
+        def rank(suffix, reset_less, **values):
+            # a register rank over the values (a constant stays a constant), in the order given
             regs = []
-            for value, name in ((under, "under"), (sig, "sig"), (base, "base"), (nan, "nan"), (inf, "inf"),
-                                (sign, "sign")):
+            for name, value in values.items():
                 if isinstance(value, Const):
                     regs.append(value)
                     continue
-                r_ = Signal(len(value), name=f"{name}_r0", reset_less=True)
+                r_ = Signal(len(value), name=f"{name}_{suffix}", reset_less=reset_less)
                 m.d.sync += r_.eq(value)
                 regs.append(r_)
-            under, sig, base, nan, inf, sign = regs
+            return regs
+
+        if self.stages >= 2:
+            # the first rank: the shift distance and the exponent field found, the shift not begun
+            # (a constant ``under``, no underflow range, stays a constant)
+            under, sig, base, nan, inf, sign = rank("r0", True, under=under, sig=sig, base=base, nan=nan,
+                                                    inf=inf, sign=sign)
         shifted = Cat(Const(0, R), sig)[d:] >> under
         kept, guard = shifted[R:R + Md + 1], shifted[R - 1]
         sticky_bits = []
@@ -503,13 +507,8 @@ class FloatNarrow(wiring.Component):
                 sticky_bits.append(sig[i] & (under > i - (d - 1)))
         sticky = Cat(*sticky_bits).any()
         if self.stages:
-            regs = []
-            for value, name in ((kept, "kept"), (guard, "guard"), (sticky, "sticky"), (base, "base"),
-                                (nan, "nan"), (inf, "inf"), (sign, "sign")):
-                r_ = Signal(len(value), name=f"{name}_r")
-                m.d.sync += r_.eq(value)
-                regs.append(r_)
-            kept, guard, sticky, base, nan, inf, sign = regs
+            kept, guard, sticky, base, nan, inf, sign = rank("r", False, kept=kept, guard=guard, sticky=sticky,
+                                                             base=base, nan=nan, inf=inf, sign=sign)
         inc = guard & (sticky | kept[0])
         packed = Signal(tw + Md + 1, name="packed")
         m.d.comb += packed.eq(Cat(kept[:Md], base) + inc)

@@ -193,8 +193,9 @@ class RuleLookup(wiring.Component):
         def drop(reason):
             return [s_action.eq(Action.DROP), s_reason.eq(reason)]
 
-        def forward(dest):
-            return [s_action.eq(Mux(dest == 0, Action.DROP, Action.FORWARD)), s_reason.eq(DropReason.NO_ROUTE)]
+        def forward():
+            # to the mask's ports (s_mask), a drop when it names none
+            return [s_action.eq(Mux(s_mask == 0, Action.DROP, Action.FORWARD)), s_reason.eq(DropReason.NO_ROUTE)]
 
         if prm.uplink:
             # the rule's uplink port, one-hot, while its uplink action is in force (UPLINK.enable, a port
@@ -221,7 +222,7 @@ class RuleLookup(wiring.Component):
         with m.Elif(Mux(parent, ~up.any(), ~(sources & m_me).any()) if prm.uplink else ~(sources & m_me).any()):
             m.d.comb += drop(DropReason.FOREIGN_PORT)
         with m.Elif(~m_meta.all_reduce):
-            m.d.comb += forward(dests & ~m_me)
+            m.d.comb += forward()
         with m.Elif((hdr.dtype != rule.dtype) | (hdr.red_op != rule.red_op)):
             m.d.comb += drop(DropReason.TYPE_MISMATCH)
         with m.Else():

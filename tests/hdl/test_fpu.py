@@ -493,7 +493,6 @@ def test_widen_and_narrow_registered(src):
     y = np.concatenate([narrow_catalogue(src), y])
     want = run_convert(FloatNarrow, FP32, src, y)
     for stages in (1, 2):
-        assert FloatNarrow(FP32, src, stages=stages).latency == stages
         narrow = simulate(Lanes(lambda: FloatNarrow(FP32, src, stages=stages), 16, ("a",)), (y,), {},
                           latency=stages, clock=True)
         assert not len(mismatches(src, narrow, want)), stages
@@ -570,3 +569,11 @@ def test_conversion_rejects_wrong_direction():
         FloatNarrow(FP16, FP32)
     with pytest.raises(ValueError):
         FloatWiden(FP16, BF16)
+
+
+def test_register_ranks_beyond_those_built_are_refused():
+    """The widening builds at most one register rank, the narrowing two: more must not pass as fewer."""
+    with pytest.raises(ValueError, match="stages must be 0 or 1"):
+        FloatWiden(FP16, FP32, stages=2)
+    with pytest.raises(ValueError, match="stages must be 0, 1 or 2"):
+        FloatNarrow(FP32, FP16, stages=3)
