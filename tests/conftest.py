@@ -13,6 +13,9 @@ import pytest
 
 from cais.hdl.toolchain import setup_verilator_env
 
+from buildsets import EXTENDED_BUILDS
+from tiers import is_extended
+
 setup_verilator_env()
 
 #: The longest tests (each builds a model or proves), in the order they start; a node id prefix each. Each of
@@ -49,6 +52,8 @@ def pytest_collection_modifyitems(session, config, items):
     for item in items:
         if item.path.parent.name == "system" and item.path.name not in SYSTEM_CHECKS:
             item.add_marker(pytest.mark.system)
+        if is_extended(item, EXTENDED_BUILDS):
+            item.add_marker(pytest.mark.extended)
     ranked = sorted(items, key=_rank)                   # stable: the rest keep their order
     leads = sum(_rank(i) < len(LONGEST_FIRST) for i in items)
     head, rest = ranked[:leads], ranked[leads:]

@@ -91,6 +91,7 @@ def test_make_sim_jumbo_on_the_model(capsys):
 
 
 @pytest.mark.verilator
+@pytest.mark.extended                      # the wide jumbo build (buildsets.EXTENDED_BUILDS)
 def test_jumbo_rtl():
     """The Verilated jumbo switch (the wide regression's build, tests/buildsets.py; the regression runs its
     directed cases and all-port random payloads up to 1,024 bytes, and its timing job the result latency
