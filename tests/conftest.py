@@ -14,7 +14,7 @@ import pytest
 from cais.hdl.toolchain import setup_verilator_env
 
 from buildsets import EXTENDED_BUILDS
-from tiers import is_extended
+from tiers import is_extended, stale_prefixes
 
 setup_verilator_env()
 
@@ -49,6 +49,9 @@ def _rank(item) -> int:
 
 
 def pytest_collection_modifyitems(session, config, items):
+    stale = stale_prefixes(items) if not any("::" in arg for arg in config.args) else []
+    if stale:
+        raise pytest.UsageError(f"tests/tiers.py EXTENDED names no test of its file: {', '.join(stale)}")
     for item in items:
         if item.path.parent.name == "system" and item.path.name not in SYSTEM_CHECKS:
             item.add_marker(pytest.mark.system)

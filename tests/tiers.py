@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 import pytest
 
-__all__ = ["sweep", "EXTENDED", "is_extended"]
+__all__ = ["sweep", "EXTENDED", "is_extended", "stale_prefixes"]
 
 
 def sweep(cases: Iterable, fast: Callable[..., bool], ids: Callable | None = None) -> list:
@@ -56,3 +56,11 @@ def is_extended(item, extended_builds: dict) -> bool:
         return True
     values = getattr(item, "callspec", None) and item.callspec.params.values()
     return any(isinstance(v, str) and v in extended_builds for v in values or ())
+
+
+def stale_prefixes(items) -> list[str]:
+    """The prefixes of :data:`EXTENDED` that match no test of a file that was collected: a renamed test or case
+    would otherwise leave the extended tier silently and put its minutes back into ``make test``."""
+    files = {item.nodeid.split("::")[0] for item in items}
+    return [prefix for prefix in EXTENDED if prefix.split("::")[0] in files
+            and not any(item.nodeid.startswith(prefix) for item in items)]
