@@ -20,17 +20,19 @@ setup_verilator_env()
 
 #: The longest tests (each builds a model or proves), in the order they start; a node id prefix each. Each of
 #: the first two is followed by one short test, so xdist's first hand-out (two tests per worker) gives each
-#: worker one of them. Then the default switch's builds (the link identity makes both, the C++ and the cocotb
-#: one) beside builds that do not need them (the block testbenches, the proof, the tree leaf's uplink build), and
+#: worker one of them. In make test-extended the 16-port and jumbo builds lead; in make test (and in both
+#: tiers after them) the default switch's builds (the both-links run makes both, the C++ and the cocotb one)
+#: beside builds that do not need them (the block testbenches, the proof, the tree leaf's uplink build), and
 #: only then the tests that reuse the default builds: a worker never waits on a build the other one is making.
 LONGEST_FIRST = (
     "tests/sim/test_switch_verilator.py::test_regression[p16_int]",
     "tests/sim/test_switch_verilator.py::test_regression[p2_w512_jumbo]",
+    "tests/sim/test_cosim.py::test_model_and_both_verilator_links_agree_with_five_percent_loss",
     "tests/sim/test_link_identity.py::test_cpp_link_and_cocotb_link_are_cycle_identical",
     *(f"tests/sim/test_tb.py::test_testbench[{block}-" for block in ("alu", "egress", "sram", "uart", "ingress", "csr")),
     "tests/hdl/test_formal.py::test_every_property_is_proved_by_induction",
     "tests/sim/test_tree_rtl.py::test_the_rtl_reports_the_uplink_feature",     # the uplink build (a tree's leaf)
-    "tests/sim/test_cosim.py::test_model_and_both_verilator_links_agree_with_five_percent_loss",
+    "tests/sim/test_board_sim.py::test_board_sim_short",                       # the board top's build
     "tests/sim/test_backends.py::test_verilator_matches_model",
     "tests/sim/test_links.py::test_verilator_link_all_reduce_stamps_and_reset",
 )

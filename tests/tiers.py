@@ -43,6 +43,9 @@ EXTENDED = {
     "tests/sim/test_switch_sim.py::test_random_mix_with_idle_and_backpressure[p2_w512": "the 2 x 512 switch",
     # test_faults_on_every_hop_short stays
     "tests/sim/test_tree.py::test_faults_on_every_hop_1000_chunks": "the tree's fault run at 1,000 chunks",
+    # the cycle identity of the two links on a lossy all-reduce stays (tests/sim/test_cosim.py), and the cocotb
+    # link against the model under idle and back-pressure (tests/sim/test_backends.py)
+    "tests/sim/test_link_identity.py": "every directed case and a mix on the cocotb link (a minute of cocotb)",
     # the float ALU testbench at 64 bits stays
     "tests/sim/test_tb.py::test_testbench[alu-int_p4_w128]": "a second ALU build (integer, 128-bit beats)",
 }
