@@ -1,12 +1,13 @@
 """The test tiers: which tests ``make test-fast``, ``make test`` and ``make test-extended`` run.
 
-- A sweep (every stage count, every lane type and operator, every seed) keeps a few cases in the fast tier,
-  chosen to cover each axis once, and gives the others the ``slow`` mark: ``make test`` runs every case.
-- The extended tier (:data:`EXTENDED`, :data:`buildsets.EXTENDED_BUILDS`, the ``pnr`` mark) holds what costs
-  minutes of build or proof for a size or a tool ``make test`` already covers in a cheaper form: the switch
-  builds beyond the default one (16 ports, wide jumbo beats, the tree's uplink leaf, the board top), the
-  induction proofs, place and route. ``make test`` leaves it out to stay under ten minutes on two cores; CI
-  runs ``make test`` and then ``make test-extended`` (.ci/run), so every test still runs on every change.
+- A sweep (every stage count, every lane type and operator, every seed) keeps a few cases in ``make
+  test-fast`` and ``make test``, chosen to cover each axis once, and gives the others the ``extended`` mark.
+- The extended tier (those sweep cases, :data:`EXTENDED`, :data:`buildsets.EXTENDED_BUILDS`, the ``pnr``
+  mark) holds what costs minutes of build, proof or repetition for a size, a case or a tool ``make test``
+  already covers in a cheaper form: the switch builds beyond the default one (16 ports, wide jumbo beats, the
+  tree's uplink leaf, the board top), the induction proofs, place and route, the sweeps' further cases.
+  ``make test`` leaves it out to stay under ten minutes on two cores; CI runs ``make test`` and then ``make
+  test-extended`` (.ci/run), so every test still runs on every change.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ __all__ = ["sweep", "EXTENDED", "is_extended", "stale_prefixes"]
 
 def sweep(cases: Iterable, fast: Callable[..., bool], ids: Callable | None = None) -> list:
     """``cases`` (tuples of a parametrize's arguments, or single values) as ``pytest.param``s, each marked
-    slow unless ``fast(*case)``; ``ids(*case)`` names a case (default: pytest's own ids)."""
+    extended unless ``fast(*case)``; ``ids(*case)`` names a case (default: pytest's own ids)."""
     params = []
     for case in cases:
         args = case if isinstance(case, tuple) else (case,)
-        params.append(pytest.param(*args, marks=() if fast(*args) else (pytest.mark.slow,),
+        params.append(pytest.param(*args, marks=() if fast(*args) else (pytest.mark.extended,),
                                    id=ids(*args) if ids else None))
     return params
 
