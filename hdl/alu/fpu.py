@@ -303,11 +303,20 @@ class FloatMaxMin(wiring.Component):
     * ``"ieee"``: -0 orders below +0 (IEEE 754-2019 maximum/minimum): max(-0, +0) = +0,
       min(-0, +0) = -0 in either operand order.
 
+    The result is always one of three values, and the choice is an output too, so that a pipeline may
+    register the choice and select among registered operands a cycle later: ``result`` is ``fmt.qnan``
+    when ``nan``, else ``b`` when ``pick_b``, else ``a`` (with ``"ieee"`` a tie of two zeros picks the
+    operand whose sign the rule gives; the two differ only in the sign bit).
+
     Members
     -------
     a, b : In(fmt.width)
     op : In(MaxMinOp)
     result : Out(fmt.width)
+    nan : Out(1)
+        An operand is a NaN: ``result`` is the canonical quiet NaN.
+    pick_b : Out(1)
+        Otherwise ``result`` is ``b`` (1) or ``a`` (0).
     """
 
     def __init__(self, fmt: FloatFormat, zero_tie: str | None = None):
@@ -317,7 +326,8 @@ class FloatMaxMin(wiring.Component):
         self.fmt = fmt
         self.zero_tie = zero_tie
         W = fmt.width
-        super().__init__({"a": In(W), "b": In(W), "op": In(MaxMinOp), "result": Out(W)})
+        super().__init__({"a": In(W), "b": In(W), "op": In(MaxMinOp), "result": Out(W),
+                          "nan": Out(1), "pick_b": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -330,22 +340,18 @@ class FloatMaxMin(wiring.Component):
         a_lt_b = Mux(ua.sign != ub.sign, ua.sign & ~both_zero, Mux(ua.sign, mag_gt, mag_lt))
         b_lt_a = Mux(ua.sign != ub.sign, ub.sign & ~both_zero, Mux(ua.sign, mag_lt, mag_gt))
         is_min = self.op == MaxMinOp.MIN
+        # The operands compare equal: the tie's operand (equal values other than zeros have equal bits).
         if self.zero_tie == "a":
-            tie = self.a
+            tie_b = Const(0)
         elif self.zero_tie == "b":
-            tie = self.b
+            tie_b = Const(1)
         else:
             neg = Mux(is_min, ua.sign | ub.sign, ua.sign & ub.sign)
-            tie = Mux(both_zero, Cat(Const(0, fmt.width - 1), neg), self.a)
+            tie_b = both_zero & (ub.sign == neg)
         first, second = Mux(is_min, a_lt_b, b_lt_a), Mux(is_min, b_lt_a, a_lt_b)
-        with m.If(ua.nan | ub.nan):
-            m.d.comb += self.result.eq(fmt.qnan)
-        with m.Elif(first):
-            m.d.comb += self.result.eq(self.a)
-        with m.Elif(second):
-            m.d.comb += self.result.eq(self.b)
-        with m.Else():
-            m.d.comb += self.result.eq(tie)
+        m.d.comb += [self.nan.eq(ua.nan | ub.nan),
+                     self.pick_b.eq(~first & (second | tie_b)),
+                     self.result.eq(Mux(self.nan, fmt.qnan, Mux(self.pick_b, self.b, self.a)))]
         return m
 
 
