@@ -512,18 +512,23 @@ class FloatNarrow(wiring.Component):
             elif i - (d - 1) < umax:
                 sticky_bits.append(sig[i] & (under > i - (d - 1)))
         sticky = Cat(*sticky_bits).any()
-        if self.stages:
-            kept, guard, sticky, base, nan, inf, sign = rank("r", False, kept=kept, guard=guard, sticky=sticky,
-                                                             base=base, nan=nan, inf=inf, sign=sign)
+        # The rounding increment, and whether the rounded value reaches infinity: ``pre + inc >= D.inf``
+        # with ``pre`` the unrounded field: pre >= D.inf (its bits from the exponent field up read exp_max
+        # or more: no compare chain), or pre is the largest finite value and rounds up. Both are found
+        # before the last rank, so that after it only the increment's carry chain and one choice remain.
+        pre = Cat(kept[:Md], base)
         inc = guard & (sticky | kept[0])
-        packed = Signal(tw + Md + 1, name="packed")
-        m.d.comb += packed.eq(Cat(kept[:Md], base) + inc)
-        # packed >= D.inf: the bits from the exponent field up read exp_max or more (no compare chain)
-        overflow = packed[Md + D.exp_bits:].any() | packed[Md:Md + D.exp_bits].all()
+        at_inf = pre[Md + D.exp_bits:].any() | pre[Md:Md + D.exp_bits].all()
+        below_inf = pre == (D.exp_max << Md) - 1
+        big = inf | at_inf | (below_inf & inc)
+        if self.stages:
+            pre, inc, big, nan, sign = rank("r", False, pre=pre, inc=inc, big=big, nan=nan, sign=sign)
+        packed = Signal(D.width - 1, name="packed")
+        m.d.comb += packed.eq(pre[:D.width - 1] + inc)
         with m.If(nan):
             m.d.comb += self.result.eq(D.qnan)
-        with m.Elif(inf | overflow):
+        with m.Elif(big):
             m.d.comb += self.result.eq(Cat(Const(D.inf, D.width - 1), sign))
         with m.Else():
-            m.d.comb += self.result.eq(Cat(packed[:D.width - 1], sign))
+            m.d.comb += self.result.eq(Cat(packed, sign))
         return m
