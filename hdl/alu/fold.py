@@ -82,7 +82,10 @@ class FoldChain(wiring.Component):
         kind = [self.dtype, self.op, self.acc_fp32, self.saturate]
         acc, seen = Signal(2 * W, name="acc_in"), Signal(name="seen_in")   # nothing before port 0
         for p in range(P):
-            m.submodules[f"stage{p}"] = alu = SlotALU(W, float_units=self.float_units, fadd_stages=self.fadd_stages)
+            # Stage 0 has no accumulator before it: it stores (or passes on nothing), so only its store path
+            # is built.
+            m.submodules[f"stage{p}"] = alu = SlotALU(W, float_units=self.float_units, fadd_stages=self.fadd_stages,
+                                                      store_only=p == 0)
             take = mask[p]
             m.d.comb += [
                 alu.i_valid.eq(valid), alu.acc.eq(acc), alu.row.eq(delay(self.rows[p], p * L, f"row{p}")),

@@ -303,11 +303,20 @@ class FloatMaxMin(wiring.Component):
     * ``"ieee"``: -0 orders below +0 (IEEE 754-2019 maximum/minimum): max(-0, +0) = +0,
       min(-0, +0) = -0 in either operand order.
 
+    The result is always one of three values, and the choice is an output too, so that a pipeline may
+    register the choice and select among registered operands a cycle later: ``result`` is ``fmt.qnan``
+    when ``nan``, else ``b`` when ``pick_b``, else ``a`` (with ``"ieee"`` a tie of two zeros picks the
+    operand whose sign the rule gives; the two differ only in the sign bit).
+
     Members
     -------
     a, b : In(fmt.width)
     op : In(MaxMinOp)
     result : Out(fmt.width)
+    nan : Out(1)
+        An operand is a NaN: ``result`` is the canonical quiet NaN.
+    pick_b : Out(1)
+        Otherwise ``result`` is ``b`` (1) or ``a`` (0).
     """
 
     def __init__(self, fmt: FloatFormat, zero_tie: str | None = None):
@@ -317,7 +326,8 @@ class FloatMaxMin(wiring.Component):
         self.fmt = fmt
         self.zero_tie = zero_tie
         W = fmt.width
-        super().__init__({"a": In(W), "b": In(W), "op": In(MaxMinOp), "result": Out(W)})
+        super().__init__({"a": In(W), "b": In(W), "op": In(MaxMinOp), "result": Out(W),
+                          "nan": Out(1), "pick_b": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -330,22 +340,18 @@ class FloatMaxMin(wiring.Component):
         a_lt_b = Mux(ua.sign != ub.sign, ua.sign & ~both_zero, Mux(ua.sign, mag_gt, mag_lt))
         b_lt_a = Mux(ua.sign != ub.sign, ub.sign & ~both_zero, Mux(ua.sign, mag_lt, mag_gt))
         is_min = self.op == MaxMinOp.MIN
+        # The operands compare equal: the tie's operand (equal values other than zeros have equal bits).
         if self.zero_tie == "a":
-            tie = self.a
+            tie_b = Const(0)
         elif self.zero_tie == "b":
-            tie = self.b
+            tie_b = Const(1)
         else:
             neg = Mux(is_min, ua.sign | ub.sign, ua.sign & ub.sign)
-            tie = Mux(both_zero, Cat(Const(0, fmt.width - 1), neg), self.a)
+            tie_b = both_zero & (ub.sign == neg)
         first, second = Mux(is_min, a_lt_b, b_lt_a), Mux(is_min, b_lt_a, a_lt_b)
-        with m.If(ua.nan | ub.nan):
-            m.d.comb += self.result.eq(fmt.qnan)
-        with m.Elif(first):
-            m.d.comb += self.result.eq(self.a)
-        with m.Elif(second):
-            m.d.comb += self.result.eq(self.b)
-        with m.Else():
-            m.d.comb += self.result.eq(tie)
+        m.d.comb += [self.nan.eq(ua.nan | ub.nan),
+                     self.pick_b.eq(~first & (second | tie_b)),
+                     self.result.eq(Mux(self.nan, fmt.qnan, Mux(self.pick_b, self.b, self.a)))]
         return m
 
 
@@ -506,18 +512,23 @@ class FloatNarrow(wiring.Component):
             elif i - (d - 1) < umax:
                 sticky_bits.append(sig[i] & (under > i - (d - 1)))
         sticky = Cat(*sticky_bits).any()
-        if self.stages:
-            kept, guard, sticky, base, nan, inf, sign = rank("r", False, kept=kept, guard=guard, sticky=sticky,
-                                                             base=base, nan=nan, inf=inf, sign=sign)
+        # The rounding increment, and whether the rounded value reaches infinity: ``pre + inc >= D.inf``
+        # with ``pre`` the unrounded field: pre >= D.inf (its bits from the exponent field up read exp_max
+        # or more: no compare chain), or pre is the largest finite value and rounds up. Both are found
+        # before the last rank, so that after it only the increment's carry chain and one choice remain.
+        pre = Cat(kept[:Md], base)
         inc = guard & (sticky | kept[0])
-        packed = Signal(tw + Md + 1, name="packed")
-        m.d.comb += packed.eq(Cat(kept[:Md], base) + inc)
-        # packed >= D.inf: the bits from the exponent field up read exp_max or more (no compare chain)
-        overflow = packed[Md + D.exp_bits:].any() | packed[Md:Md + D.exp_bits].all()
+        at_inf = pre[Md + D.exp_bits:].any() | pre[Md:Md + D.exp_bits].all()
+        below_inf = pre == (D.exp_max << Md) - 1
+        big = inf | at_inf | (below_inf & inc)
+        if self.stages:
+            pre, inc, big, nan, sign = rank("r", False, pre=pre, inc=inc, big=big, nan=nan, sign=sign)
+        packed = Signal(D.width - 1, name="packed")
+        m.d.comb += packed.eq(pre[:D.width - 1] + inc)
         with m.If(nan):
             m.d.comb += self.result.eq(D.qnan)
-        with m.Elif(inf | overflow):
+        with m.Elif(big):
             m.d.comb += self.result.eq(Cat(Const(D.inf, D.width - 1), sign))
         with m.Else():
-            m.d.comb += self.result.eq(Cat(packed[:D.width - 1], sign))
+            m.d.comb += self.result.eq(Cat(packed, sign))
         return m

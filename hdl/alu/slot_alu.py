@@ -61,6 +61,10 @@ class SlotALU(wiring.Component):
     inputs registered, the sums and compares registered, then the result chosen into the output register:
     ``latency = 3``), and float dtypes give don't-care results.
 
+    ``store_only=True`` builds the store path alone (the first stage of a fold chain, which has no
+    accumulator before it): every row is stored, as with ``store`` high, whatever ``store`` and ``acc``
+    say; the latency is the same.
+
     Members
     -------
     i_valid : In(1)
@@ -89,7 +93,8 @@ class SlotALU(wiring.Component):
         Granule write enables of ``result`` (0 while ``o_valid`` is low).
     """
 
-    def __init__(self, data_width: int, float_units: bool = True, fadd_stages: int = FADD_STAGES):
+    def __init__(self, data_width: int, float_units: bool = True, fadd_stages: int = FADD_STAGES,
+                 store_only: bool = False):
         if data_width < 64 or data_width % 32:
             raise ValueError(f"data_width must be a multiple of 32 of at least 64, not {data_width}")
         if fadd_stages not in FloatAdder.CUTS:
@@ -97,6 +102,7 @@ class SlotALU(wiring.Component):
         self.data_width = data_width
         self.float_units = float_units
         self.fadd_stages = fadd_stages
+        self.store_only = store_only
         W = data_width
         super().__init__({
             "i_valid": In(1), "acc": In(2 * W), "row": In(W), "granule": In(1),
@@ -122,17 +128,30 @@ class SlotALU(wiring.Component):
 
     @staticmethod
     def _reg(m, value, name, reset_less=True, cycles=1):
+        # A constant data value stays a constant (no register whose first value differs from the rest,
+        # which would keep the logic behind it alive): the store-only stage's store and accumulator.
+        if reset_less and isinstance(value, Const):
+            return value
         return delay_line(m, value, cycles, name, reset_less=reset_less)
 
     def _inputs(self, m):
         """Stage 0, in every build: the inputs registered (in a fold chain the stage before chooses this
-        stage's accumulator right in front of them). Returns the namespace the other stages share."""
+        stage's accumulator right in front of them), and the granule the wire-format modes read decided
+        in front of the register (``s.hi``: ``granule`` and not fp32 accumulation), so that the 2W-bit
+        choice of the accumulator granule hangs on one flip-flop, not on the dtype's decode. Returns the
+        namespace the other stages share."""
         reg = functools.partial(self._reg, m)
         s = SimpleNamespace()
-        s.granule, s.row, s.acc = reg(self.granule, "in_granule"), reg(self.row, "in_row"), reg(self.acc, "in_acc")
+        W = self.data_width
+        s.granule, s.row = reg(self.granule, "in_granule"), reg(self.row, "in_row")
         s.dtype, s.op = reg(self.dtype, "in_dtype"), reg(self.op, "in_op")
         s.acc_fp32 = reg(self.acc_fp32, "in_acc_fp32")
-        s.saturate, s.store = reg(self.saturate, "in_saturate"), reg(self.store, "in_store")
+        s.saturate = reg(self.saturate, "in_saturate")
+        if self.store_only:
+            s.store, s.acc, s.hi = Const(1), Const(0, 2 * W), Const(0)
+        else:
+            s.store, s.acc = reg(self.store, "in_store"), reg(self.acc, "in_acc")
+            s.hi = reg(self.granule & ~(_is_half(self.dtype) & self.acc_fp32), "in_hi")
         s.valid = reg(self.i_valid, "in_valid", reset_less=False)
         return s
 
@@ -140,10 +159,10 @@ class SlotALU(wiring.Component):
         """Without float units. Stage 1: the granule and the integer ALU's sums and compares (its register
         rank); stage 2: the result chosen (op, saturation, dtype, store), into the output register."""
         reg = functools.partial(self._reg, m)
-        W, DT = self.data_width, proto.DType
-        acc32 = ((s.dtype == DT.FP16) | (s.dtype == DT.BF16)) & s.acc_fp32
+        W = self.data_width
+        acc32 = _is_half(s.dtype) & s.acc_fp32
         m.submodules.int_alu = int_alu = ReduceALU(W, stages=1)
-        m.d.comb += [int_alu.a.eq(Mux(s.granule & ~acc32, s.acc[W:], s.acc[:W])),
+        m.d.comb += [int_alu.a.eq(Mux(s.hi, s.acc[W:], s.acc[:W])),
                      int_alu.b.eq(s.row), int_alu.op.eq(s.op),
                      int_alu.dtype.eq(s.dtype), int_alu.saturate.eq(s.saturate)]
         we_r = reg(Mux(acc32, 0b11, Mux(s.granule, 0b10, 0b01)), "we")
@@ -165,7 +184,7 @@ class SlotALU(wiring.Component):
         reg = functools.partial(self._reg, m)
         W, DT = self.data_width, proto.DType
         dtype, op, acc, row, granule, store = s.dtype, s.op, s.acc, s.row, s.granule, s.store
-        is_half = (dtype == DT.FP16) | (dtype == DT.BF16)
+        is_half = _is_half(dtype)
         acc32 = Signal()
         m.d.comb += acc32.eq(is_half & s.acc_fp32)
         we = Mux(acc32, 0b11, Mux(granule, 0b10, 0b01))
@@ -173,7 +192,7 @@ class SlotALU(wiring.Component):
         # The granule the wire-format modes combine with. fp32 accumulation reads lanes 0 .. W/32-1 from
         # granule 0 through the same mux (lanes W/32 .. W/16-1 read granule 1 directly).
         a_gran = Signal(W)
-        m.d.comb += a_gran.eq(Mux(granule & ~acc32, acc[W:], acc[:W]))
+        m.d.comb += a_gran.eq(Mux(s.hi, acc[W:], acc[:W]))
 
         is_fp32 = dtype == DT.FP32
         is_bf16 = dtype == DT.BF16
@@ -222,41 +241,63 @@ class SlotALU(wiring.Component):
 
     def _float_lanes(self, m, s):
         """Stages 3 .. L+2: the adders, max/min and store beside them, delayed to meet their results; stage
-        L+3: each lane's result registered (``s.lanes``, ``s.wire_row`` and the controls ``s.out``)."""
+        L+3: each lane's result registered (``s.lanes``, ``s.wire_row`` and the controls ``s.out``).
+
+        The results that do not come from the adder (max/min, store, the wire-format path) need no more
+        than a choice among the operands, the canonical NaN and the wire row, so with L >= 1 that choice
+        is made in two steps: max/min's order and the controls decide, per lane, which value it is (two
+        flip-flops), registered with the operands (the wire row in the place of ``a`` outside the lane
+        form); a cycle later the registered selects pick it (two LUT levels) into the delay
+        line's remaining L - 1 registers. The selects depend on the lane's own operands, so no flip-flop
+        drives more than a lane. The latency does not change."""
         reg = functools.partial(self._reg, m)
         W, L = self.data_width, self.fadd_stages
 
-        def delay(value, name, reset_less=True):
-            # A chain of L registers (none when L == 0) beside the adder: one write point whatever the path.
-            return delay_line(m, value, L, name, reset_less=reset_less)
+        def delay(value, name, reset_less=True, cycles=L):
+            # A chain of registers (none when cycles == 0) beside the adder: one write point whatever the path.
+            return delay_line(m, value, cycles, name, reset_less=reset_less)
 
+        # Per lane: the value the bypass takes, from the operands (a, b), the canonical NaN or the wire row.
+        split = L >= 1                       # the choice decided a cycle before the selection
         bypass_lanes, adders = [], []
         for i, (a, b) in enumerate(s.operands):
+            lane_form = s.r_lane_form
+            if self.store_only:
+                # Every row is stored: the lane is the row's operand b (widened with fp32 accumulation).
+                bypass_lanes.append(Mux(lane_form, b, s.r_wire[32 * i:32 * i + 32] if 32 * i < W else 0))
+                continue
             m.submodules[f"lane{i}_fadd"] = add = FloatAdder(FP32, self.fadd_stages)
             m.d.comb += [add.a.eq(a), add.b.eq(b), add.i_valid.eq(s.r_valid)]
             adders.append(add)
 
             m.submodules[f"lane{i}_maxmin"] = mm = FloatMaxMin(FP32, NUMPY_ZERO_TIE[FP32])
             m.d.comb += [mm.a.eq(a), mm.b.eq(b), mm.op.eq(Mux(s.r_min, MaxMinOp.MIN, MaxMinOp.MAX))]
-            # A -0/+0 tie differs only in the sign bit, so the float16 rule patches just that bit.
-            tie_operand = a if s.tie16 == "a" else b
+            # A -0/+0 tie differs only in the sign bit, so the float16 rule takes the other zero. store (with
+            # fp32 accumulation the widened row is lane b) takes b whatever it holds. Outside the lane form
+            # (integers, wire-format store) the lane carries its part of the wire row in a's place, and
+            # picks it.
             tie = s.r_fix_tie & (a[:31] == 0) & (b[:31] == 0)
-            mm_result = Cat(mm.result[:31], Mux(tie, tie_operand[31], mm.result[31]))
-            # store with fp32 accumulation: the widened row is lane b.
-            bypass_lanes.append(Mux(s.r_store, b, mm_result))
+            pick_b = lane_form & (s.r_store | Mux(tie, s.tie16 == "b", mm.pick_b))
+            nan = lane_form & ~s.r_store & mm.nan
+            a = Mux(lane_form, a, s.r_wire[32 * i:32 * i + 32] if 32 * i < W else 0)
+            if split:
+                a, b = reg(a, f"lane{i}_mm_a"), reg(b, f"lane{i}_mm_b")
+                pick_b, nan = reg(pick_b, f"lane{i}_pick_b"), reg(nan, f"lane{i}_pick_nan")
+            bypass_lanes.append(Mux(nan, FP32.qnan, Mux(pick_b, b, a)))
 
         # The non-adder results travel through one delay line, lanes (float32, native bit order) or the
         # wire-format row in the low W bits.
         bypass = Signal(2 * W)
-        m.d.comb += bypass.eq(Mux(s.r_lane_form, Cat(*bypass_lanes), s.r_wire))
-        d_bypass = delay(bypass, "bypass")
-        d_use_adder = delay(s.r_use_adder, "use_adder")
+        m.d.comb += bypass.eq(Cat(*bypass_lanes))
+        d_bypass = delay(bypass, "bypass", cycles=L - 1 if split and not self.store_only else L)
+        d_use_adder = Const(0) if self.store_only else delay(s.r_use_adder, "use_adder")
         d_ctl = [delay(v, n) for v, n in ((s.r_lane_form, "lane_form"), (s.r_acc32, "acc32"), (s.r_fp32, "fp32"),
                                           (s.r_bf16, "bf16"), (s.r_we, "we"))]
         d_valid = delay(s.r_valid, "valid", reset_less=False)
 
-        s.lanes = [reg(Mux(d_use_adder, add.result, d_bypass[32 * i:32 * i + 32]), f"lane{i}_result")
-                   for i, add in enumerate(adders)]
+        s.lanes = [reg(Mux(d_use_adder, adders[i].result, d_bypass[32 * i:32 * i + 32]) if adders
+                       else d_bypass[32 * i:32 * i + 32], f"lane{i}_result")
+                   for i in range(W // 16)]
         s.wire_row = reg(d_bypass[:W], "wire_row")
         s.out = [reg(v, f"out_{k}") for k, v in enumerate(d_ctl)]      # lane_form, acc32, fp32, bf16, we
         s.out_valid = reg(d_valid, "out_valid", reset_less=False)
@@ -296,6 +337,10 @@ class SlotALU(wiring.Component):
             self.o_valid.eq(valid_r),
         ]
         m.d.comb += self.result.eq(result)
+
+
+def _is_half(dtype):
+    return (dtype == proto.DType.FP16) | (dtype == proto.DType.BF16)
 
 
 def slot_alu_latency(float_units: bool, fadd_stages: int = FADD_STAGES) -> int:

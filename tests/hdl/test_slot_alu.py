@@ -390,3 +390,19 @@ def test_reset_drops_rows_in_flight():
             r = rows[c - L]
             res = y & ((1 << 128) - 1)
             assert (res if r.acc32 else (res >> (64 * r.granule)) & ((1 << 64) - 1)) == r.want, (c, r)
+
+
+def test_store_only_stores_whatever_store_says():
+    """store_only (a fold chain's first stage): every row is stored as with store high (the row as it came,
+    widened with acc_fp32), with store presented low and garbage accumulators; the latency is the full
+    ALU's. The expected rows come from numerics.accumulate with no accumulator."""
+    dut = SlotALU(64, store_only=True)
+    assert dut.latency == SlotALU(64).latency
+    rows = random_rows(64, list(DType), max(60, VECTORS // 4), seed=31)
+    for r in rows:
+        r.store = 1
+    expect(rows, 64)
+    assert any(r.acc32 for r in rows) and any(not r.acc32 for r in rows)
+    for r in rows:
+        r.store = 0                     # what the ALU is shown: it must not matter
+    check(dut, rows)
