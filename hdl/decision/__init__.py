@@ -4,8 +4,9 @@ for the port's lane and, for a set that completes or a resend, a result job.
 The pipeline is the composition of its parts, each a component of its own with its latency::
 
     Arbiter (arbiter.py)        G: round-robin grant; the take a register                 latency 1
-    RuleLookup (lookup.py)      G: the rule and MAC compares, in parts; T: the take, the header and its
-                                hits registered; B1: the rule's and MAC entry's fields; B2: slot, set,
+    RuleLookup (lookup.py)      G: the rule and MAC compares, in parts; T: the take selects the offered
+                                headers' finished picks, registered with the header; B1: the rule's and
+                                MAC entry's fields; B2: slot, set,
                                 the stateless drops                                        latency 3
     SlotState (slot_state.py)   S0: the state read, BAD_SLOT, an ordinary frame's ports; S1, S2: the
                                 forwarding from the writes in flight, the compares; U: SetUpdate;

@@ -1,18 +1,18 @@
 """Stage G's grant: round robin among the ports with a header waiting, one header per cycle."""
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..latency import ARBITER
 
-__all__ = ["Arbiter", "lowest"]
+__all__ = ["Arbiter", "above"]
 
 
-def lowest(x):
-    """One-hot: the lowest set bit of ``x`` (0 if none)."""
-    return Cat(*(x[p] & ~x[:p].any() if p else x[0] for p in range(len(x))))
+def above(onehot):
+    """The bits above the set bit of the one-hot ``onehot`` (0 if none is set)."""
+    return Cat(*(onehot[:p].any() if p else Const(0, 1) for p in range(len(onehot))))
 
 
 class Arbiter(wiring.Component):
@@ -57,20 +57,27 @@ class Arbiter(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         P = self.ports
-        all_ports = (1 << P) - 1
         take, t_port, t_sf = Signal(P), Signal(range(P)), Signal()
+        # The round robin's state from registers only: the ports above the last take. ``last`` is that
+        # mask as of the last cycle with a take; in a cycle with a take the take itself (the grant of the
+        # cycle before) gives it. So no grant feeds the state, and the state's mask is ready early.
+        last = Signal(P, init=((1 << P) - 1) & ~1)      # after reset: as if port 0 was taken last
+        mask = Signal(P)
+        m.d.comb += mask.eq(Mux(take.any(), above(take), last))
+        m.d.sync += last.eq(mask)
+        # ahead[p][q]: port q comes before port p in this cycle's order (the masked ports first, each
+        # group lowest first), from registers only; the grant is then one flat term per port.
+        def before(q, p):
+            if q < p:
+                return mask[q] | ~mask[p]
+            return mask[q] & ~mask[p] if q > p else Const(0, 1)
+        ahead = [Cat(*(before(q, p) for q in range(P))) for p in range(P)]
         req = Signal(P)
-        m.d.comb += req.eq(self.request & ~take & (Mux(self.blocked, 0, all_ports) | ~self.all_reduce))
-        # Round robin, one-hot: the lowest requester above the last grant, else the lowest requester.
-        above_last = Signal(P, init=all_ports & ~1)     # ports above the last grant (registered)
-        above = req & above_last
+        m.d.comb += req.eq(self.request & ~take & ~(Mux(self.blocked, self.all_reduce, 0)))
         grant = Signal(P)
-        m.d.comb += grant.eq(Mux(above.any(), lowest(above), lowest(req)))
-        go = req.any() & ~self.hold
-        m.d.sync += [take.eq(Mux(go, grant, 0)), t_sf.eq(~self.blocked | (grant & self.all_reduce).any())]
-        with m.If(go):
-            m.d.sync += [t_port.eq(Cat(*(Cat(*(grant[p] for p in range(P) if p >> k & 1)).any()
-                                         for k in range(max(1, ceil_log2(P)))))),
-                         above_last.eq(Cat(*((grant & ((1 << p) - 1)).any() for p in range(P))))]
+        m.d.comb += grant.eq(Cat(*(req[p] & ~(req & ahead[p]).any() for p in range(P))))
+        m.d.sync += [take.eq(Mux(self.hold, 0, grant)), t_sf.eq(~self.blocked | (grant & self.all_reduce).any()),
+                     t_port.eq(Cat(*(Cat(*(grant[p] for p in range(P) if p >> k & 1)).any()
+                                     for k in range(max(1, ceil_log2(P))))))]
         m.d.comb += [self.take.eq(take), self.port.eq(t_port), self.stateful.eq(t_sf)]
         return m

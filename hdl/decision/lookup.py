@@ -57,8 +57,8 @@ class RuleLookup(wiring.Component):
 
     Stages: G: the rule and MAC compares of every port's offered header at once, registered in
     ``MATCH_PARTS`` parts per entry (the granted port's header is still the one offered when it is taken);
-    T: the take, the taken header (by the binary port) and its hits (the parts ANDed) registered, the
-    winning rule one-hot; B1: the rule's fields by an AND-OR pick, the winning MAC entry one-hot, the taken
+    T: every offered header's hits (its parts ANDed) and winning rule (one-hot) found from G's registers,
+    the take selects the taken header's (and the taken header, by the binary port), registered; B1: the rule's fields by an AND-OR pick, the winning MAC entry one-hot, the taken
     header's source MAC against the MAC entries (in parts) and which entries are bound to its port;
     B2: slot = base + (seq & quota), set, the source binding (SPOOFED_SOURCE) and the stateless drops of a
     CAIS frame, the MAC entry's port.
@@ -134,14 +134,17 @@ class RuleLookup(wiring.Component):
         a_meta = Signal(self.meta_layout, reset_less=True)
         a_pick, a_mac = Signal(R, reset_less=True), Signal(prm.mac_entries, reset_less=True)
         # The header by the binary port (a mux per bit), so the wide header does not load ``take``, which
-        # drives the hits' mux into the rule pick.
+        # drives the picks' mux.
         meta = Array(h.as_value() for h in self.headers)[self.port]
+        # Each offered header's winning rule (its parts ANDed, the lowest hit) and the MAC entries that
+        # hold its address, from G's registers: the take only selects a finished pick.
+        g_pick = [lowest_one(hits_of_parts(g_hits[p], R), R) for p in range(P)]
+        g_mac_hits = [hits_of_parts(g_mac[p], prm.mac_entries) for p in range(P)]
         m.d.sync += [
             a_valid.eq(take.any()), a_port.eq(self.port), a_me.eq(take), a_sf.eq(self.taken_stateful),
             a_meta.eq(meta),
-            # the winning rule; the MAC entries that hold the address
-            a_pick.eq(lowest_one(hits_of_parts(or_tree(Mux(take[p], g_hits[p], 0) for p in range(P)), R), R)),
-            a_mac.eq(hits_of_parts(or_tree(Mux(take[p], g_mac[p], 0) for p in range(P)), prm.mac_entries)),
+            a_pick.eq(or_tree(Mux(take[p], g_pick[p], 0) for p in range(P))),
+            a_mac.eq(or_tree(Mux(take[p], g_mac_hits[p], 0) for p in range(P))),
         ]
 
         # ------------------------------------------------------------ B1: the rule's and the MAC entry's fields

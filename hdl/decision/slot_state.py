@@ -118,11 +118,14 @@ class SlotState(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         s = self._registers()
-        # W's set with FIRST's tag and length (the choice after W's registers: U's ``first`` drives one
-        # register, not the wide fields' clock enables)
+        # W's set with FIRST's tag and length and not aged, and with the age unit's stamp when accepted (the
+        # choices after W's registers: U's ``first`` and ``accepted`` drive one register each, not the wide
+        # fields' clock enables)
         m.d.comb += [s.w_cur.eq(s.w_cur_r),
                      s.w_cur.tag.eq(Mux(s.w_first, s.v_c.tag, s.w_cur_r.tag)),
-                     s.w_cur.length.eq(Mux(s.w_first, s.v_c.plen, s.w_cur_r.length))]
+                     s.w_cur.length.eq(Mux(s.w_first, s.v_c.plen, s.w_cur_r.length)),
+                     s.w_cur.aged.eq(~s.w_first & s.w_cur_r.aged),
+                     s.w_cur.stamp.eq(self.new_stamp(s.w_stamped, s.w_now, s.w_cur_r.stamp))]
         m.d.comb += s.w_new.eq(Mux(s.w_set, Cat(s.w_oth, s.w_cur), Cat(s.w_cur, s.w_oth)))
         self._read(m, s)
         self._forward(m, s)
@@ -162,10 +165,12 @@ class SlotState(wiring.Component):
         s.u_other_next, s.u_prev_next = reg("u_other_next"), reg("u_prev_next")
         # W's new state as the header's set and the other one (``w_cur``, ``w_oth``, unswapped: U drives them
         # without the swap by the set bit, ``w_set``); ``w_new`` is the entry, swapped after the registers.
-        # ``w_cur_r`` holds the header's set with its old tag and length; ``w_cur`` is it with the
-        # header's own (``v_c``'s, registered beside W) when it was FIRST (``w_first``).
+        # ``w_cur_r`` holds the header's set with its old tag, length, aged flag and stamp; ``w_cur`` is it
+        # with the header's own (``v_c``'s, registered beside W) when it was FIRST (``w_first``), and with
+        # the age unit of U's cycle (``w_now``) when the header was accepted (``w_stamped``).
         s.w_agg, s.w_slot, s.w_first = reg("w_agg", reset_less=False), reg("w_slot", sb), reg("w_first", reset_less=False)
         s.w_cur_r, s.w_oth, s.w_set = reg("w_cur", setl), reg("w_oth", setl), reg("w_set")
+        s.w_stamped, s.w_now = reg("w_stamped", reset_less=False), reg("w_now", age_stamp_bits(prm))
         s.w_cur = Signal(setl, name="w_cur_new")
         s.w_new = Signal(ent, name="w_new")
         s.w_old = reg("w_old", 2 * P)
@@ -272,12 +277,10 @@ class SlotState(wiring.Component):
         new_cur, new_other = Signal(setl, name="new_cur"), Signal(setl, name="new_other")
         m.d.comb += [
             new_cur.bitmap.eq(upd.new_cur_bitmap), new_cur.done.eq(upd.new_cur_done),
-            # (FIRST's tag and length are chosen after W's registers, by w_first: see elaborate)
+            # (FIRST's tag and length and its aged flag, and an accepted contribution's stamp, are chosen
+            # after W's registers, by w_first and w_stamped: see elaborate)
             new_cur.tag.eq(s_cur.tag), new_cur.length.eq(s_cur.length),
-            # an accepted contribution stamps its set (aging); a first one starts a fill not yet aged
-            new_cur.stamp.eq(self.new_stamp(upd.accepted & ~u_c.parent if uplink else upd.accepted, self.now,
-                                            s_cur.stamp)),
-            new_cur.aged.eq(~upd.first & s_cur.aged),
+            new_cur.stamp.eq(s_cur.stamp), new_cur.aged.eq(s_cur.aged),
             new_other.eq(s_other), new_other.bitmap.eq(upd.new_other_bitmap),
             # the slot's sets now count for the writer's rule entry
             new_cur.rule.eq(u_c.rule), new_other.rule.eq(u_c.rule),
@@ -290,6 +293,8 @@ class SlotState(wiring.Component):
         # Every contribution writes its slot back (unchanged when refused), so every one is forwarded.
         m.d.sync += [
             s.w_agg.eq(agg), s.w_slot.eq(u_c.slot), s.w_first.eq(agg & upd.first),
+            # an accepted contribution stamps its set (aging); a first one starts a fill not yet aged
+            s.w_stamped.eq(upd.accepted & ~u_c.parent if uplink else upd.accepted), s.w_now.eq(self.now),
             s.w_cur_r.eq(new_cur), s.w_oth.eq(new_other), s.w_set.eq(u_c.set),
             s.w_old.eq(Cat(s_cur.bitmap, s_other.bitmap)),
             s.w_rule.eq(u_c.rule), s.w_old_rule.eq(Cat(s_cur.rule, s_other.rule)),

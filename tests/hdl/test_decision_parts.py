@@ -52,6 +52,77 @@ def test_arbiter_blocked_holds_back_all_reduce_only():
     assert got == [0b0100, 0, 0, 0b0001, 0]
 
 
+def arbiter_reference(ports, request, all_reduce, blocked, hold, taken, last):
+    """The documented round robin, one cycle: the grant (a port or None) from this cycle's inputs, the port
+    being taken (``taken``, or None) and the port taken last before it (``last``). A port being taken
+    is not granted; while ``blocked`` neither is an all-reduce header; the order starts above the last
+    port taken (that is ``taken`` itself in a cycle with a take)."""
+    last = last if taken is None else taken
+    asking = [p for p in range(ports) if request >> p & 1 and p != taken and not (blocked and all_reduce >> p & 1)]
+    order = [(last + 1 + k) % ports for k in range(ports)]
+    grant = next((p for p in order if p in asking), None)
+    return (None if hold else grant), last, (not blocked) or (grant is not None and bool(all_reduce >> grant & 1))
+
+
+def test_arbiter_random_headers_against_the_round_robin():
+    """Headers that come and stay offered until taken, random all-reduce bits, blocks and holds, at 2, 3,
+    4 and 5 ports: every cycle's ``take``, ``port`` (with a take) and ``stateful`` are the reference's;
+    every port with a header is served within ``ports`` takes (fairness), one header per cycle while
+    two or more ports ask."""
+    import random
+    for P in (2, 3, 4, 5):
+        dut = Arbiter(P)
+        rnd = random.Random(P)
+        log = []
+
+        async def tb(ctx):
+            offered, ar = 0, 0
+            taken, last, blocked = None, 0, False
+            for cycle in range(1500):
+                for p in range(P):                       # a new header on a port with none, now and then
+                    if not offered >> p & 1 and rnd.random() < 0.5:
+                        offered |= 1 << p
+                        ar = (ar & ~(1 << p)) | (rnd.random() < 0.5) << p
+                if rnd.random() < 0.05:
+                    blocked = not blocked
+                hold = rnd.random() < 0.05
+                ctx.set(dut.request, offered)
+                ctx.set(dut.all_reduce, ar)
+                ctx.set(dut.blocked, blocked)
+                ctx.set(dut.hold, hold)
+                want, last, stateful = arbiter_reference(P, offered, ar, blocked, hold, taken, last)
+                if taken is not None:
+                    offered &= ~(1 << taken)             # taken in this cycle: gone after the edge
+                await ctx.tick()
+                take = ctx.get(dut.take)
+                log.append((cycle, take, want, ctx.get(dut.port), ctx.get(dut.stateful), stateful,
+                            offered, ar, blocked, hold))
+                taken = want
+        run(dut, tb)
+        waits = []
+        for cycle, take, want, port, got_sf, want_sf, offered, ar, blocked, hold in log:
+            assert take == (0 if want is None else 1 << want), (P, cycle, take, want)
+            if want is not None:
+                assert port == want, (P, cycle, port, want)
+            assert got_sf == want_sf, (P, cycle, got_sf, want_sf)
+        # fairness: between a port's header becoming grantable and its take, at most P - 1 others are taken
+        for p in range(P):
+            since = None
+            for cycle, (_, _, want, _, _, _, offered, ar, blocked, hold) in enumerate(log):
+                if want == p:
+                    since = None
+                elif offered >> p & 1 and not (blocked and ar >> p & 1):
+                    since = 0 if since is None else since + (want is not None)
+                    waits.append(since)
+                else:
+                    since = None
+        assert max(waits) <= P - 1, (P, max(waits))
+        # one header per cycle: with two ports or more asking (one may be being taken) and no hold, a take
+        full = [take for _, take, _, _, _, _, offered, ar, blocked, hold in log
+                if not hold and bin(offered & ~(ar if blocked else 0)).count("1") >= 2]
+        assert full and all(full), P
+
+
 def test_state_memory_sweep_and_write_order():
     """The slot-state memory's reset sweep (cais.hdl.sram.state) writes slot s empty in cycle s after reset,
     before any other write; then a maintenance write in the cycle of a pipeline write waits its turn (the
