@@ -58,8 +58,9 @@ def is_extended(item, extended_builds: dict) -> bool:
     SwitchParams; the build sets' tests parametrize with the names)."""
     if item.nodeid.startswith(tuple(EXTENDED)) or item.get_closest_marker("pnr"):
         return True
-    values = getattr(item, "callspec", None) and item.callspec.params.values()
-    return any(isinstance(v, str) and v in extended_builds for v in values or ())
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and any(isinstance(v, str) and v in extended_builds
+                                        for v in callspec.params.values())
 
 
 def stale_prefixes(items) -> list[str]:
