@@ -128,10 +128,7 @@ class SlotALU(wiring.Component):
 
     @staticmethod
     def _reg(m, value, name, reset_less=True, cycles=1):
-        # A constant data value stays a constant (no register whose first value differs from the rest,
-        # which would keep the logic behind it alive): the store-only stage's store and accumulator.
-        if reset_less and isinstance(value, Const):
-            return value
+        # (a constant data value stays a constant: the store-only stage's store and accumulator)
         return delay_line(m, value, cycles, name, reset_less=reset_less)
 
     def _inputs(self, m):
