@@ -19,7 +19,7 @@ from cais.params import SwitchParams
 
 __all__ = ["INGRESS_DECIDE", "HEADER_QUEUE", "INGRESS_HEADER", "ARBITER", "RULE_LOOKUP", "SLOT_STATE",
            "LANE_REQUEST", "LANE_START", "LANE_FINISH", "FRAME_GRANT", "FRAME_FIFO", "EGRESS_PORT", "JOB_QUEUE",
-           "FOLD_READER_START", "BANK_READ", "BANK_READ_REGISTERS", "RESULT_REQUEST", "forward_terms",
+           "FOLD_READER_START", "BANK_WRITE", "BANK_READ", "BANK_READ_REGISTERS", "RESULT_REQUEST", "forward_terms",
            "result_terms", "FORWARD_LATENCY", "RESULT_OVERHEAD", "frame_beats", "result_latency"]
 
 # ---- the blocks' latencies (the attribute that is each one, in brackets)
@@ -56,21 +56,31 @@ FRAME_FIFO = 3
 #: [EgressPort.latency] A beat from the crossbar or the fanout to ``m_axis``: its egress FIFO or result
 #: queue (a FrameFifo with a registered output); the merge adds none when the port is free.
 EGRESS_PORT = FRAME_FIFO
-#: [JobQueue.latency] The last frame a job waits for shows ``finished`` in t: the job is offered in t + 1
-#: (``o.valid``, a register).
-JOB_QUEUE = 1
+#: [JobQueue.latency] The last frame a job waits for shows ``finished`` in t: the job is offered in t + 2
+#: (the queue's input register, then ``o.valid``).
+JOB_QUEUE = 2
 #: [FoldReader.start_latency] A job offered to an idle fold reader to its first row read (``rd_en``): the
 #: reader's ``active`` register.
 FOLD_READER_START = 1
 #: [ContributionBanks.read_latency, OutputRegisteredRAM.read_latency] A bank read to its data: the block
 #: RAM's synchronous read, then its output register (on ECP5 the DP16KD's own, ``REGMODE_B = "OUTREG"``).
 BANK_READ = 2
+#: [ContributionBanks.write_latency] A row written (``wr_en``) in cycle t is seen by a bank read issued in
+#: t + 2 or later: the write's registers beside each block RAM, then the RAM's write. It is on no path: a
+#: job's rows are read at the earliest LANE_FINISH + JOB_QUEUE + FOLD_READER_START cycles after the last
+#: one's write (asserted below).
+BANK_WRITE = 2
 #: [cais.hdl.alu.completion.BANK_READ_REGISTERS] Register ranks between a bank's output and the fold chain.
 BANK_READ_REGISTERS = 1
 #: [ResultGenerator.request_latency] A result's rows all held (``rows_held``), the generator idle, to its
 #: request to the result fanout (``out.req``, a register).
 RESULT_REQUEST = 1
 
+
+# A job's rows are read only after its frames' ``finished``, which comes LANE_FINISH cycles after a frame's
+# last row is written (the lane's register), through the job queue and the reader's start: the banks'
+# registered write must have landed by then.
+assert LANE_FINISH + JOB_QUEUE + FOLD_READER_START >= BANK_WRITE
 
 # ---- the paths
 
@@ -102,7 +112,7 @@ def result_terms() -> list[tuple[str, int]]:
         ("lane: the next-frame register, then the first beat", LANE_START),
         ("lane: beats - 1 is counted in beats", -1),
         ("lane: finished, a register after the last row's write", LANE_FINISH),
-        ("job queue: o.valid", JOB_QUEUE),
+        ("job queue: its input register, then o.valid", JOB_QUEUE),
         ("fold reader: its start, the first read", FOLD_READER_START),
         ("fold reader: rows - 1 is counted in rows", -1),
         ("bank: the synchronous read and the RAM's output register", BANK_READ),

@@ -51,13 +51,18 @@ class JobQueue(wiring.Component):
     it was queued (``open_after``), and counts them down as the lanes finish frames (``finished``); the
     head leaves when its counts are all zero.
 
-    The jobs sit in a LUT RAM (written at ``i.valid``, ``o.payload`` read from it at the registered read
-    pointer: one LUT-RAM read from a register). The counts sit in a shift register ordered by age,
-    position 0 being the head's, so that ``o.valid`` is a register computed from the next counts of
-    position 0 alone: no pointer-selected read on the path into the fold reader. ``level`` is a
-    register. A job pushed with all counts zero, or one whose last frame finishes in cycle ``t``, is
-    ready in cycle ``t + 1`` (as with counts read combinationally). Inputs to outputs: none
-    combinational (``o.ready`` only enters registers).
+    Every input (``i``, ``open_after``, ``finished``) is registered first, beside the queue: the lanes'
+    ``finished`` come from every port's corner of the die, and the countdown behind them fans out to every
+    position (the whole switch measured 11 ns of routing from a lane's ``finished`` through the countdown
+    into ``o.valid``). The queue then works on the registered inputs, one cycle behind, exactly as it would
+    on the inputs themselves. The jobs sit in a LUT RAM (written at the registered push, ``o.payload`` read
+    from it at the registered read pointer: one LUT-RAM read from a register). The counts sit in a shift
+    register ordered by age, position 0 being the head's, so that ``o.valid`` is a register computed from
+    the next counts of position 0 alone: no pointer-selected read on the path into the fold reader.
+    ``level`` is a register and counts the job in the input register too (the decision's hold reads it).
+    A job pushed with all counts zero in cycle ``t``, or one whose last frame finishes in cycle ``t``, is
+    ready in cycle ``t + 2`` (:attr:`latency`). Inputs to outputs: none combinational (``o.ready`` only
+    enters registers).
 
     Members
     -------
@@ -71,8 +76,8 @@ class JobQueue(wiring.Component):
     o : Out(stream.Signature(job_layout))
         The oldest job; ``o.valid`` (registered): it is queued and its frames are finished.
 
-    ``latency`` (:data:`cais.hdl.latency.JOB_QUEUE`, 1): the head job whose last frame shows ``finished``
-    in cycle t is offered in t + 1.
+    ``latency`` (:data:`cais.hdl.latency.JOB_QUEUE`, 2): the head job whose last frame shows ``finished``
+    in cycle t is offered in t + 2 (the input register, then ``o.valid``).
     """
 
     latency = JOB_QUEUE
@@ -99,10 +104,18 @@ class JobQueue(wiring.Component):
         assert D >= 2 and D == 1 << abits
         wp, rp = Signal(abits), Signal(abits)          # D is a power of two: the pointers wrap by themselves
         level = Signal(range(D + 1))
-        push, pop = self.i.valid, self.o.ready & self.o.valid
-        m.d.comb += [wr.addr.eq(wp), wr.data.eq(self.i.payload), wr.en.eq(push), rd.addr.eq(rp),
+        # The inputs' register (see the docstring); the job's payload needs no reset.
+        push = Signal()
+        job = Signal.like(self.i.payload, reset_less=True)
+        open_after = [Signal.like(self.open_after[p], name=f"open_after_r{p}") for p in range(P)]
+        finished = [Signal.like(self.finished[p], name=f"finished_r{p}") for p in range(P)]
+        m.d.sync += [push.eq(self.i.valid), job.eq(self.i.payload),
+                     *(r.eq(self.open_after[p]) for p, r in enumerate(open_after)),
+                     *(r.eq(self.finished[p]) for p, r in enumerate(finished))]
+        pop = self.o.ready & self.o.valid
+        m.d.comb += [wr.addr.eq(wp), wr.data.eq(job), wr.en.eq(push), rd.addr.eq(rp),
                      self.o.payload.eq(rd.data), self.level.eq(level)]
-        m.d.sync += [wp.eq(wp + push), rp.eq(rp + pop), level.eq(level + push - pop)]
+        m.d.sync += [wp.eq(wp + push), rp.eq(rp + pop), level.eq(level + self.i.valid - pop)]
 
         # Position k holds the counts of the k-th oldest job; occ is the thermometer code of the level.
         # A free position's counts are never read (a job landing there writes them): no reset.
@@ -114,9 +127,9 @@ class JobQueue(wiring.Component):
             m.d.sync += occ.eq(occ[1:])
 
         def countdown(c, p):
-            return Mux(c > self.finished[p], c - self.finished[p], 0)
+            return Mux(c > finished[p], c - finished[p], 0)
 
-        zero_open = Cat(*(self.open_after[p] == 0 for p in range(P))).all()
+        zero_open = Cat(*(open_after[p] == 0 for p in range(P))).all()
         head_if = {}                                   # position 0's next state being ready, per case
         for k in range(D):
             # Where a pushed job lands: the first free position, or the last occupied one after a pop.
@@ -126,14 +139,14 @@ class JobQueue(wiring.Component):
                 c = counts[k][p]
                 above = countdown(counts[k + 1][p], p) if k + 1 < D else Const(0, OPEN_BITS)   # none above the top
                 with m.If(pop):
-                    m.d.sync += c.eq(Mux(push & land_pop, self.open_after[p], above))
+                    m.d.sync += c.eq(Mux(push & land_pop, open_after[p], above))
                 with m.Else():
-                    m.d.sync += c.eq(Mux(push & land_keep, self.open_after[p], countdown(c, p)))
+                    m.d.sync += c.eq(Mux(push & land_keep, open_after[p], countdown(c, p)))
             if k == 0:
                 # ready next cycle: position 0 occupied and all its next counts zero
                 for case, src, land, held in (("keep", counts[0], land_keep, occ[0]),
                                               ("pop", counts[1], land_pop, occ[1])):
-                    done = Cat(*(src[p] <= self.finished[p] for p in range(P))).all()
+                    done = Cat(*(src[p] <= finished[p] for p in range(P))).all()
                     head_if[case] = Mux(push & land, zero_open, held & done)
         ready = Signal()
         m.d.sync += ready.eq(Mux(pop, head_if["pop"], head_if["keep"]))

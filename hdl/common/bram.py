@@ -8,6 +8,11 @@ of the primitive. :class:`OutputRegisteredRAM` is that RAM: elaborated for an EC
 :data:`ECP5_SYNTHESIS` say) it is a tiling of ``DP16KD`` blocks with the output register on; elaborated for
 anything else (amaranth.sim, the Verilog every Verilator build uses) it is an ``amaranth.lib.memory.Memory``
 with its synchronous read port followed by one register, which behaves the same cycle for cycle.
+
+A RAM built with ``registered_write`` also registers its write port beside the RAM: on ECP5 each DP16KD has
+its own copy of the write's address, enable and data bits (``TRELLIS_FF`` instances, which yosys does not
+merge back into one), so the logic that decides a write drives one net to the copies, placed next to their
+blocks, instead of every block's pins across the die in the same cycle.
 """
 
 from __future__ import annotations
@@ -64,9 +69,10 @@ class OutputRegisteredRAM(wiring.Component):
     """``depth`` rows of ``shape`` (a width in bits, or any shape-castable, e.g. a struct layout: ``width``
     is its bits); one write port, one read port, one clock (``sync``).
 
-    A write (``wr_en``) in cycle ``t`` is visible to a read issued in cycle ``t + 1`` or later; a read
-    of the row written in the same cycle has no defined result on the FPGA (the DP16KD's two ports
-    collide), so a user must not issue one (the simulation model returns the old row). A read (``rd_en``)
+    A write (``wr_en``) in cycle ``t`` is visible to a read issued in cycle ``t +`` :attr:`write_latency`
+    or later: ``t + 1``, or ``t + 2`` with ``registered_write`` (the write reaches the RAM a cycle later); a
+    read of the row being written in the same cycle has no defined result on the FPGA (the DP16KD's two
+    ports collide), so a user must not issue one (the simulation model returns the old row). A read (``rd_en``)
     in cycle ``t`` shows the row on ``rd_data`` from cycle ``t + 2`` (:attr:`read_latency`: the
     synchronous read, then the output register) and holds it until the data of the next enabled read
     replaces it. The rows and ``rd_data`` have no reset value.
@@ -87,11 +93,14 @@ class OutputRegisteredRAM(wiring.Component):
 
     read_latency = BANK_READ        # the synchronous read, then the output register (cais.hdl.latency)
 
-    def __init__(self, shape, depth: int):
+    def __init__(self, shape, depth: int, *, registered_write: bool = False):
         width = Shape.cast(shape).width
         if width < 1 or depth < 1:
             raise ValueError(f"a RAM of {width} bits x {depth} rows is empty")
         self.shape, self.width, self.depth = shape, width, depth
+        self.registered_write = registered_write
+        #: the first read after a write (in cycles from the write) that sees it
+        self.write_latency = 2 if registered_write else 1
         # (data bits, rows) of the DP16KD tiling; None when deeper than one block (no cascade is built:
         # such a RAM is the memory and a fabric register on ECP5 too, as in simulation)
         self.mode = dp16kd_mode(width, depth) if depth <= DP16KD_MODES[-1][1] else None
@@ -119,10 +128,33 @@ class OutputRegisteredRAM(wiring.Component):
             m.submodules.mem = mem = self.mem
             wr, rd = mem.write_port(), mem.read_port()
             out = Signal(self.width, reset_less=True, name="out_reg")
-            m.d.comb += [wr.addr.eq(self.wr_addr), wr.data.eq(self.wr_data), wr.en.eq(self.wr_en),
+            write = (self.wr_addr, self.wr_data, self.wr_en)
+            if self.registered_write:
+                write = [Signal(len(self.wr_addr), reset_less=True, name="wr_addr_reg"),
+                         Signal(self.width, reset_less=True, name="wr_data_reg"),
+                         Signal(reset_less=True, name="wr_en_reg")]
+                m.d.sync += [reg.eq(sig) for reg, sig in zip(write, (self.wr_addr, self.wr_data, self.wr_en))]
+            m.d.comb += [wr.addr.eq(write[0]), wr.data.eq(write[1]), wr.en.eq(write[2]),
                          rd.addr.eq(self.rd_addr), rd.en.eq(self.rd_en), self.rd_data.eq(out)]
             m.d.sync += out.eq(rd.data)
         return m
+
+    def _block_write(self, m, k, lo, hi):
+        """Block ``k``'s write address, enable and data bits ``lo:hi``: the ports themselves, or with
+        ``registered_write`` its own flip-flops (``TRELLIS_FF``, no reset: a fabric flip-flop's power-up value
+        is 0, as the simulation form's register starts)."""
+        if not self.registered_write:
+            return self.wr_addr, self.wr_en, self.wr_data[lo:hi]
+
+        def copy(sig, name):
+            q = Signal(len(sig), name=f"block{k}_{name}")
+            for i in range(len(sig)):
+                m.submodules[f"block{k}_{name}_ff{i}"] = Instance(
+                    "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX="1", p_CLKMUX="CLK", p_LSRMUX="LSR",
+                    p_REGSET="RESET", p_SRMODE="LSR_OVER_CE",
+                    i_CLK=ClockSignal(), i_LSR=Const(0, 1), i_CE=Const(1, 1), i_DI=sig[i], o_Q=q[i])
+            return q
+        return copy(self.wr_addr, "wr_addr"), copy(self.wr_en, "wr_en"), copy(self.wr_data[lo:hi], "wr_data")
 
     def _dp16kd(self, m):
         """Port A writes, port B reads; block ``k`` holds bits ``k * bits ...`` of every row."""
@@ -145,7 +177,8 @@ class OutputRegisteredRAM(wiring.Component):
 
         for k in range(self.blocks):
             lo, hi = k * bits, min((k + 1) * bits, self.width)
-            data_in, data_out = self.wr_data[lo:hi], Signal(bits, name=f"block{k}_do")
+            wr_addr, wr_en, data_in = self._block_write(m, k, lo, hi)
+            data_out = Signal(bits, name=f"block{k}_do")
             pins = {
                 "p_DATA_WIDTH_A": bits, "p_DATA_WIDTH_B": bits,
                 "p_REGMODE_A": "NOREG", "p_REGMODE_B": "OUTREG",
@@ -153,12 +186,12 @@ class OutputRegisteredRAM(wiring.Component):
                 "p_CSDECODE_A": "0b000", "p_CSDECODE_B": "0b000",
                 "p_WRITEMODE_A": "NORMAL", "p_WRITEMODE_B": "NORMAL",
                 "p_GSR": "DISABLED",
-                "i_CLKA": ClockSignal(), "i_CEA": Const(1, 1), "i_OCEA": Const(1, 1), "i_WEA": self.wr_en,
+                "i_CLKA": ClockSignal(), "i_CEA": Const(1, 1), "i_OCEA": Const(1, 1), "i_WEA": wr_en,
                 "i_RSTA": Const(0, 1),
                 "i_CLKB": ClockSignal(), "i_CEB": self.rd_en, "i_OCEB": Const(1, 1), "i_WEB": Const(0, 1),
                 "i_RSTB": Const(0, 1),
                 **{f"i_CS{side}{i}": Const(0, 1) for side in "AB" for i in range(3)},
-                **addr_pins("A", self.wr_addr, self.wr_en), **addr_pins("B", self.rd_addr, Const(0, 1)),
+                **addr_pins("A", wr_addr, wr_en), **addr_pins("B", self.rd_addr, Const(0, 1)),
                 **{f"i_DIA{i}": (data_in[i] if i < len(data_in) else Const(0, 1)) for i in range(18)},
                 **{f"i_DIB{i}": Const(0, 1) for i in range(18)},
                 **{f"o_DOB{i}": data_out[i] for i in range(bits)},

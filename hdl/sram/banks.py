@@ -13,7 +13,7 @@ from amaranth.utils import ceil_log2
 from cais.params import SwitchParams
 
 from ..common.bram import OutputRegisteredRAM
-from ..latency import BANK_READ
+from ..latency import BANK_READ, BANK_WRITE
 
 __all__ = ["ContributionBanks", "BANK_READ_LATENCY", "bank_depth", "bank_addr_bits"]
 
@@ -37,9 +37,11 @@ class ContributionBanks(wiring.Component):
     """``params.ports`` banks of ``bank_depth(params)`` rows of ``data_width`` bits.
 
     Each bank has its own write port and one read port; the read ports of all banks share one address.
-    A write in cycle ``t`` is visible to a read issued in cycle ``t + 1`` or later (a read of the row being
-    written in the same cycle is not defined on the FPGA, and the switch never issues one: a job is read
-    only after its frames finished writing). A read with ``rd_en`` in cycle ``t`` presents every bank's
+    A write in cycle ``t`` is visible to a read issued in cycle ``t + 2`` or later (:attr:`write_latency`,
+    :data:`~cais.hdl.latency.BANK_WRITE`: the write is registered beside each block RAM, a copy per
+    DP16KD on ECP5, so that no lane's logic drives the pins of all of a bank's blocks across the die; a read
+    of the row being written is not defined on the FPGA; the switch issues neither: a job is read only
+    after its frames finished writing, :mod:`cais.hdl.latency`). A read with ``rd_en`` in cycle ``t`` presents every bank's
     row in ``rd_data`` from cycle ``t + 2`` (:data:`BANK_READ_LATENCY`: the synchronous read and the
     output register, inside the block RAM on ECP5) and holds it until the next enabled read's data
     replaces it. The rows have no reset value. Each bank is an
@@ -64,11 +66,16 @@ class ContributionBanks(wiring.Component):
             "rd_data": Out(W).array(P),
         })
         # Created here so tests can inspect them.
-        self.banks = [OutputRegisteredRAM(W, bank_depth(params)) for _ in range(P)]
+        self.banks = [OutputRegisteredRAM(W, bank_depth(params), registered_write=True) for _ in range(P)]
+        assert all(bank.write_latency == BANK_WRITE for bank in self.banks)
 
     @property
     def read_latency(self) -> int:
         return BANK_READ_LATENCY
+
+    @property
+    def write_latency(self) -> int:
+        return BANK_WRITE
 
     def elaborate(self, platform):
         m = Module()

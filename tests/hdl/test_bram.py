@@ -31,6 +31,8 @@ def test_latency_attributes():
         warnings.simplefilter("ignore", UnusedElaboratable)   # its RAMs, made and never elaborated here
         banks = ContributionBanks(SwitchParams())
         assert banks.read_latency == READ_LATENCY
+        # the banks' write is registered (docs/core-design.md): seen by reads two cycles on
+        assert banks.write_latency == 2 and all(bank.registered_write for bank in banks.banks)
         del banks
         gc.collect()
 
@@ -61,23 +63,31 @@ def test_deeper_than_one_block_is_the_fabric_form():
     assert "DP16KD" not in text and "out_reg" in text
 
 
-def test_simulation_model_against_a_dict():
+@pytest.mark.parametrize("registered_write, write_latency", [(False, 1), (True, 2)])
+def test_simulation_model_against_a_dict(registered_write, write_latency):
     """Random writes and reads (enables dense and sparse): every cycle's ``rd_data`` is the row of the last
-    enabled read issued at least READ_LATENCY edges before, as the dict held it when that read was issued
-    (writes of earlier cycles seen, the same cycle's write not)."""
+    enabled read issued at least READ_LATENCY edges before, as the dict held it when that read was issued:
+    the writes of ``write_latency`` or more cycles before seen, later ones not (1: the same cycle's write
+    not; 2, with the write registered: the previous cycle's not either)."""
     width, depth = 12, 64
-    dut = OutputRegisteredRAM(width, depth)
+    dut = OutputRegisteredRAM(width, depth, registered_write=registered_write)
+    assert dut.write_latency == write_latency
     rng = random.Random(7)
     checked = []
 
     async def tb(ctx):
         model, issued, shown = {}, [], None      # issued: [edges left, expected row]
+        writes = []                              # (cycle, address, data), not yet in the model
         for cycle in range(600):
+            while writes and writes[0][0] <= cycle - write_latency:
+                _, addr, data = writes.pop(0)
+                model[addr] = data
             dense = (cycle // 100) % 2 == 0
             wr_en = rng.random() < (0.7 if dense else 0.2)
             rd_en = rng.random() < (0.7 if dense else 0.25)
             wa, wd = rng.randrange(depth), rng.randrange(1 << width)
-            ra = rng.choice([wa, rng.randrange(depth)]) if model else rng.randrange(depth)
+            recent = [w[1] for w in writes[-2:]]          # rows being written: the reads that tell
+            ra = rng.choice([wa, *recent, rng.randrange(depth)]) if model else rng.randrange(depth)
             ctx.set(dut.wr_addr, wa)
             ctx.set(dut.wr_data, wd)
             ctx.set(dut.wr_en, wr_en)
@@ -86,7 +96,7 @@ def test_simulation_model_against_a_dict():
             if rd_en:
                 issued.append([READ_LATENCY, model.get(ra)])
             if wr_en:
-                model[wa] = wd
+                writes.append((cycle, wa, wd))
             await ctx.tick()
             for entry in issued:
                 entry[0] -= 1
@@ -186,3 +196,50 @@ def test_ecp5_pins_match_yosys_inference(tmp_path, width, depth):
         assert "OUTREG" not in (cell["parameters"]["REGMODE_A"], cell["parameters"]["REGMODE_B"])
     # nothing else holds state in the instances' netlist: the read data is the RAM's own register
     assert not [c for c in mine["cells"].values() if c["type"].startswith("TRELLIS_FF")]
+
+
+def _through_flops(module):
+    """The module with every DP16KD pin that a TRELLIS_FF drives connected to that flip-flop's input instead,
+    and per flip-flop the DP16KD cells its output reaches."""
+    flops = {c["connections"]["Q"][0]: (name, c["connections"]["DI"][0])
+             for name, c in module["cells"].items() if c["type"] == "TRELLIS_FF"}
+    reaches = {name: set() for name, _ in flops.values()}
+    cells = {}
+    for name, cell in module["cells"].items():
+        if cell["type"] != "DP16KD":
+            continue
+        conn = {}
+        for pin, bits in cell["connections"].items():
+            if bits and bits[0] in flops:
+                reaches[flops[bits[0]][0]].add(name)
+                bits = [flops[bits[0]][1]]
+            conn[pin] = bits
+        cells[name] = {**cell, "connections": conn}
+    return {**module, "cells": cells}, reaches
+
+
+@pytest.mark.pnr
+@pytest.mark.parametrize("width, depth", [(64, 4096), (18, 1024)])
+def test_ecp5_registered_write_has_each_blocks_own_flip_flops(tmp_path, width, depth):
+    """``registered_write`` on ECP5: every DP16KD's write address, write enable and write-data pins are driven
+    by flip-flops (TRELLIS_FF) whose inputs carry exactly the port bits the unregistered RAM's pins carry,
+    and each flip-flop reaches one block only (a copy per block, none merged by yosys); the read side is
+    the unregistered one's."""
+    bits = dp16kd_mode(width, depth)[0]
+    blocks = -(-width // bits)
+    plain = _synth_json(OutputRegisteredRAM(width, depth), tmp_path, "plain")
+    mine = _synth_json(OutputRegisteredRAM(width, depth, registered_write=True), tmp_path, "mine")
+    resolved, reaches = _through_flops(mine)
+    my_cells, my_pins = _roles(resolved)
+    plain_cells, plain_pins = _roles(plain)
+    assert len(my_cells) == len(plain_cells) == blocks
+    assert my_pins == plain_pins
+    assert all(len(cells) == 1 for cells in reaches.values()), "a flip-flop drives more than one block"
+    # per block: the address bits the mode uses, its data bits and the enable, each its own flip-flop
+    addr_bits = max(depth - 1, 1).bit_length()
+    assert len(reaches) == blocks * (addr_bits + 1) + width
+    names = _port_bits(mine)
+    for cell in my_cells:
+        conn = mine["cells"][next(n for n, c in resolved["cells"].items() if c is cell)]["connections"]
+        assert conn["WEA"][0] not in names, "the write enable reaches a block without its flip-flop"
+        assert not any(conn[f"DIA{i}"][0] in names for i in range(18) if f"DIA{i}" in conn)
