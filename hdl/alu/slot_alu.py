@@ -9,7 +9,7 @@ from amaranth.lib.wiring import In, Out
 
 from cais import protocol as proto
 
-from ..common.pipeline import delay_line
+from ..common.pipeline import delay_line, register_copy
 from .fpu import BF16, FP16, FP32, NUMPY_ZERO_TIE, FloatAdder, FloatMaxMin, FloatNarrow, FloatWiden, MaxMinOp
 from .reduce import ReduceALU, byteswap
 
@@ -117,7 +117,7 @@ class SlotALU(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        s = self._inputs(m)
+        s = self._inputs(m, platform)
         if not self.float_units:
             self._integer_only(m, s)
         else:
@@ -131,11 +131,15 @@ class SlotALU(wiring.Component):
         # (a constant data value stays a constant: the store-only stage's store and accumulator)
         return delay_line(m, value, cycles, name, reset_less=reset_less)
 
-    def _inputs(self, m):
+    def _inputs(self, m, platform):
         """Stage 0, in every build: the inputs registered (in a fold chain the stage before chooses this
         stage's accumulator right in front of them), and the granule the wire-format modes read decided
         in front of the register (``s.hi``: ``granule`` and not fp32 accumulation), so that the 2W-bit
-        choice of the accumulator granule hangs on one flip-flop, not on the dtype's decode. Returns the
+        choice of the accumulator granule hangs on one flip-flop, not on the dtype's decode. With float
+        units the integer ALU reads a copy of its own of the accumulator and the granule (``s.acc_int``,
+        ``s.hi_int``: :func:`~cais.hdl.common.pipeline.register_copy`), so that neither the float lanes'
+        operands nor the integer ALU's compares wait for a net spread over both (the fold chain's limit
+        was the accumulator register into an int8 compare, 5.5 ns on its first net). Returns the
         namespace the other stages share."""
         reg = functools.partial(self._reg, m)
         s = SimpleNamespace()
@@ -148,7 +152,11 @@ class SlotALU(wiring.Component):
             s.store, s.acc, s.hi = Const(1), Const(0, 2 * W), Const(0)
         else:
             s.store, s.acc = reg(self.store, "in_store"), reg(self.acc, "in_acc")
-            s.hi = reg(self.granule & ~(_is_half(self.dtype) & self.acc_fp32), "in_hi")
+            hi = self.granule & ~(_is_half(self.dtype) & self.acc_fp32)
+            s.hi = reg(hi, "in_hi")
+            if self.float_units:
+                s.acc_int = register_copy(m, self.acc, "in_acc_int", platform)
+                s.hi_int = register_copy(m, hi, "in_hi_int", platform)
         s.valid = reg(self.i_valid, "in_valid", reset_less=False)
         return s
 
@@ -202,9 +210,11 @@ class SlotALU(wiring.Component):
         s.tie16 = tie16 = NUMPY_ZERO_TIE[FP16]
         fix_tie = half_wire & ~is_bf16 if tie16 != NUMPY_ZERO_TIE[FP32] else Const(0)
 
-        # Stage 1: the integer ALU, the widening's first rank, the controls beside them.
+        # Stage 1: the integer ALU (on its own copy of the accumulator), the widening's first rank, the
+        # controls beside them.
         m.submodules.int_alu = int_alu = ReduceALU(W, stages=1)
-        m.d.comb += [int_alu.a.eq(a_gran), int_alu.b.eq(row), int_alu.op.eq(op),
+        int_gran = Mux(s.hi_int, s.acc_int[W:], s.acc_int[:W]) if not self.store_only else a_gran
+        m.d.comb += [int_alu.a.eq(int_gran), int_alu.b.eq(row), int_alu.op.eq(op),
                      int_alu.dtype.eq(dtype), int_alu.saturate.eq(s.saturate)]
         bf16_1, half_wire_1, is_half_1 = reg(is_bf16, "bf16_1"), reg(half_wire, "half_wire_1"), reg(is_half, "half_1")
         row_1, store_1 = reg(row, "row_1"), reg(store, "store_1")

@@ -24,6 +24,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..latency import BANK_READ
+from .pipeline import register_copy
 
 __all__ = ["OutputRegisteredRAM", "ECP5Synthesis", "ECP5_SYNTHESIS", "ecp5_target", "DP16KD_MODES", "dp16kd_mode"]
 
@@ -141,20 +142,12 @@ class OutputRegisteredRAM(wiring.Component):
 
     def _block_write(self, m, k, lo, hi):
         """Block ``k``'s write address, enable and data bits ``lo:hi``: the ports themselves, or with
-        ``registered_write`` its own flip-flops (``TRELLIS_FF``, no reset: a fabric flip-flop's power-up value
-        is 0, as the simulation form's register starts)."""
+        ``registered_write`` its own flip-flops (:func:`~cais.hdl.common.pipeline.register_copy`)."""
         if not self.registered_write:
             return self.wr_addr, self.wr_en, self.wr_data[lo:hi]
-
-        def copy(sig, name):
-            q = Signal(len(sig), name=f"block{k}_{name}")
-            for i in range(len(sig)):
-                m.submodules[f"block{k}_{name}_ff{i}"] = Instance(
-                    "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX="1", p_CLKMUX="CLK", p_LSRMUX="LSR",
-                    p_REGSET="RESET", p_SRMODE="LSR_OVER_CE",
-                    i_CLK=ClockSignal(), i_LSR=Const(0, 1), i_CE=Const(1, 1), i_DI=sig[i], o_Q=q[i])
-            return q
-        return copy(self.wr_addr, "wr_addr"), copy(self.wr_en, "wr_en"), copy(self.wr_data[lo:hi], "wr_data")
+        return tuple(register_copy(m, sig, f"block{k}_{name}", ECP5_SYNTHESIS)
+                     for sig, name in ((self.wr_addr, "wr_addr"), (self.wr_en, "wr_en"),
+                                       (self.wr_data[lo:hi], "wr_data")))
 
     def _dp16kd(self, m):
         """Port A writes, port B reads; block ``k`` holds bits ``k * bits ...`` of every row."""

