@@ -1,8 +1,8 @@
 """The SRAM buffer (cais.hdl.sram.buffer.SramBuffer, top ``cais_sram``): its contribution banks against a Python
 dict per bank, its slot-state memory against a Python list of entries.
 
-The banks' contract (ContributionBanks' docstring): a write in cycle t is seen by reads issued from t + 1 on, a read of
-the row written in the same cycle returns the old row, ``rd_data[p]`` shows bank p's row at the address of the
+The banks' contract (ContributionBanks' docstring): a write in cycle t is seen by reads issued from t + 2 on (the
+write is registered beside the RAM), a read of the row written in the same or the previous cycle returns the old row, ``rd_data[p]`` shows bank p's row at the address of the
 last enabled read BANK_READ_LATENCY (2) edges after it (the read, then the RAM's output register) and holds it while ``rd_en`` is low. The banks have no
 ready or valid handshake (the fold reader issues reads, the lanes write), so there is no back-pressure to apply;
 "idle" makes the enables sparse (each high one cycle in four) instead of dense.
@@ -33,6 +33,8 @@ from cais.tb.common import clock_and_reset, tb_params
 
 #: documented in cais.hdl.sram.banks (BANK_READ_LATENCY); restated here as the contract under test
 READ_LATENCY = 2
+#: documented in cais.hdl.sram.banks (ContributionBanks.write_latency): a write lands a cycle after it is presented
+WRITE_LATENCY = 2
 #: documented in cais.hdl.sram.state (STATE_READ_LATENCY); restated here as the contract under test
 STATE_READ_LATENCY = 2
 
@@ -72,6 +74,7 @@ class TB:
         self.rd_data = [getattr(dut, f"rd_data__{p}") for p in range(self.ports)]
         self.model = [dict() for _ in range(self.ports)]   # row address -> data, per bank
         self.reads = ReadsInFlight(READ_LATENCY)    # (address, rows expected, None where unwritten)
+        self.landing = []                           # per cycle since: the writes not yet in the RAM
         self.checked = 0
 
     async def start(self):
@@ -93,8 +96,10 @@ class TB:
             # the rows as they are before this cycle's writes (the read port is not transparent)
             self.reads.issue((read, [self.model[p].get(read) for p in range(self.ports)]))
         await RisingEdge(self.dut.clk)
-        for p, (addr, data) in writes.items():
-            self.model[p][addr] = data
+        self.landing.append(writes)
+        while len(self.landing) >= WRITE_LATENCY:       # in the RAM for the reads from the next cycle on
+            for p, (addr, data) in self.landing.pop(0).items():
+                self.model[p][addr] = data
         self.reads.edge()
         await ReadOnly()
         if self.reads.shown is not None:
