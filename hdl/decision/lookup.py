@@ -48,6 +48,10 @@ def lookup_layout(params: SwitchParams) -> data.StructLayout:
         "slot": 33,                             # base + (seq & quota): >= slots is BAD_SLOT
         "l2": 1, "group": 1, "mac_hit": 1, "mac_mask": P,     # an ordinary frame: its destination
         "host_strict": 1,                       # ... a host frame under MAC_POLICY.host_strict: never flooded
+        # the source MAC is bound to another port (SPOOFED_SOURCE): applied in S0, over the action, the
+        # reason and ``l2`` (which it overrides), so that the binding's priority pick is not in front of
+        # B2's drop chain
+        "spoofed": 1,
         "c": carry_layout(params),
     })
 
@@ -60,8 +64,9 @@ class RuleLookup(wiring.Component):
     T: every offered header's hits (its parts ANDed) and winning rule (one-hot) found from G's registers,
     the take selects the taken header's (and the taken header, by the binary port), registered; B1: the rule's fields by an AND-OR pick, the winning MAC entry one-hot, the taken
     header's source MAC against the MAC entries (in parts) and which entries are bound to its port;
-    B2: slot = base + (seq & quota), set, the source binding (SPOOFED_SOURCE) and the stateless drops of a
-    CAIS frame, the MAC entry's port.
+    B2: slot = base + (seq & quota), set, the source binding (``spoofed``, a register of its own: S0 makes
+    it the SPOOFED_SOURCE drop, over the rest) and the stateless drops of a CAIS frame, the MAC entry's
+    port.
 
     The source is compared for the taken header only (one header per cycle), not for every port's
     offered one as the destination is: the MAC table's compares grow by one key, not by the port count.
@@ -189,7 +194,7 @@ class RuleLookup(wiring.Component):
         b_valid, b_action, b_reason, b_mask = Signal(), Signal(Action), Signal(DropReason), Signal(P)
         b_slot = Signal(33, reset_less=True)
         b_l2, b_group, b_mac_hit, b_mac_mask = Signal(), Signal(), Signal(), Signal(P)   # an ordinary frame
-        b_strict = Signal()
+        b_strict, b_spoofed = Signal(), Signal()
         b_c = Signal(carry_layout(prm), reset_less=True)
         s_action, s_reason, s_mask = Signal(Action), Signal(DropReason), Signal(P)
 
@@ -216,9 +221,8 @@ class RuleLookup(wiring.Component):
         # rule's destinations whatever the checks say, so none of them drives its register (the lookup's
         # limit was that chain into the mask's reset).
         m.d.comb += s_mask.eq(dests & ~m_me)
-        with m.If(spoofed):
-            m.d.comb += drop(DropReason.SPOOFED_SOURCE)
-        with m.Elif(~hdr.is_cais):
+        # (a spoofed source is dropped in S0 whatever is decided here: b_spoofed)
+        with m.If(~hdr.is_cais):
             m.d.comb += s_action.eq(Action.FORWARD)       # (its ports are found in S0)
         with m.Elif(~m_hit):
             m.d.comb += drop(DropReason.NO_RULE)
@@ -233,7 +237,7 @@ class RuleLookup(wiring.Component):
 
         m.d.sync += [
             b_valid.eq(m_valid), b_action.eq(s_action), b_reason.eq(s_reason), b_mask.eq(s_mask), b_slot.eq(slot),
-            b_l2.eq(~hdr.is_cais & ~spoofed), b_group.eq(hdr.dst_is_group),
+            b_l2.eq(~hdr.is_cais), b_spoofed.eq(spoofed), b_group.eq(hdr.dst_is_group),
             b_strict.eq((hdr.ethertype == proto.HOST_ETHERTYPE)
                         & field_bits(self.program.mac_policy, self.regmap["MAC_POLICY"].field("host_strict"))), b_mac_hit.eq(macs.hit), b_mac_mask.eq(macs.port_mask),
             b_c.port.eq(m_port), b_c.me.eq(m_me), b_c.set.eq(seq.bit_select(rule.count_log2, 1)),
@@ -253,5 +257,5 @@ class RuleLookup(wiring.Component):
         m.d.comb += [
             self.o.valid.eq(b_valid), o.action.eq(b_action), o.reason.eq(b_reason), o.mask.eq(b_mask),
             o.slot.eq(b_slot), o.l2.eq(b_l2), o.group.eq(b_group), o.mac_hit.eq(b_mac_hit),
-            o.mac_mask.eq(b_mac_mask), o.host_strict.eq(b_strict), o.c.eq(b_c),
+            o.mac_mask.eq(b_mac_mask), o.host_strict.eq(b_strict), o.spoofed.eq(b_spoofed), o.c.eq(b_c),
         ]

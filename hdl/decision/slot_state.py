@@ -193,7 +193,11 @@ class SlotState(wiring.Component):
         # The memory reads B2's slot (not transparent: a write in the cycle of the read is missed); its
         # entry comes from a register of the memory's own in S1 (state.read_data).
         m.d.comb += self.state.read_addr.eq(self.read_slot)
-        b_cand = self.i.valid & ~b.l2 & (b.action == Action.AGGREGATE)
+        # a spoofed source (found in B2, a register there) is dropped whatever B2 decided: not an ordinary
+        # frame's forwarding (l2), not a candidate for the state
+        spoofed = b.spoofed
+        l2 = b.l2 & ~spoofed
+        b_cand = self.i.valid & ~b.l2 & ~spoofed & (b.action == Action.AGGREGATE)
         bad = b.slot >= prm.slots
         # flooded (a group or unknown destination), but never a host frame under MAC_POLICY.host_strict
         l2_dest = Mux(b.group | ~b.mac_hit, Mux(b.host_strict, 0, all_ports), b.mac_mask) & ~b.c.me
@@ -203,10 +207,11 @@ class SlotState(wiring.Component):
         hit5 = s.h1_agg & (s.h1_slot == b.slot[:sb])
         m.d.sync += s.r_sel.eq(Cat(hit4, ~hit4 & hit5, ~hit4 & ~hit5))
         m.d.sync += [
-            s.r_valid.eq(self.i.valid), s.r_agg.eq(b_cand & ~bad), s.r_mask.eq(Mux(b.l2, l2_dest, b.mask)),
-            s.r_action.eq(Mux(b.l2, Mux(l2_dest == 0, Action.DROP, Action.FORWARD),
-                              Mux(b_cand & bad, Action.DROP, b.action))),
-            s.r_reason.eq(Mux(b.l2, DropReason.NO_ROUTE, Mux(b_cand & bad, DropReason.BAD_SLOT, b.reason))),
+            s.r_valid.eq(self.i.valid), s.r_agg.eq(b_cand & ~bad), s.r_mask.eq(Mux(l2, l2_dest, b.mask)),
+            s.r_action.eq(Mux(spoofed | (l2 & (l2_dest == 0)) | (b_cand & bad), Action.DROP,
+                              Mux(l2, Action.FORWARD, b.action))),
+            s.r_reason.eq(Mux(spoofed, DropReason.SPOOFED_SOURCE,
+                              Mux(l2, DropReason.NO_ROUTE, Mux(b_cand & bad, DropReason.BAD_SLOT, b.reason)))),
             s.r_c.eq(b.c), s.r_c.slot.eq(b.slot[:sb]),
             s.r_c.row_base.eq(Cat(b.c.set, b.slot[:sb]) * prm.rows_per_set),
         ]
