@@ -12,10 +12,11 @@ decision's outputs and on its state memory, read through combinational read port
 - ``events``: counters conserve frames: a decision comes with exactly one of drop / forwarded /
   contribution / duplicate, nothing else does; a completion is a contribution, a resend a duplicate;
   a result job exactly with a completion or a resend.
-- ``in_use``: SLOTS_IN_USE equals the number of sets whose bitmap is not empty, in every cycle.
+- ``in_use``: SLOTS_IN_USE equals the number of sets whose bitmap is not empty, in every cycle, a cycle late
+  (its change is registered before its adder).
 - ``per_rule``: SETS_IN_USE of each rule entry equals the number of non-empty sets whose stored writer is
-  that entry, in every cycle, a cycle late (its change is registered first), so the entries add up to
-  SLOTS_IN_USE of the cycle before.
+  that entry, in every cycle, a cycle late (its change is registered first too), so the entries add up to
+  SLOTS_IN_USE in every cycle.
 - ``aging``: the scanner ages (frees or marks) only a set that is partly filled (bitmap not empty, not
   complete), not aged in this fill, and whose stamp is more than AGING.age units older than the age clock
   of its decision; a complete set is never freed by aging.
@@ -148,7 +149,7 @@ MUTANTS = {
     "push_lost": ("push", "the decision of a duplicate is not pushed to its lane"),
     "busy_misses_take": ("busy", "BUSY does not count the header being taken"),
     "event_lost": ("events", "a resend is not counted as a duplicate"),
-    "in_use_late": ("in_use", "SLOTS_IN_USE follows the state a cycle late"),
+    "in_use_late": ("in_use", "SLOTS_IN_USE follows the state a cycle later than it does"),
     "bit_toggles": ("gains", "SetUpdate: a repeat clears its port's bit"),
     "repeat_accepted": ("no_twice", "SetUpdate: a repeat is accepted as a new contribution"),
     "done_overwritten": ("frozen", "SetUpdate: a completed set with another tag is overwritten"),
@@ -286,17 +287,13 @@ class DecisionHarness(wiring.Component):
         started = Signal()                      # prev holds a real cycle
         m.d.sync += started.eq(1)
 
-        def used(i):
-            return sets[i].bitmap != 0
-        count = sum(used(i) for i in range(2 * S))
-        asserted("in_use", in_use == count)
-        # SETS_IN_USE follows the state a cycle after SLOTS_IN_USE (its change is registered first)
+        # SLOTS_IN_USE and SETS_IN_USE follow the state a cycle late (their changes are registered first)
+        count_prev = sum(prev[i].bitmap != 0 for i in range(2 * S))
+        asserted("in_use", ~started | (in_use == count_prev))
         per_rule = [dec.sets_in_use[e] for e in range(prm.rules)]
-        in_use_d = Signal(32)
-        m.d.sync += in_use_d.eq(in_use)
         asserted("per_rule", ~started | (Cat(*(per_rule[e] == sum((prev[i].bitmap != 0) & (prev[i].rule == e)
                                                                   for i in range(2 * S))
-                                              for e in range(prm.rules))).all() & (sum(per_rule) == in_use_d)))
+                                              for e in range(prm.rules))).all() & (sum(per_rule) == in_use)))
 
         # The set the decision names (row_base = (slot * 2 + set) * rows_per_set) and its port, as of the
         # cycle whose state shows the decision's write: the write is STATE_WRITE_LEAD cycles before the

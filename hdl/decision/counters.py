@@ -34,17 +34,18 @@ class UsageCounters(wiring.Component):
     visit_aged : In(1); visit_free : In(1); visit_rule : In(rule index bits)
         The aging scanner writes an aged set (emptied with ``visit_free``) that counts for ``visit_rule``.
     slots_in_use : Out(32)
-        The non-empty sets, ``latency`` cycles after the write.
+        The non-empty sets, ``latency`` cycles after the write (the change is registered before the adder:
+        a SLOT_CLEAR's change comes from the slot-state memory's output, across the die from the counter).
     sets_in_use[e] : Out(32)
         Per rule entry: the non-empty sets whose slot's last writer (an all-reduce frame that reached the
         slot state) matched entry ``e``, ``rule_latency`` cycles after the write (the compares of the entry
-        indices and the adder are a cycle apart): they add up to ``slots_in_use`` of the cycle before.
+        indices and the adder are a cycle apart): they add up to ``slots_in_use`` in every cycle.
 
     ``writer_delta`` computes an entry's change for a header's write (the formal harness's mutant comes
     in through it). Every output is a register.
     """
 
-    latency = 1
+    latency = 2
     rule_latency = 2
 
     def __init__(self, params: SwitchParams, *, writer_delta=writer_delta):
@@ -81,11 +82,13 @@ class UsageCounters(wiring.Component):
             m.d.comb += [terms[0].eq(Mux(self.written.valid, w_term, 0)), terms[1].eq(Mux(self.cleared, clr_term, 0)),
                          terms[2].eq(Mux(self.visit_aged, sc_term, 0))]
             return terms[0] | terms[1] | terms[2]
-        with m.If(~self.sweeping):
-            m.d.sync += in_use.eq(in_use + change(used(w_new_v) - (old_used[0] + old_used[1]), -used(f_mem_v),
-                                                  -self.visit_free))
-        # Per rule entry the change is registered first: SETS_IN_USE follows the state a cycle after
-        # SLOTS_IN_USE does.
+        # The change is registered first, then added (latency 2), as per rule entry below.
+        in_use_d = Signal(signed(3))
+        m.d.sync += [in_use_d.eq(Mux(self.sweeping, 0, change(used(w_new_v) - (old_used[0] + old_used[1]),
+                                                              -used(f_mem_v), -self.visit_free))),
+                     in_use.eq(in_use + in_use_d)]
+        # Per rule entry the change is registered first too: SETS_IN_USE follows the state as SLOTS_IN_USE
+        # does.
         per_rule_d = [Signal(signed(3), name=f"sets_in_use_d{e}") for e in range(R)]
         m.d.sync += [per_rule_d[e].eq(Mux(self.sweeping, 0, change(
             self.writer_delta(e, w.rule, used(w_new_v), old_used, old_rule),

@@ -317,8 +317,8 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         "reaches a slot's state moves both of its sets to its entry, whatever the frame's outcome (a "
         "contribution, a duplicate, or a drop decided there: TAG_MISMATCH, LENGTH_MISMATCH); a frame dropped "
         "before the slot state (NO_RULE, FOREIGN_PORT, TYPE_MISMATCH, BAD_SLOT, any ingress check) moves "
-        "nothing. The elements follow the slot state one cycle after SLOTS_IN_USE does and add up to it "
-        "(when no set changed in the cycle before).", count=P.rules, stride=8)
+        "nothing. The elements follow the slot state in the same cycle as SLOTS_IN_USE does and add up to it "
+        "in every cycle.", count=P.rules, stride=8)
     add("AGED", 0x304, Access.RO, Kind.COUNTER, "Per rule entry: counts sets aged (AGING) whose slot this entry "
         "wrote last.", count=P.rules, stride=8)
 
