@@ -6,15 +6,16 @@ from amaranth.lib.wiring import In, Out
 
 from cais import protocol as proto
 
-__all__ = ["ReduceALU", "byteswap", "INTEGER_TYPES", "SPLIT_ABOVE"]
+__all__ = ["ReduceALU", "byteswap", "INTEGER_TYPES", "PIECE_BITS"]
 
 # Integer element types and their widths in bytes, from the protocol's one definition.
 INTEGER_TYPES = {dt: proto.ELEMENT_BYTES[dt] for dt in (proto.DType.INT32, proto.DType.INT16, proto.DType.INT8)}
 
 
-#: Elements wider than this many bits have their sum and compare split in two halves (carry chains of half
-#: the length before the register rank; the fold reader's int32 compare was its limit).
-SPLIT_ABOVE = 16
+#: Elements wider than this many bits have their sum and compare split in pieces of this many bits (carry
+#: chains of a byte before the register rank: the fold reader's int32 compare, then the high half's of two,
+#: were its limit).
+PIECE_BITS = 8
 
 
 def byteswap(value, nbytes: int):
@@ -113,21 +114,38 @@ class ReduceALU(wiring.Component):
     @staticmethod
     def _sum_and_order(m, cut, a, b, bits, name):
         """``a + b`` (``bits + 1`` bits, signed) and ``a > b`` (signed) of two ``bits``-bit signed values,
-        through ``cut``. Elements wider than :data:`SPLIT_ABOVE` bits are split in two halves so that no carry
-        chain before the cut is longer than a half: the low halves' sum (with its carry out) and the high
-        halves' sum for either carry in (a carry-select adder), the high halves' order and equality and the
-        low halves' unsigned order; after the cut the carry picks the high sum and the high halves decide
-        the order unless they are equal (one LUT level each)."""
-        if bits <= SPLIT_ABOVE:
+        through ``cut``. Elements wider than :data:`PIECE_BITS` are split in pieces of that many bits so that no
+        carry chain before the cut is longer than a piece: the lowest piece's sum (with its carry out) and
+        every higher piece's sum for either carry in (a carry-select adder), every piece's order (the top
+        piece signed, the others unsigned) and every higher piece's equality; after the cut the carries
+        pick the pieces' sums (one LUT level per piece), and the highest unequal piece decides the order
+        (a LUT level per two pieces)."""
+        n = bits // PIECE_BITS
+        if n <= 1:
             return cut(a + b, name.format("sum")), cut(a > b, name.format("gt"))
-        h = bits // 2
-        k = bits - h
-        a_lo, b_lo, a_hi, b_hi = a[:h], b[:h], a[h:].as_signed(), b[h:].as_signed()
-        lo = cut(a_lo + b_lo, name.format("sum_lo"))                       # h + 1 bits: the carry on top
-        hi0 = cut((a_hi + b_hi)[:k + 1], name.format("sum_hi0"))           # k + 1 bits, signed
-        hi1 = cut((a_hi + b_hi + 1)[:k + 1], name.format("sum_hi1"))
-        gt_hi, eq_hi = cut(a_hi > b_hi, name.format("gt_hi")), cut(a_hi == b_hi, name.format("eq_hi"))
-        gt_lo = cut(a_lo > b_lo, name.format("gt_lo"))
+        k = PIECE_BITS
+        ua, ub = a.as_unsigned(), b.as_unsigned()
+        pieces = [(ua[i * k:(i + 1) * k], ub[i * k:(i + 1) * k]) for i in range(n - 1)]
+        top_a, top_b = a[(n - 1) * k:].as_signed(), b[(n - 1) * k:].as_signed()
+        # before the cut
+        lo = cut(pieces[0][0] + pieces[0][1], name.format("sum_p0"))                 # k + 1 bits: the carry on top
+        mids = [(cut(pa + pb, name.format(f"sum_p{i}c0")), cut(pa + pb + 1, name.format(f"sum_p{i}c1")))
+                for i, (pa, pb) in enumerate(pieces) if i]
+        top = len(top_a)
+        hi0 = cut((top_a + top_b)[:top + 1], name.format("sum_top_c0"))              # top + 1 bits, signed
+        hi1 = cut((top_a + top_b + 1)[:top + 1], name.format("sum_top_c1"))
+        gts = [cut(pa > pb, name.format(f"gt_p{i}")) for i, (pa, pb) in enumerate(pieces)]
+        eqs = [None] + [cut(pa == pb, name.format(f"eq_p{i}")) for i, (pa, pb) in enumerate(pieces) if i]
+        gt_top, eq_top = cut(top_a > top_b, name.format("gt_top")), cut(top_a == top_b, name.format("eq_top"))
+        # after it: the carries through the pieces, the order from the top down
+        parts, carry = [lo[:k]], lo[k]
+        for s0, s1 in mids:
+            parts.append(Mux(carry, s1[:k], s0[:k]))
+            carry = Mux(carry, s1[k], s0[k])
+        parts.append(Mux(carry, hi1, hi0))
         total = Signal(bits + 1, name=name.format("sum"))
-        m.d.comb += total.eq(Cat(lo[:h], Mux(lo[h], hi1, hi0)))
-        return total, gt_hi | (eq_hi & gt_lo)
+        m.d.comb += total.eq(Cat(*parts))
+        gt = gts[0]
+        for i in range(1, n - 1):
+            gt = gts[i] | (eqs[i] & gt)
+        return total, gt_top | (eq_top & gt)
