@@ -6,9 +6,9 @@ The pipeline is the composition of its parts, each a component of its own with i
     Arbiter (arbiter.py)        G: round-robin grant; the take a register                 latency 1
     RuleLookup (lookup.py)      G: the rule and MAC compares, in parts; T: the take selects the offered
                                 headers' finished picks, registered with the header; B1: the rule's and
-                                MAC entry's fields; B2: slot, set,
+                                MAC entry's fields; B2: slot, set, the source binding,
                                 the stateless drops                                        latency 3
-    SlotState (slot_state.py)   S0: the state read, BAD_SLOT, an ordinary frame's ports; S1, S2: the
+    SlotState (slot_state.py)   S0: the state read, BAD_SLOT, SPOOFED_SOURCE, an ordinary frame's ports; S1, S2: the
                                 forwarding from the writes in flight, the compares; U: SetUpdate;
                                 V: the decision, events and job; W: the state write         latency 5
     Maintenance (maintenance.py)  SLOT_CLEAR, the aging scanner, the aged events

@@ -185,7 +185,7 @@ class SlotState(wiring.Component):
         return s
 
     def _read(self, m, s):
-        """S0: the state read, BAD_SLOT, an ordinary frame's ports; S1: the older writes merged."""
+        """S0: the state read, BAD_SLOT, SPOOFED_SOURCE, an ordinary frame's ports; S1: the older writes merged."""
         prm = self.params
         all_ports = (1 << prm.ports) - 1
         sb = slot_bits(prm)
