@@ -7,7 +7,7 @@
     ingress beats ---> IngressLane[p] --+--> forwarded frames --> EgressCrossbar --> egress FIFOs
                                         +--> payload rows --> SramBuffer: bank[p]
                                                                |
-    JobQueue (waits for the rows) --> FoldReader (all banks, FoldChain) --> ResultGenerator
+    JobQueue (waits for the rows) --> RegisterSlice --> FoldReader (all banks, FoldChain) --> ResultGenerator
         --> ResultFanout --> result queues
 
 (each port's egress FIFO, result queue and EgressMerge of the two are an EgressPort, one per port of :class:`Switch`)
@@ -30,6 +30,7 @@ from cais.registers import RegisterMap
 from .alu.completion import FoldReader, JobQueue
 from .alu.lane import IngressLane
 from .common.enums import Action, DropReason
+from .common.pipeline import RegisterSlice
 from .control.tables import TableProgramSignature
 from .decision import DECISION_HEADERS, Decision
 from .egress.ports import EgressCrossbar, ResultFanout, beat_layout
@@ -110,6 +111,10 @@ class SwitchCore(wiring.Component):
         busy += [dec.busy, *(lane.valid for lane in dec.lanes), dec.jobs.valid]
 
         m.submodules.jobs = jobs = JobQueue(prm)
+        # The reader's take (its start, from its own counts) drives only the slice's registers; the queue
+        # pops into the slice from two registers (its head's valid, the slice's room), so no path runs from
+        # the reader's state through every position of the queue.
+        m.submodules.job_slice = job_slice = RegisterSlice(jobs.layout)
         m.submodules.reader = reader = FoldReader(prm)
         m.submodules.results = res = ResultGenerator(prm)
         m.submodules.sram = sram = self.sram
@@ -140,12 +145,13 @@ class SwitchCore(wiring.Component):
 
         m.d.comb += [sram.rd_addr.eq(reader.rd_addr), sram.rd_en.eq(reader.rd_en)]
         wiring.connect(m, dec.jobs, jobs.i)
-        wiring.connect(m, jobs.o, reader.jobs)
+        wiring.connect(m, jobs.o, job_slice.i)
+        wiring.connect(m, job_slice.o, reader.jobs)
         wiring.connect(m, reader.frames, res.jobs)
         wiring.connect(m, reader.rows, res.rows)
         m.d.comb += [res.rows_held.eq(reader.rows_held), res.switch_mac.eq(self.switch_mac)]
         wiring.connect(m, res.out, fanout.source)
-        busy += [jobs.level != 0, reader.busy, res.busy, xbar.busy, fanout.busy]
+        busy += [jobs.level != 0, job_slice.o.valid, reader.busy, res.busy, xbar.busy, fanout.busy]
 
         for p in range(P):
             wiring.connect(m, xbar.egress[p], wiring.flipped(self.egress[p]))

@@ -19,7 +19,7 @@ from cais.params import SwitchParams
 
 __all__ = ["INGRESS_DECIDE", "HEADER_QUEUE", "INGRESS_HEADER", "ARBITER", "RULE_LOOKUP", "SLOT_STATE",
            "LANE_REQUEST", "LANE_START", "LANE_FINISH", "FRAME_GRANT", "FRAME_FIFO", "EGRESS_PORT", "JOB_QUEUE",
-           "FOLD_READER_START", "BANK_WRITE", "BANK_READ", "BANK_READ_REGISTERS", "RESULT_REQUEST", "forward_terms",
+           "REGISTER_SLICE", "FOLD_READER_START", "BANK_WRITE", "BANK_READ", "BANK_READ_REGISTERS", "RESULT_REQUEST", "forward_terms",
            "result_terms", "FORWARD_LATENCY", "RESULT_OVERHEAD", "frame_beats", "result_latency"]
 
 # ---- the blocks' latencies (the attribute that is each one, in brackets)
@@ -59,6 +59,9 @@ EGRESS_PORT = FRAME_FIFO
 #: [JobQueue.latency] The last frame a job waits for shows ``finished`` in t: the job is offered in t + 2
 #: (the queue's input register, then ``o.valid``).
 JOB_QUEUE = 2
+#: [RegisterSlice.latency] An item accepted by a register slice in cycle t is offered from t + 1 (its output
+#: register); the slice between the job queue and the fold reader (cais.hdl.common.pipeline.RegisterSlice).
+REGISTER_SLICE = 1
 #: [FoldReader.start_latency] A job offered to an idle fold reader to its first row read (``rd_en``): the
 #: reader's ``active`` register.
 FOLD_READER_START = 1
@@ -67,7 +70,7 @@ FOLD_READER_START = 1
 BANK_READ = 2
 #: [ContributionBanks.write_latency] A row written (``wr_en``) in cycle t is seen by a bank read issued in
 #: t + 2 or later: the write's registers beside each block RAM, then the RAM's write. It is on no path: a
-#: job's rows are read at the earliest LANE_FINISH + JOB_QUEUE + FOLD_READER_START cycles after the last
+#: job's rows are read at the earliest LANE_FINISH + JOB_QUEUE + REGISTER_SLICE + FOLD_READER_START cycles after the last
 #: one's write (asserted below).
 BANK_WRITE = 2
 #: [cais.hdl.alu.completion.BANK_READ_REGISTERS] Register ranks between a bank's output and the fold chain.
@@ -80,7 +83,7 @@ RESULT_REQUEST = 1
 # A job's rows are read only after its frames' ``finished``, which comes LANE_FINISH cycles after a frame's
 # last row is written (the lane's register), through the job queue and the reader's start: the banks'
 # registered write must have landed by then.
-assert LANE_FINISH + JOB_QUEUE + FOLD_READER_START >= BANK_WRITE
+assert LANE_FINISH + JOB_QUEUE + REGISTER_SLICE + FOLD_READER_START >= BANK_WRITE
 
 # ---- the paths
 
@@ -113,6 +116,7 @@ def result_terms() -> list[tuple[str, int]]:
         ("lane: beats - 1 is counted in beats", -1),
         ("lane: finished, a register after the last row's write", LANE_FINISH),
         ("job queue: its input register, then o.valid", JOB_QUEUE),
+        ("register slice to the fold reader: its output register", REGISTER_SLICE),
         ("fold reader: its start, the first read", FOLD_READER_START),
         ("fold reader: rows - 1 is counted in rows", -1),
         ("bank: the synchronous read and the RAM's output register", BANK_READ),

@@ -1,9 +1,12 @@
 """Small pipeline helpers shared by the RTL blocks."""
 
-from amaranth.hdl import ClockSignal, Const, Instance, Signal, Value
-from amaranth.lib import data
+from amaranth.hdl import ClockSignal, Const, Instance, Module, Mux, Signal, Value
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
 
-__all__ = ["delay_line", "register_copy"]
+from ..latency import REGISTER_SLICE
+
+__all__ = ["delay_line", "register_copy", "RegisterSlice"]
 
 
 def delay_line(m, value, cycles: int, name: str, *, reset_less: bool = True):
@@ -43,3 +46,41 @@ def register_copy(m, value, name: str, platform):
             p_SRMODE="LSR_OVER_CE", i_CLK=ClockSignal(), i_LSR=Const(0, 1), i_CE=Const(1, 1), i_DI=value[i],
             o_Q=q[i])
     return q
+
+
+class RegisterSlice(wiring.Component):
+    """A stream passed through registers at full rate: ``i.ready``, ``o.valid`` and ``o.payload`` are
+    flip-flops, so neither side's handshake logic reaches the other's in the same cycle (a consumer's
+    ``ready`` drives only this slice, not everything the producer's pop moves).
+
+    Two entries: the output register and a spare, which catches the item accepted in a cycle in which
+    the output was held (``i.ready`` is the spare being empty, known a cycle ahead). Items leave in order,
+    one per cycle while ``o.ready`` is high; an item accepted in cycle ``t`` is offered from ``t + 1``
+    (:attr:`latency`, :data:`cais.hdl.latency.REGISTER_SLICE`) when the output is free. Only the valid bits
+    are reset.
+
+    Members
+    -------
+    i : In(stream.Signature(shape)); o : Out(stream.Signature(shape))
+    """
+
+    latency = REGISTER_SLICE
+
+    def __init__(self, shape):
+        self.shape = shape
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        out_valid, spare_valid = Signal(), Signal()
+        out = Signal(self.shape, reset_less=True)
+        spare = Signal(self.shape, reset_less=True)
+        accept = self.i.valid & ~spare_valid
+        m.d.comb += [self.i.ready.eq(~spare_valid), self.o.valid.eq(out_valid), self.o.payload.eq(out)]
+        with m.If(~out_valid | self.o.ready):
+            # the output is free after this cycle: it takes the spare, else what comes in now
+            m.d.sync += [out_valid.eq(spare_valid | accept), spare_valid.eq(0),
+                         out.eq(Mux(spare_valid, Value.cast(spare), Value.cast(self.i.payload)))]
+        with m.Elif(accept):
+            m.d.sync += [spare.eq(self.i.payload), spare_valid.eq(1)]
+        return m

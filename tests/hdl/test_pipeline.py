@@ -1,7 +1,7 @@
 # amaranth: UnusedElaboratable=no
-"""cais.hdl.common.pipeline.register_copy: one clock edge of delay in simulation, and under an ECP5 synthesis
+"""cais.hdl.common.pipeline: register_copy, one clock edge of delay in simulation, and under an ECP5 synthesis
 flip-flops of its own that yosys keeps apart from another copy of the same value (the control: two plain
-registers of one value, which yosys merges into one)."""
+registers of one value, which yosys merges into one); RegisterSlice against a queue."""
 
 import json
 import random
@@ -13,7 +13,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from cais.hdl.common.bram import ECP5_SYNTHESIS
-from cais.hdl.common.pipeline import delay_line, register_copy
+from cais.hdl.common.pipeline import RegisterSlice, delay_line, register_copy
 
 from blocksim import run
 
@@ -85,3 +85,54 @@ def test_ecp5_copies_are_not_merged(tmp_path):
     # the control: the same two registers written plainly become one flip-flop per bit
     plain = _flops(TwoCopies(plain=True), tmp_path, "plain")
     assert all(plain[("y", i)] == plain[("z", i)] for i in range(WIDTH))
+
+
+# ---- RegisterSlice
+
+#: docs/core-design.md: an item accepted in cycle t is offered from t + 1 (restated: the contract under test)
+SLICE_LATENCY = 1
+
+
+@pytest.mark.parametrize("seed, p_valid, p_ready", [(1, 0.5, 0.5), (2, 1.0, 1.0), (3, 0.9, 0.3), (4, 0.3, 0.9)])
+def test_register_slice_against_a_queue(seed, p_valid, p_ready):
+    """Random valid and ready: every item comes out once, in order, never sooner than SLICE_LATENCY cycles
+    after it went in; at full valid and ready one item per cycle; and neither i.ready nor o.valid/payload
+    moves when the other side's inputs change within a cycle (they are registers)."""
+    dut = RegisterSlice(8)
+    assert dut.latency == SLICE_LATENCY
+    rng = random.Random(seed)
+    sent, received = [], []
+
+    async def tb(ctx):
+        nxt = 0
+        accepted_at = {}
+        for cycle in range(800):
+            valid, ready = rng.random() < p_valid, rng.random() < p_ready
+            # the outputs, before this cycle's inputs are set and after: the same (registers)
+            ctx.set(dut.i.valid, 0)
+            ctx.set(dut.o.ready, 0)
+            ctx.set(dut.i.payload, 0)
+            await ctx.delay(1e-10)
+            before = (ctx.get(dut.i.ready), ctx.get(dut.o.valid), ctx.get(dut.o.payload))
+            ctx.set(dut.i.valid, valid)
+            ctx.set(dut.i.payload, nxt & 0xFF)
+            ctx.set(dut.o.ready, ready)
+            await ctx.delay(1e-10)
+            after = (ctx.get(dut.i.ready), ctx.get(dut.o.valid), ctx.get(dut.o.payload))
+            assert before == after, f"cycle {cycle}: an output follows an input in the same cycle"
+            i_ready, o_valid, o_payload = after
+            if o_valid and ready:
+                item = len(received)
+                assert o_payload == item & 0xFF, f"cycle {cycle}: item {item} out of order"
+                assert cycle - accepted_at[item] >= SLICE_LATENCY
+                received.append(cycle)
+            if valid and i_ready:
+                accepted_at[nxt] = cycle
+                sent.append(cycle)
+                nxt += 1
+            await ctx.tick()
+
+    run(dut, tb)
+    assert len(received) > 100 and len(sent) - len(received) <= 2
+    if p_valid == p_ready == 1.0:
+        assert len(received) >= 800 - 2, "not one item per cycle at full rate"
