@@ -425,9 +425,15 @@ def test_native_float_fallback_gives_every_rank_the_same_bits(reproducible):
         work = comm.all_reduce(data[comm.rank], async_op=True)
         return work.wait(), work.path
 
-    results, _, world = run_world(fn, faults=dict(drop=0.3, ports=(3,), ingress=False, seed=2), offload="always",
-                                  retry_limit=0, accumulate="wire", reproducible=reproducible)
-    assert any("falls back" in e for _, e in world.controller.events)
+    # Whether rank 3's last repeats are lost too (so that it gives up) is the draw of the faults: the first
+    # seed that makes it fall back is the case (the scenario's timing moves with the switch's latency).
+    for seed in range(2, 12):
+        results, _, world = run_world(fn, faults=dict(drop=0.3, ports=(3,), ingress=False, seed=seed),
+                                      offload="always", retry_limit=0, accumulate="wire", reproducible=reproducible)
+        if any("falls back" in e for _, e in world.controller.events):
+            break
+    else:
+        pytest.fail("no seed of 2..11 made rank 3 fall back: the case did not happen")
     assert all(same_bits(r[0], results[0][0]) for r in results)
     if reproducible:
         assert same_bits(results[0][0], fold(data, "sum", T.FP16))
