@@ -243,3 +243,52 @@ def test_ecp5_registered_write_has_each_blocks_own_flip_flops(tmp_path, width, d
         conn = mine["cells"][next(n for n, c in resolved["cells"].items() if c is cell)]["connections"]
         assert conn["WEA"][0] not in names, "the write enable reaches a block without its flip-flop"
         assert not any(conn[f"DIA{i}"][0] in names for i in range(18) if f"DIA{i}" in conn)
+
+
+def test_simulation_output_enable_holds_the_output_register():
+    """``output_enable``: the read stage takes the row at each enabled read, the output register takes the
+    read stage's row only in cycles with ``out_en``, and holds otherwise (the FIFO's two-stage pipeline)."""
+    width, depth = 10, 32
+    dut = OutputRegisteredRAM(width, depth, output_enable=True)
+    rng = random.Random(11)
+    checked = []
+
+    async def tb(ctx):
+        model = {a: rng.randrange(1 << width) for a in range(depth)}
+        for a, v in model.items():                 # fill every row first
+            ctx.set(dut.wr_addr, a)
+            ctx.set(dut.wr_data, v)
+            ctx.set(dut.wr_en, 1)
+            await ctx.tick()
+        ctx.set(dut.wr_en, 0)
+        stage = out = None                         # the read stage's row, the output register's
+        for cycle in range(400):
+            rd_en, out_en = rng.random() < 0.5, rng.random() < 0.5
+            addr = rng.randrange(depth)
+            ctx.set(dut.rd_addr, addr)
+            ctx.set(dut.rd_en, rd_en)
+            ctx.set(dut.out_en, out_en)
+            await ctx.tick()
+            if out_en:
+                out = stage
+            if rd_en:
+                stage = model[addr]
+            if out is not None:
+                assert ctx.get(dut.rd_data) == out, f"cycle {cycle}"
+                checked.append(cycle)
+
+    run(dut, tb)
+    assert len(checked) > 300
+
+
+@pytest.mark.pnr
+def test_ecp5_output_enable_is_the_blocks_oceb(tmp_path):
+    """On ECP5 the output register's enable is each DP16KD's OCEB (and the read's, CEB)."""
+    mine = _synth_json(OutputRegisteredRAM(36, 512, output_enable=True), tmp_path, "oce")
+    names = _port_bits(mine)
+    cells = [c for c in mine["cells"].values() if c["type"] == "DP16KD"]
+    assert len(cells) == 2
+    for cell in cells:
+        conn = cell["connections"]
+        assert names.get(conn["OCEB"][0]) == ("out_en", 0) and names.get(conn["CEB"][0]) == ("rd_en", 0)
+        assert cell["parameters"]["REGMODE_B"] == "OUTREG"
