@@ -84,11 +84,6 @@ class OutputRegisteredRAM(wiring.Component):
     rd_addr : In(range(depth)); rd_en : In(1)
     rd_data : Out(width)
         The read row (the output register: in a DP16KD, the block's own).
-    out_en : In(1)
-        Only with ``output_enable``: the output register loads only in a cycle with ``out_en`` (the DP16KD's
-        ``OCEB``), so the read and the output register are two pipeline stages that advance apart (a FIFO's
-        head held while its reader waits, the next beat already read behind it); without it, it loads in
-        every cycle.
 
     ``mode`` is the DP16KD mode (data bits, rows) and ``blocks`` the DP16KD count on ECP5; a RAM deeper
     than one DP16KD (16,384 rows: no cascade is built) has neither and is the memory and a fabric register
@@ -99,12 +94,12 @@ class OutputRegisteredRAM(wiring.Component):
 
     read_latency = BANK_READ        # the synchronous read, then the output register (cais.hdl.latency)
 
-    def __init__(self, shape, depth: int, *, registered_write: bool = False, output_enable: bool = False):
+    def __init__(self, shape, depth: int, *, registered_write: bool = False):
         width = Shape.cast(shape).width
         if width < 1 or depth < 1:
             raise ValueError(f"a RAM of {width} bits x {depth} rows is empty")
         self.shape, self.width, self.depth = shape, width, depth
-        self.registered_write, self.output_enable = registered_write, output_enable
+        self.registered_write = registered_write
         #: the first read after a write (in cycles from the write) that sees it
         self.write_latency = 2 if registered_write else 1
         # (data bits, rows) of the DP16KD tiling; None when deeper than one block (no cascade is built:
@@ -116,7 +111,6 @@ class OutputRegisteredRAM(wiring.Component):
             "wr_addr": In(abits), "wr_data": In(width), "wr_en": In(1),
             "rd_addr": In(abits), "rd_en": In(1),
             "rd_data": Out(width),
-            **({"out_en": In(1)} if output_enable else {}),
         })
         self._mem = None
 
@@ -143,8 +137,7 @@ class OutputRegisteredRAM(wiring.Component):
                 m.d.sync += [reg.eq(sig) for reg, sig in zip(write, (self.wr_addr, self.wr_data, self.wr_en))]
             m.d.comb += [wr.addr.eq(write[0]), wr.data.eq(write[1]), wr.en.eq(write[2]),
                          rd.addr.eq(self.rd_addr), rd.en.eq(self.rd_en), self.rd_data.eq(out)]
-            with m.If(self.out_en if self.output_enable else 1):
-                m.d.sync += out.eq(rd.data)
+            m.d.sync += out.eq(rd.data)
         return m
 
     def _block_write(self, m, k, lo, hi):
@@ -188,8 +181,7 @@ class OutputRegisteredRAM(wiring.Component):
                 "p_GSR": "DISABLED",
                 "i_CLKA": ClockSignal(), "i_CEA": Const(1, 1), "i_OCEA": Const(1, 1), "i_WEA": wr_en,
                 "i_RSTA": Const(0, 1),
-                "i_CLKB": ClockSignal(), "i_CEB": self.rd_en,
-                "i_OCEB": self.out_en if self.output_enable else Const(1, 1), "i_WEB": Const(0, 1),
+                "i_CLKB": ClockSignal(), "i_CEB": self.rd_en, "i_OCEB": Const(1, 1), "i_WEB": Const(0, 1),
                 "i_RSTB": Const(0, 1),
                 **{f"i_CS{side}{i}": Const(0, 1) for side in "AB" for i in range(3)},
                 **addr_pins("A", wr_addr, wr_en), **addr_pins("B", self.rd_addr, Const(0, 1)),

@@ -1,14 +1,11 @@
 """A store-and-forward FIFO whose writer can take back a frame it has not committed."""
 
-from types import SimpleNamespace
-
 from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from ..latency import FRAME_FIFO
-from .bram import OutputRegisteredRAM
 
 __all__ = ["FrameFifo"]
 
@@ -26,10 +23,7 @@ class FrameFifo(wiring.Component):
       pointers.
     - ``True``: ``r_data`` and ``r_valid`` are flip-flops behind the block RAM's output (a two-beat
       pipeline, RAM output then output register, each stage advancing when the next is free), so no
-      logic follows the RAM's slow output and the reader sees registers: the output register is the
-      block RAM's own (an :class:`~cais.hdl.common.bram.OutputRegisteredRAM` with ``output_enable``: on
-      ECP5 the DP16KD's, clocked by ``OCEB``; yosys' inference never sets it, and the whole switch
-      measured the inferred RAM's 5.6 ns clock-to-output and 6 ns of routing into a fabric register); a beat committed in cycle ``t``
+      logic follows the RAM's slow output and the reader sees registers; a beat committed in cycle ``t``
       is at the head in cycle ``t + 3``, and the reader still takes one beat per cycle. The RAM is read
       only at committed addresses, so it needs no bypass. ``w_rdy`` is a flip-flop too, so the RAM's
       write side (address, data, enable) is fed by registers and the writer's logic, not by a compare of
@@ -74,19 +68,16 @@ class FrameFifo(wiring.Component):
             "r_data": Out(width), "r_valid": Out(1), "r_ready": In(1),
             "level": Out(range(depth + 1)), "held": Out(1),
         })
-        # With the registered output the RAM is never read at the address being written (it reads committed
-        # beats only, a cycle after their commit at the earliest), as OutputRegisteredRAM requires.
-        self._mem = (OutputRegisteredRAM(width, depth, output_enable=True) if registered_output
-                     else Memory(shape=width, depth=depth, init=[]))
+        # With the registered output the RAM is never read at the address being written: yosys need not
+        # add its read-during-write logic (a compare and a mux after the RAM's slow output).
+        self._mem = Memory(shape=width, depth=depth, init=[],
+                           attrs={"no_rw_check": 1} if registered_output else None)
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.mem = mem = self._mem
         abits = (self.depth - 1).bit_length()
-        if self.registered_output:
-            wr = SimpleNamespace(addr=mem.wr_addr, data=mem.wr_data, en=mem.wr_en)
-        else:
-            wr = mem.write_port()
+        wr = mem.write_port()
 
         # Pointers carry one extra bit so that full and empty differ.
         wp_commit = Signal(abits + 1)
@@ -129,22 +120,22 @@ class FrameFifo(wiring.Component):
             m.d.comb += self.held.eq(wp != rp)
             return m
 
-        # The RAM's read stage (rd_en) and its output register (out_en), each advancing when the next is
-        # free; the valid bits of the two stages are here.
-        ram_valid = Signal()            # the read stage holds the beat at rp - 1
+        rd = mem.read_port()            # reads committed beats only, never the one being written
+        ram_valid = Signal()            # rd.data holds the beat at rp - 1
+        out_data = Signal(self.width, reset_less=True)
         out_valid = Signal()
         out_free = ~out_valid | self.r_ready
-        ram_free = ~ram_valid | out_free          # the read stage may be replaced: the RAM's read enable
+        ram_free = ~ram_valid | out_free          # rd.data may be replaced: the RAM's read enable
         fetch = ram_free & (rp != wp_commit)
-        m.d.comb += [mem.rd_addr.eq(rp[:abits]), mem.rd_en.eq(ram_free), mem.out_en.eq(out_free)]
+        m.d.comb += [rd.addr.eq(rp[:abits]), rd.en.eq(ram_free)]
         with m.If(ram_free):
             m.d.sync += ram_valid.eq(fetch)
         with m.If(fetch):
             m.d.sync += rp.eq(rp + 1)
         with m.If(out_free):
-            m.d.sync += out_valid.eq(ram_valid)
+            m.d.sync += [out_valid.eq(ram_valid), out_data.eq(rd.data)]
         m.d.comb += [
-            self.r_data.eq(mem.rd_data), self.r_valid.eq(out_valid),
+            self.r_data.eq(out_data), self.r_valid.eq(out_valid),
             self.held.eq((wp != rp) | ram_valid | out_valid),
         ]
         return m
