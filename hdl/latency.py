@@ -19,8 +19,8 @@ from cais.params import SwitchParams
 
 __all__ = ["INGRESS_DECIDE", "HEADER_QUEUE", "INGRESS_HEADER", "ARBITER", "RULE_LOOKUP", "SLOT_STATE",
            "LANE_REQUEST", "LANE_START", "LANE_FINISH", "FRAME_GRANT", "FRAME_FIFO", "EGRESS_PORT", "JOB_QUEUE",
-           "REGISTER_SLICE", "FOLD_READER_START", "BANK_WRITE", "BANK_READ", "BANK_READ_REGISTERS", "RESULT_REQUEST", "forward_terms",
-           "result_terms", "FORWARD_LATENCY", "RESULT_OVERHEAD", "frame_beats", "result_latency"]
+           "REGISTER_SLICE", "FOLD_READER_START", "BANK_WRITE", "BANK_READ", "BANK_READ_REGISTERS", "RESULT_REQUEST",
+           "forward_terms", "result_terms", "FORWARD_LATENCY", "RESULT_OVERHEAD", "frame_beats", "result_latency"]
 
 # ---- the blocks' latencies (the attribute that is each one, in brackets)
 
@@ -70,8 +70,8 @@ FOLD_READER_START = 1
 BANK_READ = 2
 #: [ContributionBanks.write_latency] A row written (``wr_en``) in cycle t is seen by a bank read issued in
 #: t + 2 or later: the write's registers beside each block RAM, then the RAM's write. It is on no path: a
-#: job's rows are read at the earliest LANE_FINISH + JOB_QUEUE + REGISTER_SLICE + FOLD_READER_START cycles after the last
-#: one's write (asserted below).
+#: job's rows are read at the earliest LANE_FINISH + JOB_QUEUE + REGISTER_SLICE + FOLD_READER_START cycles
+#: after the last one's write (asserted below).
 BANK_WRITE = 2
 #: [cais.hdl.alu.completion.BANK_READ_REGISTERS] Register ranks between a bank's output and the fold chain.
 BANK_READ_REGISTERS = 1

@@ -41,8 +41,8 @@ class ContributionBanks(wiring.Component):
     :data:`~cais.hdl.latency.BANK_WRITE`: the write is registered beside each block RAM, a copy per
     DP16KD on ECP5, so that no lane's logic drives the pins of all of a bank's blocks across the die; a read
     of the row being written is not defined on the FPGA; the switch issues neither: a job is read only
-    after its frames finished writing, :mod:`cais.hdl.latency`). A read with ``rd_en`` in cycle ``t`` presents every bank's
-    row in ``rd_data`` from cycle ``t + 2`` (:data:`BANK_READ_LATENCY`: the synchronous read and the
+    after its frames finished writing, :mod:`cais.hdl.latency`). A read with ``rd_en`` in cycle ``t``
+    presents every bank's row in ``rd_data`` from cycle ``t + 2`` (:data:`BANK_READ_LATENCY`: the synchronous read and the
     output register, inside the block RAM on ECP5) and holds it until the next enabled read's data
     replaces it. The rows have no reset value. Each bank is an
     :class:`~cais.hdl.common.bram.OutputRegisteredRAM` (``banks[p]``).

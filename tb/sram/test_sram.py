@@ -2,8 +2,8 @@
 dict per bank, its slot-state memory against a Python list of entries.
 
 The banks' contract (ContributionBanks' docstring): a write in cycle t is seen by reads issued from t + 2 on (the
-write is registered beside the RAM), a read of the row written in the same or the previous cycle returns the old row, ``rd_data[p]`` shows bank p's row at the address of the
-last enabled read BANK_READ_LATENCY (2) edges after it (the read, then the RAM's output register) and holds it while ``rd_en`` is low. The banks have no
+write is registered beside the RAM), a read of the row written in the same or the previous cycle returns the old
+row, ``rd_data[p]`` shows bank p's row at the address of the last enabled read BANK_READ_LATENCY (2) edges after it (the read, then the RAM's output register) and holds it while ``rd_en`` is low. The banks have no
 ready or valid handshake (the fold reader issues reads, the lanes write), so there is no back-pressure to apply;
 "idle" makes the enables sparse (each high one cycle in four) instead of dense.
 
