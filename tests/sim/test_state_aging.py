@@ -177,6 +177,7 @@ def test_fed_and_complete_sets_never_age_and_free_releases():
         while not b.aged and b.cycle < last + (age + 2 * P.slots) * UNIT + 4 * VISIT:
             await b.tick()
         out["last"], out["aged"] = last, list(b.aged)
+        await b.tick(2)                 # SLOTS_IN_USE follows the state's write by two cycles (registers.md)
         out["in_use"] = b.get("slots_in_use")
         # freed: the chunk's retransmission and its other contributions start the set anew and complete it
         for p in range(4):
