@@ -149,7 +149,7 @@ MUTANTS = {
     "push_lost": ("push", "the decision of a duplicate is not pushed to its lane"),
     "busy_misses_take": ("busy", "BUSY does not count the header being taken"),
     "event_lost": ("events", "a resend is not counted as a duplicate"),
-    "in_use_late": ("in_use", "SLOTS_IN_USE follows the state a cycle later than it does"),
+    "in_use_late": ("in_use", "SLOTS_IN_USE follows the state a cycle later than documented"),
     "bit_toggles": ("gains", "SetUpdate: a repeat clears its port's bit"),
     "repeat_accepted": ("no_twice", "SetUpdate: a repeat is accepted as a new contribution"),
     "done_overwritten": ("frozen", "SetUpdate: a completed set with another tag is overwritten"),

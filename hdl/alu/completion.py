@@ -105,13 +105,10 @@ class JobQueue(wiring.Component):
         wp, rp = Signal(abits), Signal(abits)          # D is a power of two: the pointers wrap by themselves
         level = Signal(range(D + 1))
         # The inputs' register (see the docstring); the job's payload needs no reset.
-        push = Signal()
-        job = Signal.like(self.i.payload, reset_less=True)
-        open_after = [Signal.like(self.open_after[p], name=f"open_after_r{p}") for p in range(P)]
-        finished = [Signal.like(self.finished[p], name=f"finished_r{p}") for p in range(P)]
-        m.d.sync += [push.eq(self.i.valid), job.eq(self.i.payload),
-                     *(r.eq(self.open_after[p]) for p, r in enumerate(open_after)),
-                     *(r.eq(self.finished[p]) for p, r in enumerate(finished))]
+        push = delay_line(m, self.i.valid, 1, "push", reset_less=False)
+        job = delay_line(m, self.i.payload, 1, "job")
+        open_after = [delay_line(m, self.open_after[p], 1, f"open_after{p}", reset_less=False) for p in range(P)]
+        finished = [delay_line(m, self.finished[p], 1, f"finished{p}", reset_less=False) for p in range(P)]
         pop = self.o.ready & self.o.valid
         m.d.comb += [wr.addr.eq(wp), wr.data.eq(job), wr.en.eq(push), rd.addr.eq(rp),
                      self.o.payload.eq(rd.data), self.level.eq(level)]

@@ -24,7 +24,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..latency import BANK_READ
-from .pipeline import register_copy
+from .pipeline import delay_line, register_copy
 
 __all__ = ["OutputRegisteredRAM", "ECP5Synthesis", "ECP5_SYNTHESIS", "ecp5_target", "DP16KD_MODES", "dp16kd_mode"]
 
@@ -94,14 +94,17 @@ class OutputRegisteredRAM(wiring.Component):
 
     read_latency = BANK_READ        # the synchronous read, then the output register (cais.hdl.latency)
 
+    @property
+    def write_latency(self) -> int:
+        """Cycles from a write to the first read that sees it: 1, one more with ``registered_write``."""
+        return 1 + self.registered_write
+
     def __init__(self, shape, depth: int, *, registered_write: bool = False):
         width = Shape.cast(shape).width
         if width < 1 or depth < 1:
             raise ValueError(f"a RAM of {width} bits x {depth} rows is empty")
         self.shape, self.width, self.depth = shape, width, depth
         self.registered_write = registered_write
-        #: the first read after a write (in cycles from the write) that sees it
-        self.write_latency = 2 if registered_write else 1
         # (data bits, rows) of the DP16KD tiling; None when deeper than one block (no cascade is built:
         # such a RAM is the memory and a fabric register on ECP5 too, as in simulation)
         self.mode = dp16kd_mode(width, depth) if depth <= DP16KD_MODES[-1][1] else None
@@ -124,32 +127,28 @@ class OutputRegisteredRAM(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         if ecp5_target(platform) and self.mode is not None:
-            self._dp16kd(m)
+            self._dp16kd(m, platform)
         else:
             m.submodules.mem = mem = self.mem
             wr, rd = mem.write_port(), mem.read_port()
             out = Signal(self.width, reset_less=True, name="out_reg")
-            write = (self.wr_addr, self.wr_data, self.wr_en)
-            if self.registered_write:
-                write = [Signal(len(self.wr_addr), reset_less=True, name="wr_addr_reg"),
-                         Signal(self.width, reset_less=True, name="wr_data_reg"),
-                         Signal(reset_less=True, name="wr_en_reg")]
-                m.d.sync += [reg.eq(sig) for reg, sig in zip(write, (self.wr_addr, self.wr_data, self.wr_en))]
+            write = [delay_line(m, sig, self.write_latency - 1, name)
+                     for sig, name in ((self.wr_addr, "wr_addr"), (self.wr_data, "wr_data"), (self.wr_en, "wr_en"))]
             m.d.comb += [wr.addr.eq(write[0]), wr.data.eq(write[1]), wr.en.eq(write[2]),
                          rd.addr.eq(self.rd_addr), rd.en.eq(self.rd_en), self.rd_data.eq(out)]
             m.d.sync += out.eq(rd.data)
         return m
 
-    def _block_write(self, m, k, lo, hi):
+    def _block_write(self, m, platform, k, lo, hi):
         """Block ``k``'s write address, enable and data bits ``lo:hi``: the ports themselves, or with
         ``registered_write`` its own flip-flops (:func:`~cais.hdl.common.pipeline.register_copy`)."""
         if not self.registered_write:
             return self.wr_addr, self.wr_en, self.wr_data[lo:hi]
-        return tuple(register_copy(m, sig, f"block{k}_{name}", ECP5_SYNTHESIS)
+        return tuple(register_copy(m, sig, f"block{k}_{name}", platform)
                      for sig, name in ((self.wr_addr, "wr_addr"), (self.wr_en, "wr_en"),
                                        (self.wr_data[lo:hi], "wr_data")))
 
-    def _dp16kd(self, m):
+    def _dp16kd(self, m, platform):
         """Port A writes, port B reads; block ``k`` holds bits ``k * bits ...`` of every row."""
         bits, rows = self.mode
         k_rows = ceil_log2(rows)
@@ -170,7 +169,7 @@ class OutputRegisteredRAM(wiring.Component):
 
         for k in range(self.blocks):
             lo, hi = k * bits, min((k + 1) * bits, self.width)
-            wr_addr, wr_en, data_in = self._block_write(m, k, lo, hi)
+            wr_addr, wr_en, data_in = self._block_write(m, platform, k, lo, hi)
             data_out = Signal(bits, name=f"block{k}_do")
             pins = {
                 "p_DATA_WIDTH_A": bits, "p_DATA_WIDTH_B": bits,

@@ -35,11 +35,10 @@ def register_copy(m, value, name: str, platform):
     the same: a fabric flip-flop without reset powers up 0, as the register starts."""
     from .bram import ecp5_target
 
+    if not ecp5_target(platform):
+        return delay_line(m, value, 1, name)
     value = Value.cast(value)
     q = Signal(len(value), name=name, reset_less=True)
-    if not ecp5_target(platform):
-        m.d.sync += q.eq(value)
-        return q
     for i in range(len(value)):
         m.submodules[f"{name}_ff{i}"] = Instance(
             "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX="1", p_CLKMUX="CLK", p_LSRMUX="LSR", p_REGSET="RESET",

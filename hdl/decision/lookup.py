@@ -40,6 +40,12 @@ def carry_layout(params: SwitchParams) -> data.StructLayout:
     })
 
 
+def _slot_of(base, seq, quota):
+    """The slot a header maps to: its rule's base plus its sequence number within the group's quota (at
+    full width; every slot >= ``slots`` is BAD_SLOT)."""
+    return base + (seq & quota)
+
+
 def lookup_layout(params: SwitchParams) -> data.StructLayout:
     """A header after B2: its stateless action, the slot it maps to, an ordinary frame's MAC lookup."""
     P = params.ports
@@ -170,7 +176,7 @@ class RuleLookup(wiring.Component):
         # the slot-state read's address, found here from the picked rule (see read_slot)
         m_read_slot = Signal(slot_bits(prm), reset_less=True)
         a_seq = FrameHeader(a_meta.hdr).seq_num
-        m.d.sync += m_read_slot.eq(rules.picked.base + (a_seq & rules.picked_quota))
+        m.d.sync += m_read_slot.eq(_slot_of(rules.picked.base, a_seq, rules.picked_quota))
         m.d.comb += self.read_slot.eq(m_read_slot)
         m.d.sync += [
             m_valid.eq(a_valid), m_port.eq(a_port), m_me.eq(a_me), m_sf.eq(a_valid & a_sf), m_meta.eq(a_meta),
@@ -196,7 +202,7 @@ class RuleLookup(wiring.Component):
         # offset can be any 32-bit value, and every slot >= slots is BAD_SLOT (found in S0).
         seq = hdr.seq_num
         slot = Signal(33)
-        m.d.comb += slot.eq(rule.base + (seq & m_quota))
+        m.d.comb += slot.eq(_slot_of(rule.base, seq, m_quota))
 
         b_valid, b_action, b_reason, b_mask = Signal(), Signal(Action), Signal(DropReason), Signal(P)
         b_slot = Signal(33, reset_less=True)

@@ -207,19 +207,18 @@ class IngressPort(wiring.Component):
         # whether any check failed, registered beside them: the verdict drives the FIFOs' commit and the
         # header queue's count from a flip-flop, not through the checks' OR (the whole switch measured 8 ns
         # of routing on that path)
-        bad2 = Signal(reset_less=True)
+        bad = Signal(reset_less=True, name="bad2")
         hdr2 = Signal(HEADER_BITS, reset_less=True)
         len2 = Signal(len_shape, reset_less=True)
         beats2 = Signal.like(beats1, reset_less=True)
         all_reduce2 = Signal(reset_less=True)
         m.d.sync += v2.eq(v1)
         with m.If(v1):
-            m.d.sync += [failed2.eq(Cat(*(c for _, c in checks))), bad2.eq(Cat(*(c for _, c in checks)).any()),
-                         hdr2.eq(hdr_reg), len2.eq(len1),
+            failed = Cat(*(c for _, c in checks))
+            m.d.sync += [failed2.eq(failed), bad.eq(failed.any()), hdr2.eq(hdr_reg), len2.eq(len1),
                          beats2.eq(beats1), all_reduce2.eq(hdr.is_cais & (hdr.op_type == proto.OpType.ALL_REDUCE))]
 
         # ---- cycle 2: the verdict; the frame's last beat is written in this cycle
-        bad = bad2
         reason = Signal(DropReason)
         for i, (r, _) in reversed(list(enumerate(checks))):       # the first failing check wins
             with m.If(failed2[i]):
