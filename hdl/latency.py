@@ -51,8 +51,8 @@ LANE_FINISH = 1
 #: on the output: the grant register, the source's first beat, the output register.
 FRAME_GRANT = 3
 #: [FrameFifo.latency with ``registered_output``] A beat written and committed in cycle t is at the head in
-#: t + 3: the write, the block RAM's read, the output register.
-FRAME_FIFO = 3
+#: t + 4: the write, the block RAM's read, its output register, the skid (a flip-flop FIFO).
+FRAME_FIFO = 4
 #: [EgressPort.latency] A beat from the crossbar or the fanout to ``m_axis``: its egress FIFO or result
 #: queue (a FrameFifo with a registered output); the merge adds none when the port is free.
 EGRESS_PORT = FRAME_FIFO

@@ -1,13 +1,22 @@
 """A store-and-forward FIFO whose writer can take back a frame it has not committed."""
 
-from amaranth.hdl import Module, Mux, Signal
+from types import SimpleNamespace
+
+from amaranth.hdl import Array, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..latency import FRAME_FIFO
+from ..latency import BANK_READ, FRAME_FIFO
+from .bram import OutputRegisteredRAM
+from .pipeline import delay_line
 
-__all__ = ["FrameFifo"]
+__all__ = ["FrameFifo", "SKID_DEPTH"]
+
+#: Beats of the flip-flop FIFO (the skid) behind a registered output's RAM. A credit taken by a fetch in
+#: cycle t is back for a fetch in t + BANK_READ + 2 at the soonest (the RAM's read and output register, the
+#: beat's cycle at the skid's head, then its pop), so this many keep the reader at a beat per cycle.
+SKID_DEPTH = BANK_READ + 2
 
 
 class FrameFifo(wiring.Component):
@@ -21,15 +30,19 @@ class FrameFifo(wiring.Component):
     - ``False``: ``r_data`` comes straight from the block RAM, read ahead (with a write-to-read bypass) so
       a beat committed in cycle ``t`` is at the head in cycle ``t + 1``; ``r_valid`` is a compare of the
       pointers.
-    - ``True``: ``r_data`` and ``r_valid`` are flip-flops behind the block RAM's output (a two-beat
-      pipeline, RAM output then output register, each stage advancing when the next is free), so no
-      logic follows the RAM's slow output and the reader sees registers; a beat committed in cycle ``t``
-      is at the head in cycle ``t + 3``, and the reader still takes one beat per cycle. The RAM is read
-      only at committed addresses, so it needs no bypass. ``w_rdy`` is a flip-flop too, so the RAM's
-      write side (address, data, enable) is fed by registers and the writer's logic, not by a compare of
-      the read pointer: it counts the writes, commits and rollbacks up to the last clock edge exactly and
-      the RAM's reads one cycle late (a beat read out of the RAM in cycle ``t`` frees its room for
-      ``w_rdy`` from ``t + 2``).
+    - ``True``: ``r_data`` and ``r_valid`` come from flip-flops, and no handshake reaches the block RAM: the
+      RAM (an :class:`~cais.hdl.common.bram.OutputRegisteredRAM`, on ECP5 DP16KD blocks with their own
+      output register) reads at the read pointer in every cycle, its enables tied high; a read that
+      fetches a committed beat puts it, two cycles later, into the skid, a FIFO of :data:`SKID_DEPTH`
+      flip-flop beats whose head is ``r_data``. A beat is fetched only with a credit (a skid entry kept
+      for it) and the reader's pop gives the credit back, so the reader's ``r_ready`` drives the skid's
+      head pointer and the credits, nothing wide. A beat committed in cycle ``t`` is at the head in cycle
+      ``t + 4`` (:data:`cais.hdl.latency.FRAME_FIFO`: the fetch, the RAM's read and output register, the
+      skid), and the reader takes one beat per cycle. The RAM's data is used only at committed
+      addresses, so it needs no bypass. ``w_rdy`` is a flip-flop too, so the RAM's write side (address,
+      data, enable) is fed by registers and the writer's logic, not by a compare of the read pointer: it
+      counts the writes, commits and rollbacks up to the last clock edge exactly and the RAM's reads one
+      cycle late (a beat fetched in cycle ``t`` frees its room for ``w_rdy`` from ``t + 2``).
 
     Members
     -------
@@ -41,7 +54,8 @@ class FrameFifo(wiring.Component):
         before; a flip-flop).
     level : Out(range(depth + 1))
         Beats held in the RAM, committed or not (``depth - level`` beats can still be written); with a
-        registered output, up to two more beats are on their way to the reader outside the RAM.
+        registered output, up to :data:`SKID_DEPTH` more beats are on their way to the reader outside the
+        RAM.
     held : Out(1)
         Some beat is held, committed or not, in the RAM or on its way to the reader.
     commit : In(1)
@@ -68,16 +82,20 @@ class FrameFifo(wiring.Component):
             "r_data": Out(width), "r_valid": Out(1), "r_ready": In(1),
             "level": Out(range(depth + 1)), "held": Out(1),
         })
-        # With the registered output the RAM is never read at the address being written: yosys need not
-        # add its read-during-write logic (a compare and a mux after the RAM's slow output).
-        self._mem = Memory(shape=width, depth=depth, init=[],
-                           attrs={"no_rw_check": 1} if registered_output else None)
+        # The registered output's RAM has its read data registered inside the block (on ECP5 the DP16KD's
+        # own output register, which yosys' inference never sets).
+        self._mem = (OutputRegisteredRAM(width, depth) if registered_output
+                     else Memory(shape=width, depth=depth, init=[]))
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.mem = mem = self._mem
+        # (the registered output's RAM is "ram": its own Memory inside is "mem", a name Verilog must not nest)
+        m.submodules["ram" if self.registered_output else "mem"] = mem = self._mem
         abits = (self.depth - 1).bit_length()
-        wr = mem.write_port()
+        if self.registered_output:
+            wr = SimpleNamespace(addr=mem.wr_addr, data=mem.wr_data, en=mem.wr_en)
+        else:
+            wr = mem.write_port()
 
         # Pointers carry one extra bit so that full and empty differ.
         wp_commit = Signal(abits + 1)
@@ -120,22 +138,33 @@ class FrameFifo(wiring.Component):
             m.d.comb += self.held.eq(wp != rp)
             return m
 
-        rd = mem.read_port()            # reads committed beats only, never the one being written
-        ram_valid = Signal()            # rd.data holds the beat at rp - 1
-        out_data = Signal(self.width, reset_less=True)
+        # The read side: the RAM reads at rp in every cycle (its enables are constants, so no handshake
+        # reaches the block's pins); a read that fetches a committed beat lands, READ_LATENCY cycles later,
+        # in the output register inside the RAM block and then in the skid, a small FIFO of flip-flops
+        # whose head is r_data. A fetch takes a credit (a skid entry kept for it) and the reader's pop gives
+        # it back, so every fetched beat finds its entry and the reader's ready drives only the skid's head
+        # pointer and the credits.
+        skid = Array(Signal(self.width, reset_less=True, name=f"skid{i}") for i in range(SKID_DEPTH))
+        head = Signal(range(SKID_DEPTH))
+        tail = Signal(range(SKID_DEPTH))
+        count = Signal(range(SKID_DEPTH + 1))
+        credits = Signal(range(SKID_DEPTH + 1), init=SKID_DEPTH)
         out_valid = Signal()
-        out_free = ~out_valid | self.r_ready
-        ram_free = ~ram_valid | out_free          # rd.data may be replaced: the RAM's read enable
-        fetch = ram_free & (rp != wp_commit)
-        m.d.comb += [rd.addr.eq(rp[:abits]), rd.en.eq(ram_free)]
-        with m.If(ram_free):
-            m.d.sync += ram_valid.eq(fetch)
+        fetch = (rp != wp_commit) & (credits != 0)
+        landed = delay_line(m, fetch, mem.read_latency, "landed", reset_less=False)   # rd_data is a beat
+        pop = out_valid & self.r_ready
+        m.d.comb += [mem.rd_addr.eq(rp[:abits]), mem.rd_en.eq(1)]
         with m.If(fetch):
             m.d.sync += rp.eq(rp + 1)
-        with m.If(out_free):
-            m.d.sync += [out_valid.eq(ram_valid), out_data.eq(rd.data)]
+        with m.If(landed):
+            m.d.sync += [skid[tail].eq(mem.rd_data), tail.eq(tail + 1)]
+        with m.If(pop):
+            m.d.sync += head.eq(head + 1)
+        count_next = count + landed - pop
+        m.d.sync += [count.eq(count_next), out_valid.eq(count_next != 0), credits.eq(credits - fetch + pop)]
         m.d.comb += [
-            self.r_data.eq(out_data), self.r_valid.eq(out_valid),
-            self.held.eq((wp != rp) | ram_valid | out_valid),
+            self.r_data.eq(skid[head]), self.r_valid.eq(out_valid),
+            # the RAM's beats, the reads on their way (SKID_DEPTH - credits - count of them) and the skid's
+            self.held.eq((wp != rp) | (credits + count != SKID_DEPTH) | out_valid),
         ]
         return m

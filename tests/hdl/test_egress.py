@@ -445,8 +445,9 @@ def test_merge_keeps_line_rate_and_alternates():
 
 def test_merge_adds_no_cycle_when_idle():
     """One frame into the result queue of an idle port leaves as soon as it is at the FIFO's head: the
-    cycle the FIFO's registered output shows it (written in cycle t, committed: out in t + 3)."""
+    cycle the FIFO's registered output shows it (written in cycle t, committed: out in t + 4, the fetch,
+    the RAM's read, its output register, the skid)."""
     trace, problems = simulate_merge([[], [[7, 8, 9]]], gap=0.0)
     assert not problems
     out = [(c, d) for c, d, _, valid, rdy in trace if valid and rdy]
-    assert out == [(3, 7), (4, 8), (5, 9)]
+    assert out == [(4, 7), (5, 8), (6, 9)]

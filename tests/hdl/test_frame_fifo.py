@@ -9,7 +9,7 @@ or pending". The reader sees the oldest committed beat (first-word fall-through)
 With ``registered_output`` the model's committed beats carry their commit cycle: the head is visible
 (``r_valid``, ``r_data``) exactly when it was committed at least ``REGISTERED_LATENCY`` cycles ago, so the
 read side keeps one beat per cycle; ``w_rdy`` counts only the beats in the RAM, so it may be high while
-the model holds ``depth`` beats (up to two are past the RAM) but never low while the model has room. It
+the model holds ``depth`` beats (up to SKID_DEPTH are past the RAM) but never low while the model has room. It
 is a register: after each edge it is low exactly when the RAM's beats before the edge (``level``), plus
 the beat written or less the pending beats a rollback forgot, reach ``depth`` (the reads of that cycle
 count from the next edge on).
@@ -26,7 +26,8 @@ from blocksim import run
 from tiers import sweep
 
 
-REGISTERED_LATENCY = 3     # commit in cycle t: the beat can be at the head in cycle t + 3
+REGISTERED_LATENCY = 4     # commit in cycle t: the beat can be at the head in cycle t + 4 (hand-derived:
+#                            # the fetch, the RAM read, its output register, the skid)
 
 
 class QueueModel:
