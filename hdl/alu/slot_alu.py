@@ -142,7 +142,7 @@ class SlotALU(wiring.Component):
         was the accumulator register into an int8 compare, 5.5 ns on its first net). Returns the
         namespace the other stages share."""
         reg = functools.partial(self._reg, m)
-        s = SimpleNamespace()
+        s = SimpleNamespace(platform=platform)
         W = self.data_width
         s.granule, s.row = reg(self.granule, "in_granule"), reg(self.row, "in_row")
         s.dtype, s.op = reg(self.dtype, "in_dtype"), reg(self.op, "in_op")
@@ -228,7 +228,7 @@ class SlotALU(wiring.Component):
             return Mux(bf16_1, wbf.result, w16.result)
 
         # Stage 2: the operands of every lane as float32, the integer result and the controls, registered.
-        s.operands = []
+        s.operands, s.mm_operands = [], []
         for i in range(W // 16):
             # Operands of lane i as float32: a from the word, b from the row. Lanes W/32 .. W/16-1 only
             # serve fp16/bf16 (a 32-bit element i of the word lies in granule 1 there).
@@ -236,8 +236,16 @@ class SlotALU(wiring.Component):
             b16 = byteswap(row[16 * i:16 * i + 16], 2)
             a32 = reg(byteswap((acc if i >= W // 32 else a_gran)[32 * i:32 * i + 32], 4), f"lane{i}_a32")
             b32 = reg(byteswap(row[32 * i:32 * i + 32], 4) if i < W // 32 else Const(0, 32), f"lane{i}_b32")
-            s.operands.append((reg(Mux(half_wire_1, widened(a16, f"lane{i}_a"), a32), f"lane{i}_a"),
-                               reg(Mux(is_half_1, widened(b16, f"lane{i}_b"), b32), f"lane{i}_b")))
+            a_in = Mux(half_wire_1, widened(a16, f"lane{i}_a"), a32)
+            b_in = Mux(is_half_1, widened(b16, f"lane{i}_b"), b32)
+            s.operands.append((reg(a_in, f"lane{i}_a"), reg(b_in, f"lane{i}_b")))
+            # max/min and the bypass read a copy of their own (register_copy), beside the magnitude
+            # compare, not the adder's operands spread over its stages (the fold chain's max/min was the
+            # float switch's limit at 88.98 MHz: 30 logic steps, 2.88 ns logic + 7.84 ns routing; a store-only
+            # stage has no max/min)
+            s.mm_operands.append(s.operands[-1] if self.store_only else
+                                 (register_copy(m, a_in, f"lane{i}_mm_in_a", s.platform),
+                                  register_copy(m, b_in, f"lane{i}_mm_in_b", s.platform)))
         s.r_wire = reg(Mux(store_1, row_1, int_alu.result), "wire")
         s.r_valid = reg(s.valid, "valid", reset_less=False, cycles=2)
         s.r_store, s.r_fix_tie = reg(store, "store", cycles=2), reg(fix_tie, "fix_tie", cycles=2)
@@ -267,14 +275,14 @@ class SlotALU(wiring.Component):
         # Per lane: the value the bypass takes, from the operands (a, b), the canonical NaN or the wire row.
         split = L >= 1                       # the choice decided a cycle before the selection
         bypass_lanes, adders = [], []
-        for i, (a, b) in enumerate(s.operands):
+        for i, ((add_a, add_b), (a, b)) in enumerate(zip(s.operands, s.mm_operands)):
             lane_form = s.r_lane_form
             if self.store_only:
                 # Every row is stored: the lane is the row's operand b (widened with fp32 accumulation).
                 bypass_lanes.append(Mux(lane_form, b, s.r_wire[32 * i:32 * i + 32] if 32 * i < W else 0))
                 continue
             m.submodules[f"lane{i}_fadd"] = add = FloatAdder(FP32, self.fadd_stages)
-            m.d.comb += [add.a.eq(a), add.b.eq(b), add.i_valid.eq(s.r_valid)]
+            m.d.comb += [add.a.eq(add_a), add.b.eq(add_b), add.i_valid.eq(s.r_valid)]
             adders.append(add)
 
             m.submodules[f"lane{i}_maxmin"] = mm = FloatMaxMin(FP32, NUMPY_ZERO_TIE[FP32])

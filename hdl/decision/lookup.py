@@ -183,6 +183,11 @@ class RuleLookup(wiring.Component):
         m.d.sync += m_entry.eq(or_tree(Mux(a_pick[e], e, 0) for e in range(R)))
         # the slot-state read's address, found here from the picked rule (see read_slot)
         m_read_slot = Signal(slot_bits(prm), reset_less=True)
+        # whether the header is a CAIS frame (its EtherType), registered here: at the head of B2's drop
+        # chain the compare was the float switch's limit at 84.57 MHz (m_meta -> the EtherType compare ->
+        # the chain -> b_action, 2.38 ns logic + 9.44 ns routing)
+        m_cais = Signal()
+        m.d.sync += m_cais.eq(FrameHeader(a_meta.hdr).is_cais)
         a_seq = FrameHeader(a_meta.hdr).seq_num
         m.d.sync += m_read_slot.eq(_slot_of(rules.picked.base, a_seq, rules.picked_quota))
         m.d.comb += self.read_slot.eq(m_read_slot)
@@ -193,7 +198,7 @@ class RuleLookup(wiring.Component):
         ]
         m.d.comb += macs.pick.eq(m_mac)
         spoofed = (lowest_one(hits_of_parts(m_src, E), E) & ~m_own).any()
-        self._b2(m, m_valid, m_port, m_me, m_meta, m_hit, m_rule, m_quota, m_entry, macs, spoofed)
+        self._b2(m, m_valid, m_port, m_me, m_meta, m_cais, m_hit, m_rule, m_quota, m_entry, macs, spoofed)
         b = self.o
         m.d.comb += [
             self.stateful.eq((a_valid & a_sf) | m_sf | (b.valid & ~b.payload.l2 & (b.payload.action == Action.AGGREGATE))),
@@ -201,7 +206,7 @@ class RuleLookup(wiring.Component):
         ]
         return m
 
-    def _b2(self, m, m_valid, m_port, m_me, m_meta, m_hit, rule, m_quota, m_entry, macs, spoofed):
+    def _b2(self, m, m_valid, m_port, m_me, m_meta, m_cais, m_hit, rule, m_quota, m_entry, macs, spoofed):
         """B2: slot and set, the source binding and the stateless checks, registered and shown on ``o``."""
         prm = self.params
         P, B = prm.ports, prm.beat_bytes
@@ -243,7 +248,7 @@ class RuleLookup(wiring.Component):
         # limit was that chain into the mask's reset).
         m.d.comb += s_mask.eq(dests & ~m_me)
         # (a spoofed source is dropped in S0 whatever is decided here: b_spoofed)
-        with m.If(~hdr.is_cais):
+        with m.If(~m_cais):
             m.d.comb += s_action.eq(Action.FORWARD)       # (its ports are found in S0)
         with m.Elif(~m_hit):
             m.d.comb += drop(DropReason.NO_RULE)
@@ -258,7 +263,7 @@ class RuleLookup(wiring.Component):
 
         m.d.sync += [
             b_valid.eq(m_valid), b_action.eq(s_action), b_reason.eq(s_reason), b_mask.eq(s_mask), b_slot.eq(slot),
-            b_l2.eq(~hdr.is_cais), b_spoofed.eq(spoofed), b_group.eq(hdr.dst_is_group),
+            b_l2.eq(~m_cais), b_spoofed.eq(spoofed), b_group.eq(hdr.dst_is_group),
             b_strict.eq((hdr.ethertype == proto.HOST_ETHERTYPE)
                         & field_bits(self.program.mac_policy, self.regmap["MAC_POLICY"].field("host_strict"))), b_mac_hit.eq(macs.hit), b_mac_mask.eq(macs.port_mask),
             b_c.port.eq(m_port), b_c.me.eq(m_me), b_c.set.eq(seq.bit_select(rule.count_log2, 1)),
