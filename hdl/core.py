@@ -65,6 +65,9 @@ class SwitchCore(wiring.Component):
         One pulse per frame decided, for the counters; the number of non-empty sets.
     busy : Out(1)
         A frame is queued or in flight anywhere in the core (not the slot-state sweep after reset).
+    busy_parts : Out(3 * ports + 8)
+        ``busy`` is their OR: each says a frame is in one block (the register bank registers them as they
+        are and ORs them after, :class:`~cais.hdl.control.csr.RegisterBank`'s ``level_any``).
     uplink : In(32); ev_partial_sent : Out(1); ev_partial_resent : Out(1)
         Only with ``params.uplink`` (docs/protocol.md section 13): the UPLINK register's word; a partial sent
         to the parent switch, sent again.
@@ -84,7 +87,7 @@ class SwitchCore(wiring.Component):
             "ev_drop": Out(1), "ev_drop_reason": Out(DropReason), "ev_forwarded": Out(1), "ev_contribution": Out(1),
             "ev_duplicate": Out(1), "ev_completed": Out(1), "ev_resent": Out(1),
             "slots_in_use": Out(32),
-            "busy": Out(1),
+            "busy": Out(1), "busy_parts": Out(3 * P + 8),
             **({"uplink": In(32), "ev_partial_sent": Out(1), "ev_partial_resent": Out(1)} if params.uplink else {}),
         })
         # Created here so tests can inspect them.
@@ -158,5 +161,7 @@ class SwitchCore(wiring.Component):
             m.d.comb += xbar.freed[p].eq(self.e_freed[p])
             wiring.connect(m, fanout.queues[p], wiring.flipped(self.results[p]))
             m.d.comb += fanout.freed[p].eq(self.r_freed[p])
-        m.d.comb += self.busy.eq(Cat(*busy).any() | Cat(*(h.valid for h in self.headers)).any())
+        busy += [h.valid for h in self.headers]
+        assert len(busy) == len(self.busy_parts), "busy_parts' width is the count of the parts"
+        m.d.comb += [self.busy_parts.eq(Cat(*busy)), self.busy.eq(self.busy_parts.any())]
         return m

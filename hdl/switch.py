@@ -61,18 +61,21 @@ class Switch(wiring.Component):
         P = self.params
 
         m.submodules.axil = axil = AXI4LiteToCSR(AXIL_ADDR_WIDTH)
-        m.submodules.regs = regs = RegisterBank(self.regmap, addr_width=AXIL_ADDR_WIDTH)
+        m.submodules.core = core = self.core
+        # BUSY: the core's parts and every port's ingress and egress, registered as they are in the bank
+        busy_parts = len(core.busy_parts) + 2 * P.ports
+        m.submodules.regs = regs = RegisterBank(self.regmap, addr_width=AXIL_ADDR_WIDTH,
+                                                level_any={"BUSY": busy_parts})
         connect(m, wiring.flipped(self.s_axil), axil.axil)
         connect(m, axil.csr, regs.csr)
 
-        m.submodules.core = core = self.core
         m.d.comb += [
             # the bank's members of the table registers, by the names both derive from the register map
             *(getattr(core.program, name).eq(getattr(regs, name)) for name in core.program.signature.members),
             core.switch_mac.eq(Cat(regs.switch_mac_lo, regs.switch_mac_hi[:16])),
             regs.slots_in_use_value.eq(core.slots_in_use),
         ]
-        busy = [core.busy]
+        busy = [core.busy_parts]
 
         # Core events -> counters. Drops come from every ingress port and from the core, so a reason's
         # counter may advance by several in one cycle. Every event comes from a register and the bank
@@ -125,5 +128,5 @@ class Switch(wiring.Component):
 
         for r, events in drops.items():
             m.d.comb += getattr(regs, f"drop_{r.name.lower()}_inc").eq(sum(events))
-        m.d.comb += [self.busy.eq(Cat(*busy).any()), regs.busy_value.eq(self.busy)]
+        m.d.comb += [regs.busy_value.eq(Cat(*busy)), self.busy.eq(regs.busy_value.any())]
         return m

@@ -388,10 +388,17 @@ class RegisterBank(wiring.Component):
         One per ``COUNTER`` register (e.g. ``drop_runt_inc``); an array for register arrays
         (``rx_bytes_inc[p]``).
     <name>_value : In(32)
-        One per ``LEVEL`` register (e.g. ``slots_in_use_value``).
+        One per ``LEVEL`` register (e.g. ``slots_in_use_value``); ``In(n)`` for a register named in
+        ``level_any``.
+
+    ``level_any`` maps a one-element ``LEVEL`` register's name to ``n``: its value is the OR of ``n`` bits
+    (``BUSY``: whether any block of the switch holds a frame), registered as they are and ORed after the
+    register, so that no OR across the die is in front of a flip-flop; a read still returns the OR of the
+    strobe's cycle.
     """
 
-    def __init__(self, regmap: RegisterMap, counter_inc_width: int = 8, addr_width: int | None = None):
+    def __init__(self, regmap: RegisterMap, counter_inc_width: int = 8, addr_width: int | None = None,
+                 level_any: dict[str, int] | None = None):
         if not isinstance(counter_inc_width, int) or not 1 <= counter_inc_width <= 32:
             raise ValueError(f"counter_inc_width must be between 1 and 32, not {counter_inc_width!r}")
         need = csr_addr_width(regmap)
@@ -400,6 +407,12 @@ class RegisterBank(wiring.Component):
         if addr_width < need:
             raise ValueError(f"addr_width={addr_width} cannot reach the map's {regmap.size} bytes")
         self._regmap = regmap
+        self._level_any = dict(level_any or {})
+        for name, n in self._level_any.items():
+            reg = regmap[name]
+            if reg.kind is not Kind.LEVEL or reg.count != 1 or not isinstance(n, int) or n < 1:
+                raise ValueError(f"level_any: {name} must be a one-element LEVEL register with n >= 1 bits, "
+                                 f"not {reg.kind.name} x {reg.count} with {n!r}")
         self._counter_inc_width = counter_inc_width
         self._addr_width = addr_width
 
@@ -436,7 +449,7 @@ class RegisterBank(wiring.Component):
             elif reg.kind is Kind.COUNTER:
                 add(f"{base}_inc", In(counter_inc_width), reg.count)
             elif reg.kind is Kind.LEVEL:
-                add(f"{base}_value", In(32), reg.count)
+                add(f"{base}_value", In(self._level_any.get(reg.name, 32)), reg.count)
             elif reg.kind is Kind.CONST:
                 pass
             else:  # pragma: no cover
@@ -518,10 +531,12 @@ class RegisterBank(wiring.Component):
         for word, (reg, i) in sorted(self._decode.items()):
             value = read_value.get((reg.name, i), 0)
             if reg.kind is Kind.LEVEL and reg.access is not Access.WO:
-                sample = Signal(32, name=f"read_{reg.name.lower()}_{i}")
+                any_of = reg.name in self._level_any
+                raw = self._element(f"{reg.name.lower()}_value", i, reg.count) if any_of else value
+                sample = Signal(len(raw), name=f"read_{reg.name.lower()}_{i}")
                 hit = Signal(name=f"read_{reg.name.lower()}_{i}_hit")
-                m.d.sync += [sample.eq(value), hit.eq(word_addr == word)]
-                partials.append(Mux(hit, sample, 0))
+                m.d.sync += [sample.eq(raw), hit.eq(word_addr == word)]
+                partials.append(Mux(hit, sample.any() if any_of else sample, 0))
             else:
                 groups.setdefault(word >> gbits, {})[word & (READ_GROUP - 1)] = value
         for g, words in sorted(groups.items()):

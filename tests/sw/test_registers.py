@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """The register map, its documentation, and the AXI4-Lite register bank (amaranth.sim).
 
 The simulation tests drive the AXI4-Lite signals of AXI4LiteToCSR + RegisterBank by hand, one clock
@@ -168,9 +169,9 @@ class BankWithBridge(wiring.Component):
     """The register bank behind its AXI4-Lite bridge; the bank's switch-side ports are reached as
     ``dut.bank.<member>``."""
 
-    def __init__(self, rmap=MAP, counter_inc_width=8):
+    def __init__(self, rmap=MAP, counter_inc_width=8, **kw):
         self.rmap = rmap
-        self.bank = RegisterBank(rmap, counter_inc_width)
+        self.bank = RegisterBank(rmap, counter_inc_width, **kw)
         self.bridge = AXI4LiteToCSR(self.bank.addr_width)
         super().__init__({"axil": In(AXI4LiteSignature(self.bank.addr_width))})
 
@@ -500,6 +501,28 @@ def test_level_reads_live_value():
         assert await write(ctx, dut, MAP["SLOTS_IN_USE"].offset, 5) == AxiResp.OKAY
         assert await regs.read("SLOTS_IN_USE") == 17
     simulate(dut, tb)
+
+
+def test_level_any_reads_the_or_of_its_parts():
+    """BUSY given as 5 parts (level_any): a read returns 1 when any part is set, whichever it is, and 0 when
+    none is; the member is 5 bits wide. A register that is not a one-element LEVEL is refused."""
+    dut = BankWithBridge(level_any={"BUSY": 5})
+    assert dut.bank.signature.members["busy_value"] == In(5)
+
+    async def tb(ctx):
+        regs = RegisterFile(SimBus(ctx, dut), MAP)
+        assert await regs.read("BUSY") == 0
+        for part in range(5):
+            ctx.set(dut.bank.busy_value, 1 << part)
+            assert await regs.read("BUSY") == 1, part
+        ctx.set(dut.bank.busy_value, 0b10110)
+        assert await regs.read("BUSY") == 1
+        ctx.set(dut.bank.busy_value, 0)
+        assert await regs.read("BUSY") == 0
+    simulate(dut, tb)
+    for bad in ({"SWITCH_MAC_LO": 3}, {"BUSY": 0}, {"RX_BYTES": 2}):
+        with pytest.raises(ValueError, match="level_any"):
+            RegisterBank(MAP, level_any=bad)
 
 
 def test_read_only_writes_ignored():
