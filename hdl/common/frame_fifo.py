@@ -139,8 +139,8 @@ class FrameFifo(wiring.Component):
             return m
 
         # The read side: the RAM reads at rp in every cycle (its enables are constants, so no handshake
-        # reaches the block's pins); a read that fetches a committed beat lands, READ_LATENCY cycles later,
-        # in the output register inside the RAM block and then in the skid, a small FIFO of flip-flops
+        # reaches the block's pins); a read that fetches a committed beat is in the RAM block's output
+        # register mem.read_latency cycles later, then in the skid, a small FIFO of flip-flops
         # whose head is r_data. A fetch takes a credit (a skid entry kept for it) and the reader's pop gives
         # it back, so every fetched beat finds its entry and the reader's ready drives only the skid's head
         # pointer and the credits.

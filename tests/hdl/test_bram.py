@@ -243,3 +243,32 @@ def test_ecp5_registered_write_has_each_blocks_own_flip_flops(tmp_path, width, d
         conn = mine["cells"][name]["connections"]
         assert conn["WEA"][0] not in names, "the write enable reaches a block without its flip-flop"
         assert not any(conn[f"DIA{i}"][0] in names for i in range(18) if f"DIA{i}" in conn)
+
+
+@pytest.mark.pnr
+def test_ecp5_frame_fifo_reads_without_a_handshake_on_the_block_pins(tmp_path):
+    """A FrameFifo with a registered output on ECP5: its DP16KD blocks have their output register on, their
+    read and output-register enables (CEB, OCEB) are tied high (no reader's ready reaches a block's pin,
+    7f8ad48's limit), and every data-out bit goes straight into flip-flops (the skid's entries), no LUT
+    behind the block."""
+    from cais.hdl.common.frame_fifo import FrameFifo
+
+    width, depth = 73, 512
+    mod = _synth_json(FrameFifo(width, depth, registered_output=True), tmp_path, "fifo")
+    cells = mod["cells"].values()
+    rams = [c for c in cells if c["type"] == "DP16KD"]
+    assert len(rams) == -(-width // dp16kd_mode(width, depth)[0])
+    sinks = {}                                   # net bit -> the (cell type, pin) it reaches
+    for c in cells:
+        for pin, bits in c["connections"].items():
+            if c["port_directions"].get(pin) == "input":
+                for b in bits:
+                    sinks.setdefault(b, []).append((c["type"], pin))
+    for ram in rams:
+        assert ram["parameters"]["REGMODE_B"] == "OUTREG"
+        conn = ram["connections"]
+        assert conn["CEB"] == ["1"] and conn["OCEB"] == ["1"], (conn["CEB"], conn["OCEB"])
+        for pin, bits in conn.items():
+            if pin.startswith("DOB") and bits[0] in sinks:
+                assert {t for t, _ in sinks[bits[0]]} == {"TRELLIS_FF"}, (pin, sinks[bits[0]])
+                assert {p for _, p in sinks[bits[0]]} == {"DI"}, (pin, sinks[bits[0]])
