@@ -121,7 +121,7 @@ class SlotALU(wiring.Component):
         if not self.float_units:
             self._integer_only(m, s)
         else:
-            self._float_operands(m, s)
+            self._float_operands(m, s, platform)
             self._float_lanes(m, s)
             self._narrow_and_pack(m, s)
         return m
@@ -142,7 +142,7 @@ class SlotALU(wiring.Component):
         was the accumulator register into an int8 compare, 5.5 ns on its first net). Returns the
         namespace the other stages share."""
         reg = functools.partial(self._reg, m)
-        s = SimpleNamespace(platform=platform)
+        s = SimpleNamespace()
         W = self.data_width
         s.granule, s.row = reg(self.granule, "in_granule"), reg(self.row, "in_row")
         s.dtype, s.op = reg(self.dtype, "in_dtype"), reg(self.op, "in_op")
@@ -182,7 +182,7 @@ class SlotALU(wiring.Component):
         ]
         m.d.comb += self.result.eq(result)
 
-    def _float_operands(self, m, s):
+    def _float_operands(self, m, s, platform):
         """Stages 1 and 2: the widening's classification and leading-zero count (FloatWiden's register
         rank), the integer ALU's sums and compares (ReduceALU's), then every lane's float32 operands, the
         integer result and the controls, registered (``s.operands``, ``s.r_*``)."""
@@ -244,8 +244,8 @@ class SlotALU(wiring.Component):
             # float switch's limit at 88.98 MHz: 30 logic steps, 2.88 ns logic + 7.84 ns routing; a store-only
             # stage has no max/min)
             s.mm_operands.append(s.operands[-1] if self.store_only else
-                                 (register_copy(m, a_in, f"lane{i}_mm_in_a", s.platform),
-                                  register_copy(m, b_in, f"lane{i}_mm_in_b", s.platform)))
+                                 (register_copy(m, a_in, f"lane{i}_mm_in_a", platform),
+                                  register_copy(m, b_in, f"lane{i}_mm_in_b", platform)))
         s.r_wire = reg(Mux(store_1, row_1, int_alu.result), "wire")
         s.r_valid = reg(s.valid, "valid", reset_less=False, cycles=2)
         s.r_store, s.r_fix_tie = reg(store, "store", cycles=2), reg(fix_tie, "fix_tie", cycles=2)

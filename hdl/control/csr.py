@@ -497,7 +497,9 @@ class RegisterBank(wiring.Component):
                 else:  # LEVEL
                     value = self._element(f"{base}_value", i, reg.count)
                 if reg.access is not Access.WO:
-                    read_value[(reg.name, i)] = value if mask == 0xFFFF_FFFF else value & mask
+                    # (a level_any register's parts are kept whole: the read ORs them after the register)
+                    whole = mask == 0xFFFF_FFFF or reg.name in self._level_any
+                    read_value[(reg.name, i)] = value if whole else value & mask
 
         for count, inc in counters:
             # the increment registered first: whatever sums the events feeding it ends at a flip-flop
@@ -531,12 +533,10 @@ class RegisterBank(wiring.Component):
         for word, (reg, i) in sorted(self._decode.items()):
             value = read_value.get((reg.name, i), 0)
             if reg.kind is Kind.LEVEL and reg.access is not Access.WO:
-                any_of = reg.name in self._level_any
-                raw = self._element(f"{reg.name.lower()}_value", i, reg.count) if any_of else value
-                sample = Signal(len(raw), name=f"read_{reg.name.lower()}_{i}")
+                sample = Signal(len(value), name=f"read_{reg.name.lower()}_{i}")
                 hit = Signal(name=f"read_{reg.name.lower()}_{i}_hit")
-                m.d.sync += [sample.eq(raw), hit.eq(word_addr == word)]
-                partials.append(Mux(hit, sample.any() if any_of else sample, 0))
+                m.d.sync += [sample.eq(value), hit.eq(word_addr == word)]
+                partials.append(Mux(hit, sample.any() if reg.name in self._level_any else sample, 0))
             else:
                 groups.setdefault(word >> gbits, {})[word & (READ_GROUP - 1)] = value
         for g, words in sorted(groups.items()):

@@ -264,6 +264,7 @@ def test_ecp5_frame_fifo_reads_without_a_handshake_on_the_block_pins(tmp_path):
             if c["port_directions"].get(pin) == "input":
                 for b in bits:
                     sinks.setdefault(b, []).append((c["type"], pin))
+    read_bits = 0
     for ram in rams:
         assert ram["parameters"]["REGMODE_B"] == "OUTREG"
         conn = ram["connections"]
@@ -272,3 +273,5 @@ def test_ecp5_frame_fifo_reads_without_a_handshake_on_the_block_pins(tmp_path):
             if pin.startswith("DOB") and bits[0] in sinks:
                 assert {t for t, _ in sinks[bits[0]]} == {"TRELLIS_FF"}, (pin, sinks[bits[0]])
                 assert {p for _, p in sinks[bits[0]]} == {"DI"}, (pin, sinks[bits[0]])
+                read_bits += 1
+    assert read_bits == width, "every bit of a beat is read out of the blocks"
