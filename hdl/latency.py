@@ -53,9 +53,10 @@ FRAME_GRANT = 3
 #: [FrameFifo.latency with ``registered_output``] A beat written and committed in cycle t is at the head in
 #: t + 4: the write, the block RAM's read, its output register, the skid (a flip-flop FIFO).
 FRAME_FIFO = 4
-#: [EgressPort.latency] A beat from the crossbar or the fanout to ``m_axis``: its egress FIFO or result
-#: queue (a FrameFifo with a registered output); the merge adds none when the port is free.
-EGRESS_PORT = FRAME_FIFO
+#: [EgressPort.latency] A beat from the crossbar or the fanout to ``m_axis``: the port's input register,
+#: then its egress FIFO or result queue (a FrameFifo with a registered output); the merge adds none when
+#: the port is free.
+EGRESS_PORT = 1 + FRAME_FIFO
 #: [JobQueue.latency] The last frame a job waits for shows ``finished`` in t: the job is offered in t + 2
 #: (the queue's input register, then ``o.valid``).
 JOB_QUEUE = 2
@@ -97,7 +98,7 @@ def forward_terms() -> list[tuple[str, int]]:
         ("decision: slot state (S0, S1, S2, U, V)", SLOT_STATE),
         ("lane: the request to the crossbar", LANE_REQUEST),
         ("crossbar: grant, first beat, output register", FRAME_GRANT),
-        ("egress port: the egress FIFO's write, read and output register", EGRESS_PORT),
+        ("egress port: the input register, the egress FIFO's write, read and output register", EGRESS_PORT),
     ]
 
 
@@ -124,7 +125,7 @@ def result_terms() -> list[tuple[str, int]]:
         ("row queue: written, counted in rows_held a cycle before its head shows", FRAME_FIFO - 1),
         ("result generator: the request", RESULT_REQUEST),
         ("result fanout: grant, first beat, output register", FRAME_GRANT),
-        ("egress port: the result queue's write, read and output register", EGRESS_PORT),
+        ("egress port: the input register, the result queue's write, read and output register", EGRESS_PORT),
     ]
 
 

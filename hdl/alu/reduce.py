@@ -6,6 +6,8 @@ from amaranth.lib.wiring import In, Out
 
 from cais import protocol as proto
 
+from ..common.pipeline import register_copy
+
 __all__ = ["ReduceALU", "byteswap", "INTEGER_TYPES", "PIECE_BITS"]
 
 # Integer element types and their widths in bytes, from the protocol's one definition.
@@ -21,6 +23,13 @@ PIECE_BITS = 8
 def byteswap(value, nbytes: int):
     """Reverse the bytes of ``value``: the wire is big-endian, AXI4-Stream puts byte 0 in the low bits."""
     return Cat(*(value[8 * i:8 * i + 8] for i in reversed(range(nbytes))))
+
+
+def _or_all(values):
+    """The OR of ``values``, as a balanced tree."""
+    while len(values) > 1:
+        values = [values[i] | values[i + 1] if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
+    return values[0]
 
 
 class ReduceALU(wiring.Component):
@@ -77,15 +86,24 @@ class ReduceALU(wiring.Component):
                 m.d.comb += s.eq(value)
             return s
 
-        op, sat, dtype = cut(self.op, "op_r"), cut(self.saturate, "saturate_r"), cut(self.dtype, "dtype_r")
+        # The controls, decoded before the rank: a copy per 32-bit group of the beat (register_copy), beside
+        # that group's lanes, not one register fanned out over a row the fold chain spreads across the die
+        # (the float switch's limit at 82.5 MHz: a fold stage's dtype register, then 4.9 + 2.8 ns of routing
+        # into its lanes' result selects).
+        types = list(INTEGER_TYPES)
+        ctl = Cat(*(self.dtype == dt for dt in types), self.op == proto.ReduceOp.MAX,
+                  self.op == proto.ReduceOp.MIN, self.saturate)
+        groups = [register_copy(m, ctl, f"ctl{g}", platform) if self.stages else ctl
+                  for g in range(-(-self.data_width // 32))]
         a_r, b_r = cut(self.a, "a_r"), cut(self.b, "b_r")
-        per_type = {}
-        for dt, nbytes in INTEGER_TYPES.items():
+        results = []
+        for t, (dt, nbytes) in enumerate(INTEGER_TYPES.items()):
             bits = 8 * nbytes
             lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-            out = Signal(self.data_width, name=f"{dt.name.lower()}_result")
             for lane in range(self.data_width // bits):
                 sl = slice(lane * bits, (lane + 1) * bits)
+                g = groups[lane * bits // 32]
+                is_type, is_max, is_min, sat = g[t], g[len(types)], g[len(types) + 1], g[len(types) + 2]
                 a = byteswap(self.a[sl], nbytes).as_signed()
                 b = byteswap(self.b[sl], nbytes).as_signed()
                 # Before the rank: the sum (one more bit than the type) and the order of a and b (one
@@ -96,19 +114,11 @@ class ReduceALU(wiring.Component):
                 top = total[bits - 1:bits + 1]
                 clamped = Mux(top == 0b01, Const(hi, bits), Mux(top == 0b10, Const(lo, bits), total[:bits]))
                 r = Signal(bits, name=f"{dt.name.lower()}_lane{lane}")
-                with m.Switch(op):
-                    with m.Case(proto.ReduceOp.MAX):
-                        m.d.comb += r.eq(Mux(a_gt_b, a_, b_))
-                    with m.Case(proto.ReduceOp.MIN):
-                        m.d.comb += r.eq(Mux(a_gt_b, b_, a_))
-                    with m.Default():
-                        m.d.comb += r.eq(Mux(sat, clamped, total[:bits]))
-                m.d.comb += out[sl].eq(byteswap(r, nbytes))
-            per_type[dt] = out
-        with m.Switch(dtype):
-            for dt, out in per_type.items():
-                with m.Case(dt):
-                    m.d.comb += self.result.eq(out)
+                m.d.comb += r.eq(Mux(is_max, Mux(a_gt_b, a_, b_), Mux(is_min, Mux(a_gt_b, b_, a_),
+                                                                      Mux(sat, clamped, total[:bits]))))
+                # one-hot: the lanes of the beat's type pass, every other type's are 0 (no type: 0)
+                results.append((byteswap(r, nbytes) & is_type.replicate(bits)).shift_left(sl.start))
+        m.d.comb += self.result.eq(_or_all(results)[:self.data_width])
         return m
 
     @staticmethod

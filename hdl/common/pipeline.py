@@ -26,23 +26,31 @@ def delay_line(m, value, cycles: int, name: str, *, reset_less: bool = True):
     return value
 
 
-def register_copy(m, value, name: str, platform):
+def register_copy(m, value, name: str, platform, *, enable=None):
     """``value`` registered once on ``m.d.sync`` (no reset) in flip-flops of its own, which synthesis keeps
     apart from every other register of the same value, so that each copy can be placed beside the logic it
     feeds (yosys' ``opt_merge`` folds identical registers into one, whatever their names or ``keep``
-    attributes). For an ECP5 target (:func:`cais.hdl.common.bram.ecp5_target`) the copy is ``TRELLIS_FF``
-    instances, which it does not merge; elsewhere (simulation, Verilator) a plain register, which behaves
-    the same: a fabric flip-flop without reset powers up 0, as the register starts."""
+    attributes, and ``memory_dff`` folds a register behind a memory's read into the memory). For an ECP5
+    target (:func:`cais.hdl.common.bram.ecp5_target`) the copy is ``TRELLIS_FF`` instances, which it does
+    not merge; elsewhere (simulation, Verilator) a plain register, which behaves the same: a fabric
+    flip-flop without reset powers up 0, as the register starts. With ``enable`` the copy loads only in the
+    cycles ``enable`` is high (the flip-flops' clock enable) and holds otherwise."""
     from .bram import ecp5_target
 
-    if not ecp5_target(platform):
-        return delay_line(m, value, 1, name)
     value = Value.cast(value)
+    if not ecp5_target(platform):
+        if enable is None:
+            return delay_line(m, value, 1, name)
+        q = Signal(len(value), name=name, reset_less=True)
+        with m.If(enable):
+            m.d.sync += q.eq(value)
+        return q
     q = Signal(len(value), name=name, reset_less=True)
+    ce, cemux = (Const(1, 1), "1") if enable is None else (enable, "CE")
     for i in range(len(value)):
         m.submodules[f"{name}_ff{i}"] = Instance(
-            "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX="1", p_CLKMUX="CLK", p_LSRMUX="LSR", p_REGSET="RESET",
-            p_SRMODE="LSR_OVER_CE", i_CLK=ClockSignal(), i_LSR=Const(0, 1), i_CE=Const(1, 1), i_DI=value[i],
+            "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX=cemux, p_CLKMUX="CLK", p_LSRMUX="LSR", p_REGSET="RESET",
+            p_SRMODE="LSR_OVER_CE", i_CLK=ClockSignal(), i_LSR=Const(0, 1), i_CE=ce, i_DI=value[i],
             o_Q=q[i])
     return q
 

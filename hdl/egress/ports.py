@@ -17,6 +17,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..common.axis import AxisSignature
 from ..common.frame_fifo import FrameFifo
+from ..common.pipeline import delay_line
 from ..latency import EGRESS_PORT, FRAME_GRANT
 from ..parser.ingress import popcount
 
@@ -351,7 +352,8 @@ class EgressPort(wiring.Component):
     cycle later, from a register (``fwd_freed``, ``res_freed``). Both FIFOs' outputs are registered (2
     cycles more than the RAM's read-ahead): the whole switch measured 5.2 ns of routing from the RAM's slow
     output into the tx counters' register without it; the merge adds one 2-to-1 choice after those
-    registers, with a registered owner.
+    registers, with a registered owner. Both inputs are registered before their FIFOs, beside them (the
+    crossbar and the fanout are elsewhere on the die).
 
     Members
     -------
@@ -368,10 +370,11 @@ class EgressPort(wiring.Component):
         bits) of the beat sent in the previous cycle. Registered first: ``tready`` comes from outside, too
         late in the cycle for a count and an adder behind it.
     busy : Out(1)
-        A beat is held in the egress FIFO or the result queue.
+        A beat is held in an input register, the egress FIFO or the result queue.
 
-    ``latency`` (:data:`cais.hdl.latency.EGRESS_PORT`, 3): a beat on ``fwd`` or ``res`` in cycle t is on
-    ``m_axis`` from t + 3 when the port is free (the FIFO's :attr:`FrameFifo.latency`; the merge adds none).
+    ``latency`` (:data:`cais.hdl.latency.EGRESS_PORT`, 5): a beat on ``fwd`` or ``res`` in cycle t is on
+    ``m_axis`` from t + 5 when the port is free (the input register, then the FIFO's
+    :attr:`FrameFifo.latency`; the merge adds none).
     """
 
     latency = EGRESS_PORT
@@ -395,13 +398,20 @@ class EgressPort(wiring.Component):
         m.submodules.egress = fifo = FrameFifo(width, self.fifo_depth, registered_output=True)
         m.submodules.results = rq = FrameFifo(width, self.queue_depth, registered_output=True)
         m.submodules.merge = merge = EgressMerge(W)
-        for q, src in ((fifo, self.fwd), (rq, self.res)):
-            m.d.comb += [q.w_data.eq(src.payload), q.w_en.eq(src.valid), q.commit.eq(src.valid)]
+        # Each input is registered first, beside its queue: the crossbar and the fanout sit elsewhere on
+        # the die, and a beat's valid drives the queue's pointers and level (the whole switch measured
+        # 3.8 ns of routing from the fanout's valid into a result queue's w_rdy, then 2.5 ns more).
+        held_in = []
+        for q, src, name in ((fifo, self.fwd, "fwd"), (rq, self.res, "res")):
+            valid = delay_line(m, src.valid, 1, f"{name}_in_valid", reset_less=False)
+            payload = delay_line(m, src.payload, 1, f"{name}_in_payload")
+            m.d.comb += [q.w_data.eq(payload), q.w_en.eq(valid), q.commit.eq(valid)]
+            held_in.append(valid)
         m.d.comb += [
             merge.fwd.payload.eq(fifo.r_data), merge.fwd.valid.eq(fifo.r_valid), fifo.r_ready.eq(merge.fwd.ready),
             merge.res.payload.eq(rq.r_data), merge.res.valid.eq(rq.r_valid), rq.r_ready.eq(merge.res.ready),
         ]
-        m.d.comb += self.busy.eq(fifo.held | rq.held)
+        m.d.comb += self.busy.eq(fifo.held | rq.held | Cat(*held_in).any())
         out = self.m_axis
         m.d.comb += [
             Cat(out.tdata, out.tkeep, out.tlast).eq(merge.o.payload),

@@ -272,8 +272,8 @@ class HeaderQueue(wiring.Component):
     so the verdict drives a few pointer bits, not the write enable of every LUT-RAM cell (the whole
     switch measured 11.4 ns of routing from the verdict into a FIFO's level that way). The caller
     guarantees room: at most ``depth - 1`` entries are queued when it writes. Read side as
-    ``SyncFIFOBuffered``'s: an entry committed in cycle ``t`` is at the head (``r_valid``, a register;
-    ``r_data``, the memory read at a register, the head's address) in cycle ``t + 2``.
+    ``SyncFIFOBuffered``'s: an entry committed in cycle ``t`` is at the head (``r_valid`` and ``r_data``,
+    registers) in cycle ``t + 2``.
 
     ``latency`` (:data:`cais.hdl.latency.HEADER_QUEUE`, 2): committed in cycle t, at the head in t + 2.
 
@@ -304,18 +304,20 @@ class HeaderQueue(wiring.Component):
         m.d.comb += [wr.addr.eq(wp[:abits]), wr.data.eq(self.w_data), wr.en.eq(self.w_en)]
         with m.If(self.w_en & self.commit):
             m.d.sync += wp.eq(wp + 1)
-        # The head takes the next entry when it is empty or being read.
+        # The head takes the next entry when it is empty or being read: the LUT RAM is read at rp
+        # (combinationally) into a data register of its own, loaded by the fetch. A read register yosys
+        # infers moves to the address side instead (merged with rp, or a copy of rp - 1), so the LUT RAM
+        # read and the header's consumer shared a cycle across the die (the header's MAC compare:
+        # 4.4-4.9 ns from the head address to the LUT RAM, then the compare, 98.6 MHz); the TRELLIS_FF copy
+        # stays a register behind the read, beside its consumer.
         fetch = (rp != wp) & (~out_valid | self.r_en)
         with m.If(fetch):
             m.d.sync += [rp.eq(rp + 1), out_valid.eq(1)]
         with m.Elif(self.r_en):
             m.d.sync += out_valid.eq(0)
-        # The head's address (rp - 1 after the fetch) is a register of its own, not rp: a synchronous read
-        # port became one register for both (yosys moves the read's data register to the address side
-        # and merges it with rp), placed by the LUT RAM's cells, so the fetch's compare and its enable made
-        # a round trip across the die (the float switch's limit, 81.8 MHz: 1.00 ns logic, 11.22 ns routing).
-        head = register_copy(m, Mux(fetch, rp, rp - 1)[:abits], "head", platform)
-        m.d.comb += [rd.addr.eq(head), self.r_data.eq(rd.data), self.r_valid.eq(out_valid)]
+        m.d.comb += rd.addr.eq(rp[:abits])
+        head = register_copy(m, rd.data, "head", platform, enable=fetch)
+        m.d.comb += [self.r_data.eq(head), self.r_valid.eq(out_valid)]
         return m
 
 

