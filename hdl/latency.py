@@ -27,8 +27,8 @@ __all__ = ["INGRESS_DECIDE", "HEADER_QUEUE", "INGRESS_HEADER", "ARBITER", "RULE_
 #: [IngressPort.DECIDE_DELAY] A frame's last beat (cycle 0) to its commit and its header written into the
 #: header queue: the beat's facts registered (0), the checks registered (1), the verdict (2).
 INGRESS_DECIDE = 2
-#: [HeaderQueue.latency] An entry committed in cycle t is at the head in t + 2: the block RAM's read, the
-#: head register.
+#: [HeaderQueue.latency] An entry committed in cycle t is at the head in t + 2: the LUT RAM's write and
+#: pointer, then the head's data register loaded from the RAM's read.
 HEADER_QUEUE = 2
 #: [IngressPort.header_latency] A good frame's last beat to its header offered on ``headers``.
 INGRESS_HEADER = INGRESS_DECIDE + HEADER_QUEUE
