@@ -131,7 +131,6 @@ class IngressPort(wiring.Component):
         beat = Signal(range(P.max_frame_beats + 1))       # index of the arriving beat in its frame
         # Only state, valid bits and counter inputs are reset; the data registers (headers, beats, the
         # last beat's facts, the checks) are read only under their valid bits.
-        hdr_reg = Signal(HEADER_BITS, reset_less=True)    # header bytes of the beats so far
         bad_framing = Signal()                            # sticky within the frame
         too_long = Signal()                               # more beats than max_frame allows
         # Past max_frame the frame is certainly dropped: accept its beats without storing them.
@@ -148,22 +147,7 @@ class IngressPort(wiring.Component):
         m.d.sync += [d1_en.eq(take & ~discard), d1_data.eq(s.tdata), d2_en.eq(d1_en), d2_data.eq(d1_data)]
         m.d.comb += [fifo.w_data.eq(d2_data), fifo.w_en.eq(d2_en)]
 
-        # The header's beats are stored a cycle late, from d1_data, under an enable that is a flip-flop per
-        # header beat: the take (tvalid, from outside, and tready) and the beat's position drive one
-        # register, not the clock enables of the whole header register across the die (the whole switch
-        # measured 1.83 + 3.54 + 2.70 ns of routing from tready through the take into hdr_reg's enables).
-        # ``hdr_now`` is the header as of the last beat taken: a header beat taken in the last cycle comes
-        # from d1_data, the rest from hdr_reg; cycle 1 reads it.
-        hdr_now = []
-        for k in range((proto.HEADERS_BYTES + B - 1) // B):
-            lanes = min(B, proto.HEADERS_BYTES - k * B)
-            part = hdr_reg[8 * k * B:8 * (k * B + lanes)]
-            stored = Signal(name=f"hdr_beat{k}_d1")
-            m.d.sync += stored.eq(take & (beat == k))
-            with m.If(stored):
-                m.d.sync += part.eq(d1_data[:8 * lanes])
-            hdr_now.append(Mux(stored, d1_data[:8 * lanes], part))
-        hdr_now = Cat(*hdr_now)
+        hdr_now = self._header(m, take, beat, d1_data)
 
         # rx increments: the accepted tkeep registered, then counted
         rx_keep, rx_last = Signal(B), Signal()
@@ -274,6 +258,26 @@ class IngressPort(wiring.Component):
         ]
         return m
 
+    def _header(self, m, take, beat, d1_data):
+        """The header as of the last beat taken (read in cycle 1): ``hdr_reg`` holds the header's beats
+        taken before the last cycle, ``d1_data`` the beat taken in it.
+
+        The beats are stored a cycle late, from ``d1_data``, under an enable that is a flip-flop per header
+        beat: the take (``tvalid``, from outside, and ``tready``) and the beat's position drive one register
+        each, not the clock enables of the whole header register across the die (the whole switch measured
+        1.83 + 3.54 + 2.70 ns of routing from ``tready`` through the take into ``hdr_reg``'s enables)."""
+        B = self.params.beat_bytes
+        hdr_reg = Signal(HEADER_BITS, reset_less=True)
+        parts = []
+        for k in range((proto.HEADERS_BYTES + B - 1) // B):
+            lanes = min(B, proto.HEADERS_BYTES - k * B)
+            part = hdr_reg[8 * k * B:8 * (k * B + lanes)]
+            stored = Signal(name=f"hdr_beat{k}_d1")
+            m.d.sync += stored.eq(take & (beat == k))
+            with m.If(stored):
+                m.d.sync += part.eq(d1_data[:8 * lanes])
+            parts.append(Mux(stored, d1_data[:8 * lanes], part))
+        return Cat(*parts)
 
 class HeaderQueue(wiring.Component):
     """The ingress's queue of good frames' headers: every checked frame's entry is written, only a good
