@@ -89,5 +89,11 @@ class RegisterSlice(wiring.Component):
             m.d.sync += [out_valid.eq(spare_valid | accept), spare_valid.eq(0),
                          out.eq(Mux(spare_valid, Value.cast(spare), Value.cast(self.i.payload)))]
         with m.Elif(accept):
-            m.d.sync += [spare.eq(self.i.payload), spare_valid.eq(1)]
+            m.d.sync += spare_valid.eq(1)
+        # The spare takes the input in every cycle it is empty (it is read only while spare_valid), so its
+        # clock enable is one flip-flop, not the input's valid and the output's ready (the float switch
+        # measured 4.79 + 4.97 + 3.00 ns of routing from spare_valid through the job queue's valid into the
+        # job slice's spare enables).
+        with m.If(~spare_valid):
+            m.d.sync += spare.eq(self.i.payload)
         return m
