@@ -321,18 +321,22 @@ class HeaderQueue(wiring.Component):
         with m.If(self.w_en & self.commit):
             m.d.sync += wp.eq(wp + 1)
         # The head takes the next entry when it is empty or being read: the LUT RAM is read at rp
-        # (combinationally) into a data register of its own, loaded by the fetch. A read register yosys
+        # (combinationally) into a data register of its own. A read register yosys
         # infers moves to the address side instead (merged with rp, or a copy of rp - 1), so the LUT RAM
         # read and the header's consumer shared a cycle across the die (the header's MAC compare:
         # 4.4-4.9 ns from the head address to the LUT RAM, then the compare, 98.6 MHz); the TRELLIS_FF copy
         # stays a register behind the read, beside its consumer.
-        fetch = (rp != wp) & (~out_valid | self.r_en)
+        # The register loads whenever the head is free, whether or not an entry is there (it is read only
+        # under r_valid): its clock enable is the reader's take and out_valid, both beside it, not the
+        # pointers' compare as well.
+        free = ~out_valid | self.r_en
+        fetch = (rp != wp) & free
         with m.If(fetch):
             m.d.sync += [rp.eq(rp + 1), out_valid.eq(1)]
         with m.Elif(self.r_en):
             m.d.sync += out_valid.eq(0)
         m.d.comb += rd.addr.eq(rp[:abits])
-        head = register_copy(m, rd.data, "head", platform, enable=fetch)
+        head = register_copy(m, rd.data, "head", platform, enable=free)
         m.d.comb += [self.r_data.eq(head), self.r_valid.eq(out_valid)]
         return m
 
