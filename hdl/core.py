@@ -7,8 +7,8 @@
     ingress beats ---> IngressLane[p] --+--> forwarded frames --> EgressCrossbar --> egress FIFOs
                                         +--> payload rows --> SramBuffer: bank[p]
                                                                |
-    JobQueue (waits for the rows) --> RegisterSlice --> FoldReader (all banks, FoldChain) --> RegisterSlice --> ResultGenerator
-        --> ResultFanout --> result queues
+    JobQueue (waits for the rows) --> RegisterSlice --> FoldReader (all banks, FoldChain) --> RegisterSlice
+        --> ResultGenerator --> ResultFanout --> result queues
 
 (each port's egress FIFO, result queue and EgressMerge of the two are an EgressPort, one per port of :class:`Switch`)
 

@@ -279,6 +279,7 @@ class IngressPort(wiring.Component):
             parts.append(Mux(stored, d1_data[:8 * lanes], part))
         return Cat(*parts)
 
+
 class HeaderQueue(wiring.Component):
     """The ingress's queue of good frames' headers: every checked frame's entry is written, only a good
     one is kept.
