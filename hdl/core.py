@@ -7,7 +7,7 @@
     ingress beats ---> IngressLane[p] --+--> forwarded frames --> EgressCrossbar --> egress FIFOs
                                         +--> payload rows --> SramBuffer: bank[p]
                                                                |
-    JobQueue (waits for the rows) --> RegisterSlice --> FoldReader (all banks, FoldChain) --> RegisterSlice
+    JobQueue (waits for the rows) --> CreditSlice --> FoldReader (all banks, FoldChain) --> RegisterSlice
         --> ResultGenerator --> ResultFanout --> result queues
 
 (each port's egress FIFO, result queue and EgressMerge of the two are an EgressPort, one per port of :class:`Switch`)
@@ -30,7 +30,7 @@ from cais.registers import RegisterMap
 from .alu.completion import FoldReader, JobQueue
 from .alu.lane import IngressLane
 from .common.enums import Action, DropReason
-from .common.pipeline import RegisterSlice
+from .common.pipeline import CreditSlice, RegisterSlice
 from .control.tables import TableProgramSignature
 from .decision import DECISION_HEADERS, Decision
 from .egress.ports import EgressCrossbar, ResultFanout, beat_layout
@@ -114,10 +114,11 @@ class SwitchCore(wiring.Component):
         busy += [dec.busy, *(lane.valid for lane in dec.lanes), dec.jobs.valid]
 
         m.submodules.jobs = jobs = JobQueue(prm)
-        # The reader's take (its start, from its own counts) drives only the slice's registers; the queue
-        # pops into the slice from two registers (its head's valid, the slice's room), so no path runs from
-        # the reader's state through every position of the queue.
-        m.submodules.job_slice = job_slice = RegisterSlice(jobs.layout)
+        # The reader's take (its start, from its own counts) drives only the slice's registers beside it; the
+        # queue pops into the slice from two registers of its own (its head's valid, the slice's credit), so
+        # no path runs from the reader's state, or from a register beside the reader, through every
+        # position of the queue.
+        m.submodules.job_slice = job_slice = CreditSlice(jobs.layout)
         m.submodules.reader = reader = FoldReader(prm)
         # The generator's take (its start, which waits for the fanout's grant) drives only this slice's
         # registers beside it, not the reader's frame queue's output register and the generator's counts
@@ -160,7 +161,7 @@ class SwitchCore(wiring.Component):
         wiring.connect(m, reader.rows, res.rows)
         m.d.comb += [res.rows_held.eq(reader.rows_held), res.switch_mac.eq(self.switch_mac)]
         wiring.connect(m, res.out, fanout.source)
-        busy += [jobs.level != 0, job_slice.o.valid, reader.busy, frame_slice.o.valid, res.busy, xbar.busy, fanout.busy]
+        busy += [jobs.level != 0, job_slice.busy, reader.busy, frame_slice.o.valid, res.busy, xbar.busy, fanout.busy]
 
         for p in range(P):
             wiring.connect(m, xbar.egress[p], wiring.flipped(self.egress[p]))

@@ -59,7 +59,8 @@ class JobQueue(wiring.Component):
     from it at the registered read pointer: one LUT-RAM read from a register). The counts sit in a shift
     register ordered by age, position 0 being the head's, so that ``o.valid`` is a register computed from
     the next counts of position 0 alone: no pointer-selected read on the path into the fold reader.
-    ``level`` is a register and counts the job in the input register too (the decision's hold reads it).
+    ``level`` is a register and counts the job in the input register too, and a popped job until the cycle
+    after its pop (the decision's hold reads it, beside the decision: only a registered pop crosses to it).
     A job pushed with all counts zero in cycle ``t``, or one whose last frame finishes in cycle ``t``, is
     ready in cycle ``t + 2`` (:attr:`latency`). Inputs to outputs: none combinational (``o.ready`` only
     enters registers).
@@ -72,7 +73,7 @@ class JobQueue(wiring.Component):
     finished[p] : In(range(3))
         Per port: frames finished this cycle (their bank writes are done).
     level : Out(range(depth + 1))
-        Jobs queued (registered).
+        Jobs queued (registered; a popped job counts one cycle longer).
     o : Out(stream.Signature(job_layout))
         The oldest job; ``o.valid`` (registered): it is queued and its frames are finished.
 
@@ -112,7 +113,10 @@ class JobQueue(wiring.Component):
         pop = self.o.ready & self.o.valid
         m.d.comb += [wr.addr.eq(wp), wr.data.eq(job), wr.en.eq(push), rd.addr.eq(rp),
                      self.o.payload.eq(rd.data), self.level.eq(level)]
-        m.d.sync += [wp.eq(wp + push), rp.eq(rp + pop), level.eq(level + self.i.valid - pop)]
+        # level counts a job until the cycle after its pop: the pop, registered, is all that crosses from
+        # the queue's head to the decision that reads level (the count only errs on the full side).
+        pop_d = delay_line(m, pop, 1, "pop", reset_less=False)
+        m.d.sync += [wp.eq(wp + push), rp.eq(rp + pop), level.eq(level + self.i.valid - pop_d)]
 
         # Position k holds the counts of the k-th oldest job; occ is the thermometer code of the level.
         # A free position's counts are never read (a job landing there writes them): no reset.

@@ -1,7 +1,7 @@
 # amaranth: UnusedElaboratable=no
 """cais.hdl.common.pipeline: register_copy, one clock edge of delay in simulation, and under an ECP5 synthesis
 flip-flops of its own that yosys keeps apart from another copy of the same value (the control: two plain
-registers of one value, which yosys merges into one); RegisterSlice against a queue."""
+registers of one value, which yosys merges into one); RegisterSlice and CreditSlice against a queue."""
 
 import random
 
@@ -10,7 +10,7 @@ from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from cais.hdl.common.pipeline import RegisterSlice, delay_line, register_copy
+from cais.hdl.common.pipeline import CreditSlice, RegisterSlice, delay_line, register_copy
 
 from blocksim import run
 from ecp5synth import port_bits, synth_json
@@ -114,18 +114,25 @@ def test_ecp5_copies_are_not_merged(tmp_path):
     assert all(plain[("y", i)] == plain[("z", i)] for i in range(WIDTH))
 
 
-# ---- RegisterSlice
+# ---- RegisterSlice, CreditSlice
 
 #: docs/core-design.md: an item accepted in cycle t is offered from t + 1 (restated: the contract under test)
 SLICE_LATENCY = 1
+#: Items a slice may hold beyond the one in its output register: RegisterSlice's spare; CreditSlice(depth=d)
+#: its queue (d).
+SLICES = {"register": (lambda: RegisterSlice(8), 1), "credit4": (lambda: CreditSlice(8), 4),
+          "credit2": (lambda: CreditSlice(8, depth=2), 2)}
 
 
+@pytest.mark.parametrize("kind", list(SLICES))
 @pytest.mark.parametrize("seed, p_valid, p_ready", [(1, 0.5, 0.5), (2, 1.0, 1.0), (3, 0.9, 0.3), (4, 0.3, 0.9)])
-def test_register_slice_against_a_queue(seed, p_valid, p_ready):
+def test_slice_against_a_queue(kind, seed, p_valid, p_ready):
     """Random valid and ready: every item comes out once, in order, never sooner than SLICE_LATENCY cycles
-    after it went in; at full valid and ready one item per cycle; and neither i.ready nor o.valid/payload
-    moves when the other side's inputs change within a cycle (they are registers)."""
-    dut = RegisterSlice(8)
+    after it went in; at full valid and ready one item per cycle; the slice holds at most its output
+    register and its spare room; and neither i.ready nor o.valid/payload moves when the other side's
+    inputs change within a cycle (they are registers)."""
+    make, room = SLICES[kind]
+    dut = make()
     assert dut.latency == SLICE_LATENCY
     rng = random.Random(seed)
     sent, received = [], []
@@ -160,6 +167,32 @@ def test_register_slice_against_a_queue(seed, p_valid, p_ready):
             await ctx.tick()
 
     run(dut, tb)
-    assert len(received) > 100 and len(sent) - len(received) <= 2
+    held = [sum(1 for t in sent if t < c) - sum(1 for t in received if t < c) for c in range(801)]
+    assert len(received) > 100 and max(held) <= 1 + room
     if p_valid == p_ready == 1.0:
-        assert len(received) >= 800 - 2, "not one item per cycle at full rate"
+        assert len(received) >= 800 - 3, "not one item per cycle at full rate"
+    if p_ready < 0.5 and p_valid > 0.5:
+        assert max(held) == 1 + room, "the slice never filled under back-pressure"
+
+
+def test_credit_slice_busy_and_depth():
+    """``busy`` is high exactly while an item is held (accepted and not yet taken); a depth that is not a
+    power of two >= 2 is refused by name."""
+    dut = CreditSlice(8, depth=2)
+    rng = random.Random(9)
+
+    async def tb(ctx):
+        held = 0
+        for cycle in range(300):
+            valid, ready = rng.random() < 0.6, rng.random() < 0.4
+            ctx.set(dut.i.valid, valid)
+            ctx.set(dut.o.ready, ready)
+            await ctx.delay(1e-10)
+            assert ctx.get(dut.busy) == (held > 0), f"cycle {cycle}: busy {ctx.get(dut.busy)} with {held} held"
+            held += (valid and ctx.get(dut.i.ready)) - (ready and ctx.get(dut.o.valid))
+            await ctx.tick()
+
+    run(dut, tb)
+    for bad in (0, 1, 3):
+        with pytest.raises(ValueError, match="depth must be a power of two"):
+            CreditSlice(8, depth=bad)
