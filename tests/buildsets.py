@@ -9,7 +9,7 @@ the suite's largest cost on a fresh clone).
   jumbo payloads of :data:`cais.params.JUMBO` (1,024 bytes: 16 rows a set), so one build serves the wide
   regression and tests/sim/test_jumbo.py's RTL checks (the lengths, banks and queues that grow with
   max_payload do not depend on the port count, the beat width or the float units).
-- ``p16_int``: the most ports, integer-only (F = ports x 3 + 1, ResultRow without rounding), 64-bit beats (16.2 MB
+- ``p16_int``: the most ports, integer-only (F = ports x 4 + 1, ResultRow without rounding), 64-bit beats (16.2 MB
   of C++ against 26.7 at 128 bits); its float frames are BAD_CODE drops, on the model too (a fold chain of 15
   float stages would double its build). 32 slots: the timing job's sweep check needs more slots than a 60-byte
   frame has beats plus the cycles before it is sent (17 at 64 bits).

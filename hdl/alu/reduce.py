@@ -39,9 +39,12 @@ class ReduceALU(wiring.Component):
     on the sequence 7 - 5 + 5 + 5 - 3 - 7.
 
     ``stages=0``: combinational. ``stages=1``: a register rank after the sums and compares (carry
-    chains; an int32's in two halves of 16 bits), before the choice of the result (the high half's sum by
-    the low half's carry, op, saturation, dtype: a few LUT levels); ``result`` is then that of the inputs
-    presented one clock edge earlier, and a new beat may enter every cycle.
+    chains, in pieces of :data:`PIECE_BITS`), before the choice of the result (the pieces' sums by their
+    carries, op, saturation, dtype: a few LUT levels); ``result`` is then that of the inputs presented one
+    clock edge earlier, and a new beat may enter every cycle. ``stages=2``: a second rank after the pieces
+    are joined (each lane's sum and order, the operands and the controls), before the saturation, the
+    choice by op and the choice by dtype (the integer switch's fold chain measured 8 LUT levels from the
+    first rank into its result register: 7.4-8.6 ns of routing on two placements).
 
     Members
     -------
@@ -58,8 +61,8 @@ class ReduceALU(wiring.Component):
     """
 
     def __init__(self, data_width: int, stages: int = 0):
-        if stages not in (0, 1):
-            raise ValueError(f"stages must be 0 or 1, not {stages}")
+        if stages not in (0, 1, 2):
+            raise ValueError(f"stages must be 0, 1 or 2, not {stages}")
         self.data_width, self.stages = data_width, stages
         super().__init__({"a": In(data_width), "b": In(data_width), "op": In(4), "dtype": In(4),
                           "saturate": In(1), "result": Out(data_width)})
@@ -71,14 +74,20 @@ class ReduceALU(wiring.Component):
     def elaborate(self, platform):
         m = Module()
 
-        def cut(value, name):
-            # the register rank (stages=1) or a wire
+        def rank(value, name, present):
+            # a register rank (present) or a wire
             s = Signal(len(value), name=name, reset_less=True)      # data: a valid bit travels beside it
-            if self.stages:
+            if present:
                 m.d.sync += s.eq(value)
             else:
                 m.d.comb += s.eq(value)
             return s
+
+        def cut(value, name):
+            return rank(value, name, self.stages >= 1)
+
+        def cut2(value, name):
+            return rank(value, name, self.stages >= 2)
 
         # The controls, decoded before the rank: a copy per 32-bit group of the beat (register_copy), beside
         # that group's lanes, not one register fanned out over a row the fold chain spreads across the die
@@ -89,7 +98,9 @@ class ReduceALU(wiring.Component):
                   self.op == proto.ReduceOp.MIN, self.saturate)
         groups = [register_copy(m, ctl, f"ctl{g}", platform) if self.stages else ctl
                   for g in range(-(-self.data_width // 32))]
-        a_r, b_r = cut(self.a, "a_r"), cut(self.b, "b_r")
+        if self.stages == 2:
+            groups = [register_copy(m, ctl_g, f"ctl{g}_2", platform) for g, ctl_g in enumerate(groups)]
+        a_r, b_r = cut2(cut(self.a, "a_r"), "a_r2"), cut2(cut(self.b, "b_r"), "b_r2")
         per_type = []
         for t, (dt, nbytes) in enumerate(INTEGER_TYPES.items()):
             bits = 8 * nbytes
@@ -103,7 +114,9 @@ class ReduceALU(wiring.Component):
                 b = byteswap(self.b[sl], nbytes).as_signed()
                 # Before the rank: the sum (one more bit than the type) and the order of a and b (one
                 # compare serves MAX and MIN: equal operands make either choice right).
-                total, a_gt_b = self._sum_and_order(m, cut, a, b, bits, f"{dt.name.lower()}_{{}}{lane}")
+                name = f"{dt.name.lower()}_{{}}{lane}"
+                total, a_gt_b = self._sum_and_order(m, cut, a, b, bits, name)
+                total, a_gt_b = cut2(total, name.format("sum_r2")), cut2(a_gt_b, name.format("gt_r2"))
                 a_, b_ = byteswap(a_r[sl], nbytes), byteswap(b_r[sl], nbytes)
                 # After it: the sum is above hi (below lo) when its two top bits read 01 (10).
                 top = total[bits - 1:bits + 1]

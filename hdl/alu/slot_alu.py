@@ -57,9 +57,10 @@ class SlotALU(wiring.Component):
     registered; the narrowing to the wire format in :data:`NARROW_STAGES` + 1 = 3 stages (the shift
     distance, the alignment, then the rounding and the packing into the output register):
     ``latency = fadd_stages + 5 + NARROW_STAGES``. No input reaches an output or the adder without
-    a register rank between. Without float units only the integer ALU is built, in three stages (the
-    inputs registered, the sums and compares registered, then the result chosen into the output register:
-    ``latency = 3``), and float dtypes give don't-care results.
+    a register rank between. Without float units only the integer ALU is built, in four stages (the
+    inputs registered, the sums and compares registered, each lane's joined sum and order registered,
+    then the result chosen into the output register: ``latency = 4``), and float dtypes give don't-care
+    results.
 
     ``store_only=True`` builds the store path alone (the first stage of a fold chain, which has no
     accumulator before it): every row is stored, as with ``store`` high, whatever ``store`` and ``acc``
@@ -161,18 +162,20 @@ class SlotALU(wiring.Component):
         return s
 
     def _integer_only(self, m, s):
-        """Without float units. Stage 1: the granule and the integer ALU's sums and compares (its register
-        rank); stage 2: the result chosen (op, saturation, dtype, store), into the output register."""
+        """Without float units. Stage 1: the granule and the integer ALU's sums and compares (its first
+        register rank); stage 2: the pieces joined (its second); stage 3: the result chosen (op,
+        saturation, dtype, store), into the output register."""
         reg = functools.partial(self._reg, m)
         W = self.data_width
         acc32 = _is_half(s.dtype) & s.acc_fp32
-        m.submodules.int_alu = int_alu = ReduceALU(W, stages=1)
+        m.submodules.int_alu = int_alu = ReduceALU(W, stages=2)
         m.d.comb += [int_alu.a.eq(Mux(s.hi, s.acc[W:], s.acc[:W])),
                      int_alu.b.eq(s.row), int_alu.op.eq(s.op),
                      int_alu.dtype.eq(s.dtype), int_alu.saturate.eq(s.saturate)]
-        we_r = reg(Mux(acc32, 0b11, Mux(s.granule, 0b10, 0b01)), "we")
-        row_r, store_r = reg(s.row, "row"), reg(s.store, "store")
-        valid_r = reg(s.valid, "valid", reset_less=False)
+        d = int_alu.latency                   # what travels beside the ALU is delayed to meet its result
+        we_r = reg(Mux(acc32, 0b11, Mux(s.granule, 0b10, 0b01)), "we", cycles=d)
+        row_r, store_r = reg(s.row, "row", cycles=d), reg(s.store, "store", cycles=d)
+        valid_r = reg(s.valid, "valid", reset_less=False, cycles=d)
         wire_result = Mux(store_r, row_r, int_alu.result)
         result = Signal(2 * W, name="result_r", reset_less=True)
         m.d.sync += [
@@ -360,4 +363,4 @@ def _is_half(dtype):
 
 def slot_alu_latency(float_units: bool, fadd_stages: int = FADD_STAGES) -> int:
     """:attr:`SlotALU.latency` of a slot ALU so built, without building it."""
-    return fadd_stages + 5 + NARROW_STAGES if float_units else 3
+    return fadd_stages + 5 + NARROW_STAGES if float_units else 4

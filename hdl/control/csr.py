@@ -17,8 +17,8 @@ Facts every part relies on:
   only written whole, and such a write is dropped without touching any register.
 - Latency, counting the cycle in which the address (for writes: the later of AW and W) is accepted as
   cycle 0: the CSR strobe is in cycle 1, a written value or a command strobe appears at the register
-  bank's outputs in cycle 2, ``rvalid``/``bvalid`` rise in cycle 3. A read samples the register in
-  cycle 1.
+  bank's outputs in cycle 2, ``bvalid`` rises in cycle 3. A read samples the register in cycle 1 and
+  ``rvalid`` rises in cycle ``2 + CSR_READ_LATENCY`` (4).
 """
 
 from amaranth.hdl import Const, Module, Mux, Signal
@@ -27,7 +27,13 @@ from amaranth.lib.wiring import In, Out
 
 from cais.registers import Access, Kind, RegisterMap
 
-__all__ = ["CSRBusSignature", "AXI4LiteSignature", "AXI4LiteToCSR", "RegisterBank", "AxiResp", "csr_addr_width"]
+__all__ = ["CSRBusSignature", "AXI4LiteSignature", "AXI4LiteToCSR", "RegisterBank", "AxiResp", "csr_addr_width",
+           "CSR_READ_LATENCY"]
+
+#: Cycles from a read strobe on the CSR bus to its data: the register bank's read multiplexers in two
+#: registered steps (:class:`RegisterBank`), so that no read path runs from the address across the die to
+#: every register in one cycle.
+CSR_READ_LATENCY = 2     # AXI4LiteToCSR's READ_WAIT state and RegisterBank's two read steps are built for it
 
 
 class AxiResp:
@@ -46,11 +52,11 @@ def csr_addr_width(regmap: RegisterMap) -> int:
 class CSRBusSignature(wiring.Signature):
     """The internal register bus, seen from its initiator (the AXI4-Lite bridge).
 
-    A read: the initiator holds ``addr`` and raises ``r_stb`` for one cycle; in the next cycle the
-    subordinate presents the register in ``r_data`` and ``err``. A write: the initiator holds ``addr``
-    and ``w_data`` and raises ``w_stb`` for one cycle; in the next cycle ``err`` tells whether the
-    address existed. ``r_stb`` and ``w_stb`` are never high together. ``r_data`` and ``err`` are only
-    guaranteed in the cycle after the strobe.
+    A read: the initiator holds ``addr`` and raises ``r_stb`` for one cycle; :data:`CSR_READ_LATENCY` (2)
+    cycles later the subordinate presents the register in ``r_data`` (its value in the strobe's cycle). A
+    write: the initiator holds ``addr`` and ``w_data`` and raises ``w_stb`` for one cycle. From the cycle
+    after either strobe until the next strobe, ``err`` tells whether the address existed. ``r_stb`` and
+    ``w_stb`` are never high together. ``r_data`` is only guaranteed in that one cycle.
 
     Parameters
     ----------
@@ -64,13 +70,14 @@ class CSRBusSignature(wiring.Signature):
     r_stb : Out(1)
         Read strobe, one cycle per read. Reads have no side effects.
     r_data : In(32)
-        Read data, valid in the cycle after ``r_stb``.
+        Read data, valid :data:`CSR_READ_LATENCY` cycles after ``r_stb``.
     w_stb : Out(1)
         Write strobe, one cycle per write.
     w_data : Out(32)
         Write data, valid with ``w_stb``.
     err : In(1)
-        In the cycle after ``r_stb`` or ``w_stb``: 1 if ``addr`` is not the address of any register.
+        From the cycle after ``r_stb`` or ``w_stb`` to the next strobe: 1 if ``addr`` is not the address of
+        any register.
     """
 
     def __init__(self, addr_width: int):
@@ -201,7 +208,8 @@ class AXI4LiteToCSR(wiring.Component):
     sense written whole.
 
     Latency: the CSR strobe is issued one cycle after the address (for a write: the later of AW and
-    W) is accepted, and ``rvalid``/``bvalid`` rise three cycles after it.
+    W) is accepted; ``bvalid`` rises three cycles after the write is accepted, ``rvalid``
+    ``CSR_READ_LATENCY + 2`` (four) cycles after the read's address.
 
     Parameters
     ----------
@@ -253,7 +261,7 @@ class AXI4LiteToCSR(wiring.Component):
             axil.bresp.eq(bresp),
         ]
 
-        # Four states (a full 2-bit encoding); `is_write` tells which access the last three serve.
+        # `is_write` tells which access STROBE, LATCH and RESP serve (READ_WAIT only reads).
         with m.FSM(name="axil_fsm"):
             with m.State("IDLE"):
                 write_pending = aw_got | w_got | axil.awvalid | axil.wvalid
@@ -288,6 +296,13 @@ class AXI4LiteToCSR(wiring.Component):
                     csr.r_stb.eq(~is_write),
                     csr.w_stb.eq(is_write & whole),
                 ]
+                with m.If(is_write):
+                    m.next = "LATCH"
+                with m.Else():
+                    m.next = "READ_WAIT"
+
+            with m.State("READ_WAIT"):
+                # a read's r_data comes CSR_READ_LATENCY cycles after its strobe (a write needs only err)
                 m.next = "LATCH"
 
             with m.State("LATCH"):
@@ -316,7 +331,8 @@ class AXI4LiteToCSR(wiring.Component):
         return m
 
 
-READ_GROUP = 16   # words per first-step read multiplexer of RegisterBank (a power of two)
+READ_QUAD = 4     # words per first-step read multiplexer of RegisterBank (a power of two)
+READ_GROUP = 16   # words per second-step read multiplexer (a power of two, a multiple of READ_QUAD)
 
 
 def _mux_tree(values, sel):
@@ -360,11 +376,15 @@ class RegisterBank(wiring.Component):
     into ``DECERR``). Bits outside a register's fields are reserved: writes to them are ignored and
     they read 0 (a register without fields uses all 32 bits). Decoding uses bits ``addr_width-1:2``
     of the address; the outputs are registered (a value written by the strobe in cycle ``t`` appears in
-    cycle ``t + 1``). A read samples the registers in the cycle of ``r_stb`` and answers in the next in
-    two steps, so no path crosses the whole register map in one cycle: in the strobe's cycle each group of
-    :data:`READ_GROUP` consecutive words registers the addressed word if it is in the group (0 if not);
-    a ``LEVEL`` input is registered as it is, with a flag telling whether it is the word read; ``r_data`` is
-    the OR of those registers (a combinational output, 2-3 LUT levels from registers).
+    cycle ``t + 1``). A read samples the registers in the cycle of ``r_stb`` and answers
+    :data:`CSR_READ_LATENCY` cycles later, in steps, so that no path runs from the address to every
+    register of the map in one cycle (the registers sit beside the blocks they drive, across the die): in
+    the strobe's cycle each run of :data:`READ_QUAD` consecutive words registers the addressed one of them
+    (by the address's low bits); in the next, each group of :data:`READ_GROUP` words registers its
+    addressed run's word if the address is in the group (0 if not); a ``LEVEL`` input is registered as it
+    is, with a flag telling whether it is the word read, and then once more, ANDed with its flag;
+    ``r_data`` is the OR of the second step's registers (a combinational output, 2-3 LUT levels from
+    registers).
 
     Parameters
     ----------
@@ -523,11 +543,15 @@ class RegisterBank(wiring.Component):
                 with m.Default():
                     m.d.sync += csr.err.eq(1)
 
-        # Reads in two steps: a register per group of READ_GROUP words, loaded every cycle with the
-        # addressed word if it is in the group (else 0), then the OR of the groups.
-        # LEVEL inputs skip the multiplexers: each is registered as it is (its value of the strobe's cycle)
-        # with a flag saying it is the word being read, so nothing but a flip-flop follows the input.
-        gbits = (READ_GROUP - 1).bit_length()
+        # Reads in steps (CSR_READ_LATENCY): a register per run of READ_QUAD words, loaded every cycle
+        # with the addressed word of the run; then one per group of READ_GROUP words, loaded with the
+        # addressed run's word if the address is in the group (else 0), from the address registered beside
+        # it; then the OR of the groups. LEVEL inputs skip the multiplexers: each is registered as it is
+        # (its value of the strobe's cycle) with a flag saying it is the word being read, so nothing but a
+        # flip-flop follows the input.
+        qbits, gbits = (READ_QUAD - 1).bit_length(), (READ_GROUP - 1).bit_length()
+        addr_d = Signal.like(word_addr, name="read_addr")       # the address of the first step's cycle
+        m.d.sync += addr_d.eq(word_addr)
         groups = {}
         partials = []
         for word, (reg, i) in sorted(self._decode.items()):
@@ -536,13 +560,23 @@ class RegisterBank(wiring.Component):
                 sample = Signal(len(value), name=f"read_{reg.name.lower()}_{i}")
                 hit = Signal(name=f"read_{reg.name.lower()}_{i}_hit")
                 m.d.sync += [sample.eq(value), hit.eq(word_addr == word)]
-                partials.append(Mux(hit, sample.any() if reg.name in self._level_any else sample, 0))
+                picked = Signal(len(value), name=f"read_{reg.name.lower()}_{i}_picked")
+                m.d.sync += picked.eq(Mux(hit, sample, 0))
+                partials.append(picked.any() if reg.name in self._level_any else picked)
             else:
                 groups.setdefault(word >> gbits, {})[word & (READ_GROUP - 1)] = value
         for g, words in sorted(groups.items()):
+            runs = []
+            for q in range(READ_GROUP // READ_QUAD):
+                leaves = [words.get(q * READ_QUAD + w, Const(0, 32)) for w in range(READ_QUAD)]
+                if all(isinstance(leaf, Const) and leaf.value == 0 for leaf in leaves):
+                    runs.append(Const(0, 32))
+                    continue
+                run = Signal(32, name=f"read_run_{g}_{q}")
+                m.d.sync += run.eq(_mux_tree(leaves, word_addr[:qbits]))
+                runs.append(run)
             partial = Signal(32, name=f"read_group_{g}")
-            leaves = [Const(0, 32) if w not in words else words[w] for w in range(READ_GROUP)]
-            m.d.sync += partial.eq(Mux(word_addr[gbits:] == g, _mux_tree(leaves, word_addr[:gbits]), 0))
+            m.d.sync += partial.eq(Mux(addr_d[gbits:] == g, _mux_tree(runs, addr_d[qbits:gbits]), 0))
             partials.append(partial)
         m.d.comb += csr.r_data.eq(_or_all(partials))
 

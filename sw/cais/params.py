@@ -78,11 +78,11 @@ class SwitchParams:
         """F of docs/interface.md: clock edges from a result row's registered bank data to its folded row.
         The fold chain has one slot ALU per port, each 13 cycles with float units (inputs registered, the
         widening in two stages, the adder's 6 stages, the lane results registered, the narrowing's three
-        stages into the output register: the shift distance, the alignment, the rounding) and 3 without
-        (the inputs registered, the integer ALU in two stages), and an output register; with float units
+        stages into the output register: the shift distance, the alignment, the rounding) and 4 without
+        (the inputs registered, the integer ALU in three stages), and an output register; with float units
         the final rounding of fp32 accumulators (``ResultRow``, the same three stages) adds 3. (The RTL
         checks its own latency against this.)"""
-        return self.ports * (13 if self.float_units else 3) + 1 + (3 if self.float_units else 0)
+        return self.ports * (13 if self.float_units else 4) + 1 + (3 if self.float_units else 0)
 
     @property
     def max_frame_beats(self) -> int:

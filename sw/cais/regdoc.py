@@ -61,10 +61,11 @@ BUS_FACTS = (
     "triggers an action, counter = an event counter, level = a live gauge of switch state.",
     "A partial write (`wstrb` not `0b1111`) answers `SLVERR` whatever its address, an unmapped one "
     "included, and writes nothing.",
-    "The control port handles one access at a time: the response (`rvalid` or `bvalid`) comes three clock "
-    "cycles after the request is accepted (cycle 0; for a write, the cycle in which the later of AW and W is "
-    "accepted). A read returns the register's value of cycle 1; a write's value or command takes effect "
-    "in cycle 2. AW and W may arrive in either order, and a write whose AW or W was accepted is finished "
+    "The control port handles one access at a time: the response comes three clock cycles (`bvalid`) or "
+    "four (`rvalid`) after the request is accepted (cycle 0; for a write, the cycle in which the later of AW "
+    "and W is accepted). A read returns the register's value of cycle 1 (its multiplexers take two "
+    "registered steps, so that reading registers spread over the chip is not one long path); a write's "
+    "value or command takes effect in cycle 2. AW and W may arrive in either order, and a write whose AW or W was accepted is finished "
     "before any read is taken. When a read (AR) and a write (AW or W) are valid in the same cycle the read "
     "goes first, unless the access before was a read taken while a write waited: then the write goes "
     "first. So neither starves; they alternate.",

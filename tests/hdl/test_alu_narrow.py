@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """ReduceALU's int16 and int8 lanes against numpy, wrapping and saturating, and the overflow example of
 docs/numerics.md (the 4-bit sequence 7 - 5 + 5 + 5 - 3 - 7, true sum 2, scaled to int8 and int16)."""
 
@@ -33,24 +34,26 @@ def reference(op, a, b, bits, saturate):
 
 
 def evaluate(width, dtype, op, saturate, pairs, stages=0):
-    """pairs: list of (a_values, b_values); returns the results as int64 arrays. With ``stages=1`` the
-    pairs enter back to back, one per cycle, and each result is read one clock edge after its pair."""
+    """pairs: list of (a_values, b_values); returns the results as int64 arrays. The pairs enter back to
+    back, one per cycle, and each result is read ``stages`` clock edges after its pair (the inputs by then
+    hold later pairs, or zeros: the result must not depend on them)."""
     be, bits = TYPES[dtype]
     dut = ReduceALU(width, stages=stages)
+    zeros = np.zeros(width // bits, dtype=np.int64)
     out = []
 
     async def tb(ctx):
         ctx.set(dut.dtype, int(dtype))
         ctx.set(dut.op, int(op))
         ctx.set(dut.saturate, int(saturate))
-        for a, b in pairs:
+        for cycle in range(len(pairs) + stages):
+            a, b = pairs[cycle] if cycle < len(pairs) else (zeros, zeros)
             ctx.set(dut.a, beat_of(a, be))
             ctx.set(dut.b, beat_of(b, be))
+            if cycle >= stages:
+                out.append(values_of(ctx.get(dut.result), be, width // bits))
             if stages:
                 await ctx.tick()
-                ctx.set(dut.a, 0)            # the result must not depend on the inputs after the edge
-                ctx.set(dut.b, 0)
-            out.append(values_of(ctx.get(dut.result), be, width // bits))
 
     run(dut, tb, clock=bool(stages))
     return out
@@ -78,11 +81,12 @@ def test_random_and_extremes(width, dtype, op, saturate):
         np.testing.assert_array_equal(g, reference(op, a, b, bits, saturate), err_msg=f"a={a} b={b}")
 
 
+@pytest.mark.parametrize("stages", [1, 2])
 @pytest.mark.parametrize("dtype", list(TYPES))
 @pytest.mark.parametrize("op,saturate", [(ReduceOp.SUM, False), (ReduceOp.SUM, True), (ReduceOp.MAX, False),
                                          (ReduceOp.MIN, False)])
-def test_registered_rank(dtype, op, saturate):
-    """stages=1: the same function, one clock edge later."""
+def test_registered_rank(stages, dtype, op, saturate):
+    """stages=1 and 2: the same function, one or two clock edges later, one pair per cycle."""
     be, bits = TYPES[dtype]
     n = 64 // bits
     lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
@@ -90,7 +94,8 @@ def test_registered_rank(dtype, op, saturate):
     special = np.array([lo, lo + 1, -2, -1, 0, 1, 2, hi - 1, hi])
     pairs = [(rng.choice(special, n), rng.choice(special, n)) for _ in range(60)]
     pairs += [(rng.integers(lo, hi + 1, n), rng.integers(lo, hi + 1, n)) for _ in range(60)]
-    got = evaluate(64, dtype, op, saturate, pairs, stages=1)
+    got = evaluate(64, dtype, op, saturate, pairs, stages=stages)
+    assert ReduceALU(64, stages=stages).latency == stages
     for (a, b), g in zip(pairs, got):
         np.testing.assert_array_equal(g, reference(op, a, b, bits, saturate), err_msg=f"a={a} b={b}")
 

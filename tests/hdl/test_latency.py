@@ -44,7 +44,7 @@ def test_hand_derived_sums():
     assert latency.FORWARD_LATENCY == 22
     assert latency.RESULT_OVERHEAD == 33
     assert latency.result_latency(P4, 256) == 36 + 32 + (4 * 13 + 4) + 33 == 157
-    assert latency.result_latency(P4_INT, 256) == 36 + 32 + (4 * 3 + 1) + 33 == 114
+    assert latency.result_latency(P4_INT, 256) == 36 + 32 + (4 * 4 + 1) + 33 == 118
     assert latency.result_latency(P2_W512, 4) == 1 + 1 + (2 * 13 + 4) + 33 + 1 == 66
 
 

@@ -255,8 +255,8 @@ def test_latency_attribute():
     assert SlotALU(64).latency == 13                            # FADD_STAGES = 6
     assert SlotALU(64, fadd_stages=0).latency == 7
     assert SlotALU(128, fadd_stages=5).latency == 12
-    assert SlotALU(64, float_units=False).latency == 3          # inputs registered, the integer ALU's two stages
-    assert SlotALU(512, float_units=False, fadd_stages=6).latency == 3
+    assert SlotALU(64, float_units=False).latency == 4          # inputs registered, the integer ALU's three stages
+    assert SlotALU(512, float_units=False, fadd_stages=6).latency == 4
     with pytest.raises(ValueError):
         SlotALU(64, fadd_stages=7)
     with pytest.raises(ValueError):
@@ -356,9 +356,9 @@ def test_random_fadd_stages(fadd_stages):
 
 
 def test_integers_only():
-    """float_units=False: latency 3 (the inputs registered, the integer ALU in two stages), the integer types exact."""
+    """float_units=False: latency 4 (the inputs registered, the integer ALU in three stages), the integer types exact."""
     dut = SlotALU(64, float_units=False)
-    assert dut.latency == 3
+    assert dut.latency == 4
     check(dut, random_rows(64, list(INT_BITS), 2 * VECTORS, seed=5))
 
 

@@ -622,7 +622,7 @@ def test_latency():
         run = await axil(ctx, dut.axil, reads=[MAP["ID"].offset], probe=probe)
         t = run.cycle_of("ar")
         assert [c for c, v in enumerate(run.trace) if v[0]] == [t + 1]       # r_stb
-        assert run.cycle_of("r") == t + 3 and run.rdata == [MAGIC]
+        assert run.cycle_of("r") == t + 4 and run.rdata == [MAGIC]         # the bank's two read steps
     simulate(dut, tb)
 
 
