@@ -157,13 +157,19 @@ class IngressPort(wiring.Component):
         # the last beat's facts, for cycle 1
         v1 = Signal()
         len1 = Signal(len_shape, reset_less=True)
+        # the length less the headers, for BAD_LENGTH's compare with payload_len: subtracted here, from the
+        # beat count, so that cycle 1 compares two registers' bits instead of adding to the header's field
+        # first (the whole switch measured 14 logic steps from the header's last beat through that adder
+        # and compare into the verdict, 3.56 ns of logic and 6.91 ns of routing)
+        body1 = Signal(range(-proto.HEADERS_BYTES, P.max_frame_beats * B + 1), reset_less=True)
         beats1 = Signal(range(P.max_frame_beats + 1), reset_less=True)
         fcs1, framing1, over1 = Signal(reset_less=True), Signal(reset_less=True), Signal(reset_less=True)
         m.d.sync += v1.eq(take & s.tlast)
         with m.If(take):
             with m.If(s.tlast):
                 m.d.sync += [beat.eq(0), bad_framing.eq(0), too_long.eq(0),
-                             len1.eq(frame_len), beats1.eq(beat + 1), fcs1.eq(s.tuser),
+                             len1.eq(frame_len), body1.eq(frame_len - proto.HEADERS_BYTES),
+                             beats1.eq(beat + 1), fcs1.eq(s.tuser),
                              framing1.eq(bad_framing | ~keep_ok), over1.eq(discard)]
             with m.Else():
                 m.d.sync += bad_framing.eq(bad_framing | ~keep_ok)
@@ -195,7 +201,7 @@ class IngressPort(wiring.Component):
             (proto.DropReason.BAD_PAYLOAD_LEN, hdr.is_cais & ((plen == 0) | (plen > P.max_payload) | ~esize_ok)),
             # the frame is exactly its header and payload, or the 60-byte minimum if those are shorter
             (proto.DropReason.BAD_LENGTH, hdr.is_cais & ~(
-                (len1 == plen + proto.HEADERS_BYTES)
+                (body1 == plen)
                 | ((plen < proto.MIN_FRAME_BYTES - proto.HEADERS_BYTES) & (len1 == proto.MIN_FRAME_BYTES)))),
         ]
         assert [r for r, _ in checks] == list(proto.PARSER_DROPS)
