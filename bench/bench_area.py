@@ -38,15 +38,17 @@ where the Verilog the simulations use has a memory and a register.
 Flow: place and route is out of context (``--out-of-context``: no IO buffers, clock not promoted to a
 global net) for every row. The switch has ~700 port bits, more than any ECP5 package bonds out, so it can
 only be placed that way, and one flow for all rows keeps them comparable (on the ALU lane, placing with
-IO pads and a global clock gives an Fmax within a few percent).
+IO pads and a global clock gives an Fmax within a few percent). The placer is nextpnr's electrostatic one
+(``--placer static``; ``--placer heap`` for nextpnr's own default): on the whole switch it gave the higher
+Fmax on the same netlist and seeds (see ``PLACERS``).
 
 Results are cached per design: the synthesis in ``<out>/<design>/`` keyed by a hash of the Verilog and the
 tool versions, each seed's place and route in ``<out>/<design>/seed<N>/`` keyed by that and the flow
 options, so a rerun of unchanged designs takes seconds. The table's ``time s`` is the wall time of the
 run that produced the numbers (``*``: from the cache).
 
-    python bench/bench_area.py [--only NAME ...] [--device 85k] [--seed 1] [--seeds 3] [--freq 100] [--jobs 2]
-                               [--out build/area] [--force] [--list] [--json]
+    python bench/bench_area.py [--only NAME ...] [--device 85k] [--seed 1] [--seeds 3] [--freq 100]
+                               [--placer static|heap] [--jobs 2] [--out build/area] [--force] [--list] [--json]
 """
 
 from __future__ import annotations
@@ -90,9 +92,9 @@ DEFAULT_SEEDS = 3      # placement seeds per design; Fmax is their median (nextp
 MAX_SEEDS = 9
 DEFAULT_FREQ = 100.0
 DEFAULT_JOBS = 2
-#: nextpnr's placers: ``heap`` (analytic, nextpnr's default) and ``static`` (electrostatic, then the same
-#: legaliser and refinement). On the whole switch, same netlist and seeds, static placed the integer
-#: switch PLACER_NOTE (docs/core-design.md section 7); the blocks alone place alike with either.
+#: nextpnr's placers: ``static`` (electrostatic, then legalised and refined) and ``heap`` (analytic,
+#: nextpnr's own default). On one netlist of the integer switch (cf30b81), seeds 1-3: static 95.52 /
+#: 98.54 / 103.97 MHz, heap 92.36 / 87.79 / 82.41 (median 98.54 against 87.79); docs/core-design.md.
 PLACERS = ("static", "heap")
 DEFAULT_PLACER = "static"
 
@@ -892,7 +894,8 @@ def figures(results: dict[str, dict], skipped: dict[str, str], failed: dict[str,
     baselines, and every result."""
     fmax = {name: r["fmax_mhz"] for name, r in results.items()}
     floor = fmax.get("bram_loop")
-    return {"part": opts.part, "seeds": list(opts.seeds), "freq_target_mhz": opts.freq, "fmax_mhz": fmax,
+    return {"part": opts.part, "seeds": list(opts.seeds), "freq_target_mhz": opts.freq, "placer": opts.placer,
+            "fmax_mhz": fmax,
             "fmax_mhz_per_seed": {name: r["seeds"] for name, r in results.items()},
             "ratio_to_bram_loop": {name: f / floor for name, f in fmax.items() if floor and f is not None},
             "baselines_mhz": BASELINES, "results": results, "skipped": skipped, "failed": failed}

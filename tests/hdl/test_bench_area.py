@@ -26,6 +26,7 @@ BAD = [
     (["--package", "CABGA 381"], "--package"),
     (["--seeds", "0"], "--seeds: 0 must be at least 1"),
     (["--seeds", "10"], "--seeds 10: at most 9"),
+    (["--placer", "sa"], "--placer: invalid choice: 'sa'"),
     (["--bogus"], "unrecognized arguments"),
 ]
 
@@ -42,9 +43,9 @@ def test_bad_arguments_refused_from_the_command_line():
 def test_good_arguments_accepted(tmp_path):
     args = bench.parse_args(["--only", "alu_int32", "--only", "switch", "--only", "alu_int32",
                              "--device", "45k", "--seed", "7", "--freq", "125.5", "--jobs", "1",
-                             "--out", str(tmp_path)])
+                             "--placer", "heap", "--out", str(tmp_path)])
     assert args.only == ["alu_int32", "switch"]
-    assert (args.device, args.seed, args.freq, args.jobs) == ("45k", 7, 125.5, 1)
+    assert (args.device, args.seed, args.freq, args.jobs, args.placer) == ("45k", 7, 125.5, 1, "heap")
 
 
 def test_report_parsing():
@@ -91,6 +92,10 @@ def test_real_run_of_the_alu_lane(tmp_path, capsys):
         achieved = [clock["achieved"] for clock in report["fmax"].values()]
         assert len(achieved) == 1 and result["seeds"][str(seed)] == pytest.approx(achieved[0], abs=0.05)
     assert result["fmax_mhz"] == sorted(result["seeds"].values())[1]
+    # nextpnr ran with the default placer, and another placer is another cache entry
+    assert f"--placer {bench.DEFAULT_PLACER}" in result["command"]
+    heap = bench.FlowOptions(seed=4, runs=3, placer="heap")
+    assert bench.cache_key(job["verilog"], heap, 4) != bench.cache_key(job["verilog"], opts, 4)
     assert result["seeds"][str(result["median_seed"])] == result["fmax_mhz"]
     print(f"alu_int32: {result['lut4']} LUT4, {result['ff']} FF, {result['fmax_mhz']} MHz in {elapsed:.1f} s")
 
@@ -103,6 +108,7 @@ def test_real_run_of_the_alu_lane(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert out["fmax_mhz"] == {"alu_int32": result["fmax_mhz"]} and out["part"] == opts.part
     assert out["seeds"] == [4, 5, 6] and out["fmax_mhz_per_seed"] == {"alu_int32": result["seeds"]}
+    assert out["placer"] == bench.DEFAULT_PLACER
     assert out["baselines_mhz"] == bench.BASELINES and out["ratio_to_bram_loop"] == {}
 
 
