@@ -137,11 +137,12 @@ class SlotALU(wiring.Component):
         stage's accumulator right in front of them), and the granule the wire-format modes read decided
         in front of the register (``s.hi``: ``granule`` and not fp32 accumulation), so that the 2W-bit
         choice of the accumulator granule hangs on one flip-flop, not on the dtype's decode. With float
-        units the integer ALU reads a copy of its own of the accumulator and the granule (``s.acc_int``,
-        ``s.hi_int``: :func:`~cais.hdl.common.pipeline.register_copy`), so that neither the float lanes'
-        operands nor the integer ALU's compares wait for a net spread over both (the fold chain's limit
-        was the accumulator register into an int8 compare, 5.5 ns on its first net). Returns the
-        namespace the other stages share."""
+        units the integer ALU reads a copy of its own of the accumulator (``s.acc_int``:
+        :func:`~cais.hdl.common.pipeline.register_copy`), so that neither the float lanes' operands nor
+        the integer ALU's compares wait for a net spread over both (the fold chain's limit was the
+        accumulator register into an int8 compare, 5.5 ns on its first net); in every build it reads a
+        copy of the granule per 32-bit group (``s.hi_int``). Returns the namespace the other stages
+        share."""
         reg = functools.partial(self._reg, m)
         s = SimpleNamespace()
         W = self.data_width
@@ -151,13 +152,16 @@ class SlotALU(wiring.Component):
         s.saturate = reg(self.saturate, "in_saturate")
         if self.store_only:
             s.store, s.acc, s.hi = Const(1), Const(0, 2 * W), Const(0)
+            s.acc_int, s.hi_int = s.acc, [s.hi] * -(-W // 32)
         else:
             s.store, s.acc = reg(self.store, "in_store"), reg(self.acc, "in_acc")
             hi = self.granule & ~(_is_half(self.dtype) & self.acc_fp32)
             s.hi = reg(hi, "in_hi")
-            if self.float_units:
-                s.acc_int = register_copy(m, self.acc, "in_acc_int", platform)
-                s.hi_int = register_copy(m, hi, "in_hi_int", platform)
+            # the integer ALU's granule choice: a copy of hi per 32-bit group, beside that group's muxes
+            # (the float switch measured 3.44 + 2.32 ns of routing from one in_hi_int over a fold stage's
+            # 64 muxes into the int32 compare's pieces)
+            s.hi_int = [register_copy(m, hi, f"in_hi_int{g}", platform) for g in range(-(-W // 32))]
+            s.acc_int = register_copy(m, self.acc, "in_acc_int", platform) if self.float_units else s.acc
         s.valid = reg(self.i_valid, "in_valid", reset_less=False)
         return s
 
@@ -169,7 +173,7 @@ class SlotALU(wiring.Component):
         W = self.data_width
         acc32 = _is_half(s.dtype) & s.acc_fp32
         m.submodules.int_alu = int_alu = ReduceALU(W, stages=2)
-        m.d.comb += [int_alu.a.eq(Mux(s.hi, s.acc[W:], s.acc[:W])),
+        m.d.comb += [int_alu.a.eq(_granule_of(s.acc_int, s.hi_int, W)),
                      int_alu.b.eq(s.row), int_alu.op.eq(s.op),
                      int_alu.dtype.eq(s.dtype), int_alu.saturate.eq(s.saturate)]
         d = int_alu.latency                   # what travels beside the ALU is delayed to meet its result
@@ -216,7 +220,7 @@ class SlotALU(wiring.Component):
         # Stage 1: the integer ALU (on its own copy of the accumulator), the widening's first rank, the
         # controls beside them.
         m.submodules.int_alu = int_alu = ReduceALU(W, stages=1)
-        int_gran = Mux(s.hi_int, s.acc_int[W:], s.acc_int[:W]) if not self.store_only else a_gran
+        int_gran = _granule_of(s.acc_int, s.hi_int, W) if not self.store_only else a_gran
         m.d.comb += [int_alu.a.eq(int_gran), int_alu.b.eq(row), int_alu.op.eq(op),
                      int_alu.dtype.eq(dtype), int_alu.saturate.eq(s.saturate)]
         bf16_1, half_wire_1, is_half_1 = reg(is_bf16, "bf16_1"), reg(half_wire, "half_wire_1"), reg(is_half, "half_1")
@@ -359,6 +363,13 @@ class SlotALU(wiring.Component):
 
 def _is_half(dtype):
     return (dtype == proto.DType.FP16) | (dtype == proto.DType.BF16)
+
+
+def _granule_of(acc, hi_copies, width: int):
+    """The accumulator's high granule (``acc[width:]``) or low one, each 32-bit group chosen by its own copy
+    of the choice (``hi_copies[g]``)."""
+    return Cat(*(Mux(hi, acc[width + 32 * g:width + min(32 * g + 32, width)], acc[32 * g:min(32 * g + 32, width)])
+                 for g, hi in enumerate(hi_copies)))
 
 
 def slot_alu_latency(float_units: bool, fadd_stages: int = FADD_STAGES) -> int:
