@@ -7,7 +7,7 @@
     ingress beats ---> IngressLane[p] --+--> forwarded frames --> EgressCrossbar --> egress FIFOs
                                         +--> payload rows --> SramBuffer: bank[p]
                                                                |
-    JobQueue (waits for the rows) --> CreditSlice --> FoldReader (all banks, FoldChain) --> RegisterSlice
+    JobQueue (waits for the rows) --> CreditSlice --> FoldReader (all banks, FoldChain) --> CreditSlice
         --> ResultGenerator --> ResultFanout --> result queues
 
 (each port's egress FIFO, result queue and EgressMerge of the two are an EgressPort, one per port of :class:`Switch`)
@@ -30,7 +30,7 @@ from cais.registers import RegisterMap
 from .alu.completion import FoldReader, JobQueue
 from .alu.lane import IngressLane
 from .common.enums import Action, DropReason
-from .common.pipeline import CreditSlice, RegisterSlice
+from .common.pipeline import CreditSlice
 from .control.tables import TableProgramSignature
 from .decision import DECISION_HEADERS, Decision
 from .egress.ports import EgressCrossbar, ResultFanout, beat_layout
@@ -123,8 +123,9 @@ class SwitchCore(wiring.Component):
         # The generator's take (its start, which waits for the fanout's grant) drives only this slice's
         # registers beside it, not the reader's frame queue's output register and the generator's counts
         # across the die (the float switch measured 3.08 + 3.11 + 3.32 ns of routing from the generator's
-        # nxt_valid through the take into its rows owed).
-        m.submodules.frame_slice = frame_slice = RegisterSlice(result_frame_layout(prm))
+        # nxt_valid through the take into its rows owed); a credit slice, as the job slice, so the frame
+        # queue's pop reads a credit flip-flop of its own, not a register beside the generator.
+        m.submodules.frame_slice = frame_slice = CreditSlice(result_frame_layout(prm))
         m.submodules.results = res = ResultGenerator(prm)
         m.submodules.sram = sram = self.sram
         wiring.connect(m, dec.state, sram.state)
@@ -161,7 +162,7 @@ class SwitchCore(wiring.Component):
         wiring.connect(m, reader.rows, res.rows)
         m.d.comb += [res.rows_held.eq(reader.rows_held), res.switch_mac.eq(self.switch_mac)]
         wiring.connect(m, res.out, fanout.source)
-        busy += [jobs.level != 0, job_slice.busy, reader.busy, frame_slice.o.valid, res.busy, xbar.busy, fanout.busy]
+        busy += [jobs.level != 0, job_slice.busy, reader.busy, frame_slice.busy, res.busy, xbar.busy, fanout.busy]
 
         for p in range(P):
             wiring.connect(m, xbar.egress[p], wiring.flipped(self.egress[p]))
