@@ -25,8 +25,9 @@ __all__ = ["INGRESS_DECIDE", "HEADER_QUEUE", "INGRESS_HEADER", "ARBITER", "RULE_
 # ---- the blocks' latencies (the attribute that is each one, in brackets)
 
 #: [IngressPort.DECIDE_DELAY] A frame's last beat (cycle 0) to its commit and its header written into the
-#: header queue: the beat's facts registered (0), the checks registered (1), the verdict (2).
-INGRESS_DECIDE = 2
+#: header queue: the beat's facts registered (0), the checks without the header registered (1, while the
+#: header's last beat is stored), the header's checks registered (2), the verdict (3).
+INGRESS_DECIDE = 3
 #: [HeaderQueue.latency] An entry committed in cycle t is at the head in t + 2: the LUT RAM's write and
 #: pointer, then the head's data register loaded from the RAM's read.
 HEADER_QUEUE = 2

@@ -11,7 +11,7 @@ from cais.params import SwitchParams
 from ..common.axis import AxisSignature
 from ..common.enums import DropReason
 from ..common.frame_fifo import FrameFifo
-from ..common.pipeline import register_copy
+from ..common.pipeline import delay_line, register_copy
 from ..latency import HEADER_QUEUE, INGRESS_DECIDE, INGRESS_HEADER
 from .header import HEADER_BITS, FrameHeader
 
@@ -62,11 +62,13 @@ class IngressPort(wiring.Component):
 
     Pipeline, counting the cycle in which a frame's last beat is accepted as cycle 0: in cycle 0 the
     beat's facts are registered (the frame's length from the beat index and the last beat's tkeep, its
-    framing, tuser, the header bytes it brings); in cycle 1 every check is evaluated from those registers
-    and registered; in cycle 2 (:attr:`DECIDE_DELAY`) the first failing check picks the reason and the
-    frame is committed or rolled back, its header queued, in the same cycle as its last beat is written:
-    the beats reach the FIFO through a 2-cycle delay line, so the next frame's beats, which may follow
-    with no idle cycle, land after the commit. ``drop`` pulses in cycle 3 (:attr:`DROP_DELAY`); the rx
+    framing, tuser); in cycle 1 the checks that need no header are evaluated from those registers and
+    registered, while the header's last beat is stored; in cycle 2 the header's checks are evaluated from
+    the stored header and everything is registered; in cycle 3 (:attr:`DECIDE_DELAY`) the first failing
+    check picks the reason and the frame is committed or rolled back, its header queued, in the same
+    cycle as its last beat is written: the beats reach the FIFO through a 3-cycle delay line, so the next
+    frame's beats, which may follow with no idle cycle, land after the commit. ``drop`` pulses in cycle 4
+    (:attr:`DROP_DELAY`); the rx
     increments of a beat come 2 cycles after it (:attr:`RX_DELAY`). ``tready`` is a register: high while
     the header queue has room for every frame whose last beat is in (queued or still being checked) plus
     one, and the FIFO for every beat on its way plus one (or the beat is past ``max_frame`` and is not
@@ -77,7 +79,7 @@ class IngressPort(wiring.Component):
     s_axis : In(AxisSignature(user=True))
     headers : Out(stream.Signature(frame_meta_layout))
         One entry per good frame, valid once all its beats are in the FIFO: :attr:`header_latency`
-        (:data:`cais.hdl.latency.INGRESS_HEADER`, 4) cycles after its last beat was accepted, the commit
+        (:data:`cais.hdl.latency.INGRESS_HEADER`, 5) cycles after its last beat was accepted, the commit
         (:attr:`DECIDE_DELAY`) and the header queue's :attr:`HeaderQueue.latency`.
     beats : Out(stream.Signature(data_width))
         The beats of the good frames, in order.
@@ -97,7 +99,7 @@ class IngressPort(wiring.Component):
 
     DECIDE_DELAY = INGRESS_DECIDE   # cycles from a frame's last beat to its commit (or rollback) and its header queued
     header_latency = INGRESS_HEADER   # cycles from a good frame's last beat to its header on ``headers``
-    DROP_DELAY = 3     # cycles from a dropped frame's last beat to its drop pulse
+    DROP_DELAY = INGRESS_DECIDE + 1   # cycles from a dropped frame's last beat to its drop pulse
     RX_DELAY = 2       # cycles from a beat to its rx_frame / rx_bytes increment
 
     def __init__(self, params: SwitchParams):
@@ -142,12 +144,15 @@ class IngressPort(wiring.Component):
         # tkeep contiguous from lane 0); otherwise BAD_FRAMING (or BAD_FCS) wins and the length is unused.
         frame_len = beat * B + thermometer_count(s.tkeep)
 
-        # the beats, two cycles late, so that they reach the FIFO with their frame's commit or rollback
-        d1_en, d1_data, d2_en, d2_data = Signal(), Signal(W, reset_less=True), Signal(), Signal(W, reset_less=True)
-        m.d.sync += [d1_en.eq(take & ~discard), d1_data.eq(s.tdata), d2_en.eq(d1_en), d2_data.eq(d1_data)]
-        m.d.comb += [fifo.w_data.eq(d2_data), fifo.w_en.eq(d2_en)]
+        # the beats, DECIDE_DELAY cycles late, so that they reach the FIFO with their frame's commit or
+        # rollback (d1_data also feeds the header's store)
+        d1_en, d1_data = Signal(), Signal(W, reset_less=True)
+        m.d.sync += [d1_en.eq(take & ~discard), d1_data.eq(s.tdata)]
+        w_en = delay_line(m, d1_en, self.DECIDE_DELAY - 1, "beat_en", reset_less=False)
+        w_data = delay_line(m, d1_data, self.DECIDE_DELAY - 1, "beat_data")
+        m.d.comb += [fifo.w_data.eq(w_data), fifo.w_en.eq(w_en)]
 
-        hdr_now = self._header(m, take, beat, d1_data)
+        hdr_reg = self._header(m, take, beat, d1_data)
 
         # rx increments: the accepted tkeep registered, then counted
         rx_keep, rx_last = Signal(B), Signal()
@@ -158,7 +163,7 @@ class IngressPort(wiring.Component):
         v1 = Signal()
         len1 = Signal(len_shape, reset_less=True)
         # the length less the headers, for BAD_LENGTH's compare with payload_len: subtracted here, from the
-        # beat count, so that cycle 1 compares two registers' bits instead of adding to the header's field
+        # beat count, so that cycle 2 compares two registers' bits instead of adding to the header's field
         # first (the whole switch measured 14 logic steps from the header's last beat through that adder
         # and compare into the verdict, 3.56 ns of logic and 6.91 ns of routing)
         body1 = Signal(range(-proto.HEADERS_BYTES, P.max_frame_beats * B + 1), reset_less=True)
@@ -178,72 +183,33 @@ class IngressPort(wiring.Component):
                 with m.Else():
                     m.d.sync += beat.eq(beat + 1)
 
-        # ---- cycle 1: the checks of docs/protocol.md, in their order, from registers
-        hdr = FrameHeader(hdr_now)
-        esize_ok = Const(0)
-        for dtype in P.dtypes:
-            esize = proto.ELEMENT_BYTES[dtype]
-            esize_ok = esize_ok | ((hdr.dtype == dtype) & (hdr.payload_len % esize == 0))
-        plen = hdr.payload_len
-        flags_ok = (hdr.flags & (0xFF ^ int(proto.Flags.RETRANSMIT))) == 0
-        if P.uplink:    # a parent's result: an all-reduce frame with flags exactly RESULT, on the uplink port
-            flags_ok = flags_ok | (self.uplink & (hdr.flags == int(proto.Flags.RESULT))
-                                   & (hdr.op_type == proto.OpType.ALL_REDUCE))
-        checks = [
-            (proto.DropReason.BAD_FCS, fcs1),              # decided at the last beat, where tuser counts
-            (proto.DropReason.BAD_FRAMING, framing1),
-            (proto.DropReason.OVERSIZE, over1 | (len1 > P.max_frame)),
-            (proto.DropReason.RUNT, (len1 < proto.ETH_HEADER_BYTES)
-             | (hdr.is_cais & (len1 < proto.HEADERS_BYTES))),
-            (proto.DropReason.BAD_CODE, hdr.is_cais & ~(
-                _one_of(hdr.op_type, proto.SUPPORTED_OPS) & _one_of(hdr.dtype, P.dtypes)
-                & _one_of(hdr.red_op, list(proto.ReduceOp)) & flags_ok)),
-            (proto.DropReason.BAD_PAYLOAD_LEN, hdr.is_cais & ((plen == 0) | (plen > P.max_payload) | ~esize_ok)),
-            # the frame is exactly its header and payload, or the 60-byte minimum if those are shorter
-            (proto.DropReason.BAD_LENGTH, hdr.is_cais & ~(
-                (body1 == plen)
-                | ((plen < proto.MIN_FRAME_BYTES - proto.HEADERS_BYTES) & (len1 == proto.MIN_FRAME_BYTES)))),
-        ]
-        assert [r for r, _ in checks] == list(proto.PARSER_DROPS)
-        v2 = Signal()
-        failed2 = Signal(len(checks), reset_less=True)
-        # whether any check failed, registered beside them: the verdict drives the FIFOs' commit and the
-        # header queue's count from a flip-flop, not through the checks' OR (the whole switch measured 8 ns
-        # of routing on that path)
-        bad = Signal(reset_less=True, name="bad2")
-        hdr2 = Signal(HEADER_BITS, reset_less=True)
-        len2 = Signal(len_shape, reset_less=True)
-        beats2 = Signal.like(beats1, reset_less=True)
-        all_reduce2 = Signal(reset_less=True)
-        m.d.sync += v2.eq(v1)
-        with m.If(v1):
-            failed = Cat(*(c for _, c in checks))
-            m.d.sync += [failed2.eq(failed), bad.eq(failed.any()), hdr2.eq(hdr_now), len2.eq(len1),
-                         beats2.eq(beats1), all_reduce2.eq(hdr.is_cais & (hdr.op_type == proto.OpType.ALL_REDUCE))]
+        v3, bad, failed3, checks, kept = self._checks(m, v1, (len1, body1, beats1, fcs1, framing1, over1), hdr_reg)
+        hdr3, len3, beats3, all_reduce3 = kept
 
-        # ---- cycle 2: the verdict; the frame's last beat is written in this cycle
+        # ---- cycle 3: the verdict; the frame's last beat is written in this cycle
         reason = Signal(DropReason)
         for i, (r, _) in reversed(list(enumerate(checks))):       # the first failing check wins
-            with m.If(failed2[i]):
+            with m.If(failed3[i]):
                 m.d.comb += reason.eq(r)
         meta_in = data.View(self.meta_layout, meta_fifo.w_data)
         m.d.comb += [
-            fifo.commit.eq(v2 & ~bad), fifo.rollback.eq(v2 & bad),
-            meta_fifo.w_en.eq(v2), meta_fifo.commit.eq(~bad),
-            meta_in.hdr.eq(hdr2), meta_in.length.eq(len2), meta_in.beats.eq(beats2),
-            meta_in.all_reduce.eq(all_reduce2),
+            fifo.commit.eq(v3 & ~bad), fifo.rollback.eq(v3 & bad),
+            meta_fifo.w_en.eq(v3), meta_fifo.commit.eq(~bad),
+            meta_in.hdr.eq(hdr3), meta_in.length.eq(len3), meta_in.beats.eq(beats3),
+            meta_in.all_reduce.eq(all_reduce3),
         ]
-        m.d.sync += [self.drop.eq(v2 & bad), self.drop_reason.eq(reason)]
+        m.d.sync += [self.drop.eq(v3 & bad), self.drop_reason.eq(reason)]
 
         # ---- room: header queue entries held for every frame whose last beat is in (checked or queued)
         meta_held = Signal(range(META_DEPTH + 1))
         popped = meta_fifo.r_valid & self.headers.ready
-        m.d.sync += meta_held.eq(meta_held + (take & s.tlast) - (v2 & bad) - popped)
+        m.d.sync += meta_held.eq(meta_held + (take & s.tlast) - (v3 & bad) - popped)
         meta_room = (meta_held + (take & s.tlast)) < META_DEPTH
-        # A beat taken in the next cycle is written 2 cycles later, behind at most 3 beats not yet in the
-        # FIFO (the delay line's two and this cycle's).
-        assert P.ingress_depth - 3 >= P.max_frame_beats, "a longest frame must fit in the room tready allows"
-        fifo_room = fifo.level < P.ingress_depth - 3
+        # A beat taken in the next cycle is written DECIDE_DELAY cycles later, behind at most DECIDE_DELAY + 1
+        # beats not yet in the FIFO (the delay line's and this cycle's).
+        in_flight = self.DECIDE_DELAY + 1
+        assert P.ingress_depth - in_flight >= P.max_frame_beats, "a longest frame must fit in the room tready allows"
+        fifo_room = fifo.level < P.ingress_depth - in_flight
         discard_next = Mux(take, ~s.tlast & (discard | (beat == P.max_frame_beats - 1)), discard)
         m.d.sync += ready.eq(meta_room & (discard_next | fifo_room))
 
@@ -264,26 +230,89 @@ class IngressPort(wiring.Component):
         ]
         return m
 
+    def _checks(self, m, v1, facts, hdr_reg):
+        """Cycles 1 and 2 of a frame's checks (docs/protocol.md, in their order), from the last beat's
+        registered facts and the stored header: the valid bit, the verdict and the checks' flags of cycle
+        3, the checks (reason, flag) and what the header queue keeps (header, length, beats, all-reduce)."""
+        # ---- cycle 1: the checks that need no header, from the last beat's facts (the header's last beat
+        # is stored in this cycle)
+        P = self.params
+        len1, body1, beats1, fcs1, framing1, over1 = facts
+        v2 = Signal()
+        len2 = Signal.like(len1, reset_less=True)
+        body2 = Signal.like(body1, reset_less=True)
+        beats2 = Signal.like(beats1, reset_less=True)
+        fcs2, framing2, over2 = Signal(reset_less=True), Signal(reset_less=True), Signal(reset_less=True)
+        short2, eth_runt2, min_len2 = Signal(reset_less=True), Signal(reset_less=True), Signal(reset_less=True)
+        m.d.sync += v2.eq(v1)
+        with m.If(v1):
+            m.d.sync += [len2.eq(len1), body2.eq(body1), beats2.eq(beats1), fcs2.eq(fcs1), framing2.eq(framing1),
+                         over2.eq(over1 | (len1 > P.max_frame)), eth_runt2.eq(len1 < proto.ETH_HEADER_BYTES),
+                         short2.eq(len1 < proto.HEADERS_BYTES), min_len2.eq(len1 == proto.MIN_FRAME_BYTES)]
+
+        # ---- cycle 2: the checks of docs/protocol.md, in their order, from registers and the stored header
+        hdr = FrameHeader(hdr_reg)
+        esize_ok = Const(0)
+        for dtype in P.dtypes:
+            esize = proto.ELEMENT_BYTES[dtype]
+            esize_ok = esize_ok | ((hdr.dtype == dtype) & (hdr.payload_len % esize == 0))
+        plen = hdr.payload_len
+        flags_ok = (hdr.flags & (0xFF ^ int(proto.Flags.RETRANSMIT))) == 0
+        if P.uplink:    # a parent's result: an all-reduce frame with flags exactly RESULT, on the uplink port
+            flags_ok = flags_ok | (self.uplink & (hdr.flags == int(proto.Flags.RESULT))
+                                   & (hdr.op_type == proto.OpType.ALL_REDUCE))
+        checks = [
+            (proto.DropReason.BAD_FCS, fcs2),              # decided at the last beat, where tuser counts
+            (proto.DropReason.BAD_FRAMING, framing2),
+            (proto.DropReason.OVERSIZE, over2),
+            (proto.DropReason.RUNT, eth_runt2 | (hdr.is_cais & short2)),
+            (proto.DropReason.BAD_CODE, hdr.is_cais & ~(
+                _one_of(hdr.op_type, proto.SUPPORTED_OPS) & _one_of(hdr.dtype, P.dtypes)
+                & _one_of(hdr.red_op, list(proto.ReduceOp)) & flags_ok)),
+            (proto.DropReason.BAD_PAYLOAD_LEN, hdr.is_cais & ((plen == 0) | (plen > P.max_payload) | ~esize_ok)),
+            # the frame is exactly its header and payload, or the 60-byte minimum if those are shorter
+            (proto.DropReason.BAD_LENGTH, hdr.is_cais & ~(
+                (body2 == plen) | ((plen < proto.MIN_FRAME_BYTES - proto.HEADERS_BYTES) & min_len2))),
+        ]
+        assert [r for r, _ in checks] == list(proto.PARSER_DROPS)
+        v3 = Signal()
+        failed3 = Signal(len(checks), reset_less=True)
+        # whether any check failed, registered beside them: the verdict drives the FIFOs' commit and the
+        # header queue's count from a flip-flop, not through the checks' OR (the whole switch measured 8 ns
+        # of routing on that path)
+        bad = Signal(reset_less=True, name="bad3")
+        hdr3 = Signal(HEADER_BITS, reset_less=True)
+        len3 = Signal.like(len1, reset_less=True)
+        beats3 = Signal.like(beats1, reset_less=True)
+        all_reduce3 = Signal(reset_less=True)
+        m.d.sync += v3.eq(v2)
+        with m.If(v2):
+            failed = Cat(*(c for _, c in checks))
+            m.d.sync += [failed3.eq(failed), bad.eq(failed.any()), hdr3.eq(hdr_reg), len3.eq(len2),
+                         beats3.eq(beats2), all_reduce3.eq(hdr.is_cais & (hdr.op_type == proto.OpType.ALL_REDUCE))]
+
+        return v3, bad, failed3, checks, (hdr3, len3, beats3, all_reduce3)
+
     def _header(self, m, take, beat, d1_data):
-        """The header as of the last beat taken (read in cycle 1): ``hdr_reg`` holds the header's beats
-        taken before the last cycle, ``d1_data`` the beat taken in it.
+        """The header register: complete from cycle 2 of its frame (read there, and until the next frame's
+        first beat is stored at the end of that frame's cycle 1).
 
         The beats are stored a cycle late, from ``d1_data``, under an enable that is a flip-flop per header
         beat: the take (``tvalid``, from outside, and ``tready``) and the beat's position drive one register
         each, not the clock enables of the whole header register across the die (the whole switch measured
-        1.83 + 3.54 + 2.70 ns of routing from ``tready`` through the take into ``hdr_reg``'s enables)."""
+        1.83 + 3.54 + 2.70 ns of routing from ``tready`` through the take into ``hdr_reg``'s enables). The
+        checks read the register alone, a cycle after the last beat is stored (switch_int measured 98.84
+        MHz with the checks a cycle earlier, on the stored beats and ``d1_data`` through a bypass: the
+        beat's store flag -> the bypass -> the BAD_LENGTH compare -> the verdict, 7.25-8.01 ns of routing)."""
         B = self.params.beat_bytes
         hdr_reg = Signal(HEADER_BITS, reset_less=True)
-        parts = []
         for k in range((proto.HEADERS_BYTES + B - 1) // B):
             lanes = min(B, proto.HEADERS_BYTES - k * B)
-            part = hdr_reg[8 * k * B:8 * (k * B + lanes)]
             stored = Signal(name=f"hdr_beat{k}_d1")
             m.d.sync += stored.eq(take & (beat == k))
             with m.If(stored):
-                m.d.sync += part.eq(d1_data[:8 * lanes])
-            parts.append(Mux(stored, d1_data[:8 * lanes], part))
-        return Cat(*parts)
+                m.d.sync += hdr_reg[8 * k * B:8 * (k * B + lanes)].eq(d1_data[:8 * lanes])
+        return hdr_reg
 
 
 class HeaderQueue(wiring.Component):

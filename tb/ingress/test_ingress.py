@@ -7,7 +7,7 @@ their beats (``m_axis``). Every frame's verdict comes from the reference model (
 reason, which the model must agree with. Checked per case:
 
 * the good frames come out whole and in order: the metadata (header bytes, length, beats) and every beat;
-* each bad frame is dropped with the right reason, in order, ``drop`` pulsing DROP_DELAY (3) cycles after its
+* each bad frame is dropped with the right reason, in order, ``drop`` pulsing DROP_DELAY (4) cycles after its
   last beat was accepted (docs of IngressPort), and every bad frame is followed by a good one that must pass;
 * the receive counters: one ``rx_frame`` per frame, ``rx_bytes`` summing to the bytes whose tkeep was set;
 * ``busy`` is low once everything is out.
@@ -33,7 +33,7 @@ from cais.protocol import DropReason as R
 from cais.sim.refmodel import SwitchModel
 from cais.tb.common import IDLE_BACKPRESSURE, clock_and_reset, quiet_bfms, set_backpressure, set_idle, tb_params
 
-DROP_DELAY = 3          # IngressPort: cycles from a dropped frame's last beat to its drop pulse
+DROP_DELAY = 4          # IngressPort: cycles from a dropped frame's last beat to its drop pulse
 
 
 @dataclass

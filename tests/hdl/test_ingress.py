@@ -512,9 +512,9 @@ def test_random_frames_against_model(params, count):
 # ----------------------------------------------------------------------------- timing of the verdict
 @pytest.mark.parametrize("params", PARAMS, ids=IDS)
 def test_drop_and_busy_timing_of_one_bad_frame(params):
-    """One frame dropped for BAD_LENGTH, alone: ``drop`` pulses DROP_DELAY (3) cycles after its last beat,
+    """One frame dropped for BAD_LENGTH, alone: ``drop`` pulses DROP_DELAY (4) cycles after its last beat,
     ``busy`` is 1 from the cycle after its first beat through the cycle after the drop and 0 from the
-    5th cycle after its last beat on (docs/interface.md: BUSY falls when the drop is in its counter);
+    6th cycle after its last beat on (docs/interface.md: BUSY falls when the drop is in its counter);
     tready stays high (an idle port with room)."""
     rng = random.Random(21)
     B = params.beat_bytes
@@ -545,10 +545,11 @@ def test_drop_and_busy_timing_of_one_bad_frame(params):
     first, last = start, start + len(words) - 1
     busy = [b for b, _, _ in trace]
     drops = [c for c, (_, d, _) in enumerate(trace) if d]
-    assert drops == [last + IngressPort.DROP_DELAY] and trace[drops[0]][2] == R.BAD_LENGTH
+    assert IngressPort.DROP_DELAY == 4
+    assert drops == [last + 4] and trace[drops[0]][2] == R.BAD_LENGTH
     assert busy[:first + 1] == [0] * (first + 1), busy
-    assert all(busy[first + 1:last + 5]), busy
-    assert not any(busy[last + 5:]), busy
+    assert all(busy[first + 1:last + 6]), busy
+    assert not any(busy[last + 6:]), busy
 
 
 # ----------------------------------------------------------------------------- the header queue alone

@@ -35,17 +35,17 @@ def found(pattern: str, text: str) -> list[tuple[int, ...]]:
 
 def test_hand_derived_sums():
     """The two paths term by term, summed by hand from the registers named in docs/interface.md: forward
-    4 (ingress) + 1 (take) + 3 + 5 (decision) + 1 (lane request) + 3 (crossbar) + 5 (egress port: its input
-    register; the FIFO's write, the RAM's read, its output register, the skid) = 22; result 4 + 1 + 8 + 2
-    (lane start) + 1 (finished) + 2 (job queue: its input register, o.valid) + 1 (the register slice) + 1
-    (reader start) + 3 (bank read) + 3 (row queue) + 1 (request) + 3 (fanout) + 5 (the port's input
-    register and result queue), less the first beat and the first row (counted in beats and rows) = 33;
-    and the worked examples."""
-    assert latency.FORWARD_LATENCY == 22
-    assert latency.RESULT_OVERHEAD == 33
-    assert latency.result_latency(P4, 256) == 36 + 32 + (4 * 13 + 4) + 33 == 157
-    assert latency.result_latency(P4_INT, 256) == 36 + 32 + (4 * 4 + 1) + 33 == 118
-    assert latency.result_latency(P2_W512, 4) == 1 + 1 + (2 * 13 + 4) + 33 + 1 == 66
+    5 (ingress: 3 to the verdict, then 2 for the header queue) + 1 (take) + 3 + 5 (decision) + 1 (lane
+    request) + 3 (crossbar) + 5 (egress port: its input register; the FIFO's write, the RAM's read, its
+    output register, the skid) = 23; result 5 + 1 + 8 + 2 (lane start) + 1 (finished) + 2 (job queue: its
+    input register, o.valid) + 1 (the credit slice) + 1 (reader start) + 3 (bank read) + 3 (row queue) + 1
+    (request) + 3 (fanout) + 5 (the port's input register and result queue), less the first beat and the
+    first row (counted in beats and rows) = 34; and the worked examples."""
+    assert latency.FORWARD_LATENCY == 23
+    assert latency.RESULT_OVERHEAD == 34
+    assert latency.result_latency(P4, 256) == 36 + 32 + (4 * 13 + 4) + 34 == 158
+    assert latency.result_latency(P4_INT, 256) == 36 + 32 + (4 * 4 + 1) + 34 == 119
+    assert latency.result_latency(P2_W512, 4) == 1 + 1 + (2 * 13 + 4) + 34 + 1 == 67
 
 
 def test_interface_md_quotes_the_derived_figures():
