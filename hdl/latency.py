@@ -61,8 +61,8 @@ EGRESS_PORT = 1 + FRAME_FIFO
 #: [JobQueue.latency] The last frame a job waits for shows ``finished`` in t: the job is offered in t + 2
 #: (the queue's input register, then ``o.valid``).
 JOB_QUEUE = 2
-#: [RegisterSlice.latency, CreditSlice.latency] An item accepted by a slice in cycle t is offered from t + 1
-#: (its output register); the credit slice between the job queue and the fold reader
+#: [CreditSlice.latency] An item accepted by a slice in cycle t is offered from t + 1 (its output
+#: register); the credit slice between the job queue and the fold reader
 #: (cais.hdl.common.pipeline.CreditSlice).
 REGISTER_SLICE = 1
 #: [FoldReader.start_latency] A job offered to an idle fold reader to its first row read (``rd_en``): the

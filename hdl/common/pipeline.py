@@ -8,7 +8,7 @@ from amaranth.utils import ceil_log2
 
 from ..latency import REGISTER_SLICE
 
-__all__ = ["delay_line", "register_copy", "RegisterSlice", "CreditSlice"]
+__all__ = ["delay_line", "register_copy", "CreditSlice"]
 
 
 def delay_line(m, value, cycles: int, name: str, *, reset_less: bool = True):
@@ -54,66 +54,23 @@ def register_copy(m, value, name: str, platform, *, enable=None):
     return q
 
 
-class RegisterSlice(wiring.Component):
-    """A stream passed through registers at full rate: ``i.ready``, ``o.valid`` and ``o.payload`` are
-    flip-flops, so neither side's handshake logic reaches the other's in the same cycle (a consumer's
-    ``ready`` drives only this slice, not everything the producer's pop moves).
-
-    Two entries: the output register and a spare, which catches the item accepted in a cycle in which
-    the output was held (``i.ready`` is the spare being empty, known a cycle ahead). Items leave in order,
-    one per cycle while ``o.ready`` is high; an item accepted in cycle ``t`` is offered from ``t + 1``
-    (:attr:`latency`, :data:`cais.hdl.latency.REGISTER_SLICE`) when the output is free. Only the valid bits
-    are reset.
-
-    Members
-    -------
-    i : In(stream.Signature(shape)); o : Out(stream.Signature(shape))
-    """
-
-    latency = REGISTER_SLICE
-
-    def __init__(self, shape):
-        self.shape = shape
-        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
-
-    def elaborate(self, platform):
-        m = Module()
-        out_valid, spare_valid = Signal(), Signal()
-        out = Signal(self.shape, reset_less=True)
-        spare = Signal(self.shape, reset_less=True)
-        accept = self.i.valid & ~spare_valid
-        m.d.comb += [self.i.ready.eq(~spare_valid), self.o.valid.eq(out_valid), self.o.payload.eq(out)]
-        with m.If(~out_valid | self.o.ready):
-            # the output is free after this cycle: it takes the spare, else what comes in now
-            m.d.sync += [out_valid.eq(spare_valid | accept), spare_valid.eq(0),
-                         out.eq(Mux(spare_valid, Value.cast(spare), Value.cast(self.i.payload)))]
-        with m.Elif(accept):
-            m.d.sync += spare_valid.eq(1)
-        # The spare takes the input in every cycle it is empty (it is read only while spare_valid), so its
-        # clock enable is one flip-flop, not the input's valid and the output's ready (the float switch
-        # measured 4.79 + 4.97 + 3.00 ns of routing from spare_valid through the job queue's valid into the
-        # job slice's spare enables).
-        with m.If(~spare_valid):
-            m.d.sync += spare.eq(self.i.payload)
-        return m
-
-
 class CreditSlice(wiring.Component):
     """A stream between blocks the placer puts far apart, at full rate, with no signal crossing between
     them that combines with the far side's logic in the same cycle: the producer's ``i.ready`` is a flip-flop
     of a credit count beside it, and the consumer's ``o.ready`` drives only a queue beside the consumer.
 
-    A :class:`RegisterSlice` registers ``i.ready``, but that flip-flop follows ``o.ready`` and therefore
-    sits beside the consumer, and the producer's pop logic reads it across the die (the integer switch
-    measured 3.9-4.5 + 4.5-4.7 ns of routing from the job slice's ``spare_valid`` through the job queue's
-    pop into its level). Here the producer spends one of ``depth + 1`` credits per item; the item crosses
-    as the producer's ``valid & ready`` and payload into the consumer's side: an output register and a
-    ``depth``-entry queue behind it (LUT RAM). Every item that leaves the output sends a credit back
-    through a flip-flop (``credit``). A credit returns three cycles after it was spent when the consumer
-    takes at once, so ``depth >= 2`` keeps one item per cycle.
+    A two-entry register slice (an output register and a spare, ``i.ready`` the spare being empty) also
+    registers ``i.ready``, but that flip-flop follows ``o.ready`` and therefore sits beside the consumer,
+    and the producer's pop logic reads it across the die (the integer switch measured 3.9-4.5 + 4.5-4.7 ns
+    of routing from the job slice's ``spare_valid`` through the job queue's pop into its level). Here the
+    producer spends one of ``depth + 1`` credits per item; the item crosses as the producer's ``valid &
+    ready`` and payload into the consumer's side: an output register and a ``depth``-entry queue behind it
+    (LUT RAM). Every item that leaves the output returns its credit through a flip-flop. A credit comes
+    back three cycles after it was spent when the consumer takes at once, so ``depth >= 2`` keeps one
+    item per cycle.
 
-    Items leave in order; an item accepted in cycle ``t`` is offered from ``t + 1`` (:attr:`latency`, the
-    same contract as :class:`RegisterSlice`). Only the valid bits, counts and pointers are reset.
+    Items leave in order; an item accepted in cycle ``t`` is offered from ``t + 1`` (:attr:`latency`).
+    Only the valid bits, counts and pointers are reset.
 
     Members
     -------

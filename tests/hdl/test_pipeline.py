@@ -1,7 +1,7 @@
 # amaranth: UnusedElaboratable=no
 """cais.hdl.common.pipeline: register_copy, one clock edge of delay in simulation, and under an ECP5 synthesis
 flip-flops of its own that yosys keeps apart from another copy of the same value (the control: two plain
-registers of one value, which yosys merges into one); RegisterSlice and CreditSlice against a queue."""
+registers of one value, which yosys merges into one); CreditSlice against a queue."""
 
 import random
 
@@ -10,7 +10,7 @@ from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from cais.hdl.common.pipeline import CreditSlice, RegisterSlice, delay_line, register_copy
+from cais.hdl.common.pipeline import CreditSlice, delay_line, register_copy
 
 from blocksim import run
 from ecp5synth import port_bits, synth_json
@@ -114,14 +114,12 @@ def test_ecp5_copies_are_not_merged(tmp_path):
     assert all(plain[("y", i)] == plain[("z", i)] for i in range(WIDTH))
 
 
-# ---- RegisterSlice, CreditSlice
+# ---- CreditSlice
 
 #: docs/core-design.md: an item accepted in cycle t is offered from t + 1 (restated: the contract under test)
 SLICE_LATENCY = 1
-#: Items a slice may hold beyond the one in its output register: RegisterSlice's spare; CreditSlice(depth=d)
-#: its queue (d).
-SLICES = {"register": (lambda: RegisterSlice(8), 1), "credit4": (lambda: CreditSlice(8), 4),
-          "credit2": (lambda: CreditSlice(8, depth=2), 2)}
+#: Items a slice may hold beyond the one in its output register: CreditSlice(depth=d) its queue (d).
+SLICES = {"credit4": (lambda: CreditSlice(8), 4), "credit2": (lambda: CreditSlice(8, depth=2), 2)}
 
 
 @pytest.mark.parametrize("kind", list(SLICES))
