@@ -18,7 +18,7 @@ from cais import protocol as proto
 from cais.params import SwitchParams
 
 __all__ = ["INGRESS_DECIDE", "HEADER_QUEUE", "INGRESS_HEADER", "ARBITER", "RULE_LOOKUP", "SLOT_STATE",
-           "LANE_REQUEST", "LANE_START", "LANE_FINISH", "FRAME_GRANT", "FRAME_FIFO", "EGRESS_PORT", "JOB_QUEUE",
+           "LANE_REQUEST", "LANE_START", "LANE_FINISH", "FRAME_GRANT", "CROSSBAR_GRANT", "FRAME_FIFO", "EGRESS_PORT", "JOB_QUEUE",
            "REGISTER_SLICE", "FOLD_READER_START", "BANK_WRITE", "BANK_READ", "BANK_READ_REGISTERS", "RESULT_REQUEST",
            "forward_terms", "result_terms", "FORWARD_LATENCY", "RESULT_OVERHEAD", "frame_beats", "result_latency"]
 
@@ -48,9 +48,12 @@ LANE_START = 2
 #: [IngressLane.finish_latency] A frame's last beat to its ``finished`` (a register); one cycle more when
 #: its last payload row starts in its last beat (the row is written in the next cycle).
 LANE_FINISH = 1
-#: [EgressCrossbar.latency, ResultFanout.latency] A source's request (``req``) to its frame's first beat
-#: on the output: the grant register, the source's first beat, the output register.
+#: [ResultFanout.latency] A source's request (``req``) to its frame's first beat on the output: the grant
+#: register, the source's first beat, the output register.
 FRAME_GRANT = 3
+#: [EgressCrossbar.latency] The same through the crossbar, which registers its sources' beats at its inputs
+#: first (the lanes' beats come from every port's corner of the die).
+CROSSBAR_GRANT = FRAME_GRANT + 1
 #: [FrameFifo.latency with ``registered_output``] A beat written and committed in cycle t is at the head in
 #: t + 4: the write, the block RAM's read, its output register, the skid (a flip-flop FIFO).
 FRAME_FIFO = 4
@@ -99,7 +102,7 @@ def forward_terms() -> list[tuple[str, int]]:
         ("decision: rule lookup (T, B1, B2)", RULE_LOOKUP),
         ("decision: slot state (S0, S1, S2, U, V)", SLOT_STATE),
         ("lane: the request to the crossbar", LANE_REQUEST),
-        ("crossbar: grant, first beat, output register", FRAME_GRANT),
+        ("crossbar: grant, first beat, input register, output register", CROSSBAR_GRANT),
         ("egress port: the input register, the egress FIFO's write, read and output register", EGRESS_PORT),
     ]
 

@@ -21,6 +21,9 @@ from blocksim import run
 from tiers import sweep
 
 W = 64
+#: docs/interface.md: a frame shown granted in cycle g has its first beat on the crossbar's output in g + 3
+#: (its source's beat in g + 1, the input register, the output register): restated here
+CROSSBAR_FIRST_BEAT = 3
 
 
 def frames_for(rng, sources, ports, count, multicast):
@@ -157,7 +160,9 @@ def test_disjoint_sources_share_cycles():
         assert cycles == [cycles[0] + 8 * k for k in range(10)], (s, cycles)
     first = grants[0][0]
     for p in range(4):
-        assert [c for c, _ in got[p]] == list(range(first + 2, first + 82)), f"port {p}: a gap"
+        assert [c for c, _ in got[p]] == list(range(first + CROSSBAR_FIRST_BEAT, first + CROSSBAR_FIRST_BEAT + 80)), \
+            f"port {p}: a gap"
+    assert EgressCrossbar.latency == CROSSBAR_FIRST_BEAT + 1       # counted from the request, a cycle before g
 
 
 @pytest.mark.parametrize("beats", [2, 3, 7])
