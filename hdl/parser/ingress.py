@@ -68,11 +68,11 @@ class IngressPort(wiring.Component):
     check picks the reason and the frame is committed or rolled back, its header queued, in the same
     cycle as its last beat is written: the beats reach the FIFO through a 3-cycle delay line, so the next
     frame's beats, which may follow with no idle cycle, land after the commit. ``drop`` pulses in cycle 4
-    (:attr:`DROP_DELAY`); the rx
-    increments of a beat come 2 cycles after it (:attr:`RX_DELAY`). ``tready`` is a register: high while
-    the header queue has room for every frame whose last beat is in (queued or still being checked) plus
-    one, and the FIFO for every beat on its way plus one (or the beat is past ``max_frame`` and is not
-    stored). Every output is a register, except ``busy`` (the OR of two registers).
+    (:attr:`DROP_DELAY`); the rx increments of a beat come 2 cycles after it (:attr:`RX_DELAY`).
+    ``tready`` is a register: high while the header queue has room for every frame whose last beat is in
+    (queued or still being checked) plus one, and the FIFO for every beat on its way plus one (or the
+    beat is past ``max_frame`` and is not stored). Every output is a register, except ``busy`` (the OR of
+    two registers).
 
     Members
     -------
