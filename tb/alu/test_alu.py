@@ -9,7 +9,7 @@ NaNs, infinities, subnormals). Every dtype x operator the build has (float build
 build: int32/int16/int8) runs with the source back to back and with idle insertion (tvalid low 3 cycles of 4);
 the chain has no tready, so there is no back-pressure to apply. Every result's cycle is checked too: the chain
 takes a set of rows per cycle and returns each ``ports * L + 1`` edges later, L the slot ALU's documented
-latency (fadd_stages + 7 with float units, 3 without).
+latency (fadd_stages + 7 with float units, 4 without).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class TB:
                                       byte_lanes=1)
         self.monitor = AxiStreamMonitor(AxiStreamBus.from_prefix(dut, "m_axis", bus_separator="__"), dut.clk,
                                         dut.rst, byte_lanes=1)
-        stage = FADD_STAGES + 7 if P.float_units else 3
+        stage = FADD_STAGES + 7 if P.float_units else 4
         self.latency = self.ports * stage + 1
         self.taken = []            # sim time of every edge that took a set of rows (tvalid high; no tready)
 
