@@ -156,12 +156,16 @@ class SlotALU(wiring.Component):
         else:
             s.store, s.acc = reg(self.store, "in_store"), reg(self.acc, "in_acc")
             hi = self.granule & ~(_is_half(self.dtype) & self.acc_fp32)
-            s.hi = reg(hi, "in_hi")
             # the integer ALU's granule choice: a copy of hi per 32-bit group, beside that group's muxes
             # (the float switch measured 3.44 + 2.32 ns of routing from one in_hi_int over a fold stage's
-            # 64 muxes into the int32 compare's pieces)
+            # 64 muxes into the int32 compare's pieces); the float lanes' choice (s.hi) is a register of
+            # its own
             s.hi_int = [register_copy(m, hi, f"in_hi_int{g}", platform) for g in range(-(-W // 32))]
-            s.acc_int = register_copy(m, self.acc, "in_acc_int", platform) if self.float_units else s.acc
+            if self.float_units:
+                s.hi = reg(hi, "in_hi")
+                s.acc_int = register_copy(m, self.acc, "in_acc_int", platform)
+            else:
+                s.acc_int = s.acc
         s.valid = reg(self.i_valid, "in_valid", reset_less=False)
         return s
 

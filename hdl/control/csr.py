@@ -27,6 +27,8 @@ from amaranth.lib.wiring import In, Out
 
 from cais.registers import Access, Kind, RegisterMap
 
+from .tables import or_tree
+
 __all__ = ["CSRBusSignature", "AXI4LiteSignature", "AXI4LiteToCSR", "RegisterBank", "AxiResp", "csr_addr_width",
            "CSR_READ_LATENCY"]
 
@@ -578,7 +580,7 @@ class RegisterBank(wiring.Component):
             partial = Signal(32, name=f"read_group_{g}")
             m.d.sync += partial.eq(Mux(addr_d[gbits:] == g, _mux_tree(runs, addr_d[qbits:gbits]), 0))
             partials.append(partial)
-        m.d.comb += csr.r_data.eq(_or_all(partials))
+        m.d.comb += csr.r_data.eq(or_tree(partials))
 
         with m.If(csr.w_stb):
             with m.Switch(word_addr):
@@ -600,10 +602,3 @@ class RegisterBank(wiring.Component):
                     m.d.sync += csr.err.eq(1)
 
         return m
-
-
-def _or_all(values):
-    out = values[0]
-    for v in values[1:]:
-        out = out | v
-    return out

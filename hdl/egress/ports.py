@@ -138,15 +138,12 @@ class EgressCrossbar(wiring.Component):
                 acc = acc | (src[s].beats & new_owner[p][s].replicate(len(new_beats[p])))
             m.d.comb += new_beats[p].eq(acc)
 
-        # The sources' beats registered at the inputs, and the grants a cycle late to meet them.
-        beat_in = [{"valid": Signal(name=f"in_valid{s}"), "last": Signal(name=f"in_last{s}", reset_less=True),
-                    "keep": Signal.like(src[s].keep, name=f"in_keep{s}", reset_less=True),
-                    "data": Signal.like(src[s].data, name=f"in_data{s}", reset_less=True)} for s in range(S)]
-        for s in range(S):
-            m.d.sync += [beat_in[s][field].eq(getattr(src[s], field)) for field in ("valid", "last", "keep", "data")]
-        new_d = Signal(P)
-        new_owner_d = [Signal(S, name=f"new_owner{p}_d") for p in range(P)]
-        m.d.sync += [new_d.eq(new), *(new_owner_d[p].eq(new_owner[p]) for p in range(P))]
+        # The sources' beats registered at the inputs (only the valid bits reset), and the grants a cycle
+        # late to meet them.
+        beat_in = [{field: delay_line(m, getattr(src[s], field), 1, f"in_{field}{s}", reset_less=field != "valid")
+                    for field in ("valid", "last", "keep", "data")} for s in range(S)]
+        new_d = delay_line(m, new, 1, "new", reset_less=False)
+        new_owner_d = [delay_line(m, new_owner[p], 1, f"new_owner{p}") for p in range(P)]
 
         # Ownership and the beats, from the first beat of a granted frame to its last.
         owner = [Signal(S, name=f"owner{p}") for p in range(P)]          # one-hot
