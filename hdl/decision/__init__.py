@@ -146,7 +146,7 @@ class Decision(wiring.Component):
             arb.request.eq(Cat(h.valid for h in self.headers)),
             arb.all_reduce.eq(Cat(h.payload.all_reduce for h in self.headers)),
             arb.blocked.eq(mt.blocked), arb.hold.eq(self.hold),
-            *(h.ready.eq(arb.take[p]) for p, h in enumerate(self.headers)),
+            *(h.ready.eq(arb.ready[p]) for p, h in enumerate(self.headers)),
             *(look.headers[p].eq(h.payload) for p, h in enumerate(self.headers)),
             look.take.eq(arb.take), look.port.eq(arb.port), look.taken_stateful.eq(arb.stateful),
         ]
@@ -167,7 +167,7 @@ class Decision(wiring.Component):
             m.d.comb += [look.uplink.eq(self.uplink), self.ev_partial_sent.eq(st.ev_partial_sent),
                          self.ev_partial_resent.eq(st.ev_partial_resent)]
         # Maintenance waits for the all-reduce headers in flight, from the take to the write.
-        m.d.comb += mt.drained.eq(~((arb.take.any() & arb.stateful) | look.stateful | st.stateful))
+        m.d.comb += mt.drained.eq(~(arb.taken_stateful | look.stateful | st.stateful))
         m.d.comb += [getattr(self, name).eq(getattr(mt, name))
                      for name in ("aged", "aged_rule", "aged_slot", "aged_set", "aged_lost", "aged_event",
                                   "aged_ports")]
