@@ -66,6 +66,9 @@ class FrameFifo(wiring.Component):
     r_valid : Out(1)
     r_ready : In(1)
         First-word-fall-through read side: ``r_data`` is the oldest committed beat while ``r_valid``.
+    r_valid_next : Out(1)
+        Only with ``registered_output``: ``r_valid`` of the next cycle (its flip-flop's input), for a reader
+        that registers a choice made from it.
     """
 
     @property
@@ -81,6 +84,7 @@ class FrameFifo(wiring.Component):
             "w_data": In(width), "w_en": In(1), "w_rdy": Out(1), "commit": In(1), "rollback": In(1),
             "r_data": Out(width), "r_valid": Out(1), "r_ready": In(1),
             "level": Out(range(depth + 1)), "held": Out(1),
+            **({"r_valid_next": Out(1)} if registered_output else {}),
         })
         # The registered output's RAM has its read data registered inside the block (on ECP5 the DP16KD's
         # own output register, which yosys' inference never sets).
@@ -165,6 +169,7 @@ class FrameFifo(wiring.Component):
             m.d.sync += head.eq(head + 1)
         count_next = count + landed - pop
         m.d.sync += [count.eq(count_next), out_valid.eq(count_next != 0), credits.eq(credits - fetch + pop)]
+        m.d.comb += self.r_valid_next.eq(count_next != 0)
         m.d.comb += [
             self.r_data.eq(skid[head]), self.r_valid.eq(out_valid),
             # the RAM's beats, the reads on their way (SKID_DEPTH - credits - count of them) and the skid's

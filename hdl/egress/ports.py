@@ -17,7 +17,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..common.axis import AxisSignature
 from ..common.frame_fifo import FrameFifo
-from ..common.pipeline import delay_line
+from ..common.pipeline import delay_line, register_copy
 from ..latency import CROSSBAR_GRANT, EGRESS_PORT, FRAME_GRANT
 from ..parser.ingress import popcount
 
@@ -312,8 +312,13 @@ class EgressMerge(wiring.Component):
     stalled sink (AXI4-Stream). At a frame's last beat taken the owner becomes none, so in the next cycle
     the other input's head, if it waits (a whole frame: that input is not being read), is shown, else the
     same input's next frame: frames of both inputs follow each other without a bubble, alternating while
-    both wait. ``o`` is the inputs' registers through a 2-to-1 choice whose select comes from registers
-    (the owner, the turn, the inputs' valid); ``o.ready`` drives the inputs' ``ready`` through one AND.
+    both wait. ``o`` is the inputs' registers through a 2-to-1 choice whose select is itself a register,
+    chosen a cycle ahead from the owner's, the turn's and the inputs' next values (``fwd_valid_next``,
+    ``res_valid_next``: each input's ``valid`` of the next cycle), in two copies: one for the wide data
+    choice, one for the handshakes (one select computed from the inputs' valid in the cycle, fanned out to
+    the data, sat away from both FIFOs: the whole switch measured 1.9 + 2.1 ns of routing from a result
+    queue's valid through it into the egress FIFO's pop, 111.52 MHz). ``o.ready`` drives the inputs'
+    ``ready`` through one AND.
 
     Members
     -------
@@ -321,6 +326,8 @@ class EgressMerge(wiring.Component):
         The port's forwarded frames (its egress FIFO).
     res : In(stream.Signature(beat_layout(data_width)))
         The port's result frames (its result queue).
+    fwd_valid_next, res_valid_next : In(1)
+        ``fwd.valid`` and ``res.valid`` of the next cycle (the FIFOs' ``r_valid_next``).
     o : Out(stream.Signature(beat_layout(data_width)))
         The port's frames.
     busy : Out(1)
@@ -331,6 +338,7 @@ class EgressMerge(wiring.Component):
         layout = beat_layout(data_width)
         super().__init__({
             "fwd": In(stream.Signature(layout)), "res": In(stream.Signature(layout)),
+            "fwd_valid_next": In(1), "res_valid_next": In(1),
             "o": Out(stream.Signature(layout)), "busy": Out(1),
         })
 
@@ -339,18 +347,23 @@ class EgressMerge(wiring.Component):
         f, r, o = self.fwd, self.res, self.o
         owner = Signal(2)                      # one-hot: 1 the FIFO, 2 the result queue; 0 none
         last_res = Signal()                    # the last frame sent was a result
-        turn_res = r.valid & (~f.valid | ~last_res)
-        sel_res = Mux(owner.any(), owner[1], turn_res)
+        # sel_res: the result queue is shown; in every cycle it is the owner's input, or with none the
+        # input whose turn it is (the result queue if it waits and the last frame sent was forwarded or
+        # the FIFO is empty), registered from the next cycle's owner, last_res and valid bits.
+        sel_res = Signal()
+        ending = o.valid & o.ready & o.payload.last
+        owner_next = Mux(ending, 0, Mux(o.valid, Cat(~sel_res, sel_res), owner))
+        last_res_next = Mux(ending, sel_res, last_res)
+        turn_next = self.res_valid_next & (~self.fwd_valid_next | ~last_res_next)
+        sel_next = Signal()
+        m.d.comb += sel_next.eq(Mux(owner_next.any(), owner_next[1], turn_next))
+        m.d.sync += [owner.eq(owner_next), last_res.eq(last_res_next), sel_res.eq(sel_next)]
+        sel_data = register_copy(m, sel_next, "sel_data", platform)
         m.d.comb += [
-            o.payload.eq(Mux(sel_res, r.payload, f.payload)),
+            o.payload.eq(Mux(sel_data, r.payload, f.payload)),
             o.valid.eq(Mux(sel_res, r.valid, f.valid)),
             f.ready.eq(o.ready & ~sel_res), r.ready.eq(o.ready & sel_res),
         ]
-        ending = o.valid & o.ready & o.payload.last
-        with m.If(ending):
-            m.d.sync += [owner.eq(0), last_res.eq(sel_res)]
-        with m.Elif(o.valid):
-            m.d.sync += owner.eq(Cat(~sel_res, sel_res))
         m.d.comb += self.busy.eq(owner.any())
         return m
 
@@ -423,6 +436,7 @@ class EgressPort(wiring.Component):
         m.d.comb += [
             merge.fwd.payload.eq(fifo.r_data), merge.fwd.valid.eq(fifo.r_valid), fifo.r_ready.eq(merge.fwd.ready),
             merge.res.payload.eq(rq.r_data), merge.res.valid.eq(rq.r_valid), rq.r_ready.eq(merge.res.ready),
+            merge.fwd_valid_next.eq(fifo.r_valid_next), merge.res_valid_next.eq(rq.r_valid_next),
         ]
         m.d.comb += self.busy.eq(fifo.held | rq.held | Cat(*held_in).any())
         out = self.m_axis
