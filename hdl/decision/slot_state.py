@@ -249,11 +249,29 @@ class SlotState(wiring.Component):
             other.eq(or_tree(Mux(s.f_sel[k], src, 0) for k, src in enumerate(
                 (Mux(w_same, s.w_oth, s.w_cur), s.h1_new[~s.f_c.set], s.f_mem[~s.f_c.set])))),
         ]
+        # The compares of the forwarded sets, each source's before the pick (registers compared, then the
+        # 3-way pick of one bit), not after the pick of the wide sets (the integer switch measured W's
+        # FIRST bit -> the tag's choice -> the pick -> the tag compare into u_other_next, 8 LUT levels and
+        # 7 ns of routing, 106.00 MHz). W's set of the header is FIRST's own tag and length or the old ones.
+        tag, plen, next_tag = s.f_c.tag, s.f_c.plen, s.f_c.next_tag
+
+        def w_cur_tag_is(value):
+            return Mux(s.w_first, s.v_c.tag == value, s.w_cur_r.tag == value)
+        w_cur_len_is = Mux(s.w_first, s.v_c.plen == plen, s.w_cur_r.length == plen)
+        h1_cur, h1_other = s.h1_new[s.f_c.set], s.h1_new[~s.f_c.set]
+        mem_cur, mem_other = s.f_mem[s.f_c.set], s.f_mem[~s.f_c.set]
+
+        def pick(w, h1, mem):
+            return or_tree(Mux(s.f_sel[k], src, 0) for k, src in enumerate((w, h1, mem)))
+        tag_eq = pick(Mux(w_same, w_cur_tag_is(tag), s.w_oth.tag == tag), h1_cur.tag == tag, mem_cur.tag == tag)
+        len_eq = pick(Mux(w_same, w_cur_len_is, s.w_oth.length == plen), h1_cur.length == plen,
+                      mem_cur.length == plen)
+        other_next = pick(Mux(w_same, s.w_oth.tag == next_tag, w_cur_tag_is(next_tag)),
+                          h1_other.tag == next_tag, mem_other.tag == next_tag)
         m.d.sync += [
             s.u_valid.eq(s.f_valid), s.u_agg.eq(s.f_agg), s.u_action.eq(s.f_action), s.u_reason.eq(s.f_reason),
             s.u_mask.eq(s.f_mask), s.u_c.eq(s.f_c), s.u_cur.eq(cur), s.u_other.eq(other),
-            s.u_tag_eq.eq(cur.tag == s.f_c.tag), s.u_len_eq.eq(cur.length == s.f_c.plen),
-            s.u_other_next.eq(other.tag == s.f_c.next_tag),
+            s.u_tag_eq.eq(tag_eq), s.u_len_eq.eq(len_eq), s.u_other_next.eq(other_next),
             # the header one ahead (in U now, in W when this one is in U)
             s.u_prev_same.eq(s.u_agg & (s.u_c.slot == s.f_c.slot)), s.u_same_set.eq(s.u_c.set == s.f_c.set),
             # (the copies differ from the originals only for a header that writes nothing, f_agg 0: the
