@@ -9,12 +9,16 @@
    host ring (whose frames the same switch forwards), on the C++-driven link: bytes sent per rank and
    cycles to completion.
 
+The C++-driven link and the bare loop run the profile-guided build of the model (the one `make sim` runs,
+cais.sim.build.build_native with pgo); `--no-pgo` measures the plain build of the tests instead.
+
 Each rate is given per wall second and per CPU second of the process (its own threads only: a loaded
 machine slows the first but hardly the second, so the CPU ratio link / bare is the one to compare across runs
 on a shared machine).
 
     python bench/bench_cosim.py [--elements 262144] [--slow-elements 16384] [--ranks 2,4,8] [--ring-elements 16384]
-                                [--links model,amaranth,cocotb,verilator_cpp,bare_cpp] [--bare-cycles 2000000] [--json]
+                                [--links model,amaranth,cocotb,verilator_cpp,bare_cpp] [--bare-cycles 2000000]
+                                [--no-pgo] [--json]
 """
 
 from __future__ import annotations
@@ -39,11 +43,11 @@ def _job(ranks: int, elements: int, offload: str = "auto") -> dict:
     return {"ranks": ranks, "elements": elements, "op": "sum", "seed": 1, "config": {"offload": offload}}
 
 
-def bare_cpp_rate(params: SwitchParams, cycles: int = BARE_CYCLES) -> tuple[float, float]:
+def bare_cpp_rate(params: SwitchParams, cycles: int = BARE_CYCLES, pgo: bool = True) -> tuple[float, float]:
     """Cycles per wall second and per CPU second of the Verilated model with only its clock toggled, from C++."""
     from cais.sim.links.verilator import VerilatorLink
 
-    link = VerilatorLink(params)
+    link = VerilatorLink(params, pgo=pgo)
     try:
         link.bare_clock(1000)                       # warm up
         t0, c0 = time.perf_counter(), time.process_time()
@@ -53,18 +57,19 @@ def bare_cpp_rate(params: SwitchParams, cycles: int = BARE_CYCLES) -> tuple[floa
         link.close()
 
 
-def link_rates(links: list[str], elements: int, slow_elements: int, bare_cycles: int = BARE_CYCLES) -> dict:
+def link_rates(links: list[str], elements: int, slow_elements: int, bare_cycles: int = BARE_CYCLES,
+               pgo: bool = True) -> dict:
     params = SwitchParams(ports=4)
     rows = {}
     for name in links:
         if name == "bare_cpp":
-            wall_rate, cpu_rate = bare_cpp_rate(params, bare_cycles)
+            wall_rate, cpu_rate = bare_cpp_rate(params, bare_cycles, pgo)
             rows[name] = {"cycles_per_s": wall_rate, "cycles_per_cpu_s": cpu_rate, "elements": 0,
                           "cycles": bare_cycles, "wall_s": None, "correct": None}
             continue
         n = slow_elements if name in SLOW else elements
         t0 = time.perf_counter()
-        s = run_backend(LINKS[name], params, ENTRY, _job(4, n))
+        s = run_backend(LINKS[name], params, ENTRY, _job(4, n), **({"pgo": pgo} if name == "verilator_cpp" else {}))
         wall = time.perf_counter() - t0
         if not s["correct"]:
             raise SystemExit(f"{name}: wrong all-reduce result")
@@ -111,6 +116,8 @@ def parse_args(argv):
     ap.add_argument("--bare-cycles", type=integer(1000), default=BARE_CYCLES,
                     help="cycles of the bare C++ clock loop (bare_cpp)")
     ap.add_argument("--links", default=",".join(LINKS), help=f"comma-separated subset of {', '.join(LINKS)}")
+    ap.add_argument("--no-pgo", dest="pgo", action="store_false",
+                    help="the plain build of the C++-driven model (verilator_cpp, bare_cpp), not the profile-guided one")
     ap.add_argument("--json", action="store_true", help="print one JSON object with the figures, no table")
     args = ap.parse_args(argv)
     try:
@@ -128,7 +135,7 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    rates = link_rates(args.links, args.elements, args.slow_elements, args.bare_cycles)
+    rates = link_rates(args.links, args.elements, args.slow_elements, args.bare_cycles, args.pgo)
     ring = switch_vs_ring(args.ranks, args.ring_elements)
     cps = {name: row["cycles_per_s"] for name, row in rates.items()}
     ratios = {}
@@ -144,10 +151,11 @@ def main(argv=None) -> int:
         print(json.dumps({"cycles_per_s": cps, "ratios": ratios, "cpu_ratios": cpu_ratios, "links": rates,
                           "switch_vs_ring": ring,
                           "elements": args.elements, "slow_elements": args.slow_elements,
-                          "ring_elements": args.ring_elements}))
+                          "ring_elements": args.ring_elements, "pgo": args.pgo}))
         return 0
     print(f"CAIS co-simulation benchmark: 4 ranks all-reduce int32 ({args.elements} elements per rank; "
-          f"{args.slow_elements} on {', '.join(SLOW)})")
+          f"{args.slow_elements} on {', '.join(SLOW)}; the C++ model's {'profile-guided' if args.pgo else 'plain'} "
+          f"build)")
     print()
     print(f"{'link':>14} {'elements':>9} {'cycles':>9} {'wall s':>7} {'cycles/s':>10} {'cycles/CPU s':>12}")
     for name, row in rates.items():

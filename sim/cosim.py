@@ -1,7 +1,7 @@
 """`make sim`: ranks all-reduce a tensor through the switch with the driver and controller in charge.
 
     python -m cais.sim.cosim [--ranks 4] [--elements 262144] [--op sum] [--dtype int32] [--backend verilator|cocotb|amaranth|model]
-                             [--loss 0.0] [--seed 1] [--collectives 1] [--config cais.toml] [--waves]
+                             [--loss 0.0] [--seed 1] [--collectives 1] [--config cais.toml] [--waves] [--no-pgo]
                              [--float-mode native|quantize] [--accumulate fp32|wire] [--reproducible]
                              [--topology single|leaf-spine] [--leaves 2] [--ranks-per-leaf 4]
                               [--leaf-backend model|verilator] [--spine-backend model|verilator] [--jumbo]
@@ -15,6 +15,10 @@ float64 (always quantized) (docs/driver.md). `--accumulate fp32` (default) sums 
 rounds once; `wire` rounds after every addition. `--reproducible` makes float results independent of the
 arrival order; they are then checked bit for bit against a numpy fold in rank order, otherwise against
 the exact reduction within a bound.
+
+The Verilated switch is the profile-guided build (cais.sim.build.build_native: compiled twice, the second
+time from the profile of a training job; the first `make sim` takes that much longer); `--no-pgo` takes the
+plain build of the tests.
 
 `--jumbo` runs the jumbo build (cais.params.JUMBO: 1,024-byte payloads, 16 slots) with 1,024-byte chunks
 (unless `--config` sets a chunk_size other than the default): each rank's bytes come within 1% of the
@@ -78,6 +82,8 @@ def parse_args(argv):
     ap.add_argument("--config", type=Path, help="TOML file with a [cais] table of driver settings")
     ap.add_argument("--offload", choices=["auto", "always", "never"], help="override the offload decision")
     ap.add_argument("--waves", action="store_true", help="write a VCD (verilator and amaranth backends)")
+    ap.add_argument("--no-pgo", dest="pgo", action="store_false",
+                    help="the verilator backend's plain build (no profile-guided second compile)")
     ap.add_argument("--jumbo", action="store_true",
                     help=f"the jumbo build ({', '.join(f'{k} {v}' for k, v in JUMBO.items())}), chunks of its "
                          f"max_payload")
@@ -143,7 +149,8 @@ def main(argv=None) -> int:
 
         def work():
             try:
-                box["summary"] = run_backend(kind, params, ENTRY, job, waves=args.waves)
+                extra = {"pgo": args.pgo} if kind == "verilator" else {}
+                box["summary"] = run_backend(kind, params, ENTRY, job, waves=args.waves, **extra)
             except BaseException as e:   # reported below
                 box["error"] = e
             finally:

@@ -44,11 +44,14 @@ _loaded: dict[Path, ctypes.CDLL] = {}
 _status_types: dict[Path, type] = {}
 
 
-def load_library(params: SwitchParams, *, waves: bool = False) -> ctypes.CDLL:
-    """Build (cached) and load the C++-driven model of ``params``."""
+def load_library(params: SwitchParams, *, waves: bool = False, pgo: bool = False,
+                 path: Path | None = None) -> ctypes.CDLL:
+    """Build (cached) and load the C++-driven model of ``params`` (profile-guided with ``pgo``: see
+    :func:`cais.sim.build.build_native`), or load the one at ``path`` (built for ``params``)."""
     from ..build import build_native
 
-    path = build_native(params, waves=waves).library
+    if path is None:
+        path = build_native(params, waves=waves, pgo=pgo).library
     lib = _loaded.get(path)
     if lib is None:
         lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
@@ -77,15 +80,17 @@ class VerilatorLink(LinkBase):
     """A :class:`cais.link.SwitchLink` on the C++-driven Verilated switch.
 
     ``seed``, ``idle`` and ``backpressure`` (a probability, or one per port) give the same pause patterns
-    as on the cocotb link; ``vcd`` names a waveform file (the library is then built with tracing).
+    as on the cocotb link; ``vcd`` names a waveform file (the library is then built with tracing); ``pgo``
+    takes the profile-guided build (:func:`cais.sim.build.build_native`), ``library`` a library already
+    built for ``params`` (the profile-guided build's training job runs on its instrumented one).
     """
 
     def __init__(self, params: SwitchParams, *, clock_hz: float = DEFAULT_CLOCK_HZ, seed: int = 0,
                  idle: float | list[float] = 0.0, backpressure: float | list[float] = 0.0,
-                 vcd: str | os.PathLike | None = None):
+                 vcd: str | os.PathLike | None = None, pgo: bool = False, library: Path | None = None):
         super().__init__(params, clock_hz)
         self._ports = params.ports
-        self._lib = load_library(params, waves=vcd is not None)
+        self._lib = load_library(params, waves=vcd is not None, pgo=pgo, path=library)
         # the harness writes its state here (this memory outlives it: the last values stay readable)
         self._status = status_type(self._lib)()
         self._out: list[bytes] = []          # frames sent since the last call into the harness
@@ -238,13 +243,15 @@ class VerilatorLink(LinkBase):
 def run_verilator(params: SwitchParams, main: Callable[[VerilatorLink], Awaitable], *, seed: int = 0,
                   idle: float | list[float] = 0.0, backpressure: float | list[float] = 0.0,
                   clock_hz: float = DEFAULT_CLOCK_HZ, vcd: str | os.PathLike | None = None,
-                  waves: bool = False, **_ignored: Any):
+                  waves: bool = False, pgo: bool = False, **_ignored: Any):
     """Run ``await main(link)`` on a fresh :class:`VerilatorLink`; return main's result. ``waves`` without
-    ``vcd`` writes ``<build>/sim/<slug>_cpp_waves/dump.vcd``."""
+    ``vcd`` writes ``<build>/sim/<slug>_cpp_waves/dump.vcd``; ``pgo`` runs the profile-guided build
+    (without waves)."""
     if waves and vcd is None:
         from ..build import build_root
         vcd = build_root() / "sim" / f"{params.slug()}_cpp_waves" / "dump.vcd"
-    link = VerilatorLink(params, clock_hz=clock_hz, seed=seed, idle=idle, backpressure=backpressure, vcd=vcd)
+    link = VerilatorLink(params, clock_hz=clock_hz, seed=seed, idle=idle, backpressure=backpressure, vcd=vcd,
+                         pgo=pgo)
     try:
         return run_sync(main(link))
     finally:

@@ -6,6 +6,8 @@ import json
 import pytest
 
 from benchscripts import assert_refused, load_script
+from cais.params import SwitchParams
+from cais.sim.build import build_native
 
 bench = load_script("bench_cosim")
 
@@ -44,3 +46,12 @@ def test_json_figures(capsys):
     switch, ring = out["switch_vs_ring"]
     assert (switch["path"], ring["path"]) == ("switch", "ring")
     assert switch["bytes_per_rank"] < ring["bytes_per_rank"]          # the point of in-network aggregation
+    # the C++ rows ran the profile-guided build: compiled from the training job's counts of the model's
+    # code (g++'s files, one per compiled model file), the job's all-reduces on the instrumented library
+    assert out["pgo"] is True
+    pgo = build_native(SwitchParams(ports=4), pgo=True)
+    assert pgo.cached and pgo.library.parent.name.endswith("_cpp_pgo")
+    counts = sorted(p.name for p in (pgo.build_dir / "profile").glob("*.gcda"))
+    assert any("Vswitch___024root__0" in name for name in counts) and any("harness" in name for name in counts)
+    assert "-fprofile-use=" in (pgo.build_dir / "build.log").read_text().splitlines()[0]
+    assert "-fprofile-generate=" in (pgo.build_dir / "build_profile.log").read_text().splitlines()[0]

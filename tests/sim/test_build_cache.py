@@ -113,3 +113,15 @@ def test_a_real_build_survives_a_source_edit_that_leaves_its_verilog(tmp_path):
     source.write_text("version 2\n")
     changed = build()
     assert not changed.cached and changed.executable.stat().st_mtime_ns != mtime
+
+
+def test_a_failed_training_job_is_a_build_error_naming_its_log(tmp_path):
+    """The profile-guided build's training job runs in a process of its own; if it fails (here: no library
+    at the path) the build fails with the job's log, not with a model optimised for nothing."""
+    from cais.params import SwitchParams
+
+    log = tmp_path / "training.log"
+    with pytest.raises(b.BuildError) as e:
+        b._train(tmp_path / "missing.so", SwitchParams(ports=2), log)
+    assert "training job" in str(e.value) and str(log) in str(e.value)
+    assert "missing.so" in log.read_text()
