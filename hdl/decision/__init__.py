@@ -148,7 +148,7 @@ class Decision(wiring.Component):
             arb.blocked.eq(mt.blocked), arb.hold.eq(self.hold),
             *(h.ready.eq(arb.ready[p]) for p, h in enumerate(self.headers)),
             *(look.headers[p].eq(h.payload) for p, h in enumerate(self.headers)),
-            look.take.eq(arb.take), look.port.eq(arb.port), look.taken_stateful.eq(arb.stateful),
+            look.take.eq(arb.lookup_take), look.port.eq(arb.port), look.taken_stateful.eq(arb.stateful),
         ]
         wiring.connect(m, wiring.flipped(self.program), look.program, mt.program)
         # The slot state: the looked-up header, the memory's ports; the decision's outputs.
