@@ -1,6 +1,6 @@
 """Small pipeline helpers shared by the RTL blocks."""
 
-from amaranth.hdl import ClockSignal, Const, Instance, Module, Mux, Signal, Value
+from amaranth.hdl import ClockSignal, Const, Instance, Module, Mux, ResetSignal, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -28,28 +28,31 @@ def delay_line(m, value, cycles: int, name: str, *, reset_less: bool = True):
     return value
 
 
-def register_copy(m, value, name: str, platform, *, enable=None):
-    """``value`` registered once on ``m.d.sync`` (no reset) in flip-flops of its own, which synthesis keeps
+def register_copy(m, value, name: str, platform, *, enable=None, reset: bool = False):
+    """``value`` registered once on ``m.d.sync`` in flip-flops of their own, which synthesis keeps
     apart from every other register of the same value, so that each copy can be placed beside the logic it
     feeds (yosys' ``opt_merge`` folds identical registers into one, whatever their names or ``keep``
     attributes, and ``memory_dff`` folds a register behind a memory's read into the memory). For an ECP5
     target (:func:`cais.hdl.common.bram.ecp5_target`) the copy is ``TRELLIS_FF`` instances, which it does
     not merge; elsewhere (simulation, Verilator) a plain register, which behaves the same: a fabric
     flip-flop without reset powers up 0, as the register starts. With ``enable`` the copy loads only in the
-    cycles ``enable`` is high (the flip-flops' clock enable) and holds otherwise."""
+    cycles ``enable`` is high (the flip-flops' clock enable) and holds otherwise. With ``reset`` the copy
+    is cleared by the domain's reset as a register of the domain is (a synchronous reset on the
+    flip-flops' LSR): a copy of a control register that must be 0 in the cycle after a one-cycle reset."""
     from .bram import ecp5_target
 
     value = Value.cast(value)
-    q = Signal(len(value), name=name, reset_less=True)
+    q = Signal(len(value), name=name, reset_less=not reset)
     if not ecp5_target(platform):
         with m.If(1 if enable is None else enable):
             m.d.sync += q.eq(value)
         return q
     ce, cemux = (Const(1, 1), "1") if enable is None else (enable, "CE")
+    lsr = ResetSignal(allow_reset_less=True) if reset else Const(0, 1)
     for i in range(len(value)):
         m.submodules[f"{name}_ff{i}"] = Instance(
             "TRELLIS_FF", p_GSR="DISABLED", p_CEMUX=cemux, p_CLKMUX="CLK", p_LSRMUX="LSR", p_REGSET="RESET",
-            p_SRMODE="LSR_OVER_CE", i_CLK=ClockSignal(), i_LSR=Const(0, 1), i_CE=ce, i_DI=value[i],
+            p_SRMODE="LSR_OVER_CE", i_CLK=ClockSignal(), i_LSR=lsr, i_CE=ce, i_DI=value[i],
             o_Q=q[i])
     return q
 

@@ -94,8 +94,9 @@ class Arbiter(wiring.Component):
         m.d.comb += grant.eq(Cat(*(req[p] & ~(req & ahead[p]).any() for p in range(P))))
         next_take = Signal(P)
         m.d.comb += next_take.eq(Mux(self.hold, 0, grant))
-        ready = register_copy(m, next_take, "ready_copy", platform)
-        lookup_take = register_copy(m, next_take, "lookup_take", platform)
+        # (the copies reset as take does: no header is taken in the cycle after a reset)
+        ready = register_copy(m, next_take, "ready_copy", platform, reset=True)
+        lookup_take = register_copy(m, next_take, "lookup_take", platform, reset=True)
         next_sf = ~self.blocked | (grant & self.all_reduce).any()
         m.d.sync += [take.eq(next_take), t_sf.eq(next_sf), self.taken_stateful.eq(next_take.any() & next_sf),
                      t_port.eq(Cat(*(Cat(*(grant[p] for p in range(P) if p >> k & 1)).any()

@@ -191,7 +191,7 @@ class ResultGenerator(wiring.Component):
         rows_next = Mux(fire & needs_row, rows_left - 1, rows_left)
         past_next = past_hdr | (fire & hsel[h - 1]) if h else past_hdr
         ready_next = Mux(start, (h == 0) & (nxt.rows != 0), active & ~ending & past_next & (rows_next != 0))
-        m.d.comb += self.rows.ready.eq(register_copy(m, ready_next, "rows_ready", platform))
+        m.d.comb += self.rows.ready.eq(register_copy(m, ready_next, "rows_ready", platform, reset=True))
 
         # Rows owed: the current frame's not yet taken and the next frame's.
         owed = Signal(range(2 * P.rows_per_set + 1))

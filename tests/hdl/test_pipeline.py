@@ -6,7 +6,8 @@ registers of one value, which yosys merges into one); CreditSlice against a queu
 import random
 
 import pytest
-from amaranth.hdl import Module
+from amaranth.hdl import ClockDomain, Module
+from amaranth.sim import Simulator
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -89,6 +90,54 @@ def test_enabled_copy_loads_only_with_its_enable():
 
     run(dut, tb)
     assert 40 < sum(checked) < 160
+
+
+class ResetCopy(wiring.Component):
+    """``x`` registered into ``y`` by register_copy with ``reset``; for a simulation in a ``sync`` domain of
+    its own (whose ``rst`` the testbench drives), else in the one the top's ports give (``clk``, ``rst``)."""
+
+    def __init__(self, own_domain=True):
+        super().__init__({"x": In(WIDTH), "y": Out(WIDTH)})
+        self.sync = ClockDomain("sync") if own_domain else None
+
+    def elaborate(self, platform):
+        m = Module()
+        if self.sync is not None:
+            m.domains.sync = self.sync
+        m.d.comb += self.y.eq(register_copy(m, self.x, "y_reg", platform, reset=True))
+        return m
+
+
+def test_reset_copy_is_cleared_by_a_one_cycle_reset():
+    """With ``reset``, the copy is 0 in the cycle after a clock edge with reset high, whatever x was (a
+    control register's copy after a one-cycle reset: docs/interface.md allows one cycle), and follows x
+    otherwise."""
+    dut = ResetCopy()
+    ones = (1 << WIDTH) - 1
+
+    async def tb(ctx):
+        for cycle in range(12):
+            ctx.set(dut.x, ones)
+            ctx.set(dut.sync.rst, cycle == 6)
+            await ctx.tick()
+            await ctx.delay(1e-9)
+            assert ctx.get(dut.y) == (0 if cycle == 6 else ones), cycle
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run()
+
+
+@pytest.mark.pnr
+def test_ecp5_reset_copy_resets_on_the_domain_reset(tmp_path):
+    """Under an ECP5 synthesis the copy is TRELLIS_FF instances whose synchronous reset (LSR) is the
+    domain's reset, not a constant."""
+    module = synth_json(ResetCopy(own_domain=False), tmp_path, "reset_copy")
+    port_of = port_bits(module)
+    flops = [c for c in module["cells"].values() if c["type"] == "TRELLIS_FF"]
+    assert len(flops) == WIDTH
+    assert all(port_of.get(c["connections"]["LSR"][0], (None,))[0] == "rst" for c in flops)
 
 
 def _flops(component, tmp_path, name):
