@@ -333,11 +333,13 @@ NATIVE_ARGS = ("--cc", "--exe", "--build", "-j", "2", "--prefix", "Vswitch", "-O
 #: g++'s profile-guided optimisation of the model (``build_native(pgo=True)``): the model is compiled with
 #: counters (``PGO_GENERATE``), runs a training job (:mod:`cais.sim.links.pgo_train`: all-reduces on the
 #: C++-driven link), and is compiled again from the counts (``PGO_USE``: code the job never ran is optimised
-#: as without a profile). The default switch's bare clock loop ran 10% faster that way and the link 7-9%
-#: (side by side, docs/core-design.md section 6); the build takes a second compile and the job.
+#: as without a profile). The default switch's bare clock loop ran 4-15% faster that way and the link 8-11%
+#: (side by side, docs/core-design.md section 7); the build takes a second compile and the job.
 PGO_GENERATE = ("-CFLAGS", "-fprofile-generate={profile}", "-LDFLAGS", "-fprofile-generate={profile}")
 PGO_USE = ("-CFLAGS", "-fprofile-use={profile}", "-CFLAGS", "-fprofile-partial-training",
            "-CFLAGS", "-Wno-missing-profile")
+#: The training job of a profile-guided build (run as ``python -m cais.sim.links.pgo_train``).
+PGO_TRAINING = Path(__file__).resolve().parent / "links" / "pgo_train.py"
 
 
 @dataclass(frozen=True)
@@ -411,9 +413,6 @@ def build_native(params: SwitchParams, *, waves: bool = False, pgo: bool = False
     cached = _cached_build(build_dir, digest, library, make, inputs)
     return NativeBuild(library, build_dir, params, waves, cached=cached, pgo=pgo)
 
-
-#: The training job of a profile-guided build (run as ``python -m cais.sim.links.pgo_train``).
-PGO_TRAINING = Path(__file__).resolve().parent / "links" / "pgo_train.py"
 
 
 def _clear_objects(build_dir: Path) -> None:
