@@ -333,7 +333,7 @@ NATIVE_ARGS = ("--cc", "--exe", "--build", "-j", "2", "--prefix", "Vswitch", "-O
 #: g++'s profile-guided optimisation of the model (``build_native(pgo=True)``): the model is compiled with
 #: counters (``PGO_GENERATE``), runs a training job (:mod:`cais.sim.links.pgo_train`: all-reduces on the
 #: C++-driven link), and is compiled again from the counts (``PGO_USE``: code the job never ran is optimised
-#: as without a profile). The default switch's bare clock loop ran 4-15% faster that way and the link 8-11%
+#: as without a profile). The default switch's bare clock loop ran 6-11% faster that way and the link 2-11%
 #: (side by side, docs/core-design.md section 7); the build takes a second compile and the job.
 PGO_GENERATE = ("-CFLAGS", "-fprofile-generate={profile}", "-LDFLAGS", "-fprofile-generate={profile}")
 PGO_USE = ("-CFLAGS", "-fprofile-use={profile}", "-CFLAGS", "-fprofile-partial-training",
