@@ -168,8 +168,8 @@ class FrameFifo(wiring.Component):
         with m.If(pop):
             m.d.sync += head.eq(head + 1)
         count_next = count + landed - pop
-        m.d.sync += [count.eq(count_next), out_valid.eq(count_next != 0), credits.eq(credits - fetch + pop)]
         m.d.comb += self.r_valid_next.eq(count_next != 0)
+        m.d.sync += [count.eq(count_next), out_valid.eq(self.r_valid_next), credits.eq(credits - fetch + pop)]
         m.d.comb += [
             self.r_data.eq(skid[head]), self.r_valid.eq(out_valid),
             # the RAM's beats, the reads on their way (SKID_DEPTH - credits - count of them) and the skid's

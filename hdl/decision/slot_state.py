@@ -243,12 +243,13 @@ class SlotState(wiring.Component):
         cur, other = Signal(setl, name="fwd_cur"), Signal(setl, name="fwd_other")
         # (W's sets picked by whether the header's set is W's: no swap of W's entry on the way)
         w_same = s.f_w_same
-        m.d.comb += [
-            cur.eq(or_tree(Mux(s.f_sel[k], src, 0) for k, src in enumerate(
-                (Mux(w_same, s.w_cur, s.w_oth), s.h1_new[s.f_c.set], s.f_mem[s.f_c.set])))),
-            other.eq(or_tree(Mux(s.f_sel[k], src, 0) for k, src in enumerate(
-                (Mux(w_same, s.w_oth, s.w_cur), s.h1_new[~s.f_c.set], s.f_mem[~s.f_c.set])))),
-        ]
+        h1_cur, h1_other = s.h1_new[s.f_c.set], s.h1_new[~s.f_c.set]
+        mem_cur, mem_other = s.f_mem[s.f_c.set], s.f_mem[~s.f_c.set]
+
+        def pick(w, h1, mem):        # the newest write's (or the memory's), by S1's choice
+            return or_tree(Mux(s.f_sel[k], src, 0) for k, src in enumerate((w, h1, mem)))
+        m.d.comb += [cur.eq(pick(Mux(w_same, s.w_cur, s.w_oth), h1_cur, mem_cur)),
+                     other.eq(pick(Mux(w_same, s.w_oth, s.w_cur), h1_other, mem_other))]
         # The compares of the forwarded sets, each source's before the pick (registers compared, then the
         # 3-way pick of one bit), not after the pick of the wide sets (the integer switch measured W's
         # FIRST bit -> the tag's choice -> the pick -> the tag compare into u_other_next, 8 LUT levels and
@@ -258,11 +259,6 @@ class SlotState(wiring.Component):
         def w_cur_tag_is(value):
             return Mux(s.w_first, s.v_c.tag == value, s.w_cur_r.tag == value)
         w_cur_len_is = Mux(s.w_first, s.v_c.plen == plen, s.w_cur_r.length == plen)
-        h1_cur, h1_other = s.h1_new[s.f_c.set], s.h1_new[~s.f_c.set]
-        mem_cur, mem_other = s.f_mem[s.f_c.set], s.f_mem[~s.f_c.set]
-
-        def pick(w, h1, mem):
-            return or_tree(Mux(s.f_sel[k], src, 0) for k, src in enumerate((w, h1, mem)))
         tag_eq = pick(Mux(w_same, w_cur_tag_is(tag), s.w_oth.tag == tag), h1_cur.tag == tag, mem_cur.tag == tag)
         len_eq = pick(Mux(w_same, w_cur_len_is, s.w_oth.length == plen), h1_cur.length == plen,
                       mem_cur.length == plen)

@@ -151,15 +151,8 @@ class ResultGenerator(wiring.Component):
             for beat in range(1, h + 1):
                 nxt_hdr = nxt_hdr | Mux(hsel[beat - 1], chunk(cais, beat, up), 0)
             m.d.sync += hdr_cur.eq(nxt_hdr)
-            if h:
-                with m.If(hsel[h - 1]):
-                    m.d.sync += past_hdr.eq(1)
             with m.If(~is_last):
                 m.d.sync += [left.eq(left - 1), is_last.eq(left == 2)]
-        with m.If(fire & needs_row):
-            m.d.sync += rows_left.eq(rows_left - 1)
-        with m.If(ending):
-            m.d.sync += active.eq(0)
 
         # A grant comes only when the current frame ends by then (the request's promise, below).
         can_start = ~active | ending
@@ -178,19 +171,22 @@ class ResultGenerator(wiring.Component):
             m.d.sync += nxt_valid.eq(0)
         with m.If(start):
             m.d.sync += [
-                active.eq(1), cais.eq(nxt.cais), left.eq(nxt_beats), is_last.eq(nxt_beats == 1),
-                last_keep.eq(nxt_keep), rows_left.eq(nxt.rows), hsel.eq(1), past_hdr.eq(h == 0),
+                cais.eq(nxt.cais), left.eq(nxt_beats), is_last.eq(nxt_beats == 1),
+                last_keep.eq(nxt_keep), hsel.eq(1),
                 hdr_cur.eq(chunk(nxt.cais, 0, nxt_up)), prev.eq(0),
             ]
             if P.uplink:
                 m.d.sync += up.eq(nxt.up)
 
-        # rows.ready (``fire & needs_row``) from flip-flops of their own, loaded with its next value, beside
-        # the fold reader's row queue it pops (the integer switch measured rows_left -> needs_row -> the
-        # queue's pop and credits across the die, 2.1 + 1.0 + 1.9 ns of routing, 104.13 MHz)
-        rows_next = Mux(fire & needs_row, rows_left - 1, rows_left)
-        past_next = past_hdr | (fire & hsel[h - 1]) if h else past_hdr
-        ready_next = Mux(start, (h == 0) & (nxt.rows != 0), active & ~ending & past_next & (rows_next != 0))
+        # The frame's state after this edge (a start, a beat sent, a row taken, the last beat), and from it
+        # rows.ready (``fire & needs_row``) in flip-flops of their own beside the fold reader's row queue it
+        # pops (the integer switch measured rows_left -> needs_row -> the queue's pop and credits across
+        # the die, 2.1 + 1.0 + 1.9 ns of routing, 104.13 MHz)
+        active_next = Mux(start, 1, active & ~ending)
+        rows_next = Mux(start, nxt.rows, Mux(fire & needs_row, rows_left - 1, rows_left))
+        past_next = Mux(start, h == 0, (past_hdr | (fire & hsel[h - 1])) if h else past_hdr)
+        m.d.sync += [active.eq(active_next), rows_left.eq(rows_next), past_hdr.eq(past_next)]
+        ready_next = active_next & past_next & (rows_next != 0)
         m.d.comb += self.rows.ready.eq(register_copy(m, ready_next, "rows_ready", platform, reset=True))
 
         # Rows owed: the current frame's not yet taken and the next frame's.
