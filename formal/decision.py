@@ -129,14 +129,14 @@ def _writer_delta_unmoved(entry, writer, new_used, old_used, old_rule):
     return Mux(writer == entry, new_used - old_used[0] - old_used[1], 0)
 
 
-def _age_due_complete(s, now, age):
+def _age_due_complete(s, over_age):
     """``age_due`` broken: the done bit is not looked at."""
-    return (s.bitmap != 0) & ~s.aged & ((now - s.stamp)[:len(s.stamp)] > age)
+    return (s.bitmap != 0) & ~s.aged & over_age
 
 
-def _age_due_sent(s, now, age):
+def _age_due_sent(s, over_age):
     """``age_due`` broken (uplink): the sent bit is not looked at."""
-    return (s.bitmap != 0) & ~s.done & ~s.aged & ((now - s.stamp)[:len(s.stamp)] > age)
+    return (s.bitmap != 0) & ~s.done & ~s.aged & over_age
 
 
 def _stamp_always(accepted, now, stamp):

@@ -97,8 +97,10 @@ class RuleLookup(wiring.Component):
         found beside B2's own full sum, so that the slot-state memory's address pins hang on a flip-flop,
         not on the sum's carry chain: the whole switch measured 9 ns of routing on that path): the
         slot-state read is addressed from it, so the read's output is registered with B2.
-    stateful : Out(1)
-        A header that may need the slot state is in T, B1 or B2 (for the maintenance's wait).
+    stateful_next : Out(1)
+        A header that may need the slot state may be in T, B1 or B2 in the next cycle: from registers
+        only (the take, T's and B1's bits: one in B1 is taken as staying so in B2), for the maintenance's
+        wait, which registers it.
     busy : Out(1)
         A header is in T, B1 or B2.
     uplink : In(32)
@@ -121,7 +123,7 @@ class RuleLookup(wiring.Component):
             "take": In(P), "port": In(range(P)), "taken_stateful": In(1),
             "program": In(TableProgramSignature(regmap)),
             "o": Out(stream.Signature(lookup_layout(params), always_ready=True)),
-            "read_slot": Out(slot_bits(params)), "stateful": Out(1), "busy": Out(1),
+            "read_slot": Out(slot_bits(params)), "stateful_next": Out(1), "busy": Out(1),
             **({"uplink": In(32)} if params.uplink else {}),
         })
 
@@ -201,7 +203,7 @@ class RuleLookup(wiring.Component):
         self._b2(m, m_valid, m_port, m_me, m_meta, m_cais, m_hit, m_rule, m_quota, m_entry, macs, spoofed)
         b = self.o
         m.d.comb += [
-            self.stateful.eq((a_valid & a_sf) | m_sf | (b.valid & ~b.payload.l2 & (b.payload.action == Action.AGGREGATE))),
+            self.stateful_next.eq((take.any() & self.taken_stateful) | (a_valid & a_sf) | m_sf),
             self.busy.eq(a_valid | m_valid | b.valid),
         ]
         return m

@@ -154,10 +154,14 @@ class IngressPort(wiring.Component):
 
         hdr_reg = self._header(m, take, beat, d1_data)
 
-        # rx increments: the accepted tkeep registered, then counted
+        # rx increments: the accepted tkeep registered, then counted. The frame's pulse is a copy: as a
+        # plain register, synthesis merged it (and the register bank's register behind it) with the checks'
+        # valid bits, which are the same value, and the whole switch measured 6.46 ns of routing from a
+        # port's check register into the register bank's 32-bit counter (110.78 MHz).
         rx_keep, rx_last = Signal(B), Signal()
         m.d.sync += [rx_keep.eq(Mux(take, s.tkeep, 0)), rx_last.eq(take & s.tlast),
-                     self.rx_bytes.eq(popcount(rx_keep)), self.rx_frame.eq(rx_last)]
+                     self.rx_bytes.eq(popcount(rx_keep))]
+        m.d.comb += self.rx_frame.eq(register_copy(m, rx_last, "rx_frame_copy", platform, reset=True))
 
         # the last beat's facts, for cycle 1
         v1 = Signal()

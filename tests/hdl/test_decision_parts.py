@@ -4,7 +4,10 @@ under amaranth.sim, against hand-derived cycles: each part's ``latency`` attribu
 composition's DECISION_LATENCY is the sum the whole decision shows (tests/hdl/test_decision.py checks that
 against the reference model)."""
 
+from amaranth.hdl import Module, Signal
+
 from cais.hdl.decision import DECISION_LATENCY, Arbiter, Maintenance, RuleLookup, SlotState
+from cais.hdl.decision.maintenance import past_age
 from cais.hdl.sram.state import SlotStateMemory
 from cais.params import SwitchParams
 from cais.registers import register_map
@@ -221,6 +224,28 @@ def test_maintenance_visit_latency():
     assert slot == 0
     assert writes[0] == (r + 4, 0, 1, 1)
     assert all(blocked[r - 1:r + 2]) and not blocked[r + 2]
+
+
+def test_past_age_is_the_compare_of_the_sum():
+    """``past_age`` (the scanner's decision from the units found a cycle early) against the integers, for
+    every 4-bit elapsed count, age and unit end: (elapsed + rolls) mod 16 > age, the wrap included."""
+    m = Module()
+    elapsed, rolls, age = Signal(4), Signal(), Signal(4)
+    over = Signal()
+    m.d.comb += over.eq(past_age(elapsed, rolls, age))
+    wrong = []
+
+    async def tb(ctx):
+        for e in range(16):
+            for r in (0, 1):
+                for a in range(16):
+                    ctx.set(elapsed, e)
+                    ctx.set(rolls, r)
+                    ctx.set(age, a)
+                    if ctx.get(over) != ((e + r) % 16 > a):
+                        wrong.append((e, r, a, ctx.get(over)))
+    run(m, tb, clock=False)
+    assert wrong == []
 
 
 def test_decision_latency_is_the_parts():
