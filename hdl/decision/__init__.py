@@ -166,15 +166,16 @@ class Decision(wiring.Component):
         if self.params.uplink:
             m.d.comb += [look.uplink.eq(self.uplink), self.ev_partial_sent.eq(st.ev_partial_sent),
                          self.ev_partial_resent.eq(st.ev_partial_resent)]
-        # Maintenance waits for the all-reduce headers in flight, from the take to the write: ``drained``
-        # a register, from each part's view of the next cycle (registers but for the arbiter's, which
-        # needs no grant), so that the wait's start and ``blocked`` see no logic of the far parts (the
-        # whole switch measured the lookup's B2 registers -> its ``stateful`` -> ``blocked``, 6 LUT levels
-        # and 6.98 ns of routing, 113.31 MHz). A header in B2 or S0 that turns out to need no slot state
-        # may keep it low a cycle longer.
-        drained = Signal(init=1)
-        m.d.sync += drained.eq(~(arb.stateful_next | look.stateful_next | st.stateful_next))
-        m.d.comb += mt.drained.eq(drained)
+        # Maintenance waits for the all-reduce headers in flight, from the take to the write: exactly
+        # (a clear or a visit that started a cycle later than it could lost SLOT_CLEARs written close
+        # together: a pending clear is one register), from a register of each part's view of the next
+        # cycle (registers but for the arbiter's, which needs no grant) and B2's own flip-flop, so that the
+        # wait's start and ``blocked`` see no logic of the far parts (the whole switch measured the lookup's
+        # B2 registers -> its decode -> ``drained`` -> ``blocked``, 6 LUT levels and 6.98 ns of routing,
+        # 113.31 MHz).
+        drained_else = Signal(init=1)
+        m.d.sync += drained_else.eq(~(arb.stateful_next | look.stateful_next | st.stateful_next))
+        m.d.comb += mt.drained.eq(drained_else & ~look.stateful_b2)
         m.d.comb += [getattr(self, name).eq(getattr(mt, name))
                      for name in ("aged", "aged_rule", "aged_slot", "aged_set", "aged_lost", "aged_event",
                                   "aged_ports")]

@@ -98,9 +98,11 @@ class RuleLookup(wiring.Component):
         not on the sum's carry chain: the whole switch measured 9 ns of routing on that path): the
         slot-state read is addressed from it, so the read's output is registered with B2.
     stateful_next : Out(1)
-        A header that may need the slot state may be in T, B1 or B2 in the next cycle: from registers
-        only (the take, T's and B1's bits: one in B1 is taken as staying so in B2), for the maintenance's
-        wait, which registers it.
+        A header that may need the slot state is in T or B1 in the next cycle: from registers only (the
+        take, T's bit), for the maintenance's wait, which registers it.
+    stateful_b2 : Out(1)
+        A register: the header in B2 needs the slot state (an all-reduce header B2 aggregates), for the
+        maintenance's wait (B2's decode of ``o`` registered with it, so the wait reads one flip-flop here).
     busy : Out(1)
         A header is in T, B1 or B2.
     uplink : In(32)
@@ -123,7 +125,8 @@ class RuleLookup(wiring.Component):
             "take": In(P), "port": In(range(P)), "taken_stateful": In(1),
             "program": In(TableProgramSignature(regmap)),
             "o": Out(stream.Signature(lookup_layout(params), always_ready=True)),
-            "read_slot": Out(slot_bits(params)), "stateful_next": Out(1), "busy": Out(1),
+            "read_slot": Out(slot_bits(params)), "stateful_next": Out(1), "stateful_b2": Out(1),
+            "busy": Out(1),
             **({"uplink": In(32)} if params.uplink else {}),
         })
 
@@ -203,7 +206,7 @@ class RuleLookup(wiring.Component):
         self._b2(m, m_valid, m_port, m_me, m_meta, m_cais, m_hit, m_rule, m_quota, m_entry, macs, spoofed)
         b = self.o
         m.d.comb += [
-            self.stateful_next.eq((take.any() & self.taken_stateful) | (a_valid & a_sf) | m_sf),
+            self.stateful_next.eq((take.any() & self.taken_stateful) | (a_valid & a_sf)),
             self.busy.eq(a_valid | m_valid | b.valid),
         ]
         return m
@@ -264,6 +267,7 @@ class RuleLookup(wiring.Component):
             m.d.comb += s_action.eq(Action.AGGREGATE)      # (BAD_SLOT is checked in S0)
 
         m.d.sync += [
+            self.stateful_b2.eq(m_valid & (s_action == Action.AGGREGATE)),
             b_valid.eq(m_valid), b_action.eq(s_action), b_reason.eq(s_reason), b_mask.eq(s_mask), b_slot.eq(slot),
             b_l2.eq(~m_cais), b_spoofed.eq(spoofed), b_group.eq(hdr.dst_is_group),
             b_strict.eq((hdr.ethertype == proto.HOST_ETHERTYPE)

@@ -81,9 +81,8 @@ class SlotState(wiring.Component):
         The header's state write (stage W), in the cycle of the write: ``valid`` for every all-reduce
         header that reached the slot state.
     stateful_next : Out(1)
-        An all-reduce header (one that reads or writes the slot state) may be in S0 .. W in the next
-        cycle: from registers only (an all-reduce header on ``i`` is
-        taken as reaching S0 whatever its slot; one in W leaves), for the maintenance's wait.
+        An all-reduce header (one that reads or writes the slot state) is in S0 .. W in the next cycle:
+        S0's, F's and U's next aggregate bits (one in W leaves), for the maintenance's wait.
     busy : Out(1)
         A header is in S0 .. V (not counting the outputs).
     ev_partial_sent : Out(1); ev_partial_resent : Out(1)
@@ -204,8 +203,8 @@ class SlotState(wiring.Component):
         l2 = b.l2 & ~spoofed
         b_cand = self.i.valid & ~b.l2 & ~spoofed & (b.action == Action.AGGREGATE)
         bad = b.slot >= prm.slots
-        # (W's header leaves; U's reaches W; B2's reaches S0 if its slot is good)
-        m.d.comb += self.stateful_next.eq(b_cand | s.r_agg | s.f_agg | s.u_agg)
+        # (W's header leaves; U's reaches W; B2's reaches S0: r_agg's next value)
+        m.d.comb += self.stateful_next.eq((b_cand & ~bad) | s.r_agg | s.f_agg | s.u_agg)
         # flooded (a group or unknown destination), but never a host frame under MAC_POLICY.host_strict
         l2_dest = Mux(b.group | ~b.mac_hit, Mux(b.host_strict, 0, all_ports), b.mac_mask) & ~b.c.me
         # The read missed the writes of the five headers ahead; of them, the ones now in W and h1 are in
