@@ -168,7 +168,7 @@ class RuleLookup(wiring.Component):
 
         # ------------------------------------------------------------ B1: the rule's and the MAC entry's fields
         m.d.comb += rules.pick.eq(a_pick)
-        m_valid, m_port, m_me, m_sf = Signal(), Signal(range(P)), Signal(P), Signal()
+        m_valid, m_port, m_me = Signal(), Signal(range(P)), Signal(P)
         m_meta = Signal(self.meta_layout, reset_less=True)
         m_hit, m_rule, m_quota = Signal(), Signal(rule_layout(prm), reset_less=True), Signal(32, reset_less=True)
         m_mac = Signal(prm.mac_entries, reset_less=True)
@@ -197,7 +197,7 @@ class RuleLookup(wiring.Component):
         m.d.sync += m_read_slot.eq(_slot_of(rules.picked.base, a_seq, rules.picked_quota))
         m.d.comb += self.read_slot.eq(m_read_slot)
         m.d.sync += [
-            m_valid.eq(a_valid), m_port.eq(a_port), m_me.eq(a_me), m_sf.eq(a_valid & a_sf), m_meta.eq(a_meta),
+            m_valid.eq(a_valid), m_port.eq(a_port), m_me.eq(a_me), m_meta.eq(a_meta),
             m_hit.eq(a_pick.any()), m_rule.eq(rules.picked), m_quota.eq(rules.picked_quota),
             m_mac.eq(lowest_one(a_mac, prm.mac_entries)),           # the winning MAC entry
         ]
