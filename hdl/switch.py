@@ -78,9 +78,12 @@ class Switch(wiring.Component):
         busy = [core.busy_parts]
 
         # Core events -> counters. Drops come from every ingress port and from the core, so a reason's
-        # counter may advance by several in one cycle. Every event comes from a register and the bank
-        # registers each increment before its adder, so a sum of events is the only logic between them.
-        drops = {r: [core.ev_drop & (core.ev_drop_reason == r)] for r in proto.DropReason}
+        # counter may advance by several in one cycle. Every event comes from a register (an ingress port's
+        # drops one-hot, one flip-flop per reason) and the bank registers each increment before its adder,
+        # so a sum of events is the only logic between them.
+        # (the core drops a frame only for a reason after the parser's: a parser's drop never reaches it)
+        drops = {r: [] if r in proto.PARSER_DROPS else [core.ev_drop & (core.ev_drop_reason == r)]
+                 for r in proto.DropReason}
         m.d.comb += [
             regs.forwarded_inc.eq(core.ev_forwarded),
             regs.contributions_inc.eq(core.ev_contribution),
@@ -105,8 +108,8 @@ class Switch(wiring.Component):
                 m.d.comb += ing.uplink.eq(up_en & (up_port == p))
             m.d.comb += [regs.rx_frames_inc[p].eq(ing.rx_frame), regs.rx_bytes_inc[p].eq(ing.rx_bytes)]
             busy.append(ing.busy)
-            for r in proto.PARSER_DROPS:
-                drops[r].append(ing.drop & (ing.drop_reason == r))
+            for i, r in enumerate(proto.PARSER_DROPS):
+                drops[r].append(ing.drop_counted[i])
 
             # Egress: the port's egress FIFO, result queue and merge (whole frames into m_axis), the credits
             # back to the core's crossbar and fanout, and the tx counters' increments.

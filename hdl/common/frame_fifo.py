@@ -69,6 +69,10 @@ class FrameFifo(wiring.Component):
     r_valid_next : Out(1)
         Only with ``registered_output``: ``r_valid`` of the next cycle (its flip-flop's input), for a reader
         that registers a choice made from it.
+    r_last : Out(1)
+        Only with ``registered_output``: ``r_data``'s top bit (a frame's last beat, in the egress port's
+        beats), from a copy of the skid's flip-flops of that bit and a multiplexer of its own, for a reader
+        whose control needs the frame's end apart from the wide data's multiplexers and their fanout.
     """
 
     @property
@@ -84,7 +88,7 @@ class FrameFifo(wiring.Component):
             "w_data": In(width), "w_en": In(1), "w_rdy": Out(1), "commit": In(1), "rollback": In(1),
             "r_data": Out(width), "r_valid": Out(1), "r_ready": In(1),
             "level": Out(range(depth + 1)), "held": Out(1),
-            **({"r_valid_next": Out(1)} if registered_output else {}),
+            **({"r_valid_next": Out(1), "r_last": Out(1)} if registered_output else {}),
         })
         # The registered output's RAM has its read data registered inside the block (on ECP5 the DP16KD's
         # own output register, which yosys' inference never sets).
@@ -165,13 +169,15 @@ class FrameFifo(wiring.Component):
         m.d.comb += [mem.rd_addr.eq(register_copy(m, rp_next[:abits], "rd_addr_copy", platform)), mem.rd_en.eq(1)]
         with m.If(landed):
             m.d.sync += [skid[tail].eq(mem.rd_data), tail.eq(tail + 1)]
+        skid_last = Array(register_copy(m, mem.rd_data[-1], f"skid_last{i}", platform, enable=landed & (tail == i))
+                          for i in range(SKID_DEPTH))
         with m.If(pop):
             m.d.sync += head.eq(head + 1)
         count_next = count + landed - pop
         m.d.comb += self.r_valid_next.eq(count_next != 0)
         m.d.sync += [count.eq(count_next), out_valid.eq(self.r_valid_next), credits.eq(credits - fetch + pop)]
         m.d.comb += [
-            self.r_data.eq(skid[head]), self.r_valid.eq(out_valid),
+            self.r_data.eq(skid[head]), self.r_valid.eq(out_valid), self.r_last.eq(skid_last[head]),
             # the RAM's beats, the reads on their way (SKID_DEPTH - credits - count of them) and the skid's
             self.held.eq((wp != rp) | (credits + count != SKID_DEPTH) | out_valid),
         ]

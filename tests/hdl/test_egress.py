@@ -342,9 +342,10 @@ class MergeBench(Elaboratable):
         m = Module()
         m.submodules.fwd, m.submodules.res = self.fifos
         m.submodules.merge = mg = self.merge
-        for fifo, inp, valid_next in zip(self.fifos, (mg.fwd, mg.res), (mg.fwd_valid_next, mg.res_valid_next)):
+        for fifo, inp, valid_next, last in zip(self.fifos, (mg.fwd, mg.res), (mg.fwd_valid_next, mg.res_valid_next),
+                                               (mg.fwd_last, mg.res_last)):
             m.d.comb += [inp.payload.eq(fifo.r_data), inp.valid.eq(fifo.r_valid), fifo.r_ready.eq(inp.ready),
-                         fifo.commit.eq(fifo.w_en), valid_next.eq(fifo.r_valid_next)]
+                         fifo.commit.eq(fifo.w_en), valid_next.eq(fifo.r_valid_next), last.eq(fifo.r_last)]
         return m
 
 

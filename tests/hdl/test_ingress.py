@@ -513,8 +513,9 @@ def test_random_frames_against_model(params, count):
 @pytest.mark.parametrize("params", PARAMS, ids=IDS)
 def test_drop_and_busy_timing_of_one_bad_frame(params):
     """One frame dropped for BAD_LENGTH, alone: ``drop`` pulses DROP_DELAY (4) cycles after its last beat,
-    ``busy`` is 1 from the cycle after its first beat through the cycle after the drop and 0 from the
-    6th cycle after its last beat on (docs/interface.md: BUSY falls when the drop is in its counter);
+    BAD_LENGTH's bit of ``drop_counted`` (and no other) a cycle later, ``busy`` is 1 from the cycle after
+    its first beat through the cycle after that and 0 from the 7th cycle after its last beat on (the bank
+    registers the increment, then adds it: docs/interface.md, BUSY falls when the drop is in its counter);
     tready stays high (an idle port with room)."""
     rng = random.Random(21)
     B = params.beat_bytes
@@ -537,19 +538,22 @@ def test_drop_and_busy_timing_of_one_bad_frame(params):
                 ctx.set(sa.tlast, tlast)
                 ctx.set(sa.tuser, tuser)
             ctx.set(sa.tvalid, on)
-            _, _, tready, busy, drop, reason = await ctx.tick().sample(sa.tready, dut.busy, dut.drop, dut.drop_reason)
+            _, _, tready, busy, drop, reason, counted = await ctx.tick().sample(
+                sa.tready, dut.busy, dut.drop, dut.drop_reason, dut.drop_counted)
             assert tready, f"cycle {cycle}: tready low on an idle port"
-            trace.append((busy, drop, reason))
+            trace.append((busy, drop, reason, counted))
 
     run(dut, tb)
     first, last = start, start + len(words) - 1
-    busy = [b for b, _, _ in trace]
-    drops = [c for c, (_, d, _) in enumerate(trace) if d]
-    assert IngressPort.DROP_DELAY == 4
+    busy = [b for b, _, _, _ in trace]
+    drops = [c for c, (_, d, _, _) in enumerate(trace) if d]
+    counted = [(c, k) for c, (_, _, _, k) in enumerate(trace) if k]
+    assert IngressPort.DROP_DELAY == 4 and IngressPort.COUNT_DELAY == 5
     assert drops == [last + 4] and trace[drops[0]][2] == R.BAD_LENGTH
+    assert counted == [(last + 5, 1 << list(proto.PARSER_DROPS).index(R.BAD_LENGTH))], counted
     assert busy[:first + 1] == [0] * (first + 1), busy
-    assert all(busy[first + 1:last + 6]), busy
-    assert not any(busy[last + 6:]), busy
+    assert all(busy[first + 1:last + 7]), busy
+    assert not any(busy[last + 7:]), busy
 
 
 # ----------------------------------------------------------------------------- the header queue alone
