@@ -54,9 +54,9 @@ class Maintenance(wiring.Component):
     entries, :data:`CLEAR_QUEUE_DEPTH`) and carried out in the order written, each as a clear alone is, one
     every 4 cycles while ``drained``; a full queue raises ``clear_full``, and the register bridge takes no
     write until it falls (a strobe that finds the queue full, and no clear starting, is ignored: only a
-    source that does not wait for ``clear_full`` can lose one). While ``AGING.age`` is not 0, a scanner visits one set per age unit
-    (``age_unit_log2`` cycles), every set in turn, through the same machinery: it waits for the headers in
-    flight, reads the slot, picks the visited set from the registered read (a cycle of its own), decides
+    source that does not wait for ``clear_full`` can lose one). While ``AGING.age`` is not 0, a scanner
+    visits one set per age unit (``age_unit_log2`` cycles), every set in turn, through the same machinery
+    (after the clears queued): it waits for the headers in flight, reads the slot, picks the visited set from the registered read (a cycle of its own), decides
     whether it ages (a cycle of its own, from the picked set) and writes the set freed or marked aged, so
     it adds nothing to the slot-state loop and no new header reads the slot before the write. Each set
     keeps the age unit of its last accepted contribution (``stamp``, modulo 2**stamp bits) and an ``aged``
@@ -113,7 +113,8 @@ class Maintenance(wiring.Component):
         self.age_clock = Signal(age_unit_log2 + age_stamp_bits(params))
         super().__init__({
             "program": In(TableProgramSignature(regmap)), "drained": In(1), "sweeping": In(1), "sweep_last": In(1),
-            "blocked": Out(1), "clear_full": Out(1), "state": Out(SlotStatePort(params, read_en=True)), "now": Out(age_stamp_bits(params)),
+            "blocked": Out(1), "clear_full": Out(1), "state": Out(SlotStatePort(params, read_en=True)),
+            "now": Out(age_stamp_bits(params)),
             "cleared": Out(1), "visit_aged": Out(1), "visit_free": Out(1),
             "visit_rule": Out(rule_index_bits(params)),
             "aged": Out(1), "aged_rule": Out(range(params.rules)), "aged_slot": Out(range(params.slots)),

@@ -245,7 +245,8 @@ def test_maintenance_full_clear_queue_holds_the_next_write():
     """Six SLOT_CLEARs written as fast as the queue takes them while headers are in flight: the queue holds
     CLEAR_QUEUE_DEPTH (4), ``clear_full`` rises in the cycle after the fourth strobe and falls in the cycle
     after a clear starts (the start in cycle 30, the first drained one); the fifth is strobed then (31) and
-    fills the queue again; the sixth waits for the next start (34) and is strobed in 35. All six are written, in order, 4 cycles apart."""
+    fills the queue again; the sixth waits for the next start (34) and is strobed in 35. All six are
+    written, in order, 4 cycles apart."""
     from cais.hdl.decision.maintenance import CLEAR_QUEUE_DEPTH
     assert CLEAR_QUEUE_DEPTH == 4
     slots = [3, 0, 6, 4, 7, 2]
