@@ -68,6 +68,8 @@ class Switch(wiring.Component):
                                                 level_any={"BUSY": busy_parts})
         connect(m, wiring.flipped(self.s_axil), axil.axil)
         connect(m, axil.csr, regs.csr)
+        # A full SLOT_CLEAR queue holds the next write back (a register, from the write's strobe's next cycle)
+        m.d.comb += axil.w_hold.eq(self.core.decision.clear_full)
 
         m.d.comb += [
             # the bank's members of the table registers, by the names both derive from the register map

@@ -209,6 +209,11 @@ class AXI4LiteToCSR(wiring.Component):
     writes, since registers such as the rule and MAC staging registers and the commands only make
     sense written whole.
 
+    ``w_hold`` holds writes back: while it is high neither AW nor W is accepted (a pending read is served
+    meanwhile), so a write waits for room rather than being lost. The switch raises it while the
+    SLOT_CLEAR queue is full (:class:`cais.hdl.decision.Maintenance`); it must rise no later than the
+    cycle after a write's command strobe (cycle 3 below) for the next write to see it.
+
     Latency: the CSR strobe is issued one cycle after the address (for a write: the later of AW and
     W) is accepted; ``bvalid`` rises three cycles after the write is accepted, ``rvalid``
     ``CSR_READ_LATENCY + 2`` (four) cycles after the read's address.
@@ -224,6 +229,8 @@ class AXI4LiteToCSR(wiring.Component):
         The AXI4-Lite subordinate port.
     csr : Out(CSRBusSignature(addr_width))
         The CSR bus, initiator side.
+    w_hold : In(1)
+        Accept no write (AW or W) in this cycle.
     """
 
     def __init__(self, addr_width: int):
@@ -231,6 +238,7 @@ class AXI4LiteToCSR(wiring.Component):
         super().__init__({
             "axil": In(AXI4LiteSignature(addr_width)),
             "csr": Out(CSRBusSignature(addr_width)),
+            "w_hold": In(1),
         })
 
     @property
@@ -269,11 +277,11 @@ class AXI4LiteToCSR(wiring.Component):
                 write_pending = aw_got | w_got | axil.awvalid | axil.wvalid
                 take_read = Signal()
                 m.d.comb += take_read.eq(axil.arvalid & ~aw_got & ~w_got &
-                                         ~(prefer_write & (axil.awvalid | axil.wvalid)))
+                                         ~(prefer_write & (axil.awvalid | axil.wvalid) & ~self.w_hold))
                 m.d.comb += [
                     axil.arready.eq(take_read),
-                    axil.awready.eq(~aw_got & ~take_read),
-                    axil.wready.eq(~w_got & ~take_read),
+                    axil.awready.eq(~aw_got & ~take_read & ~self.w_hold),
+                    axil.wready.eq(~w_got & ~take_read & ~self.w_hold),
                 ]
                 aw_hs = axil.awvalid & axil.awready
                 w_hs = axil.wvalid & axil.wready

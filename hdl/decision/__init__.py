@@ -87,6 +87,9 @@ class Decision(wiring.Component):
         the rule entry it counts for, which set; ``aged_lost``: its event found the queue full.
     aged_event : Out(32); aged_ports : Out(32)
         The AGED_EVENT and AGED_PORTS words of the oldest queued event (``program.aged_pop_stb`` pops it).
+    clear_full : Out(1)
+        The maintenance's SLOT_CLEAR queue is full: no SLOT_CLEAR strobe may come from the next cycle on
+        until it falls (the switch holds AXI4-Lite writes back meanwhile, :class:`Maintenance`).
     state : Out(SlotStatePort(read_en=False)); maint : Out(SlotStatePort(read_en=True))
         The slot-state pipeline's and the maintenance's ports on the SRAM buffer's slot-state memory.
     sweeping : In(1); sweep_last : In(1)
@@ -120,6 +123,7 @@ class Decision(wiring.Component):
             "sets_in_use": Out(32).array(params.rules),
             "aged": Out(1), "aged_rule": Out(range(params.rules)), "aged_slot": Out(range(params.slots)),
             "aged_set": Out(1), "aged_lost": Out(1), "aged_event": Out(32), "aged_ports": Out(32),
+            "clear_full": Out(1),
             "state": Out(SlotStatePort(params, read_en=False)), "maint": Out(SlotStatePort(params, read_en=True)),
             "sweeping": In(1), "sweep_last": In(1),
             **({"uplink": In(32), "ev_partial_sent": Out(1), "ev_partial_resent": Out(1)} if params.uplink else {}),
@@ -168,7 +172,7 @@ class Decision(wiring.Component):
                          self.ev_partial_resent.eq(st.ev_partial_resent)]
         # Maintenance waits for the all-reduce headers in flight, from the take to the write: exactly
         # (a clear or a visit that started a cycle later than it could lost SLOT_CLEARs written close
-        # together: a pending clear is one register), from a register of each part's view of the next
+        # together while a pending clear was one register; they queue now), from a register of each part's view of the next
         # cycle (registers but for the arbiter's, which needs no grant) and B2's own flip-flop, so that the
         # wait's start and ``blocked`` see no logic of the far parts (the whole switch measured the lookup's
         # B2 registers -> its decode -> ``drained`` -> ``blocked``, 6 LUT levels and 6.98 ns of routing,
@@ -178,7 +182,7 @@ class Decision(wiring.Component):
         m.d.comb += mt.drained.eq(drained_else & ~look.stateful_b2)
         m.d.comb += [getattr(self, name).eq(getattr(mt, name))
                      for name in ("aged", "aged_rule", "aged_slot", "aged_set", "aged_lost", "aged_event",
-                                  "aged_ports")]
+                                  "aged_ports", "clear_full")]
         # The counters: every write of the slot state.
         wiring.connect(m, st.written, cnt.written)
         m.d.comb += [cnt.sweeping.eq(self.sweeping), cnt.cleared.eq(mt.cleared), cnt.read_data.eq(self.maint.read_data),

@@ -1,7 +1,7 @@
 """The slot state's maintenance: SLOT_CLEAR, the aging scanner and its event queue (the reset sweep is the
 slot-state memory's own: :class:`cais.hdl.sram.state.SlotStateMemory`)."""
 
-from amaranth.hdl import Cat, Module, Mux, Signal, Value
+from amaranth.hdl import C, Cat, Module, Mux, Signal, Value
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -13,7 +13,17 @@ from ..control.tables import TableProgramSignature, field_bits
 from ..sram.slots import age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
 from ..sram.state import SlotStatePort, slot_bits
 
-__all__ = ["Maintenance", "age_due", "past_age"]
+__all__ = ["Maintenance", "age_due", "past_age", "CLEAR_QUEUE_DEPTH"]
+
+#: The SLOT_CLEARs the maintenance holds, written and not yet started. The AXI4-Lite bridge takes a write at
+#: most every 4 cycles (address, strobe, latch, response: :class:`cais.hdl.control.csr.AXI4LiteToCSR`) and
+#: started clears leave at one per 4 cycles (read, wait, write, then the next starts), so the queue grows
+#: only while its oldest waits: for the all-reduce headers in flight (``drained``, up to about 9 cycles
+#: after ``blocked`` rises) behind an aging visit that just started (5 cycles), about 14 cycles, 4 writes at
+#: most. With 4 entries the controller's SLOT_CLEARs written back to back never wait in the traffic; only
+#: the reset sweep (NUM_SLOTS cycles) holds them longer, and then the bridge holds the next write back
+#: (``clear_full``) rather than lose one. Flip-flops: 4 x (slot bits + 1).
+CLEAR_QUEUE_DEPTH = 4
 
 
 def past_age(elapsed, rolls, age):
@@ -40,9 +50,13 @@ class Maintenance(wiring.Component):
     sweep (one slot per cycle after reset: memories do not reset) and holds all-reduce headers back meanwhile.
 
     A SLOT_CLEAR waits until no all-reduce header is in the pipeline (``drained``), then reads the slot (for
-    the counters) and writes it empty. While ``AGING.age`` is not 0, a scanner visits one set per age unit
-    (``age_unit_log2`` cycles), every set in turn, through the same machinery: it waits for the headers in
-    flight, reads the slot, picks the visited set from the registered read (a cycle of its own), decides
+    the counters) and writes it empty. SLOT_CLEARs written while one waits are queued (``clear_depth``
+    entries, :data:`CLEAR_QUEUE_DEPTH`) and carried out in the order written, each as a clear alone is, one
+    every 4 cycles while ``drained``; a full queue raises ``clear_full``, and the register bridge takes no
+    write until it falls (a strobe that finds the queue full, and no clear starting, is ignored: only a
+    source that does not wait for ``clear_full`` can lose one). While ``AGING.age`` is not 0, a scanner
+    visits one set per age unit (``age_unit_log2`` cycles), every set in turn, through the same machinery
+    (after the clears queued): it waits for the headers in flight, reads the slot, picks the visited set from the registered read (a cycle of its own), decides
     whether it ages (a cycle of its own, from the picked set) and writes the set freed or marked aged, so
     it adds nothing to the slot-state loop and no new header reads the slot before the write. Each set
     keeps the age unit of its last accepted contribution (``stamp``, modulo 2**stamp bits) and an ``aged``
@@ -56,8 +70,12 @@ class Maintenance(wiring.Component):
         No all-reduce header is in the pipeline, from the take to its write.
     sweeping : In(1); sweep_last : In(1)
         The memory's reset sweep writes in this cycle; it writes its last slot in this cycle.
+    clear_full : Out(1)
+        A register: the SLOT_CLEAR queue is full; a SLOT_CLEAR written from the next cycle on waits until it
+        falls (the register bridge holds AXI4-Lite writes back meanwhile). It rises at most 1 cycle after
+        the strobe that fills the queue.
     blocked : Out(1)
-        A register: hold all-reduce headers back in this cycle (the sweep, a clear waiting, a visit due or
+        A register: hold all-reduce headers back in this cycle (the sweep, a clear queued, a visit due or
         starting). One granted in the cycle after a clear starts reads the slot state (S0) after the
         clear's write; the scanner writes two cycles later, so it blocks the two cycles after its start too.
     state : Out(SlotStatePort(read_en=True))
@@ -74,7 +92,8 @@ class Maintenance(wiring.Component):
     aged_event : Out(32); aged_ports : Out(32)
         The AGED_EVENT and AGED_PORTS words of the oldest queued event (``program.aged_pop_stb`` pops it).
 
-    ``latency`` (4): a SLOT_CLEAR strobed in cycle t while ``drained`` writes its slot in cycle t + 4;
+    ``latency`` (4): a SLOT_CLEAR strobed in cycle t while ``drained`` (and no clear queued or under way)
+    writes its slot in cycle t + 4; each queued one starts 4 cycles after the one before it, while ``drained``;
     ``visit_latency`` (5): a visit due in cycle t while ``drained`` writes in t + 5 (the write comes only if
     the set aged; it decides in t + 4 from the age clock and ``AGING`` of that cycle). ``age_due`` decides
     whether a visited set ages (the formal harness's mutant comes in through it). The age clock
@@ -85,14 +104,17 @@ class Maintenance(wiring.Component):
     visit_latency = 5
 
     def __init__(self, params: SwitchParams, regmap: RegisterMap, *, age_unit_log2: int = AGE_UNIT_LOG2,
-                 age_due=age_due):
-        self.params, self.regmap = params, regmap
+                 age_due=age_due, clear_depth: int = CLEAR_QUEUE_DEPTH):
+        if clear_depth < 2:
+            raise ValueError(f"clear_depth must be at least 2, not {clear_depth}")
+        self.params, self.regmap, self.clear_depth = params, regmap, clear_depth
         self.age_unit_log2, self.age_due = age_unit_log2, age_due
         # The age clock, in cycles (its upper bits count age units): the formal harness reads it.
         self.age_clock = Signal(age_unit_log2 + age_stamp_bits(params))
         super().__init__({
             "program": In(TableProgramSignature(regmap)), "drained": In(1), "sweeping": In(1), "sweep_last": In(1),
-            "blocked": Out(1), "state": Out(SlotStatePort(params, read_en=True)), "now": Out(age_stamp_bits(params)),
+            "blocked": Out(1), "clear_full": Out(1), "state": Out(SlotStatePort(params, read_en=True)),
+            "now": Out(age_stamp_bits(params)),
             "cleared": Out(1), "visit_aged": Out(1), "visit_free": Out(1),
             "visit_rule": Out(rule_index_bits(params)),
             "aged": Out(1), "aged_rule": Out(range(params.rules)), "aged_slot": Out(range(params.slots)),
@@ -113,9 +135,7 @@ class Maintenance(wiring.Component):
         aging_on = field_bits(self.program.aging, aging.field("age")) != 0
 
         sweeping = self.sweeping
-        # A SLOT_CLEAR: clear_pending, then clr_read, clr_wait, clr_write.
-        clear_pending = Signal()
-        clear_slot = Signal(16)
+        # A SLOT_CLEAR: queued (``_clear_queue``), then clr_read, clr_wait, clr_write.
         clr_read, clr_wait, clr_write = Signal(), Signal(), Signal()
         clr_cur = Signal(sb)
         # The aging scanner's visit (one set per age unit while aging is on): due, then read, wait, pick (the
@@ -126,20 +146,19 @@ class Maintenance(wiring.Component):
         scan_pos = Signal(sb + 1)                 # the next set to visit: slot, set
         sc_set = Signal()
         clearing = clr_read | clr_wait | clr_write | sc_read | sc_wait | sc_pick | sc_decide | sc_write
-        start_clear = clear_pending & ~clearing & ~sweeping & self.drained
+        start_clear = Signal()
+        clear_pending, next_pending, head_slot, head_valid = self._clear_queue(m, start_clear)
+        m.d.comb += start_clear.eq(clear_pending & ~clearing & ~sweeping & self.drained)
         start_scan = scan_due & ~clear_pending & ~clearing & ~sweeping & self.drained
-        next_pending = self.program.slot_clear_stb | (clear_pending & ~start_clear)
-        next_read = start_clear & (clear_slot < prm.slots)
+        next_read = start_clear & head_valid
         tick = clock[:U] == (1 << U) - 1 if U else 1
         next_due = aging_on & ((tick & ~sweeping) | (scan_due & ~start_scan))
-        with m.If(self.program.slot_clear_stb):
-            m.d.sync += clear_slot.eq(self.program.slot_clear_data[:16])
         with m.If(start_clear):
-            m.d.sync += clr_cur.eq(clear_slot[:sb])
+            m.d.sync += clr_cur.eq(head_slot)
         with m.If(start_scan):
             m.d.sync += [clr_cur.eq(scan_pos[1:]), sc_set.eq(scan_pos[0]),
                          scan_pos.eq(Mux(scan_pos == 2 * prm.slots - 1, 0, scan_pos + 1))]
-        m.d.sync += [clear_pending.eq(next_pending), clr_read.eq(next_read), clr_wait.eq(clr_read),
+        m.d.sync += [clr_read.eq(next_read), clr_wait.eq(clr_read),
                      clr_write.eq(clr_wait), scan_due.eq(next_due), sc_read.eq(start_scan), sc_wait.eq(sc_read),
                      sc_pick.eq(sc_wait), sc_decide.eq(sc_pick), sc_write.eq(sc_decide)]
         blocked = Signal(init=1)
@@ -154,6 +173,41 @@ class Maintenance(wiring.Component):
         with m.Elif(sc_go):                        # the visited set aged: freed or marked
             m.d.comb += [st.write_en.eq(1), st.write_addr.eq(clr_cur), st.write_data.eq(sc_entry)]
         return m
+
+    def _clear_queue(self, m, pop):
+        """The SLOT_CLEARs written and not started, oldest first: a shift register of ``clear_depth`` entries
+        (the oldest always in entry 0, so the clear's start and ``blocked`` see flip-flops) and a thermometer
+        of its occupancy (``occ[i]``: more than i queued). ``pop``: the oldest starts in this cycle. A strobe
+        is queued unless the queue is full and none starts. Returns whether a clear waits (a register),
+        whether one will wait in the next cycle (for ``blocked``), the oldest's slot and whether that slot
+        exists (a SLOT_CLEAR of a slot >= NUM_SLOTS is ignored: it starts and writes nothing)."""
+        D, sb = self.clear_depth, slot_bits(self.params)
+        entry = data.StructLayout({"slot": sb, "valid": 1})
+        queue = [Signal(entry, name=f"clear_q{i}", reset_less=True) for i in range(D)]
+        occ = Signal(D, name="clear_occ")
+        word = self.program.slot_clear_data[:16]
+        new = Signal(entry)
+        m.d.comb += [new.slot.eq(word[:sb]), new.valid.eq(word < self.params.slots)]
+        push = Signal()
+        m.d.comb += push.eq(self.program.slot_clear_stb & (~occ[D - 1] | pop))
+        below = Cat(C(1, 1), occ[:-1])            # below[i]: more than i - 1 queued (i is the first free place)
+        above = Cat(occ[1:], C(0, 1))             # above[i]: more than i + 1 queued
+        for i in range(D):
+            with m.If(pop):                        # the rest move up a place; a new one goes after them
+                with m.If(push & occ[i] & ~above[i]):
+                    m.d.sync += queue[i].eq(new)
+                if i + 1 < D:                      # (the last place, if not written, is empty after a start)
+                    with m.Else():
+                        m.d.sync += queue[i].eq(queue[i + 1])
+            with m.Elif(push & below[i] & ~occ[i]):
+                m.d.sync += queue[i].eq(new)
+        with m.If(push & ~pop):
+            m.d.sync += occ.eq(below)
+        with m.Elif(pop & ~push):
+            m.d.sync += occ.eq(above)
+        m.d.comb += self.clear_full.eq(occ[D - 1])
+        head = queue[0]
+        return occ[0], push | occ[1] | (occ[0] & ~pop), head.slot, head.valid
 
     def _visit(self, m, clr_cur, sc_set, sc_pick, sc_decide, sc_write, aging_on, tick):
         """The scanner's pick (the visited set and the entry to write, from ``state.read_data``: the slot;

@@ -68,7 +68,9 @@ BUS_FACTS = (
     "value or command takes effect in cycle 2. AW and W may arrive in either order, and a write whose AW or W was accepted is finished "
     "before any read is taken. When a read (AR) and a write (AW or W) are valid in the same cycle the read "
     "goes first, unless the access before was a read taken while a write waited: then the write goes "
-    "first. So neither starves; they alternate.",
+    "first. So neither starves; they alternate. While the SLOT_CLEAR queue is full (four clears waiting, "
+    "see SLOT_CLEAR) no write is accepted (AWREADY and WREADY stay low; reads are still served): a write "
+    "waits for room rather than being lost.",
 )
 
 

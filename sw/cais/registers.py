@@ -176,7 +176,12 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         "Source MAC of frames the switch originates, bits 47:32.", [Field("mac", 0, 16)], reset=SWITCH_MAC_DEFAULT >> 32)
     add("SLOT_CLEAR", 0x028, Access.WO, Kind.COMMAND,
         "Writing a slot index empties both shadow sets of that slot (bitmaps, tags and completion state); "
-        "the controller does this for a group's quota when it creates or removes the group.",
+        "the controller does this for a group's quota when it creates or removes the group. A clear waits "
+        "until no all-reduce header is in the pipeline (and for the reset sweep or an aging visit under way); "
+        "SLOT_CLEARs written meanwhile queue (4) and are carried out in the order written, one every 4 "
+        "cycles, so they may be written back to back. While the queue is full the switch holds the next "
+        "AXI4-Lite write (any register) back (AWREADY and WREADY low) until a clear starts: none is lost. "
+        "A slot index >= NUM_SLOTS is ignored.",
         [Field("slot", 0, 16, "slot index")])
 
     add("FEATURES", 0x02C, Access.RO, Kind.CONST, "What this build of the switch can reduce.",

@@ -97,11 +97,14 @@ def random_frames(rng, chunks):
 
 
 def program(ctx, dut, regs, writes):
-    """Drive the table-programming members as the register bank would, one write per call."""
+    """Drive the table-programming members as the register bank would, one write per call (a write waits
+    while the SLOT_CLEAR queue is full, ``clear_full``, as the switch's AXI4-Lite bridge holds it back)."""
     async def apply():
         for addr, value in writes:
             reg = next(r for r in regs if r.address() == addr)
             name = reg.name.lower()
+            while ctx.get(dut.clear_full):
+                await ctx.tick()
             if reg.kind is Kind.COMMAND:
                 ctx.set(getattr(dut.program, f"{name}_data"), value)
                 ctx.set(getattr(dut.program, f"{name}_stb"), 1)
@@ -138,6 +141,8 @@ def test_decisions_match_the_reference_model(seed, mode):
     async def tb(ctx):
         await program(ctx, dut, regs, writes)
         for _ in range(PARAMS.slots + 4):                       # the slot-state sweep after reset
+            await ctx.tick()
+        while ctx.get(dut.maintenance.blocked):                 # ... and the SLOT_CLEARs still queued
             await ctx.tick()
         expected = {}                                           # cycle the outputs are due -> what
         offer = [None] * P                                      # the frame each port offers, held until taken

@@ -190,6 +190,84 @@ def test_maintenance_clear_latency():
     assert blocked[:6] == [1, 1, 1, 1, 0, 0]
 
 
+def _run_clears(strobes, drained_from, cycles, *, honour_full=True, slots=8):
+    """A Maintenance (``slots`` slots, aging off) after its reset sweep, with ``drained`` low from cycle 10
+    (all-reduce headers in flight) until ``drained_from``, and SLOT_CLEAR strobes: ``strobes`` is a list of
+    (earliest cycle, slot), each strobed in its cycle or, with ``honour_full``, the first cycle after it
+    in which ``clear_full`` is low (as the register bridge holds the write back). Returns the memory writes
+    (cycle, slot, data), ``blocked`` and ``clear_full`` of every cycle, and the cycle of each strobe."""
+    params = SwitchParams(ports=2, slots=slots, rules=2)
+    regs = register_map(params)
+    dut = Maintenance(params, regs)
+    writes, blocked, full, strobed = [], [], [], []
+
+    async def tb(ctx):
+        waiting = list(strobes)
+        for cycle in range(cycles):
+            ctx.set(dut.sweeping, cycle < params.slots)
+            ctx.set(dut.sweep_last, cycle == params.slots - 1)
+            ctx.set(dut.drained, not 10 <= cycle < drained_from)
+            is_full = ctx.get(dut.clear_full) if honour_full else 0
+            full.append(is_full)
+            stb = bool(waiting) and waiting[0][0] <= cycle and not is_full
+            if stb:
+                ctx.set(dut.program.slot_clear_data, regs["SLOT_CLEAR"].pack(slot=waiting.pop(0)[1]))
+                strobed.append(cycle)
+            ctx.set(dut.program.slot_clear_stb, stb)
+            blocked.append(ctx.get(dut.blocked))
+            st = dut.state
+            if ctx.get(st.write_en):
+                writes.append((cycle, ctx.get(st.write_addr), ctx.get(st.write_data.as_value())))
+            await ctx.tick()
+    run(dut, tb)
+    return writes, blocked, full, strobed
+
+
+def test_maintenance_clears_written_back_to_back_all_happen_in_order():
+    """Four SLOT_CLEARs strobed in four consecutive cycles while headers are in flight (``drained`` low
+    from cycle 10 to 29) are all carried out, in the order written: the first starts in cycle 30, the first
+    drained one, and writes its slot empty 3 cycles later (a clear strobed while drained writes ``latency``
+    = 4 cycles after its strobe, 1 after it for the start); each next starts 4 cycles after the one
+    before (read, wait, write, start). All-reduce headers are held back (``blocked``, a register) from the
+    cycle after the first strobe until the cycle after the last start. (With one pending register, the
+    later strobes replaced the earlier: only slot 1 was written.)"""
+    slots = [5, 2, 7, 1]
+    strobes = [(12 + k, s) for k, s in enumerate(slots)]
+    writes, blocked, _, strobed = _run_clears(strobes, 30, 60, honour_full=False)
+    assert strobed == [12, 13, 14, 15]
+    assert writes == [(30 + 3 + 4 * k, s, 0) for k, s in enumerate(slots)]
+    last_start = 30 + 4 * (len(slots) - 1)
+    assert all(blocked[13:last_start + 1]) and not any(blocked[last_start + 1:])
+    assert not any(blocked[8:13])           # after the sweep (8 slots), before the first strobe
+
+
+def test_maintenance_full_clear_queue_holds_the_next_write():
+    """Six SLOT_CLEARs written as fast as the queue takes them while headers are in flight: the queue holds
+    CLEAR_QUEUE_DEPTH (4), ``clear_full`` rises in the cycle after the fourth strobe and falls in the cycle
+    after a clear starts (the start in cycle 30, the first drained one); the fifth is strobed then (31) and
+    fills the queue again; the sixth waits for the next start (34) and is strobed in 35. All six are
+    written, in order, 4 cycles apart."""
+    from cais.hdl.decision.maintenance import CLEAR_QUEUE_DEPTH
+    assert CLEAR_QUEUE_DEPTH == 4
+    slots = [3, 0, 6, 4, 7, 2]
+    writes, _, full, strobed = _run_clears([(12, s) for s in slots], 30, 70)
+    assert strobed == [12, 13, 14, 15, 31, 35]
+    assert full[12:16] == [0] * 4 and full[16:31] == [1] * 15 and full[31] == 0
+    assert full[32:35] == [1] * 3 and full[35] == 0
+    assert writes == [(33 + 4 * k, s, 0) for k, s in enumerate(slots)]
+
+
+def test_maintenance_strobe_into_a_full_clear_queue_is_ignored():
+    """A strobe that disregards ``clear_full`` (the register bridge never makes one) finds the queue full
+    with no clear starting: it is ignored; the four queued clears are carried out. One strobed in the cycle
+    a clear starts (room made in that cycle) is queued."""
+    slots = [3, 0, 6, 4]
+    strobes = [(12 + k, s) for k, s in enumerate(slots)] + [(16, 5), (30, 1)]
+    writes, _, _, strobed = _run_clears(strobes, 30, 60, honour_full=False)
+    assert strobed == [12, 13, 14, 15, 16, 30]
+    assert writes == [(33 + 4 * k, s, 0) for k, s in enumerate(slots + [1])]
+
+
 def test_maintenance_visit_latency():
     """An aging visit (AGING.age 1, one set per age unit of 4 cycles here) of a set that is due (partly
     filled, stamped at unit 0, never aged): the slot is read in cycle r (``read_en``), picked in r + 2,
