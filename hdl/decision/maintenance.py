@@ -9,6 +9,7 @@ from amaranth.lib.wiring import In, Out
 from cais.params import SwitchParams
 from cais.registers import AGE_UNIT_LOG2, AGED_QUEUE_DEPTH, RegisterMap
 
+from ..common.pipeline import register_copy
 from ..control.tables import TableProgramSignature, field_bits
 from ..sram.slots import age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
 from ..sram.state import SlotStatePort, slot_bits
@@ -147,7 +148,7 @@ class Maintenance(wiring.Component):
         sc_set = Signal()
         clearing = clr_read | clr_wait | clr_write | sc_read | sc_wait | sc_pick | sc_decide | sc_write
         start_clear = Signal()
-        clear_pending, next_pending, head_slot, head_valid = self._clear_queue(m, start_clear)
+        clear_pending, next_pending, head_slot, head_valid = self._clear_queue(m, start_clear, platform)
         m.d.comb += start_clear.eq(clear_pending & ~clearing & ~sweeping & self.drained)
         start_scan = scan_due & ~clear_pending & ~clearing & ~sweeping & self.drained
         next_read = start_clear & head_valid
@@ -174,7 +175,7 @@ class Maintenance(wiring.Component):
             m.d.comb += [st.write_en.eq(1), st.write_addr.eq(clr_cur), st.write_data.eq(sc_entry)]
         return m
 
-    def _clear_queue(self, m, pop):
+    def _clear_queue(self, m, pop, platform):
         """The SLOT_CLEARs written and not started, oldest first: a shift register of ``clear_depth`` entries
         (the oldest always in entry 0, so the clear's start and ``blocked`` see flip-flops) and a thermometer
         of its occupancy (``occ[i]``: more than i queued). ``pop``: the oldest starts in this cycle. A strobe
@@ -201,11 +202,11 @@ class Maintenance(wiring.Component):
                         m.d.sync += queue[i].eq(queue[i + 1])
             with m.Elif(push & below[i] & ~occ[i]):
                 m.d.sync += queue[i].eq(new)
-        with m.If(push & ~pop):
-            m.d.sync += occ.eq(below)
-        with m.Elif(pop & ~push):
-            m.d.sync += occ.eq(above)
-        m.d.comb += self.clear_full.eq(occ[D - 1])
+        occ_next = Mux(push & ~pop, below, Mux(pop & ~push, above, occ))
+        m.d.sync += occ.eq(occ_next)
+        # clear_full: occ's last bit in a flip-flop of its own, which the placer can put beside the register
+        # bridge it holds (the maintenance sits with the decision, the bridge with the register bank)
+        m.d.comb += self.clear_full.eq(register_copy(m, occ_next[D - 1], "clear_full", platform, reset=True))
         head = queue[0]
         return occ[0], push | occ[1] | (occ[0] & ~pop), head.slot, head.valid
 
