@@ -130,7 +130,7 @@ class SlotState(wiring.Component):
                      s.w_cur.stamp.eq(self.new_stamp(s.w_stamped, s.w_now, s.w_cur_r.stamp))]
         m.d.comb += s.w_new.eq(Mux(s.w_set, Cat(s.w_oth, s.w_cur), Cat(s.w_cur, s.w_oth)))
         self._read(m, s)
-        self._update(m, s, platform)            # (before S2's forwarding: it makes the copies S2 compares)
+        self._update(m, s, platform)            # (before S2's forwarding: it makes the compares S2 picks)
         self._forward(m, s)
         self._decide(m, s)
         self._write(m, s)
@@ -260,22 +260,23 @@ class SlotState(wiring.Component):
         # W's fields from their copies (see _update); h1's and the memory's both sets compared, then the
         # header's set chosen (the decision alone measured S1's next tag -> the compare with the other set,
         # chosen by the set bit and picked, into u_other_next: 9 LUT levels, 122.13 MHz).
+        # W's and h1's compares come made (see _update: ``s.wc``); the memory's are made here.
         tag, plen, next_tag, hset = s.f_c.tag, s.f_c.plen, s.f_c.next_tag, s.f_c.set
         wc = s.wc
 
-        def w_cur_tag_is(value):
-            return Mux(wc.first, wc.v_tag == value, wc.cur_tag == value)
+        def w_cur_is(key):
+            return Mux(wc.first, getattr(wc, f"v_{key}"), getattr(wc, f"cur_{key}"))
 
-        def is_(entry, field, value, own):     # the header's set's (own) or the other set's field == value
-            eq = [getattr(entry[k], field) == value for k in (0, 1)]
+        def of_set(eq, own):                   # of the header's set (own) or of the other set
             return Mux(hset, eq[1], eq[0]) if own else Mux(hset, eq[0], eq[1])
-        w_cur_len_is = Mux(wc.first, wc.v_plen == plen, wc.cur_len == plen)
-        tag_eq = pick(Mux(w_same, w_cur_tag_is(tag), wc.oth_tag == tag), is_(s.h1_new, "tag", tag, True),
-                      is_(s.f_mem, "tag", tag, True))
-        len_eq = pick(Mux(w_same, w_cur_len_is, wc.oth_len == plen), is_(s.h1_new, "length", plen, True),
-                      is_(s.f_mem, "length", plen, True))
-        other_next = pick(Mux(w_same, wc.oth_tag == next_tag, w_cur_tag_is(next_tag)),
-                          is_(s.h1_new, "tag", next_tag, False), is_(s.f_mem, "tag", next_tag, False))
+
+        def mem_is(field, value, own):
+            return of_set([getattr(s.f_mem[k], field) == value for k in (0, 1)], own)
+        tag_eq = pick(Mux(w_same, w_cur_is("tag"), wc.oth_tag), of_set(wc.h1_tag, True), mem_is("tag", tag, True))
+        len_eq = pick(Mux(w_same, w_cur_is("len"), wc.oth_len), of_set(wc.h1_len, True),
+                      mem_is("length", plen, True))
+        other_next = pick(Mux(w_same, wc.oth_next, w_cur_is("next")), of_set(wc.h1_next, False),
+                          mem_is("tag", next_tag, False))
         m.d.sync += [
             s.u_valid.eq(s.f_valid), s.u_agg.eq(s.f_agg), s.u_action.eq(s.f_action), s.u_reason.eq(s.f_reason),
             s.u_mask.eq(s.f_mask), s.u_c.eq(s.f_c), s.u_cur.eq(cur), s.u_other.eq(other),
@@ -344,17 +345,27 @@ class SlotState(wiring.Component):
             s.h1_agg.eq(s.w_agg), s.h1_slot.eq(s.w_slot), s.h1_new.eq(s.w_new),
             s.h2_agg.eq(s.h1_agg), s.h2_slot.eq(s.h1_slot), s.h2_new.eq(s.h1_new),
         ]
-        # W's tags and lengths (and FIRST, and the header's own tag and length, V's) again, from flip-flops
-        # of their own beside S2's compares: W's registers sit by the memory's write port, which they feed
-        # (the decision alone measured W's other set -> the next-tag compare -> the pick into u_other_next,
-        # 8 LUT levels and 5.95 ns of routing, 119.36 MHz).
-        def copy(value, name, reset=False):
-            return register_copy(m, value, f"s2_{name}", platform, reset=reset)
-        s.wc = SimpleNamespace(
-            cur_tag=copy(new_cur.tag, "w_cur_tag"), cur_len=copy(new_cur.length, "w_cur_len"),
-            oth_tag=copy(new_other.tag, "w_oth_tag"), oth_len=copy(new_other.length, "w_oth_len"),
-            v_tag=copy(u_c.tag, "v_tag"), v_plen=copy(u_c.plen, "v_plen"),
-            first=copy(agg & upd.first, "w_first", reset=True))
+        # S2's compares with W's tags and lengths (its sets', and FIRST's own: V's), and with h1's entry (W's
+        # now), made here a cycle ahead against the header in S1 (S2's next: f_c is r_c registered), so S2
+        # picks among one-bit registers (W's registers sit by the memory's write port, which they feed: the
+        # decision alone measured W's other set -> the next-tag compare -> the pick into u_other_next, 8 LUT
+        # levels and 5.95 ns of routing, 119.36 MHz; with copies of W's fields beside S2, the integer
+        # switch measured V's tag copy -> the compare -> FIRST's choice and the pick into u_tag_eq, 7 LUT
+        # levels and 5.1 ns of routing, 115.47 MHz). FIRST itself from a copy.
+        r = s.r_c
+
+        def eq(a, b, name):
+            q = Signal(name=f"s2_{name}")
+            m.d.sync += q.eq(a == b)
+            return q
+        fields = {"tag": ("tag", "tag"), "next": ("tag", "next_tag"), "len": ("length", "plen")}
+        s.wc = SimpleNamespace(first=register_copy(m, agg & upd.first, "s2_w_first", platform, reset=True))
+        for key, (field, own) in fields.items():
+            mine = getattr(r, own)
+            setattr(s.wc, f"cur_{key}", eq(new_cur[field], mine, f"w_cur_{key}"))
+            setattr(s.wc, f"oth_{key}", eq(new_other[field], mine, f"w_oth_{key}"))
+            setattr(s.wc, f"v_{key}", eq(u_c.tag if field == "tag" else u_c.plen, mine, f"v_{key}"))
+            setattr(s.wc, f"h1_{key}", [eq(s.w_new[k][field], mine, f"h1_{k}_{key}") for k in (0, 1)])
         # The outcome registered for V: U computes only the state the next header needs.
         m.d.sync += [
             s.v_valid.eq(s.u_valid), s.v_agg.eq(agg), s.v_action.eq(s.u_action), s.v_reason.eq(s.u_reason),
