@@ -186,7 +186,11 @@ class ResultGenerator(wiring.Component):
         rows_next = Mux(start, nxt.rows, Mux(fire & needs_row, rows_left - 1, rows_left))
         past_next = Mux(start, h == 0, (past_hdr | (fire & hsel[h - 1])) if h else past_hdr)
         m.d.sync += [active.eq(active_next), rows_left.eq(rows_next), past_hdr.eq(past_next)]
-        ready_next = active_next & past_next & (rows_next != 0)
+        # (whether rows are left after the edge from compares of registers with constants, not of the
+        # decrement's sum: the integer switch measured rows_left -> the decrement's carry chain -> the
+        # compare -> rows_ready, 2 carry steps, 6 LUT levels and 6.7 ns of routing, 101.20 MHz)
+        rows_left_next = Mux(start, nxt.rows != 0, Mux(fire & needs_row, rows_left != 1, rows_left != 0))
+        ready_next = active_next & past_next & rows_left_next
         m.d.comb += self.rows.ready.eq(register_copy(m, ready_next, "rows_ready", platform, reset=True))
 
         # Rows owed: the current frame's not yet taken and the next frame's.
