@@ -169,10 +169,12 @@ class Maintenance(wiring.Component):
 
         sc_go, sc_entry = self._visit(m, clr_cur, sc_set, sc_pick, sc_decide, sc_write, aging_on, tick)
         st = self.state
-        with m.If(clr_write):                    # (read_data holds the slot clr_read read)
-            m.d.comb += [st.write_en.eq(1), st.write_addr.eq(clr_cur), st.write_data.eq(0)]
-        with m.Elif(sc_go):                        # the visited set aged: freed or marked
-            m.d.comb += [st.write_en.eq(1), st.write_addr.eq(clr_cur), st.write_data.eq(sc_entry)]
+        # A clear's write (read_data holds the slot clr_read read), or the visited set aged: freed or marked.
+        # The address and data whatever the enable, so the visit's decision drives only the enable (the
+        # integer switch measured the decision -> the write address -> the memory's address mux -> the block
+        # RAMs' address pins, 5 LUT levels and 2.74 ns on the last net, 114.06 MHz).
+        m.d.comb += [st.write_en.eq(clr_write | sc_go), st.write_addr.eq(clr_cur),
+                     st.write_data.eq(Mux(clr_write, 0, sc_entry))]
         return m
 
     def _clear_queue(self, m, pop, platform):

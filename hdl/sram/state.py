@@ -109,6 +109,6 @@ class SlotStateMemory(wiring.Component):
             m.d.comb += [ram.wr_addr.eq(sweep), ram.wr_data.eq(0), ram.wr_en.eq(1)]
         with m.Elif(pipe.write_en):
             m.d.comb += [ram.wr_addr.eq(pipe.write_addr), ram.wr_data.eq(pipe.write_data), ram.wr_en.eq(1)]
-        with m.Elif(mt.write_en):
-            m.d.comb += [ram.wr_addr.eq(mt.write_addr), ram.wr_data.eq(mt.write_data), ram.wr_en.eq(1)]
+        with m.Else():      # (the maintenance's address and data whatever its enable: selects from registers)
+            m.d.comb += [ram.wr_addr.eq(mt.write_addr), ram.wr_data.eq(mt.write_data), ram.wr_en.eq(mt.write_en)]
         return m
