@@ -257,10 +257,10 @@ class SlotState(wiring.Component):
         # 3-way pick of one bit), not after the pick of the wide sets (the integer switch measured W's
         # FIRST bit -> the tag's choice -> the pick -> the tag compare into u_other_next, 8 LUT levels and
         # 7 ns of routing, 106.00 MHz). W's set of the header is FIRST's own tag and length or the old ones.
-        # W's fields from their copies (see _update); h1's and the memory's both sets compared, then the
-        # header's set chosen (the decision alone measured S1's next tag -> the compare with the other set,
-        # chosen by the set bit and picked, into u_other_next: 9 LUT levels, 122.13 MHz).
-        # W's and h1's compares come made (see _update: ``s.wc``); the memory's are made here.
+        # W's and h1's compares come made a cycle ahead (see _update: ``s.wc``); the memory's both sets are
+        # compared here, then the header's set chosen (the decision alone measured S1's next tag -> the
+        # compare with the other set, chosen by the set bit and picked, into u_other_next: 9 LUT levels,
+        # 122.13 MHz).
         tag, plen, next_tag, hset = s.f_c.tag, s.f_c.plen, s.f_c.next_tag, s.f_c.set
         wc = s.wc
 
