@@ -26,7 +26,7 @@ class UsageCounters(wiring.Component):
     Members
     -------
     written : In(stream.Signature(write_layout, always_ready=True))
-        A header's state write (its new entry, the old bitmaps and rule entries).
+        A header's state write (its sets in use after it, the old bitmaps and rule entries).
     sweeping : In(1)
         The reset sweep is on: nothing counts.
     cleared : In(1); read_data : In(state_entry_layout)
@@ -66,7 +66,7 @@ class UsageCounters(wiring.Component):
 
         def used(bitmaps):
             return (bitmaps[0].bitmap != 0) + (bitmaps[1].bitmap != 0)
-        w_new_v, f_mem_v = data.View(ent, w.new.as_value()), data.View(ent, self.read_data.as_value())
+        f_mem_v = data.View(ent, self.read_data.as_value())
         in_use = Signal(32)
         m.d.comb += self.slots_in_use.eq(in_use)
         # Per rule entry: a write moves the slot's sets from their stored entries to the writer's.
@@ -84,14 +84,14 @@ class UsageCounters(wiring.Component):
             return terms[0] | terms[1] | terms[2]
         # The change is registered first, then added (latency 2), as per rule entry below.
         in_use_d = Signal(signed(3))
-        m.d.sync += [in_use_d.eq(Mux(self.sweeping, 0, change(used(w_new_v) - (old_used[0] + old_used[1]),
+        m.d.sync += [in_use_d.eq(Mux(self.sweeping, 0, change(w.new_used - (old_used[0] + old_used[1]),
                                                               -used(f_mem_v), -self.visit_free))),
                      in_use.eq(in_use + in_use_d)]
         # Per rule entry the change is registered first too: SETS_IN_USE follows the state as SLOTS_IN_USE
         # does.
         per_rule_d = [Signal(signed(3), name=f"sets_in_use_d{e}") for e in range(R)]
         m.d.sync += [per_rule_d[e].eq(Mux(self.sweeping, 0, change(
-            self.writer_delta(e, w.rule, used(w_new_v), old_used, old_rule),
+            self.writer_delta(e, w.rule, w.new_used, old_used, old_rule),
             -(((f_mem_v[0].bitmap != 0) & (f_mem_v[0].rule == e))
               + ((f_mem_v[1].bitmap != 0) & (f_mem_v[1].rule == e))),
             -(self.visit_free & (self.visit_rule == e))))) for e in range(R)]

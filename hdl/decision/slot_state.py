@@ -32,11 +32,10 @@ def new_stamp(accepted, now, stamp):
 
 
 def write_layout(params: SwitchParams) -> data.StructLayout:
-    """A header's slot-state write (stage W), for the counters: the new entry, the old bitmaps, the writer's
-    rule entry and the rule entries the old sets counted for."""
+    """A header's slot-state write (stage W), for the counters: how many of the slot's sets are not empty
+    after it, the old bitmaps, the writer's rule entry and the rule entries the old sets counted for."""
     P, rb = params.ports, rule_index_bits(params)
-    return data.StructLayout({"new": state_entry_layout(params), "old_bitmaps": 2 * P, "rule": rb,
-                              "old_rules": 2 * rb})
+    return data.StructLayout({"new_used": 2, "old_bitmaps": 2 * P, "rule": rb, "old_rules": 2 * rb})
 
 
 class SlotState(wiring.Component):
@@ -428,5 +427,9 @@ class SlotState(wiring.Component):
         m.d.comb += [self.state.write_en.eq(s.w_agg), self.state.write_addr.eq(s.w_slot),
                      self.state.write_data.eq(s.w_new)]
         w = self.written
-        m.d.comb += [w.valid.eq(s.w_agg), w.payload.new.eq(s.w_new), w.payload.old_bitmaps.eq(s.w_old),
+        # (the sets in use counted on W's registers, before the swap by the set bit, which leaves the count
+        # as it is: the integer switch measured W's set bit -> the swap -> the count -> a rule entry's
+        # change, 6 LUT levels and 6.83 ns of routing, 113.65 MHz)
+        m.d.comb += [w.valid.eq(s.w_agg), w.payload.new_used.eq((s.w_cur_r.bitmap != 0) + (s.w_oth.bitmap != 0)),
+                     w.payload.old_bitmaps.eq(s.w_old),
                      w.payload.rule.eq(s.w_rule), w.payload.old_rules.eq(s.w_old_rule)]
