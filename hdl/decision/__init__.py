@@ -172,11 +172,11 @@ class Decision(wiring.Component):
                          self.ev_partial_resent.eq(st.ev_partial_resent)]
         # Maintenance waits for the all-reduce headers in flight, from the take to the write: exactly
         # (a clear or a visit that started a cycle later than it could lost SLOT_CLEARs written close
-        # together while a pending clear was one register; they queue now), from a register of each part's view of the next
-        # cycle (registers but for the arbiter's, which needs no grant) and B2's own flip-flop, so that the
-        # wait's start and ``blocked`` see no logic of the far parts (the whole switch measured the lookup's
-        # B2 registers -> its decode -> ``drained`` -> ``blocked``, 6 LUT levels and 6.98 ns of routing,
-        # 113.31 MHz).
+        # together while a pending clear was one register; they queue now), from a register of each
+        # part's view of the next cycle (registers but for the arbiter's, which needs no grant) and B2's
+        # own flip-flop, so that the wait's start and ``blocked`` see no logic of the far parts (the whole
+        # switch measured the lookup's B2 registers -> its decode -> ``drained`` -> ``blocked``, 6 LUT
+        # levels and 6.98 ns of routing, 113.31 MHz).
         drained_else = Signal(init=1)
         m.d.sync += drained_else.eq(~(arb.stateful_next | look.stateful_next | st.stateful_next))
         m.d.comb += mt.drained.eq(drained_else & ~look.stateful_b2)
