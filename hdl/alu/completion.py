@@ -15,8 +15,9 @@ from cais.params import SwitchParams
 from ..common.frame_fifo import FrameFifo
 from ..common.pipeline import delay_line, register_copy
 from ..decision import DECISION_HEADERS, bank_addr_bits, job_layout
-from ..egress.results import result_frame_layout
+from ..egress.results import result_frame_layout, result_frame_shape
 from ..latency import BANK_READ, BANK_READ_REGISTERS, FOLD_READER_START, FRAME_FIFO, JOB_QUEUE
+from ..parser.header import cais_field
 from .fold import FoldChain, ResultRow
 from .lane import LANE_DECISIONS, OPEN_BITS
 
@@ -269,6 +270,8 @@ class FoldReader(wiring.Component):
             frames.w_en.eq(start),
             frame.cais.eq(job.cais), frame.mask.eq(job.mask), frame.rows.eq(job.rows),
         ]
+        beats, keep = result_frame_shape(cais_field(job.cais, "payload_len"), prm.beat_bytes)
+        m.d.comb += [frame.beats.eq(beats), frame.keep.eq(keep)]
         if prm.uplink:
             m.d.comb += frame.up.eq(job.up)
         with m.If(start):

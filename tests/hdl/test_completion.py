@@ -16,7 +16,7 @@ from cais.hdl.alu.completion import ROW_QUEUE_LATENCY, FoldReader, JobQueue
 from cais.params import SwitchParams
 from cais.protocol import DType, ReduceOp
 
-from blocksim import run
+from blocksim import from_word, run, to_word
 from tiers import sweep
 from test_fold import random_row
 
@@ -119,8 +119,10 @@ def random_jobs(rng, params, n, max_rows):
     jobs = []
     for _ in range(n):
         dtype = rng.choice(dtypes)
+        header = proto.CaisHeader.unpack(rng.randbytes(proto.CAIS_HEADER_BYTES))
+        header = header.replace(payload_len=rng.randrange(1, params.max_payload + 1))
         jobs.append({
-            "cais": rng.getrandbits(proto.CAIS_HEADER_BYTES * 8), "mask": rng.randrange(1, 1 << params.ports),
+            "cais": to_word(header.pack()), "mask": rng.randrange(1, 1 << params.ports),
             "contributors": rng.randrange(1, 1 << params.ports), "row_base": rng.randrange(0, 64),
             "rows": rng.choice([1, 1, 2, rng.randrange(1, max_rows + 1)]), "dtype": dtype,
             "op": rng.choice(list(ReduceOp)), "acc_fp32": dtype in (DType.FP16, DType.BF16) and rng.random() < 0.5,
@@ -201,6 +203,12 @@ def test_fold_reader_against_the_port_order_fold(float_units):
                                         row_refuse=0.3)
     assert not problems, problems[:5]
     assert [(f["cais"], f["mask"], f["rows"]) for f in frames] == [(j["cais"], j["mask"], j["rows"]) for j in jobs]
+    # each frame's beats and last keep, from its length: 30 header bytes and the payload
+    B = params.beat_bytes
+    lengths = [proto.HEADERS_BYTES + proto.CaisHeader.unpack(from_word(j["cais"], proto.CAIS_HEADER_BYTES)).payload_len
+               for j in jobs]
+    assert [(f["beats"], f["keep"]) for f in frames] == \
+        [(-(-n // B), (1 << (n % B or B)) - 1) for n in lengths]
     want = [fold_row(job, banks, j, W) for job in jobs for j in range(job["rows"])]
     bad = [(i, hex(g), hex(w)) for i, ((g, _), w) in enumerate(zip(rows, want)) if g != w]
     assert len(rows) == len(want) and not bad, bad[:5]

@@ -58,12 +58,15 @@ def run_results(params, jobs, *, seed, switch_mac, refuse=0.3, job_gap=0.3, row_
         for cycle in range(budget):
             if next_job < len(jobs) and (offering or rng.random() >= job_gap):
                 hdr, mask = jobs[next_job]
-                ctx.set(dut.jobs.payload, {"cais": to_word(hdr.pack()), "mask": mask, "rows": len(rows[next_job])})
+                length = proto.HEADERS_BYTES + hdr.payload_len
+                ctx.set(dut.jobs.payload, {"cais": to_word(hdr.pack()), "mask": mask, "rows": len(rows[next_job]),
+                                           "beats": -(-length // B), "keep": (1 << (length % B or B)) - 1})
                 ctx.set(dut.jobs.valid, 1)
                 offering = True
             else:
                 ctx.set(dut.jobs.payload, {"cais": rng.getrandbits(128), "mask": rng.getrandbits(params.ports),
-                                  "rows": rng.randrange(params.rows_per_set + 1)})
+                                  "rows": rng.randrange(params.rows_per_set + 1),
+                                  "beats": rng.randrange(params.max_frame_beats + 1), "keep": rng.getrandbits(B)})
                 ctx.set(dut.jobs.valid, 0)
             if row_gap == 0:                                   # every row is there from the start
                 released += pending
