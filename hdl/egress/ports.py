@@ -397,8 +397,8 @@ class EgressPort(wiring.Component):
         The port's frames.
     tx_frame : Out(1); tx_bytes : Out(range(data_width // 8 + 1))
         The tx counters' increments: a frame's last beat was sent in the previous cycle; the bytes (tkeep
-        bits) of the beat sent in the previous cycle. Registered first: ``tready`` comes from outside, too
-        late in the cycle for a count and an adder behind it.
+        bits) of the beat sent in the previous cycle. Registers: the bytes are summed from ``tkeep`` and
+        ``tready`` (from outside, late in the cycle) only gates the sum, one LUT level before the register.
     busy : Out(1)
         A beat is held in an input register, the egress FIFO or the result queue.
 
@@ -450,8 +450,9 @@ class EgressPort(wiring.Component):
             out.tvalid.eq(merge.o.valid), merge.o.ready.eq(out.tready),
         ]
         m.d.sync += [self.fwd_freed.eq(fifo.r_valid & fifo.r_ready), self.res_freed.eq(rq.r_valid & rq.r_ready)]
+        # tx increments, registered here: the byte count is summed beside the port, so only a flip-flop
+        # feeds the register bank's counter (a popcount after a registered tkeep measured 6.07 ns of routing
+        # from the port to the bank, 101.64 MHz)
         sent = out.tvalid & out.tready
-        tx_keep = Signal(B)
-        m.d.sync += [tx_keep.eq(Mux(sent, out.tkeep, 0)), self.tx_frame.eq(sent & out.tlast)]
-        m.d.comb += self.tx_bytes.eq(popcount(tx_keep))
+        m.d.sync += [self.tx_bytes.eq(Mux(sent, popcount(out.tkeep), 0)), self.tx_frame.eq(sent & out.tlast)]
         return m
