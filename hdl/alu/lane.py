@@ -175,7 +175,12 @@ class IngressLane(wiring.Component):
         late_addr = Signal.like(self.bank_addr, reset_less=True)    # the last row's address
         rows_todo = Signal.like(cur.rows, reset_less=True)
         after_hdr = Signal(reset_less=True)        # idx > h
-        row_now = take & stores & after_hdr & (rows_todo != 0)
+        # stores & after_hdr & (rows_todo != 0), a register of its own made from the next values (compares
+        # of registers with constants), so the bank's write enable is one LUT level from flip-flops: the
+        # write registers sit beside the bank's block RAMs across the die (the integer switch measured
+        # rows_todo -> this AND -> 4.31 ns of routing into them, 119.95 MHz)
+        row_ok = Signal(reset_less=True)
+        row_now = take & row_ok
 
         with m.If(take & ~is_last):
             m.d.sync += [idx.eq(idx + 1), left.eq(left - 1), is_last.eq(left == 2)]
@@ -185,6 +190,10 @@ class IngressLane(wiring.Component):
             m.d.sync += [addr.eq(addr + 1), rows_todo.eq(rows_todo - 1)]
         with m.If(ending):
             m.d.sync += active.eq(0)
+        # (a start clears after_hdr, so no row is due in its next cycle)
+        after_hdr_next = after_hdr | (take & (idx == h))
+        rows_left_next = Mux(row_now, rows_todo != 1, rows_todo != 0)
+        m.d.sync += row_ok.eq(Mux(start, 0, stores & after_hdr_next & rows_left_next))
         tail = nxt.length[:lb]
         nxt_stores = (nxt.action == Action.AGGREGATE) & nxt.write
         with m.If(start):
