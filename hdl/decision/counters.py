@@ -29,13 +29,13 @@ class UsageCounters(wiring.Component):
         A header's state write (its sets in use after it, the old bitmaps and rule entries).
     sweeping : In(1)
         The reset sweep is on: nothing counts.
-    cleared : In(1); read_data : In(state_entry_layout)
-        A SLOT_CLEAR writes the slot ``read_data`` holds.
+    cleared : In(1); cleared_entry : In(state_entry_layout)
+        A SLOT_CLEAR writes empty the slot whose entry was ``cleared_entry``.
     visit_aged : In(1); visit_free : In(1); visit_rule : In(rule index bits)
         The aging scanner writes an aged set (emptied with ``visit_free``) that counts for ``visit_rule``.
     slots_in_use : Out(32)
         The non-empty sets, ``latency`` cycles after the write (the change is registered before the adder:
-        a SLOT_CLEAR's change comes from the slot-state memory's output, across the die from the counter).
+        a SLOT_CLEAR's change comes from a register of the maintenance, beside the memory's output).
     sets_in_use[e] : Out(32)
         Per rule entry: the non-empty sets whose slot's last writer (an all-reduce frame that reached the
         slot state) matched entry ``e``, ``rule_latency`` cycles after the write (the compares of the entry
@@ -52,7 +52,7 @@ class UsageCounters(wiring.Component):
         self.params, self.writer_delta = params, writer_delta
         super().__init__({
             "written": In(stream.Signature(write_layout(params), always_ready=True)), "sweeping": In(1),
-            "cleared": In(1), "read_data": In(state_entry_layout(params)),
+            "cleared": In(1), "cleared_entry": In(state_entry_layout(params)),
             "visit_aged": In(1), "visit_free": In(1), "visit_rule": In(rule_index_bits(params)),
             "slots_in_use": Out(32), "sets_in_use": Out(32).array(params.rules),
         })
@@ -66,7 +66,7 @@ class UsageCounters(wiring.Component):
 
         def used(bitmaps):
             return (bitmaps[0].bitmap != 0) + (bitmaps[1].bitmap != 0)
-        f_mem_v = data.View(ent, self.read_data.as_value())
+        f_mem_v = data.View(ent, self.cleared_entry.as_value())
         in_use = Signal(32)
         m.d.comb += self.slots_in_use.eq(in_use)
         # Per rule entry: a write moves the slot's sets from their stored entries to the writer's.

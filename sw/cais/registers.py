@@ -178,7 +178,7 @@ def register_map(params: SwitchParams = SwitchParams()) -> RegisterMap:
         "Writing a slot index empties both shadow sets of that slot (bitmaps, tags and completion state); "
         "the controller does this for a group's quota when it creates or removes the group. A clear waits "
         "until no all-reduce header is in the pipeline (and for the reset sweep or an aging visit under way); "
-        "SLOT_CLEARs written meanwhile queue (4) and are carried out in the order written, one every 4 "
+        "SLOT_CLEARs written meanwhile queue (4) and are carried out in the order written, one every 5 "
         "cycles, so they may be written back to back. While the queue is full the switch holds the next "
         "AXI4-Lite write (any register) back (AWREADY and WREADY low) until a clear starts: none is lost. "
         "A slot index >= NUM_SLOTS is ignored.",

@@ -164,7 +164,8 @@ def test_state_memory_sweep_and_write_order():
 
 def test_maintenance_clear_latency():
     """While the memory sweeps the maintenance writes nothing and holds all-reduce headers back; a
-    SLOT_CLEAR strobed in cycle t with nothing in flight writes its slot empty in cycle t + ``latency`` (4)."""
+    SLOT_CLEAR strobed in cycle t with nothing in flight writes its slot empty in cycle t + ``latency`` (5:
+    the start, the read, the wait for the memory's output register, the slot registered, the write)."""
     params = SwitchParams(ports=2, slots=4, rules=2)
     regs = register_map(params)
     dut = Maintenance(params, regs)
@@ -185,8 +186,8 @@ def test_maintenance_clear_latency():
             await ctx.tick()
             ctx.set(dut.program.slot_clear_stb, 0)
     run(dut, tb)
-    assert Maintenance.latency == 4
-    assert writes == [(10 + 4, 3, 0)]
+    assert Maintenance.latency == 5
+    assert writes == [(10 + 5, 3, 0)]
     assert blocked[:6] == [1, 1, 1, 1, 0, 0]
 
 
@@ -226,18 +227,18 @@ def _run_clears(strobes, drained_from, cycles, *, honour_full=True, slots=8):
 def test_maintenance_clears_written_back_to_back_all_happen_in_order():
     """Four SLOT_CLEARs strobed in four consecutive cycles while headers are in flight (``drained`` low
     from cycle 10 to 29) are all carried out, in the order written: the first starts in cycle 30, the first
-    drained one, and writes its slot empty 3 cycles later (a clear strobed while drained writes ``latency``
-    = 4 cycles after its strobe, 1 after it for the start); each next starts 4 cycles after the one
-    before (read, wait, write, start). All-reduce headers are held back (``blocked``, a register) from the
-    cycle after the first strobe until the cycle after the last start. (With one pending register, the
-    later strobes replaced the earlier: only slot 1 was written.)"""
+    drained one, and writes its slot empty 4 cycles later (a clear strobed while drained writes ``latency``
+    = 5 cycles after its strobe, 1 after it for the start); each next starts 5 cycles after the one
+    before (read, wait, hold, write, start). All-reduce headers are held back (``blocked``, a register) from
+    the cycle after the first strobe until two cycles after the last start. (With one pending register,
+    the later strobes replaced the earlier: only slot 1 was written.)"""
     slots = [5, 2, 7, 1]
     strobes = [(12 + k, s) for k, s in enumerate(slots)]
     writes, blocked, _, strobed = _run_clears(strobes, 30, 60, honour_full=False)
     assert strobed == [12, 13, 14, 15]
-    assert writes == [(30 + 3 + 4 * k, s, 0) for k, s in enumerate(slots)]
-    last_start = 30 + 4 * (len(slots) - 1)
-    assert all(blocked[13:last_start + 1]) and not any(blocked[last_start + 1:])
+    assert writes == [(30 + 4 + 5 * k, s, 0) for k, s in enumerate(slots)]
+    last_start = 30 + 5 * (len(slots) - 1)
+    assert all(blocked[13:last_start + 2]) and not any(blocked[last_start + 2:])
     assert not any(blocked[8:13])           # after the sweep (8 slots), before the first strobe
 
 
@@ -245,16 +246,16 @@ def test_maintenance_full_clear_queue_holds_the_next_write():
     """Six SLOT_CLEARs written as fast as the queue takes them while headers are in flight: the queue holds
     CLEAR_QUEUE_DEPTH (4), ``clear_full`` rises in the cycle after the fourth strobe and falls in the cycle
     after a clear starts (the start in cycle 30, the first drained one); the fifth is strobed then (31) and
-    fills the queue again; the sixth waits for the next start (34) and is strobed in 35. All six are
-    written, in order, 4 cycles apart."""
+    fills the queue again; the sixth waits for the next start (35) and is strobed in 36. All six are
+    written, in order, 5 cycles apart."""
     from cais.hdl.decision.maintenance import CLEAR_QUEUE_DEPTH
     assert CLEAR_QUEUE_DEPTH == 4
     slots = [3, 0, 6, 4, 7, 2]
     writes, _, full, strobed = _run_clears([(12, s) for s in slots], 30, 70)
-    assert strobed == [12, 13, 14, 15, 31, 35]
+    assert strobed == [12, 13, 14, 15, 31, 36]
     assert full[12:16] == [0] * 4 and full[16:31] == [1] * 15 and full[31] == 0
-    assert full[32:35] == [1] * 3 and full[35] == 0
-    assert writes == [(33 + 4 * k, s, 0) for k, s in enumerate(slots)]
+    assert full[32:36] == [1] * 4 and full[36] == 0
+    assert writes == [(34 + 5 * k, s, 0) for k, s in enumerate(slots)]
 
 
 def test_maintenance_strobe_into_a_full_clear_queue_is_ignored():
@@ -265,7 +266,7 @@ def test_maintenance_strobe_into_a_full_clear_queue_is_ignored():
     strobes = [(12 + k, s) for k, s in enumerate(slots)] + [(16, 5), (30, 1)]
     writes, _, _, strobed = _run_clears(strobes, 30, 60, honour_full=False)
     assert strobed == [12, 13, 14, 15, 16, 30]
-    assert writes == [(33 + 4 * k, s, 0) for k, s in enumerate(slots + [1])]
+    assert writes == [(34 + 5 * k, s, 0) for k, s in enumerate(slots + [1])]
 
 
 def test_maintenance_visit_latency():
