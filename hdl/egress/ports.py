@@ -76,7 +76,11 @@ class EgressCrossbar(wiring.Component):
     * has credit for the whole frame: each port's credit starts at the egress FIFO's depth, loses a
       frame's beats when the frame is granted and gets one back for each beat read out of the FIFO
       (``freed``), so a frame granted but not yet written counts against the room, and a started frame
-      is written to every port back to back, no port waiting on another mid-frame.
+      is written to every port back to back, no port waiting on another mid-frame. The check is
+      registered a cycle ahead (from the credit less the frames being shown granted, the freed beats a
+      cycle late): exact for a request that was already asking, and for one in its first cycle (whose
+      length may have just changed) room for a longest frame, so such a request to a port with less room
+      waits a cycle.
 
     Sources are ranked in rotating order, all at once: a request reserves its ports for the requests
     ranked behind it, and the first requester keeps the head of the order until it is granted, so a
@@ -194,12 +198,30 @@ class EgressCrossbar(wiring.Component):
         # behind it, granted or not, so a multicast frame is not starved.
         asking = Signal(S)
         m.d.comb += asking.eq(Cat(src[s].req for s in range(S)) & ~granted)
+
+        # The credit check, registered: in cycle c, for cycle c + 1, whether each port's credit then covers
+        # each source's frame (ge) and a longest frame (room), so no compare of a lane's length runs into
+        # the grant (the integer switch measured a lane's beats -> 1.4 ns -> the compare's carry chain -> the
+        # rotating order -> the grant, 10.65 ns). The credit of c + 1 is this cycle's less the beats of the
+        # frames shown granted now, plus those freed: a port shown granted now is free in c + 1 only behind a
+        # frame of at most 2 beats, so 2 is taken off for it, and freed beats count a cycle later (a late
+        # credit is only conservative). ge is exact for a source that asks in c and still asks in c + 1
+        # (its frame, mask and beats stay until its grant is shown); a source that starts asking in c + 1
+        # may show another frame's beats in c, so its first cycle's check is room.
+        was_asking = Signal(S)
+        m.d.sync += was_asking.eq(asking)
+        room = [Signal(name=f"room{p}") for p in range(P)]
+        ge = [[Signal(name=f"credit_ge_{s}_{p}") for p in range(P)] for s in range(S)]
+        for p in range(P):
+            m.d.sync += room[p].eq(Mux(new[p], credit[p] >= self.max_beats + 2, credit[p] >= self.max_beats))
+            for s in range(S):
+                m.d.sync += ge[s][p].eq(credit[p] >= src[s].beats + Mux(new[p], 2, 0))
         before = [[Signal(name=f"before_{t}_{s}", init=order_after(S, 0)[t][s]) for s in range(S)]
                   for t in range(S)]
         win = Signal(S)
         first = Signal(S)
         for s in range(S):
-            fits = Cat(*(~src[s].mask[p] | (credit[p] >= src[s].beats) for p in range(P))).all()
+            fits = Cat(*(~src[s].mask[p] | Mux(was_asking[s], ge[s][p], room[p]) for p in range(P))).all()
             ports_free = (src[s].mask & ~free) == 0
             ahead = Cat(Const(0, 1), *(asking[t] & before[t][s] & (src[t].mask & src[s].mask).any()
                                        for t in range(S) if t != s)).any()

@@ -180,6 +180,40 @@ def test_one_port_two_sources_back_to_back(beats):
     assert 2 in order[:4], f"multicast frame granted late: {order}"
 
 
+def test_first_request_counts_a_short_frame_granted_just_before():
+    """Hand-derived: an egress FIFO of 18 beats, max_beats 16, nothing drained. Source 0 asks for 1 beat,
+    source 1 for 2 from the cycle source 0's grant is shown, source 2 for 16 from the cycle after source 1's
+    grant is shown, when the port is free again (source 1's frame has 2 beats) and source 2's request is in
+    its first cycle (the registered credit check's room for a longest frame, counting the 2 beats shown
+    granted in the cycle before). 1 + 2 + 16 = 19 > 18: source 2 is not granted until a beat is freed,
+    then it is."""
+    dut = EgressCrossbar(3, 1, W, max_beats=16, depth=18)
+    shown = {}
+
+    async def tb(ctx):
+        asks = {0: 0, 1: None, 2: None}          # the cycle each source starts asking
+        for cycle in range(40):
+            for s, beats in ((0, 1), (1, 2), (2, 16)):
+                asking = asks[s] is not None and asks[s] <= cycle and s not in shown
+                ctx.set(dut.sources[s].req, asking)
+                ctx.set(dut.sources[s].mask, 1)
+                ctx.set(dut.sources[s].beats, beats)
+            ctx.set(dut.freed[0], cycle == 30)
+            await ctx.delay(1e-9)
+            for s in range(3):
+                if ctx.get(dut.sources[s].grant) and s not in shown:
+                    shown[s] = cycle
+                    if s == 0:
+                        asks[1] = cycle
+                    elif s == 1:
+                        asks[2] = cycle + 1
+            await ctx.tick()
+
+    run(dut, tb)
+    assert set(shown) == {0, 1, 2} and shown[0] < shown[1] < shown[2], shown
+    assert shown[2] > 30, f"source 2 granted in cycle {shown[2]}, before the beat freed in cycle 30: {shown}"
+
+
 def test_one_beat_frames():
     """One-beat frames of one source to one port: one cycle between them (the only bubble of the
     schedule, the port's next grant waits one cycle for its credit)."""
