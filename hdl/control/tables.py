@@ -1,6 +1,6 @@
 """The rule table and the MAC table: small match tables the control plane writes over AXI4-Lite."""
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -155,7 +155,8 @@ class RuleTable(wiring.Component):
         # the quota 2**count_log2 - 1 as its ones, bit j set for j < count_log2: a compare per bit, not a
         # 32-bit shift and subtract (the integer switch measured the RULE_SLOTS register -> 2.82 ns of
         # routing -> the subtract's 16 carry steps, 114.69 MHz)
-        new_quota = Cat(*(new.count_log2 > j for j in range(32)))
+        top = (1 << len(new.count_log2)) - 1      # count_log2's largest value: no bit j >= top is set
+        new_quota = Cat(*(new.count_log2 > j if j < top else Const(0, 1) for j in range(32)))
         for i, (e, q) in enumerate(zip(entries, quotas)):
             with m.If(prog.rule_write_stb & (index == i)):
                 m.d.sync += [e.eq(new), q.eq(new_quota)]

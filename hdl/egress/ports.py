@@ -212,8 +212,11 @@ class EgressCrossbar(wiring.Component):
         m.d.sync += was_asking.eq(asking)
         room = [Signal(name=f"room{p}") for p in range(P)]
         ge = [[Signal(name=f"credit_ge_{s}_{p}") for p in range(P)] for s in range(S)]
+        def at_least(value, n):                   # value >= n, a constant 0 past value's range (lint)
+            return value >= n if n <= self.depth else Const(0, 1)
         for p in range(P):
-            m.d.sync += room[p].eq(Mux(new[p], credit[p] >= self.max_beats + 2, credit[p] >= self.max_beats))
+            m.d.sync += room[p].eq(Mux(new[p], at_least(credit[p], self.max_beats + 2),
+                                       at_least(credit[p], self.max_beats)))
             for s in range(S):
                 m.d.sync += ge[s][p].eq(credit[p] >= src[s].beats + Mux(new[p], 2, 0))
         before = [[Signal(name=f"before_{t}_{s}", init=order_after(S, 0)[t][s]) for s in range(S)]
