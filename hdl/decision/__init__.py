@@ -186,8 +186,8 @@ class Decision(wiring.Component):
         # The counters: every write of the slot state.
         wiring.connect(m, st.written, cnt.written)
         m.d.comb += [cnt.sweeping.eq(self.sweeping), cnt.cleared.eq(mt.cleared),
-                     cnt.cleared_entry.eq(mt.cleared_entry), cnt.visit_aged.eq(mt.visit_aged), cnt.visit_free.eq(mt.visit_free),
-                     cnt.visit_rule.eq(mt.visit_rule),
+                     cnt.cleared_entry.eq(mt.cleared_entry), cnt.visit_aged.eq(mt.visit_aged),
+                     cnt.visit_free.eq(mt.visit_free), cnt.visit_rule.eq(mt.visit_rule),
                      self.slots_in_use.eq(cnt.slots_in_use),
                      *(self.sets_in_use[e].eq(cnt.sets_in_use[e]) for e in range(self.params.rules))]
         m.d.comb += self.busy.eq(arb.take.any() | look.busy | st.busy)

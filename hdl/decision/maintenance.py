@@ -151,7 +151,8 @@ class Maintenance(wiring.Component):
                                                                     Signal(), Signal())
         scan_pos = Signal(sb + 1)                 # the next set to visit: slot, set
         sc_set = Signal()
-        clearing = clr_read | clr_wait | clr_hold | clr_write | sc_read | sc_wait | sc_pick | sc_decide | sc_write
+        clearing = (clr_read | clr_wait | clr_hold | clr_write
+                    | sc_read | sc_wait | sc_pick | sc_decide | sc_write)
         start_clear = Signal()
         clear_pending, next_pending, head_slot, head_valid = self._clear_queue(m, start_clear, platform)
         m.d.comb += start_clear.eq(clear_pending & ~clearing & ~sweeping & self.drained)
@@ -164,8 +165,8 @@ class Maintenance(wiring.Component):
         with m.If(start_scan):
             m.d.sync += [clr_cur.eq(scan_pos[1:]), sc_set.eq(scan_pos[0]),
                          scan_pos.eq(Mux(scan_pos == 2 * prm.slots - 1, 0, scan_pos + 1))]
-        m.d.sync += [clr_read.eq(next_read), clr_wait.eq(clr_read),
-                     clr_hold.eq(clr_wait), clr_write.eq(clr_hold), scan_due.eq(next_due), sc_read.eq(start_scan), sc_wait.eq(sc_read),
+        m.d.sync += [clr_read.eq(next_read), clr_wait.eq(clr_read), clr_hold.eq(clr_wait), clr_write.eq(clr_hold),
+                     scan_due.eq(next_due), sc_read.eq(start_scan), sc_wait.eq(sc_read),
                      sc_pick.eq(sc_wait), sc_decide.eq(sc_pick), sc_write.eq(sc_decide)]
         blocked = Signal(init=1)
         m.d.sync += blocked.eq((sweeping & ~self.sweep_last) | next_pending | start_clear | next_due | start_scan

@@ -217,6 +217,7 @@ class EgressCrossbar(wiring.Component):
         m.d.sync += was_asking.eq(asking)
         room = [Signal(name=f"room{p}") for p in range(P)]
         ge = [[Signal(name=f"credit_ge_{s}_{p}") for p in range(P)] for s in range(S)]
+
         def at_least(value, n):                   # value >= n, a constant 0 past value's range (lint)
             return value >= n if n <= self.depth else Const(0, 1)
         for p in range(P):

@@ -126,7 +126,7 @@ class ResultGenerator(wiring.Component):
             hdr = self.header(cais, up)
             return hdr[8 * B * beat:min(8 * B * (beat + 1), len(hdr))]
 
-        # The next frame, taken from the fold reader ahead of time. Only the
+        # The next frame, taken from the fold reader ahead of time (with its beats and last keep). Only the
         # valid bits and counts are reset (nxt_valid, active, owed, req): the rest is written before use.
         nxt = Signal(self.layout, reset_less=True)
         nxt_valid = Signal()
