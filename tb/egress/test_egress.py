@@ -15,8 +15,8 @@ The reference is the contract of docs/protocol.md 7.6 and docs/core-design.md se
 * no gap inside a frame on ``m_axis``: tvalid stays high from a frame's first beat shown to its last beat
   taken (under back-pressure too: the merge starts a frame only when it is whole in its queue), and a beat
   shown and not taken stays unchanged until taken (AXI4-Stream);
-* the tx counter increments (``tx_frame``, ``tx_bytes``, registered): in every cycle, the frame end and the
-  tkeep bits of the beat sent on the port in the cycle before; in total, the port's frames and bytes;
+* the tx counter increments (``tx_frame``, ``tx_bytes``, registered twice): in every cycle, the frame end and
+  the tkeep bits of the beat sent on the port two cycles before; in total, the port's frames and bytes;
 * afterwards ``busy`` is low, and the scaffolding never ran dry mid-frame (``underrun``).
 
 Cases: unicast permutations, an all-to-one hot spot (lengths up to max_frame), forwarded multicast, results to every port interleaved
@@ -163,17 +163,17 @@ class TB:
         in_frame = [False] * self.ports          # a frame's first beat was taken, its last not yet
         offer = [None] * self.ports              # a beat shown and not taken
         beats = [bytearray() for _ in range(self.ports)]
-        due = [(0, 0)] * self.ports              # the tx increments due in this cycle
+        due = [[(0, 0), (0, 0)] for _ in range(self.ports)]   # the tx increments due in this cycle, the next
         while True:
             await RisingEdge(d.clk)              # the values of the cycle this edge ends
             self.cycle += 1
             for p, (tvalid, tready, tdata, tkeep, tlast, tx_frame, tx_bytes) in enumerate(ports):
                 got = (int(tx_frame.value), tx_bytes.value.to_unsigned())
-                if got != due[p]:
-                    self.error(f"port {p}: tx_frame, tx_bytes {got}, want {due[p]}")
+                if got != due[p][0]:
+                    self.error(f"port {p}: tx_frame, tx_bytes {got}, want {due[p][0]}")
                 self.tx_frames[p] += got[0]
                 self.tx_bytes[p] += got[1]
-                due[p] = (0, 0)
+                due[p] = [due[p][1], (0, 0)]
                 if not tvalid.value:
                     if in_frame[p]:
                         self.error(f"port {p}: tvalid low inside a frame")
@@ -196,7 +196,7 @@ class TB:
                     self.error(f"port {p}: tkeep {keep:#x} before the last beat")
                 n = popcount(keep)
                 beats[p] += data.to_bytes(B, "little")[:n]
-                due[p] = (last, n)
+                due[p][1] = (last, n)
                 if last:
                     self.frames[p].append(bytes(beats[p]))
                     beats[p] = bytearray()
