@@ -224,7 +224,9 @@ class EgressCrossbar(wiring.Component):
             m.d.sync += room[p].eq(Mux(new[p], at_least(credit[p], self.max_beats + 2),
                                        at_least(credit[p], self.max_beats)))
             for s in range(S):
-                m.d.sync += ge[s][p].eq(credit[p] >= src[s].beats + Mux(new[p], 2, 0))
+                # (both compares made, the grant shown picks: new in front of an adder and a compare measured
+                # a lane's mask -> new -> the chains -> ge, 8.81-8.99 ns)
+                m.d.sync += ge[s][p].eq(Mux(new[p], credit[p] >= src[s].beats + 2, credit[p] >= src[s].beats))
         before = [[Signal(name=f"before_{t}_{s}", init=order_after(S, 0)[t][s]) for s in range(S)]
                   for t in range(S)]
         win = Signal(S)
