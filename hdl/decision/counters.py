@@ -6,7 +6,7 @@ from amaranth.lib.wiring import In, Out
 
 from cais.params import SwitchParams
 
-from ..sram.slots import rule_index_bits, state_entry_layout
+from ..sram.slots import rule_index_bits, sets_in_use, state_entry_layout
 from .slot_state import write_layout
 
 __all__ = ["UsageCounters", "writer_delta"]
@@ -64,8 +64,6 @@ class UsageCounters(wiring.Component):
         ent = state_entry_layout(prm)
         w = self.written.payload
 
-        def used(bitmaps):
-            return (bitmaps[0].bitmap != 0) + (bitmaps[1].bitmap != 0)
         f_mem_v = data.View(ent, self.cleared_entry.as_value())
         in_use = Signal(32)
         m.d.comb += self.slots_in_use.eq(in_use)
@@ -85,7 +83,7 @@ class UsageCounters(wiring.Component):
         # The change is registered first, then added (latency 2), as per rule entry below.
         in_use_d = Signal(signed(3))
         m.d.sync += [in_use_d.eq(Mux(self.sweeping, 0, change(w.new_used - (old_used[0] + old_used[1]),
-                                                              -used(f_mem_v), -self.visit_free))),
+                                                              -sets_in_use(f_mem_v), -self.visit_free))),
                      in_use.eq(in_use + in_use_d)]
         # Per rule entry the change is registered first too: SETS_IN_USE follows the state as SLOTS_IN_USE
         # does.

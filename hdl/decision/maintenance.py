@@ -178,7 +178,7 @@ class Maintenance(wiring.Component):
 
         sc_go, sc_entry = self._visit(m, clr_cur, sc_set, sc_pick, sc_decide, sc_write, aging_on, tick)
         st = self.state
-        # A clear's write (read_data holds the slot clr_read read), or the visited set aged: freed or marked.
+        # A clear's write (the slot emptied), or the visited set aged: freed or marked.
         # The address and data whatever the enable, so the visit's decision drives only the enable (the
         # integer switch measured the decision -> the write address -> the memory's address mux -> the block
         # RAMs' address pins, 5 LUT levels and 2.74 ns on the last net, 114.06 MHz).

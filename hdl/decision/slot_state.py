@@ -13,7 +13,8 @@ from ..common.enums import Action, DropReason
 from ..common.pipeline import register_copy
 from ..control.tables import or_tree
 from ..latency import SLOT_STATE
-from ..sram.slots import SetUpdate, SlotOutcome, age_stamp_bits, rule_index_bits, state_entry_layout, state_set_layout
+from ..sram.slots import (SetUpdate, SlotOutcome, age_stamp_bits, rule_index_bits, sets_in_use, state_entry_layout,
+                          state_set_layout)
 from ..sram.state import SlotStatePort, slot_bits
 from .layouts import decision_layout, job_layout
 from .lookup import carry_layout, lookup_layout
@@ -430,6 +431,6 @@ class SlotState(wiring.Component):
         # (the sets in use counted on W's registers, before the swap by the set bit, which leaves the count
         # as it is: the integer switch measured W's set bit -> the swap -> the count -> a rule entry's
         # change, 6 LUT levels and 6.83 ns of routing, 113.65 MHz)
-        m.d.comb += [w.valid.eq(s.w_agg), w.payload.new_used.eq((s.w_cur_r.bitmap != 0) + (s.w_oth.bitmap != 0)),
+        m.d.comb += [w.valid.eq(s.w_agg), w.payload.new_used.eq(sets_in_use((s.w_cur_r, s.w_oth))),
                      w.payload.old_bitmaps.eq(s.w_old),
                      w.payload.rule.eq(s.w_rule), w.payload.old_rules.eq(s.w_old_rule)]

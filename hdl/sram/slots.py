@@ -11,7 +11,7 @@ from cais.params import SwitchParams
 from cais.registers import register_map
 
 __all__ = ["SlotOutcome", "set_layout", "entry_layout", "SetUpdate", "SlotUpdate", "rule_index_bits",
-           "age_stamp_bits", "state_set_layout", "state_entry_layout"]
+           "age_stamp_bits", "state_set_layout", "state_entry_layout", "sets_in_use"]
 
 
 class SlotOutcome(enum.IntEnum):
@@ -68,6 +68,12 @@ def state_set_layout(params: SwitchParams) -> data.StructLayout:
 def state_entry_layout(params: SwitchParams) -> data.ArrayLayout:
     """A slot as the decision's slot-state memory holds it: its two shadow sets."""
     return data.ArrayLayout(state_set_layout(params), 2)
+
+
+def sets_in_use(sets):
+    """How many of a slot's two shadow sets (``sets[0]``, ``sets[1]``: an entry or a pair of set views) are
+    in use, i.e. hold a contribution: SLOTS_IN_USE counts these."""
+    return (sets[0].bitmap != 0) + (sets[1].bitmap != 0)
 
 
 class SetUpdate(wiring.Component):
@@ -260,7 +266,5 @@ class SlotUpdate(wiring.Component):
         with m.If(step.first):
             m.d.comb += [new_cur.tag.eq(self.tag), new_cur.length.eq(self.length)]
 
-        def used(entry):
-            return (entry[0].bitmap != 0) + (entry[1].bitmap != 0)
-        m.d.comb += self.in_use_delta.eq(used(self.new_state) - used(self.state))
+        m.d.comb += self.in_use_delta.eq(sets_in_use(self.new_state) - sets_in_use(self.state))
         return m
